@@ -1,0 +1,108 @@
+"""Service settings: one validated object read from the environment (and an optional ``.env``).
+
+Embedded mode (no ``REDIS_URL``) runs the API with an in-process training worker on SQLite.
+Production mode (``REDIS_URL`` set) uses Celery workers and beat; there the default secret
+key is refused at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings", "reset_settings_cache", "DEFAULT_SECRET_KEY"]
+
+DEFAULT_SECRET_KEY = "privrec-embedded-insecure-default-secret-change-me"
+
+
+class Settings(BaseSettings):
+    """All runtime settings. Environment variable = field name in upper case."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    # --- storage and queue
+    database_url: str = "sqlite:///./var/privrec.db"
+    redis_url: str | None = None
+    artifact_dir: Path = Path("./var/artifacts")
+    db_pool_size: int = Field(10, ge=1, le=200)
+    db_echo: bool = False
+    sqlite_busy_timeout_ms: int = Field(30_000, ge=0)
+
+    # --- auth
+    secret_key: str = DEFAULT_SECRET_KEY
+    jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
+    access_token_ttl_s: int = Field(3600, gt=0, le=30 * 24 * 3600)
+
+    # --- API limits
+    max_batch_size: int = Field(10_000, ge=1, le=10_000)
+    max_page_size: int = Field(1000, ge=1, le=100_000)
+    default_page_size: int = Field(100, ge=1)
+    max_recommendations: int = Field(1000, ge=1)
+
+    # --- data set / budget defaults (used when the default data set is created)
+    default_dataset: str = "default"
+    default_rating_min: float = 0.5
+    default_rating_max: float = 5.0
+    default_epsilon_cap: float = Field(10.0, gt=0)
+    default_delta: float = Field(1e-6, gt=0, lt=1)
+
+    # --- training and scheduling
+    default_algorithm: Literal["dpals"] = "dpals"
+    retrain_interval_s: int = Field(24 * 3600, ge=1)
+    retrain_epsilon: float = Field(1.0, gt=0)
+    retrain_enabled: bool = True
+    run_heartbeat_s: float = Field(10.0, gt=0)
+    run_stale_after_s: float = Field(120.0, gt=0)
+    embedded_worker: bool = True
+    embedded_poll_s: float = Field(2.0, gt=0)
+    seed_demo: bool = True
+
+    # --- serving
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8000, ge=1, le=65535)
+    log_level: str = "INFO"
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis is configured: in-process worker, no Celery."""
+        return not self.redis_url
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if not self.embedded and self.secret_key == DEFAULT_SECRET_KEY:
+            raise ValueError(
+                "SECRET_KEY must be set to a private value outside the embedded mode (REDIS_URL is set)"
+            )
+        if len(self.secret_key) < 16:
+            raise ValueError("SECRET_KEY must be at least 16 characters long")
+        if not (math.isfinite(self.default_rating_min) and math.isfinite(self.default_rating_max)):
+            raise ValueError("the default rating range must be finite")
+        if self.default_rating_min >= self.default_rating_max:
+            raise ValueError("DEFAULT_RATING_MIN must be below DEFAULT_RATING_MAX")
+        if self.run_stale_after_s <= self.run_heartbeat_s:
+            raise ValueError("RUN_STALE_AFTER_S must exceed RUN_HEARTBEAT_S")
+        if self.default_page_size > self.max_page_size:
+            raise ValueError("DEFAULT_PAGE_SIZE must not exceed MAX_PAGE_SIZE")
+        if self.redis_url is not None and self.redis_url.strip() == "":
+            self.redis_url = None
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (validated once; call :func:`reset_settings_cache` in tests)."""
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    """Forget the cached settings so the next :func:`get_settings` re-reads the environment."""
+    get_settings.cache_clear()

@@ -1,0 +1,278 @@
+"""ORM tables (SQLAlchemy 2). "Model" here means a database table; trained recommendation
+models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.model.PublicModel``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+    update,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "utcnow",
+    "Dataset",
+    "User",
+    "Item",
+    "Rating",
+    "TrainingRun",
+    "ModelVersion",
+    "BudgetAccount",
+    "LedgerEntry",
+    "RUN_STATUSES",
+    "LEDGER_KINDS",
+    "bump_ratings_version",
+]
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed")
+LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change")
+
+# BigInteger primary keys that still autoincrement on SQLite (INTEGER PRIMARY KEY).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware UTC now."""
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Dataset(Base):
+    """A rating data set: the scope of one privacy budget and of one active model."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str | None] = mapped_column(Text, default=None)
+    rating_min: Mapped[float] = mapped_column(Float, default=0.5)
+    rating_max: Mapped[float] = mapped_column(Float, default=5.0)
+    # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version);
+    # scheduled retraining skips a data set whose counter did not move since its last run.
+    ratings_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    ratings_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (CheckConstraint("rating_min < rating_max", name="rating_range"),)
+
+
+class User(Base):
+    """A rater, known by an external string id (the bearer token's subject)."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    external_id: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Item(Base):
+    """A catalogue item of one data set with public features."""
+
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    external_id: Mapped[str] = mapped_column(String(128))
+    title: Mapped[str | None] = mapped_column(String(512), default=None)
+    categories: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    features: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (UniqueConstraint("dataset_id", "external_id", name="uq_items_dataset_external"),)
+
+
+class Rating(Base):
+    """One user's rating of one item (unique per data set, user and item; upserted)."""
+
+    __tablename__ = "ratings"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "user_id", "item_id", name="uq_ratings_dataset_user_item"),
+        Index("ix_ratings_user", "user_id"),
+        Index("ix_ratings_item", "item_id"),
+    )
+
+
+class BudgetAccount(Base):
+    """The (epsilon cap, delta) privacy budget of one data set."""
+
+    __tablename__ = "budget_accounts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"), unique=True)
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    accountant: Mapped[str] = mapped_column(String(16), default="rdp")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    dataset: Mapped[Dataset] = relationship()
+
+    __table_args__ = (
+        CheckConstraint("epsilon_cap > 0", name="cap_positive"),
+        CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
+        CheckConstraint("accountant IN ('rdp', 'pld')", name="accountant_kind"),
+    )
+
+
+class TrainingRun(Base):
+    """One training job; its state lives here (the queue only carries the id)."""
+
+    __tablename__ = "training_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"))
+    algorithm: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # calibrated, JSON-safe
+    requested_epsilon: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    epsilon_charged: Mapped[float | None] = mapped_column(Float, default=None)  # this run alone (RDP)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    stage: Mapped[str | None] = mapped_column(String(64), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    trigger: Mapped[str] = mapped_column(String(16), default="manual")  # manual | schedule | demo
+    actor: Mapped[str] = mapped_column(String(128), default="system")
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+    ratings_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(128), default=None)
+    # Set (and committed) before the first byte of output is written: from then on no refund.
+    output_persisted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    refunded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+    dataset: Mapped[Dataset] = relationship()
+
+    __table_args__ = (
+        CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed')", name="status_kind"),
+        CheckConstraint("progress >= 0 AND progress <= 1", name="progress_range"),
+        UniqueConstraint("dataset_id", "idempotency_key", name="uq_training_runs_idempotency"),
+        Index("ix_training_runs_dataset_status", "dataset_id", "status"),
+    )
+
+
+class ModelVersion(Base):
+    """An immutable published model (artifact + public metadata); one active per data set."""
+
+    __tablename__ = "model_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("training_runs.id", ondelete="RESTRICT"), unique=True)
+    algorithm: Mapped[str] = mapped_column(String(32))
+    artifact_path: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    epsilon: Mapped[float] = mapped_column(Float)  # this model's own release (RDP)
+    epsilon_pld: Mapped[float | None] = mapped_column(Float, default=None)
+    delta: Mapped[float] = mapped_column(Float)
+    n_items: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # public (DP) metrics only
+    model_metadata: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    active: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    activated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+    run: Mapped[TrainingRun] = relationship()
+
+    __table_args__ = (
+        Index(
+            "uq_model_versions_one_active",
+            "dataset_id",
+            unique=True,
+            postgresql_where=text("active"),
+            sqlite_where=text("active"),
+        ),
+    )
+
+
+class LedgerEntry(Base):
+    """Append-only privacy ledger of one budget account, hash-chained per account.
+
+    ``hash = sha256(canonical JSON of the entry's content || prev_hash)``; see ``app.ledger``.
+    ``spent_*`` hold the composed epsilon of the whole (non-refunded) history after this entry.
+    """
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("budget_accounts.id", ondelete="RESTRICT"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("training_runs.id", ondelete="RESTRICT"), default=None)
+    actor: Mapped[str] = mapped_column(String(128))
+    event: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    epsilon: Mapped[float | None] = mapped_column(Float, default=None)  # this event alone (RDP)
+    spent_rdp: Mapped[float] = mapped_column(Float, default=0.0)
+    spent_pld: Mapped[float | None] = mapped_column(Float, default=None)
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC, part of the hash
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+    __table_args__ = (
+        UniqueConstraint("account_id", "seq", name="uq_ledger_entries_account_seq"),
+        UniqueConstraint("run_id", "kind", name="uq_ledger_entries_run_kind"),
+        CheckConstraint(
+            "kind IN ('open', 'reservation', 'commit', 'refund', 'cap_change')", name="kind_kind"
+        ),
+    )
+
+
+def bump_ratings_version(session: Session, dataset_id: int, n: int = 1) -> None:
+    """Record that ratings of ``dataset_id`` changed (call in the same transaction as the write)."""
+    session.execute(
+        update(Dataset)
+        .where(Dataset.id == dataset_id)
+        .values(ratings_version=Dataset.ratings_version + n, ratings_changed_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )

@@ -1,0 +1,133 @@
+"""Engines and sessions: one engine per database URL, one transaction per unit of work.
+
+SQLite (embedded mode) runs in WAL mode with foreign keys on and a busy timeout, and every
+transaction starts with ``BEGIN IMMEDIATE``: writers are serialised by SQLite itself, which is
+the serialising lock the privacy ledger relies on (PostgreSQL uses ``SELECT ... FOR UPDATE``).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import get_settings
+
+__all__ = [
+    "normalise_url",
+    "get_engine",
+    "get_sessionmaker",
+    "session_scope",
+    "dispose_engines",
+    "is_sqlite",
+    "is_postgres",
+]
+
+_lock = threading.Lock()
+_engines: dict[str, Engine] = {}
+_makers: dict[str, sessionmaker[Session]] = {}
+
+
+def normalise_url(url: str) -> str:
+    """Use the psycopg 3 driver for plain ``postgresql://`` URLs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _prepare_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # pragma: no cover - exercised via engine use
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # pragma: no cover - exercised via engine use
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _create_engine(url: str) -> Engine:
+    settings = get_settings()
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database and database != ":memory:" and not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            echo=settings.db_echo,
+            connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
+        )
+        _prepare_sqlite(engine, settings.sqlite_busy_timeout_ms)
+        return engine
+    return create_engine(
+        url,
+        echo=settings.db_echo,
+        pool_pre_ping=True,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+    )
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The (cached) engine for ``url`` (default: ``DATABASE_URL``)."""
+    key = normalise_url(url or get_settings().database_url)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = _create_engine(key)
+        return engine
+
+
+def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
+    """The (cached) session factory bound to :func:`get_engine` (``expire_on_commit=False``)."""
+    key = normalise_url(url or get_settings().database_url)
+    engine = get_engine(key)
+    with _lock:
+        maker = _makers.get(key)
+        if maker is None:
+            maker = _makers[key] = sessionmaker(bind=engine, expire_on_commit=False)
+        return maker
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on any exception, always close."""
+    session = get_sessionmaker(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection and forget the engines (tests, forked workers)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+        _makers.clear()
+
+
+def is_sqlite(session_or_engine: Session | Engine) -> bool:
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
+    return bind.dialect.name == "sqlite"
+
+
+def is_postgres(session_or_engine: Session | Engine) -> bool:
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
+    return bind.dialect.name == "postgresql"
