@@ -1,0 +1,434 @@
+"""The persisted privacy ledger: reserve -> commit -> (refund), hash-chained, append-only.
+
+Contract (``../shared/design/service.md``, "Privacy ledger"):
+
+* ``reserve`` runs inside the caller's transaction and first locks the budget account row
+  (``SELECT ... FOR UPDATE`` on PostgreSQL; on SQLite every transaction is ``BEGIN IMMEDIATE``,
+  see ``app.db.session``), then composes *every* non-refunded reservation of the account plus
+  the new event with the dp_accounting RDP accountant and refuses (``BudgetExceeded``) when the
+  composed epsilon at the account's delta would exceed the cap. A reservation counts as spent
+  from the moment it is committed (fail closed: a vanished worker's reservation stays spent).
+* One reservation per training run (idempotency key = run id): a redelivered task or a repeated
+  request returns the existing entry and never charges twice.
+* ``refund`` is allowed only for a failed run that persisted no output.
+* Each entry stores the dp_accounting event (``event_to_json``), the parameters that give it
+  meaning, the actor and the run; ``hash = sha256(canonical JSON(content) || prev_hash)``.
+* Reported epsilons are rounded conservatively: spent up, remaining down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from typing import Any, Mapping, Sequence
+
+from dp_accounting import dp_event
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.accounting import (
+    DP_ACCOUNTING_VERSION,
+    NEIGHBOURING_RELATION,
+    compose,
+    epsilon_pld,
+    epsilon_rdp,
+    event_from_json,
+    event_to_json,
+)
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, utcnow
+from app.db.session import is_postgres
+from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound
+
+__all__ = [
+    "GENESIS_HASH",
+    "REPORT_PLACES",
+    "round_up",
+    "round_down",
+    "canonical_json",
+    "entry_content",
+    "compute_hash",
+    "lock_account",
+    "account_for",
+    "open_account",
+    "active_events",
+    "spent",
+    "SpentReport",
+    "reserve",
+    "commit",
+    "refund",
+    "record_cap_change",
+    "reservation_for",
+    "ChainCheck",
+    "verify_chain",
+]
+
+GENESIS_HASH = "0" * 64
+REPORT_PLACES = 6
+
+
+# ----------------------------------------------------------------------------- rounding
+def round_up(x: float, places: int = REPORT_PLACES) -> float:
+    """Smallest ``places``-decimal number >= ``x`` (exact, via the float's binary value)."""
+    return float(Decimal(x).quantize(Decimal(1).scaleb(-places), rounding=ROUND_CEILING))
+
+
+def round_down(x: float, places: int = REPORT_PLACES) -> float:
+    """Largest ``places``-decimal number <= ``x``."""
+    return float(Decimal(x).quantize(Decimal(1).scaleb(-places), rounding=ROUND_FLOOR))
+
+
+def remaining(cap: float, spent_epsilon: float) -> float:
+    """``cap - spent`` computed exactly and rounded down, never below 0."""
+    exact = Decimal(cap) - Decimal(spent_epsilon)
+    return max(0.0, float(exact.quantize(Decimal(1).scaleb(-REPORT_PLACES), rounding=ROUND_FLOOR)))
+
+
+# ----------------------------------------------------------------------------- hashing
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, no NaN/inf."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def entry_content(entry: LedgerEntry) -> dict[str, Any]:
+    """Everything an entry's hash covers (all columns but ``id`` and the hashes)."""
+    return {
+        "account_id": entry.account_id,
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "run_id": entry.run_id,
+        "actor": entry.actor,
+        "event": entry.event,
+        "parameters": entry.parameters,
+        "epsilon": entry.epsilon,
+        "spent_rdp": entry.spent_rdp,
+        "spent_pld": entry.spent_pld,
+        "epsilon_cap": entry.epsilon_cap,
+        "delta": entry.delta,
+        "reason": entry.reason,
+        "created_at": entry.created_at,
+    }
+
+
+def compute_hash(content: Mapping[str, Any], prev_hash: str) -> str:
+    """``sha256(canonical_json(content) || prev_hash)`` as hex."""
+    return hashlib.sha256(canonical_json(content).encode("utf-8") + prev_hash.encode("ascii")).hexdigest()
+
+
+# ----------------------------------------------------------------------------- accounts
+def account_for(session: Session, dataset_id: int) -> BudgetAccount:
+    """The budget account of a data set (no lock)."""
+    acct = session.scalar(select(BudgetAccount).where(BudgetAccount.dataset_id == dataset_id))
+    if acct is None:
+        raise NotFound(f"data set {dataset_id} has no budget account")
+    return acct
+
+
+def lock_account(session: Session, dataset_id: int) -> BudgetAccount:
+    """Lock and return the budget account row for the rest of the transaction.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE``. SQLite: the transaction already holds the database
+    write lock (``BEGIN IMMEDIATE``), which serialises all ledger writers.
+    """
+    stmt = select(BudgetAccount).where(BudgetAccount.dataset_id == dataset_id)
+    if is_postgres(session):
+        stmt = stmt.with_for_update()
+    acct = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
+    if acct is None:
+        raise NotFound(f"data set {dataset_id} has no budget account")
+    return acct
+
+
+def _last_entry(session: Session, account_id: int) -> LedgerEntry | None:
+    return session.scalar(
+        select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq.desc()).limit(1)
+    )
+
+
+def _append(session: Session, acct: BudgetAccount, **fields: Any) -> LedgerEntry:
+    """Append one hash-chained entry (the account must be locked by the caller)."""
+    last = _last_entry(session, acct.id)
+    entry = LedgerEntry(
+        account_id=acct.id,
+        seq=(last.seq + 1) if last else 1,
+        prev_hash=last.hash if last else GENESIS_HASH,
+        created_at=utcnow().isoformat(timespec="microseconds"),
+        epsilon_cap=acct.epsilon_cap,
+        delta=acct.delta,
+        **{"parameters": {}, "event": None, "epsilon": None, "reason": None, "run_id": None, **fields},
+    )
+    entry.hash = compute_hash(entry_content(entry), entry.prev_hash)
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def open_account(
+    session: Session, dataset: Dataset, *, epsilon_cap: float, delta: float, actor: str, accountant: str = "rdp"
+) -> BudgetAccount:
+    """Create the budget account of ``dataset`` and its first ledger entry (kind ``open``)."""
+    if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
+        raise InvalidRequest("epsilon cap must be a finite number > 0")
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        raise InvalidRequest("delta must lie strictly between 0 and 1")
+    acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant)
+    session.add(acct)
+    session.flush()
+    _append(
+        session,
+        acct,
+        kind="open",
+        actor=actor,
+        spent_rdp=0.0,
+        spent_pld=0.0,
+        reason="budget account opened",
+    )
+    return acct
+
+
+# ----------------------------------------------------------------------------- spending
+def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[LedgerEntry]:
+    return list(
+        session.scalars(
+            select(LedgerEntry)
+            .where(LedgerEntry.account_id == account_id, LedgerEntry.kind.in_(list(kinds)))
+            .order_by(LedgerEntry.seq)
+        )
+    )
+
+
+def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
+    """Events of every reservation of the account that was not refunded, in ledger order."""
+    entries = _entries(session, account_id, ("reservation", "refund"))
+    refunded = {e.run_id for e in entries if e.kind == "refund"}
+    return [event_from_json(e.event) for e in entries if e.kind == "reservation" and e.run_id not in refunded]
+
+
+@dataclass(frozen=True)
+class SpentReport:
+    """Composed spend of an account (exact floats; round for display with round_up)."""
+
+    epsilon_rdp: float
+    epsilon_pld: float
+    n_events: int
+
+
+def _spend_of(events: Sequence[dp_event.DpEvent], delta: float) -> SpentReport:
+    if not events:
+        return SpentReport(0.0, 0.0, 0)
+    total = compose(events)
+    return SpentReport(epsilon_rdp(total, delta), epsilon_pld(total, delta), len(events))
+
+
+def spent(session: Session, account: BudgetAccount, *, recompute: bool = False) -> SpentReport:
+    """The account's composed spend: from the last entry, or recomputed from all events."""
+    if recompute:
+        return _spend_of(active_events(session, account.id), account.delta)
+    last = _last_entry(session, account.id)
+    n = session.scalar(
+        select(func.count()).select_from(LedgerEntry).where(
+            LedgerEntry.account_id == account.id, LedgerEntry.kind == "reservation"
+        )
+    ) or 0
+    n_refunds = session.scalar(
+        select(func.count()).select_from(LedgerEntry).where(
+            LedgerEntry.account_id == account.id, LedgerEntry.kind == "refund"
+        )
+    ) or 0
+    if last is None:
+        return SpentReport(0.0, 0.0, 0)
+    pld = last.spent_pld if last.spent_pld is not None else last.spent_rdp
+    return SpentReport(last.spent_rdp, pld, int(n - n_refunds))
+
+
+def reservation_for(session: Session, run_id: int) -> LedgerEntry | None:
+    """The reservation entry of a training run, if any."""
+    return session.scalar(select(LedgerEntry).where(LedgerEntry.run_id == run_id, LedgerEntry.kind == "reservation"))
+
+
+def _run_entry(session: Session, run_id: int, kind: str) -> LedgerEntry | None:
+    return session.scalar(select(LedgerEntry).where(LedgerEntry.run_id == run_id, LedgerEntry.kind == kind))
+
+
+def base_parameters() -> dict[str, Any]:
+    """Parameters every entry carries (neighbouring relation, library version)."""
+    return {"neighbouring_relation": NEIGHBOURING_RELATION, "dp_accounting_version": DP_ACCOUNTING_VERSION}
+
+
+def reserve(
+    session: Session,
+    *,
+    dataset: Dataset,
+    event: dp_event.DpEvent,
+    parameters: Mapping[str, Any],
+    actor: str,
+    run_id: int,
+) -> LedgerEntry:
+    """Reserve ``event`` for training run ``run_id`` against the data set's budget.
+
+    Locks the account, composes all non-refunded reservations plus ``event`` (RDP at the
+    account's delta) and appends a ``reservation`` entry, or raises ``BudgetExceeded``.
+    Idempotent per run: an existing reservation is returned unchanged. Does not commit.
+    """
+    event_json = event_to_json(event)  # validates the event (and that it is serialisable)
+    acct = lock_account(session, dataset.id)
+    existing = reservation_for(session, run_id)
+    if existing is not None:
+        if existing.event != event_json:
+            raise Conflict(f"training run {run_id} already holds a reservation for a different event")
+        return existing
+    if _run_entry(session, run_id, "refund") is not None:
+        raise Conflict(f"training run {run_id} was refunded and cannot reserve again")
+    history = active_events(session, acct.id)
+    alone = epsilon_rdp(event, acct.delta)
+    total_event = compose(history + [event])
+    total_rdp = epsilon_rdp(total_event, acct.delta)
+    if not math.isfinite(total_rdp) or total_rdp > acct.epsilon_cap:
+        prior = epsilon_rdp(compose(history), acct.delta) if history else 0.0
+        raise BudgetExceeded(
+            dataset=dataset.name,
+            prior_spent_epsilon=round_up(prior),
+            requested_epsilon=round_up(alone),
+            would_spend_epsilon=round_up(total_rdp) if math.isfinite(total_rdp) else float("inf"),
+            epsilon_cap=acct.epsilon_cap,
+            delta=acct.delta,
+        )
+    total_pld = epsilon_pld(total_event, acct.delta)
+    params = {**base_parameters(), **dict(parameters)}
+    return _append(
+        session,
+        acct,
+        kind="reservation",
+        run_id=run_id,
+        actor=actor,
+        event=event_json,
+        parameters=params,
+        epsilon=alone,
+        spent_rdp=total_rdp,
+        spent_pld=total_pld,
+    )
+
+
+def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None) -> LedgerEntry:
+    """Record that run ``run_id``'s reserved release was published (idempotent). Does not commit."""
+    acct = lock_account(session, dataset.id)
+    existing = _run_entry(session, run_id, "commit")
+    if existing is not None:
+        return existing
+    res = reservation_for(session, run_id)
+    if res is None:
+        raise Conflict(f"training run {run_id} has no reservation to commit")
+    if _run_entry(session, run_id, "refund") is not None:
+        raise Conflict(f"training run {run_id} was refunded; its output must not be published")
+    last = _last_entry(session, acct.id)
+    return _append(
+        session,
+        acct,
+        kind="commit",
+        run_id=run_id,
+        actor=actor,
+        parameters={**base_parameters(), **dict(parameters or {})},
+        epsilon=res.epsilon,
+        spent_rdp=last.spent_rdp if last else 0.0,
+        spent_pld=last.spent_pld if last else 0.0,
+    )
+
+
+def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reason: str) -> LedgerEntry | None:
+    """Release run ``run_id``'s reservation. Only for a failed run with no persisted output:
+    the caller guarantees that (``app.services.training``); a committed run is refused.
+    Idempotent; returns ``None`` when the run never reserved anything. Does not commit."""
+    acct = lock_account(session, dataset.id)
+    existing = _run_entry(session, run_id, "refund")
+    if existing is not None:
+        return existing
+    if reservation_for(session, run_id) is None:
+        return None
+    if _run_entry(session, run_id, "commit") is not None:
+        raise Conflict(f"training run {run_id} was published; its charge cannot be refunded")
+    # compose what stays charged once this run's reservation is released
+    entries = _entries(session, acct.id, ("reservation", "refund"))
+    gone = {e.run_id for e in entries if e.kind == "refund"} | {run_id}
+    remaining_events = [event_from_json(e.event) for e in entries if e.kind == "reservation" and e.run_id not in gone]
+    after = _spend_of(remaining_events, acct.delta)
+    return _append(
+        session,
+        acct,
+        kind="refund",
+        run_id=run_id,
+        actor=actor,
+        parameters=base_parameters(),
+        reason=reason,
+        spent_rdp=after.epsilon_rdp,
+        spent_pld=after.epsilon_pld,
+    )
+
+
+def record_cap_change(
+    session: Session, *, dataset: Dataset, new_cap: float, reason: str | None, actor: str
+) -> LedgerEntry:
+    """Change the cap (audited). Raising needs a reason; lowering below the spend is refused."""
+    if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
+        raise InvalidRequest("the new cap must be a finite number > 0")
+    acct = lock_account(session, dataset.id)
+    old_cap = acct.epsilon_cap
+    current = spent(session, acct)
+    if new_cap > old_cap and not (reason and reason.strip()):
+        raise InvalidRequest("raising the privacy budget cap requires a reason")
+    if new_cap < current.epsilon_rdp:
+        raise CapChangeRefused(
+            f"cannot lower the cap to {new_cap}: epsilon {round_up(current.epsilon_rdp)} is already spent",
+            epsilon_cap=old_cap,
+            requested_cap=float(new_cap),
+            spent_epsilon=round_up(current.epsilon_rdp),
+        )
+    acct.epsilon_cap = float(new_cap)
+    acct.updated_at = utcnow()
+    last = _last_entry(session, acct.id)
+    return _append(
+        session,
+        acct,
+        kind="cap_change",
+        actor=actor,
+        parameters={"old_cap": old_cap, "new_cap": float(new_cap)},
+        reason=(reason or "").strip() or None,
+        spent_rdp=last.spent_rdp if last else 0.0,
+        spent_pld=last.spent_pld if last else 0.0,
+    )
+
+
+# ----------------------------------------------------------------------------- verification
+@dataclass(frozen=True)
+class ChainCheck:
+    """Result of :func:`verify_chain`."""
+
+    ok: bool
+    n_entries: int
+    bad_seq: int | None = None
+    reason: str | None = None
+
+
+def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = False) -> ChainCheck:
+    """Recompute every hash of the account's chain (and optionally every composed spend)."""
+    entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
+    prev = GENESIS_HASH
+    events: dict[int, dp_event.DpEvent] = {}
+    for expected_seq, entry in enumerate(entries, start=1):
+        if entry.seq != expected_seq:
+            return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
+        if entry.prev_hash != prev:
+            return ChainCheck(False, len(entries), entry.seq, "prev_hash does not match the previous entry")
+        if compute_hash(entry_content(entry), prev) != entry.hash:
+            return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
+        if recompute_spend and entry.kind in ("reservation", "refund"):
+            if entry.kind == "reservation":
+                events[entry.run_id] = event_from_json(entry.event)
+            else:
+                events.pop(entry.run_id, None)
+            expected = _spend_of(list(events.values()), entry.delta).epsilon_rdp
+            if not math.isclose(expected, entry.spent_rdp, rel_tol=1e-9, abs_tol=1e-12):
+                return ChainCheck(False, len(entries), entry.seq, "stored spend differs from the composed events")
+        prev = entry.hash
+    return ChainCheck(True, len(entries))

@@ -1,0 +1,1 @@
+"""Application services: small keyword-only functions over an open Session."""

@@ -1,0 +1,164 @@
+"""Budget service: data sets and their privacy budget (view, cap changes, ledger listing)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.config import Settings, get_settings
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, TrainingRun
+from app.platform_errors import InvalidRequest, NotFound
+
+__all__ = [
+    "BudgetView",
+    "get_dataset",
+    "ensure_dataset",
+    "bootstrap",
+    "get_budget",
+    "change_cap",
+    "list_ledger",
+    "ledger_entry_dict",
+]
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """A data set's budget; epsilons rounded conservatively (spent up, remaining down)."""
+
+    dataset: str
+    epsilon_cap: float
+    delta: float
+    accountant: str
+    spent_epsilon_rdp: float
+    spent_epsilon_pld: float
+    remaining_epsilon: float
+    runs: dict[str, int] = field(default_factory=dict)
+    n_entries: int = 0
+    n_charged_runs: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def get_dataset(session: Session, name: str) -> Dataset:
+    """The data set called ``name`` (NotFound otherwise)."""
+    ds = session.scalar(select(Dataset).where(Dataset.name == name))
+    if ds is None:
+        raise NotFound(f"unknown data set {name!r}")
+    return ds
+
+
+def ensure_dataset(
+    session: Session,
+    name: str,
+    *,
+    rating_min: float,
+    rating_max: float,
+    epsilon_cap: float,
+    delta: float,
+    description: str | None = None,
+    actor: str = "system",
+) -> Dataset:
+    """Return the data set ``name``, creating it with its budget account if missing."""
+    ds = session.scalar(select(Dataset).where(Dataset.name == name))
+    if ds is not None:
+        return ds
+    if not name or len(name) > 64:
+        raise InvalidRequest("a data set name must have 1 to 64 characters")
+    if not rating_min < rating_max:
+        raise InvalidRequest("rating_min must be below rating_max")
+    ds = Dataset(name=name, rating_min=float(rating_min), rating_max=float(rating_max), description=description)
+    session.add(ds)
+    session.flush()
+    ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor)
+    return ds
+
+
+def bootstrap(session: Session, settings: Settings | None = None) -> Dataset:
+    """Create the default data set (and budget account) from settings when missing."""
+    s = settings or get_settings()
+    return ensure_dataset(
+        session,
+        s.default_dataset,
+        rating_min=s.default_rating_min,
+        rating_max=s.default_rating_max,
+        epsilon_cap=s.default_epsilon_cap,
+        delta=s.default_delta,
+        description="default data set",
+    )
+
+
+def _account(session: Session, ds: Dataset) -> BudgetAccount:
+    return ledger.account_for(session, ds.id)
+
+
+def get_budget(session: Session, dataset: str) -> BudgetView:
+    """Cap, delta, spent (RDP and PLD), remaining and run counts of a data set."""
+    ds = get_dataset(session, dataset)
+    acct = _account(session, ds)
+    rep = ledger.spent(session, acct)
+    counts = dict(
+        session.execute(
+            select(TrainingRun.status, func.count()).where(TrainingRun.dataset_id == ds.id).group_by(TrainingRun.status)
+        ).all()
+    )
+    n_entries = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0
+    return BudgetView(
+        dataset=ds.name,
+        epsilon_cap=acct.epsilon_cap,
+        delta=acct.delta,
+        accountant=acct.accountant,
+        spent_epsilon_rdp=ledger.round_up(rep.epsilon_rdp),
+        spent_epsilon_pld=ledger.round_up(rep.epsilon_pld),
+        remaining_epsilon=ledger.remaining(acct.epsilon_cap, rep.epsilon_rdp),
+        runs={k: int(counts.get(k, 0)) for k in ("queued", "running", "succeeded", "failed")},
+        n_entries=int(n_entries),
+        n_charged_runs=rep.n_events,
+    )
+
+
+def change_cap(session: Session, dataset: str, *, new_cap: float, reason: str | None, actor: str) -> BudgetView:
+    """Change the epsilon cap (audited in the ledger). Does not commit."""
+    ds = get_dataset(session, dataset)
+    ledger.record_cap_change(session, dataset=ds, new_cap=new_cap, reason=reason, actor=actor)
+    return get_budget(session, dataset)
+
+
+def list_ledger(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[LedgerEntry], int]:
+    """One page of the data set's ledger entries in sequence order, and the total count."""
+    if offset < 0 or limit < 1:
+        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    ds = get_dataset(session, dataset)
+    acct = _account(session, ds)
+    total = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0
+    rows = list(
+        session.scalars(
+            select(LedgerEntry).where(LedgerEntry.account_id == acct.id).order_by(LedgerEntry.seq).offset(offset).limit(limit)
+        )
+    )
+    return rows, int(total)
+
+
+def ledger_entry_dict(entry: LedgerEntry) -> dict[str, Any]:
+    """JSON-safe view of one entry, including its event tree and parameters."""
+    return {
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "run_id": entry.run_id,
+        "actor": entry.actor,
+        "created_at": entry.created_at,
+        "event": entry.event,
+        "parameters": entry.parameters,
+        "epsilon": None if entry.epsilon is None else ledger.round_up(entry.epsilon),
+        "spent_epsilon_rdp": ledger.round_up(entry.spent_rdp),
+        "spent_epsilon_pld": None if entry.spent_pld is None else ledger.round_up(entry.spent_pld),
+        "epsilon_cap": entry.epsilon_cap,
+        "delta": entry.delta,
+        "reason": entry.reason,
+        "prev_hash": entry.prev_hash,
+        "hash": entry.hash,
+    }
