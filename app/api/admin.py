@@ -1,0 +1,74 @@
+"""Admin routes (admin token): privacy budget, ledger, trainings, model versions."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep
+from app.api.params import DatasetP
+from app.schemas.admin import (BudgetOut, CapChangeIn, LedgerEntryOut, ModelVersionOut, TrainingAccepted,
+                               TrainingIn, TrainingRunOut)
+from app.schemas.common import Page
+from app.services import admin as svc
+
+router = APIRouter(tags=["admin"])
+
+IdP = Annotated[int, Path(ge=1, le=2**62)]
+
+
+@router.get("/datasets/{dataset}/budget", response_model=BudgetOut, summary="Privacy budget")
+def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> BudgetOut:
+    return svc.budget_view(session, dataset=dataset)
+
+
+@router.patch("/datasets/{dataset}/budget", response_model=BudgetOut,
+              summary="Change the epsilon cap (audited)",
+              description="Raising the cap needs a `reason`; lowering it below what is spent is refused (409).")
+def patch_budget(dataset: DatasetP, body: CapChangeIn, admin: AdminPrincipal, session: SessionDep) -> BudgetOut:
+    out = svc.change_cap(session, dataset=dataset, epsilon_cap=body.epsilon_cap, reason=body.reason,
+                         actor=f"admin:{admin.subject}")
+    session.commit()
+    return out
+
+
+@router.get("/datasets/{dataset}/ledger", response_model=Page[LedgerEntryOut],
+            summary="Ledger entries with event trees and parameters")
+def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+               limit: LimitQ = 100) -> Page[LedgerEntryOut]:
+    return svc.ledger_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+@router.post("/datasets/{dataset}/trainings", response_model=TrainingAccepted, status_code=202,
+             summary="Start a training run (budget reserved now; 409 when it would exceed the cap)")
+def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep) -> TrainingAccepted:
+    run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{admin.subject}")
+    session.commit()
+    svc.enqueue(run_id)
+    return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}")
+
+
+@router.get("/datasets/{dataset}/trainings", response_model=Page[TrainingRunOut], summary="Training runs")
+def list_trainings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+                   limit: LimitQ = 100) -> Page[TrainingRunOut]:
+    return svc.runs_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+@router.get("/trainings/{run_id}", response_model=TrainingRunOut, summary="Training run status and progress")
+def get_training(run_id: IdP, _: AdminPrincipal, session: SessionDep) -> TrainingRunOut:
+    return svc.run_view(session, run_id=run_id)
+
+
+@router.get("/datasets/{dataset}/models", response_model=Page[ModelVersionOut], summary="Model versions")
+def list_models(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+                limit: LimitQ = 100) -> Page[ModelVersionOut]:
+    return svc.versions_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+@router.post("/datasets/{dataset}/models/{version_id}/activate", response_model=ModelVersionOut,
+             summary="Activate a model version (rollback)")
+def activate_model(dataset: DatasetP, version_id: IdP, admin: AdminPrincipal, session: SessionDep) -> ModelVersionOut:
+    out = svc.activate(session, dataset=dataset, version_id=version_id, actor=f"admin:{admin.subject}")
+    session.commit()
+    return out

@@ -1,0 +1,101 @@
+"""FastAPI dependencies as ``Annotated`` aliases: settings, DB session, the calling principal."""
+
+from __future__ import annotations
+
+from typing import Annotated, Iterator
+
+from fastapi import Depends, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.api.errors import Forbidden, Unauthorized
+from app.auth import Principal, TokenError, decode_token
+from app.config import Settings
+from app.schemas.common import MAX_OFFSET
+
+__all__ = [
+    "SettingsDep",
+    "SessionDep",
+    "CurrentPrincipal",
+    "AdminPrincipal",
+    "OffsetQ",
+    "LimitQ",
+    "get_session",
+    "require_user_access",
+    "require_ingest_access",
+    "require_item_writer",
+]
+
+_bearer = HTTPBearer(auto_error=False, description="Signed bearer token (`privrec issue-token`).")
+
+
+def get_app_settings(request: Request) -> Settings:
+    """The settings the app was created with."""
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session per request; services commit explicitly, anything uncommitted is rolled back."""
+    session = request.app.state.sessionmaker()
+    try:
+        yield session
+    finally:
+        session.rollback()
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_principal(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Verify the bearer token; 401 when missing, malformed, tampered with or expired."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("a bearer token is required", code="missing_token")
+    try:
+        return decode_token(credentials.credentials, secret=settings.secret_key,
+                            algorithm=settings.jwt_algorithm)
+    except TokenError as exc:
+        code = "token_expired" if "expired" in str(exc) else "invalid_token"
+        raise Unauthorized(str(exc), code=code) from None
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_admin(principal: CurrentPrincipal) -> Principal:
+    """403 unless the token carries the admin scope."""
+    if not principal.is_admin:
+        raise Forbidden("this route needs an admin token", code="admin_required")
+    return principal
+
+
+AdminPrincipal = Annotated[Principal, Depends(get_admin)]
+
+
+def require_user_access(principal: Principal, user_id: str) -> None:
+    """403 unless the caller is ``user_id`` or a service allowed to act for users."""
+    if not principal.may_act_for(user_id):
+        raise Forbidden("the token may not act for this user", code="wrong_subject")
+
+
+def require_ingest_access(principal: Principal, user_id: str) -> None:
+    """403 unless the caller is ``user_id`` or a service with the ``ingest`` scope."""
+    if not principal.may_ingest_for(user_id):
+        raise Forbidden("the token may not write this user's ratings", code="wrong_subject")
+
+
+def require_item_writer(principal: Principal) -> None:
+    """403 unless the caller may edit the public item catalogue."""
+    if not principal.may_manage_items:
+        raise Forbidden("editing items needs a service token with the ingest scope or an admin token",
+                        code="scope_required")
+
+
+OffsetQ = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Entries to skip.")]
+LimitQ = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1,000).")]

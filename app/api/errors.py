@@ -1,0 +1,192 @@
+"""One error shape for the whole API: ``{"error": {"code", "message", "details"}}``.
+
+Every failure the service reports is an :class:`APIError` (or is converted into one by the
+handlers below: request validation errors, malformed JSON, unknown routes, unexpected
+exceptions). :data:`ERROR_RESPONSES` lists the shape in the OpenAPI document of every route.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("privrec.api")
+
+__all__ = [
+    "APIError",
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "PayloadTooLarge",
+    "Unprocessable",
+    "ServiceUnavailable",
+    "ErrorBody",
+    "ErrorResponse",
+    "ERROR_RESPONSES",
+    "install_error_handlers",
+]
+
+
+class APIError(Exception):
+    """Base class of every error the API renders; subclasses fix the HTTP status."""
+
+    status_code: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details
+        self.headers = headers
+
+
+class BadRequest(APIError):
+    status_code, code = 400, "bad_request"
+
+
+class Unauthorized(APIError):
+    status_code, code = 401, "unauthorized"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        kw.setdefault("headers", {"WWW-Authenticate": "Bearer"})
+        super().__init__(message, **kw)
+
+
+class Forbidden(APIError):
+    status_code, code = 403, "forbidden"
+
+
+class NotFound(APIError):
+    status_code, code = 404, "not_found"
+
+
+class Conflict(APIError):
+    status_code, code = 409, "conflict"
+
+
+class PayloadTooLarge(APIError):
+    status_code, code = 413, "payload_too_large"
+
+
+class Unprocessable(APIError):
+    status_code, code = 422, "validation_error"
+
+
+class ServiceUnavailable(APIError):
+    status_code, code = 503, "unavailable"
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable error code, e.g. `validation_error`.")
+    message: str = Field(description="Human-readable explanation.")
+    details: Any = Field(default=None, description="Structured context (offending fields, rows, budget figures).")
+
+
+class ErrorResponse(BaseModel):
+    """The single error shape of the API."""
+
+    error: ErrorBody
+
+
+def _doc(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _doc("Malformed request (e.g. body is not valid JSON)."),
+    401: _doc("Missing, expired or tampered bearer token."),
+    403: _doc("The token is valid but may not act on this resource."),
+    404: _doc("Unknown resource."),
+    409: _doc("Conflict with the current state (e.g. privacy budget exhausted)."),
+    413: _doc("Request too large (e.g. more than 10,000 rows in a batch)."),
+    422: _doc("Request validation failed; nothing was written."),
+    500: _doc("Unexpected server error."),
+    503: _doc("A dependency (database, model store) is not ready."),
+}
+
+
+def render(status: int, code: str, message: str, details: Any = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    """Build the JSON response of the one error shape."""
+    body = {"error": {"code": code, "message": message, "details": _json_safe(details)}}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def _json_safe(value: Any) -> Any:
+    """jsonable_encoder plus NaN/inf -> string (JSON has no non-finite numbers)."""
+    value = jsonable_encoder(value, custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        item = {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+        if "input" in err and err.get("type") != "json_invalid":
+            inp = err["input"]
+            if isinstance(inp, (str, int, float, bool)) or inp is None:
+                item["input"] = inp
+        out.append(item)
+    return out
+
+
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return render(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+
+
+async def _platform_error(_: Request, exc: Exception) -> JSONResponse:
+    return render(getattr(exc, "status_code", 400), getattr(exc, "code", "error"),
+                  getattr(exc, "message", str(exc)), getattr(exc, "details", None))
+
+
+async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        ctx = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {})
+        return render(400, "malformed_json", "request body is not valid JSON",
+                      {"error": str(ctx.get("error", ""))})
+    return render(422, "validation_error", "request validation failed; nothing was written",
+                  _validation_details(exc))
+
+
+async def _http_exception(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+    code = codes.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+    return render(exc.status_code, code, message, None, getattr(exc, "headers", None))
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    # Never log request bodies or values: they may be private ratings.
+    log.error("unhandled %s in request", type(exc).__name__, exc_info=(type(exc), exc, None))
+    return render(500, "internal_error", "unexpected server error", None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into the one error shape."""
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    from app.platform_errors import PlatformError
+
+    app.add_exception_handler(PlatformError, _platform_error)
+    app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_exception)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,54 @@
+"""Liveness and readiness probes (no authentication, no private data)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from importlib.metadata import PackageNotFoundError, version as _pkg_version
+
+try:
+    __version__ = _pkg_version("privrec")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0.0.0"
+
+router = APIRouter(tags=["health"])
+
+
+class HealthOut(BaseModel):
+    status: str
+    version: str
+
+
+class ReadyOut(BaseModel):
+    status: str
+    checks: dict[str, str]
+
+
+@router.get("/health", response_model=HealthOut, summary="Liveness: the process answers")
+def health() -> HealthOut:
+    return HealthOut(status="ok", version=__version__)
+
+
+@router.get("/ready", response_model=ReadyOut, summary="Readiness: the database answers",
+            responses={503: {"model": ReadyOut, "description": "A dependency is not ready."}})
+def ready(request: Request) -> JSONResponse:
+    checks: dict[str, str] = {}
+    ok = True
+    try:
+        with request.app.state.sessionmaker() as session:
+            session.execute(text("SELECT 1"))
+            session.rollback()
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        ok = False
+        checks["database"] = f"error: {type(exc).__name__}"
+    worker = getattr(request.app.state, "worker", None)
+    if worker is not None:
+        alive = getattr(worker, "is_alive", lambda: True)()
+        checks["embedded_worker"] = "ok" if alive else "stopped"
+        ok = ok and alive
+    body = ReadyOut(status="ok" if ok else "unavailable", checks=checks)
+    return JSONResponse(status_code=200 if ok else 503, content=body.model_dump())

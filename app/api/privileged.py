@@ -1,0 +1,58 @@
+"""Privileged routes: one user's own ratings and recommendations (that user or a service
+acting for users)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access
+from app.api.params import DatasetP, UserP
+from app.schemas.common import ExternalId, Page
+from app.schemas.ingest import RatingOut
+from app.schemas.serving import MAX_N, RecommendationQuery, RecommendationsOut
+from app.services import ingest as ingest_svc
+from app.services import recommend as svc
+
+router = APIRouter(tags=["privileged"])
+
+RECO_DESCRIPTION = (
+    "Scores every item of the active model for this user from the published item embeddings "
+    "plus this user's own ratings only (closed-form least squares), excludes already rated "
+    "items, the `exclude` list and items outside `categories`, and returns the top `n` with the "
+    "model version. A user with no usable ratings receives the DP-popular fallback "
+    "(`fallback: true`). Per-user scoring is post-processing of the public model and is not "
+    "charged to the privacy budget."
+)
+
+
+@router.get("/datasets/{dataset}/users/{user_id}/ratings", response_model=Page[RatingOut],
+            summary="The user's own ratings")
+def list_user_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
+                      session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[RatingOut]:
+    require_user_access(principal, user_id)
+    return ingest_svc.list_user_ratings(session, dataset=dataset, user_id=user_id,
+                                        offset=offset, limit=limit)
+
+
+@router.get("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
+            summary="Top-N recommendations for the user", description=RECO_DESCRIPTION)
+def get_recommendations(
+    dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal, session: SessionDep,
+    n: Annotated[int, Query(ge=1, le=MAX_N)] = 10,
+    category: Annotated[list[str] | None, Query(max_length=64, description="Repeatable category filter.")] = None,
+    exclude: Annotated[list[ExternalId] | None, Query(max_length=1000, description="Repeatable item id to exclude.")] = None,
+) -> RecommendationsOut:
+    require_user_access(principal, user_id)
+    query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
+    return svc.recommend_for_user(session, dataset=dataset, user_id=user_id, query=query)
+
+
+@router.post("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
+             summary="Top-N recommendations for the user (filters in the body)",
+             description=RECO_DESCRIPTION)
+def post_recommendations(dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
+                         principal: CurrentPrincipal, session: SessionDep) -> RecommendationsOut:
+    require_user_access(principal, user_id)
+    return svc.recommend_for_user(session, dataset=dataset, user_id=user_id, query=body)

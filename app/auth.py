@@ -1,0 +1,135 @@
+"""Signed, expiring bearer tokens (JWT, HS256).
+
+Three kinds of principal:
+
+* ``user``    – subject is the user's external id; may act only for that user.
+* ``service`` – subject names the calling service; scopes grant rights, e.g. ``act_for_users``
+  (read recommendations/ratings for any user) and ``ingest`` (write ratings and items).
+* ``admin``   – carries the ``admin`` scope; reaches the admin routes.
+
+Expired or tampered tokens raise :class:`TokenError` (rendered as 401 by the API).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import jwt
+
+__all__ = [
+    "ALGORITHM",
+    "ISSUER",
+    "SCOPE_ACT_FOR_USERS",
+    "SCOPE_INGEST",
+    "SCOPE_ADMIN",
+    "KNOWN_SCOPES",
+    "Principal",
+    "TokenError",
+    "issue_token",
+    "decode_token",
+]
+
+ALGORITHM = "HS256"
+ISSUER = "privrec"
+SCOPE_ACT_FOR_USERS = "act_for_users"
+SCOPE_INGEST = "ingest"
+SCOPE_ADMIN = "admin"
+KNOWN_SCOPES = frozenset({SCOPE_ACT_FOR_USERS, SCOPE_INGEST, SCOPE_ADMIN})
+Kind = Literal["user", "service", "admin"]
+_KINDS = ("user", "service", "admin")
+
+
+class TokenError(Exception):
+    """The token is missing, malformed, tampered with or expired."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, as proven by a verified token."""
+
+    subject: str
+    kind: Kind
+    scopes: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind == "admin" and SCOPE_ADMIN in self.scopes
+
+    def may_act_for(self, user_id: str) -> bool:
+        """True for the user themself or a service holding ``act_for_users``."""
+        if self.kind == "user":
+            return self.subject == user_id
+        return self.kind == "service" and SCOPE_ACT_FOR_USERS in self.scopes
+
+    def may_ingest_for(self, user_id: str) -> bool:
+        """True for the user themself or a service holding ``ingest``."""
+        if self.kind == "user":
+            return self.subject == user_id
+        return self.kind == "service" and SCOPE_INGEST in self.scopes
+
+    @property
+    def may_manage_items(self) -> bool:
+        """Items are catalogue data: services with ``ingest`` and admins may write them."""
+        return self.is_admin or (self.kind == "service" and SCOPE_INGEST in self.scopes)
+
+
+def _check_secret(secret: str) -> None:
+    if not secret or len(secret) < 16:
+        raise ValueError("the token secret must be at least 16 characters")
+
+
+def issue_token(subject: str, *, secret: str, kind: Kind = "user", scopes: Iterable[str] = (),
+                ttl_seconds: int = 3600, now: float | None = None, algorithm: str = ALGORITHM) -> str:
+    """Sign a token for ``subject`` valid for ``ttl_seconds``."""
+    _check_secret(secret)
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}")
+    if not subject or not isinstance(subject, str):
+        raise ValueError("subject must be a non-empty string")
+    if ttl_seconds <= 0:
+        raise ValueError("ttl_seconds must be positive")
+    scope_set = set(scopes)
+    unknown = scope_set - KNOWN_SCOPES
+    if unknown:
+        raise ValueError(f"unknown scope(s): {sorted(unknown)}")
+    if kind == "admin":
+        scope_set.add(SCOPE_ADMIN)
+    elif SCOPE_ADMIN in scope_set:
+        raise ValueError("only admin tokens carry the admin scope")
+    if kind == "user" and scope_set:
+        raise ValueError("user tokens carry no scopes")
+    issued = int(now if now is not None else time.time())
+    claims = {
+        "iss": ISSUER,
+        "sub": subject,
+        "typ": kind,
+        "scope": " ".join(sorted(scope_set)),
+        "iat": issued,
+        "exp": issued + int(ttl_seconds),
+        "jti": uuid.uuid4().hex,
+    }
+    return jwt.encode(claims, secret, algorithm=algorithm)
+
+
+def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway: float = 0.0) -> Principal:
+    """Verify signature, issuer and expiry; return the principal or raise :class:`TokenError`."""
+    try:
+        claims = jwt.decode(
+            token, secret, algorithms=[algorithm], issuer=ISSUER, leeway=leeway,
+            options={"require": ["exp", "iat", "sub", "iss", "typ"]},
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise TokenError("token expired") from exc
+    except jwt.InvalidTokenError as exc:
+        raise TokenError("invalid token") from exc
+    kind = claims.get("typ")
+    subject = claims.get("sub")
+    if kind not in _KINDS or not isinstance(subject, str) or not subject:
+        raise TokenError("invalid token claims")
+    scopes = frozenset(s for s in str(claims.get("scope", "")).split() if s)
+    if SCOPE_ADMIN in scopes and kind != "admin":
+        raise TokenError("invalid token claims")
+    return Principal(subject=subject, kind=kind, scopes=scopes)

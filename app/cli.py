@@ -1,0 +1,253 @@
+"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv, issue-token,
+budget, openapi."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def _settings(**overrides):
+    from app.config import Settings, get_settings
+
+    if not overrides:
+        return get_settings()
+    return Settings(**overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Embedded mode: SQLite, no Redis, in-process worker, one uvicorn process."""
+    import uvicorn
+
+    from app.main import create_app
+
+    overrides: dict = {"redis_url": None}
+    if args.data_dir:
+        data = Path(args.data_dir).resolve()
+        overrides["database_url"] = f"sqlite:///{data / 'privrec.db'}"
+        overrides["artifact_dir"] = data / "artifacts"
+    if args.no_demo:
+        overrides["seed_demo"] = False
+    os.environ.pop("REDIS_URL", None)
+    settings = _settings(**overrides)
+    app = create_app(settings)
+    uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
+                log_level=settings.log_level.lower())
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    """Production API process(es): uvicorn on the app factory, no in-process worker."""
+    import uvicorn
+
+    settings = _settings()
+    uvicorn.run("app.main:create_app", factory=True, host=args.host or settings.api_host,
+                port=args.port or settings.api_port, workers=args.workers,
+                log_level=settings.log_level.lower())
+    return 0
+
+
+def _celery(argv: list[str]) -> int:
+    exe = shutil.which("celery") or str(Path(sys.executable).with_name("celery"))
+    os.execv(exe, [exe, "-A", "workers.celery_app", *argv])
+    return 0  # pragma: no cover - execv does not return
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """A Celery worker for training runs (prefetch 1; tasks acknowledged late)."""
+    argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
+            "--prefetch-multiplier", "1"]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    return _celery(argv)
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """Celery beat: periodic retraining (interval from RETRAIN_INTERVAL_S)."""
+    return _celery(["beat", "--loglevel", args.loglevel])
+
+
+def cmd_migrate(_: argparse.Namespace) -> int:
+    """Apply the Alembic migrations up to head."""
+    from app.db.migrate import upgrade_head
+
+    upgrade_head(_settings().database_url)
+    print("database is at the latest schema")
+    return 0
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, float]]:
+    with _open_text(path) as fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        if header:
+            next(reader, None)
+        for line_no, row in enumerate(reader, start=2 if header else 1):
+            if not row:
+                continue
+            if len(row) < 3:
+                raise SystemExit(f"{path}:{line_no}: expected user,item,rating")
+            try:
+                value = float(row[2])
+            except ValueError:
+                raise SystemExit(f"{path}:{line_no}: rating is not a number") from None
+            yield row[0].strip(), row[1].strip(), value
+
+
+def cmd_import_csv(args: argparse.Namespace) -> int:
+    """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
+    from tqdm import tqdm
+
+    from app.services import ingest
+
+    settings = _settings()
+    path = Path(args.path)
+    if not path.exists():
+        raise SystemExit(f"no such file: {path}")
+    maker = ingest.sessionmaker_for(settings)
+    total = 0
+    chunk: list[tuple[str, str, float]] = []
+    bar = tqdm(unit="ratings", desc=f"import {path.name}", disable=args.quiet)
+
+    def flush() -> None:
+        nonlocal total
+        with maker() as session:
+            result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk,
+                                           create_items=args.create_items)
+            session.commit()
+        total += result
+        bar.update(len(chunk))
+        chunk.clear()
+
+    for row in _rows(path, args.delimiter, not args.no_header):
+        chunk.append(row)
+        if len(chunk) >= args.chunk:
+            flush()
+    if chunk:
+        flush()
+    bar.close()
+    print(json.dumps({"dataset": args.dataset, "rows": total}))
+    return 0
+
+
+def cmd_issue_token(args: argparse.Namespace) -> int:
+    """Print a signed bearer token."""
+    from app.auth import issue_token
+
+    settings = _settings()
+    if args.admin:
+        kind, subject, scopes = "admin", args.subject or "admin", []
+    elif args.service:
+        kind, subject, scopes = "service", args.service, args.scope or []
+    elif args.user:
+        kind, subject, scopes = "user", args.user, []
+    else:
+        raise SystemExit("choose one of --user ID, --service NAME or --admin")
+    token = issue_token(subject, secret=settings.secret_key, kind=kind, scopes=scopes,
+                        ttl_seconds=args.ttl or settings.access_token_ttl_s,
+                        algorithm=settings.jwt_algorithm)
+    print(token)
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """Print the privacy budget of a data set as JSON."""
+    from app.services import admin
+
+    settings = _settings()
+    maker = admin.sessionmaker_for(settings)
+    with maker() as session:
+        out = admin.budget_view(session, dataset=args.dataset or settings.default_dataset)
+    print(json.dumps(out.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    """Print the OpenAPI document the app serves, as YAML (``privrec openapi > openapi.yaml``)."""
+    from app.main import openapi_yaml
+
+    sys.stdout.write(openapi_yaml())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="privrec", description="Differentially private recommendations.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="embedded mode: SQLite, in-process worker, demo data")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--data-dir", help="folder for the SQLite file and artifacts (default ./var)")
+    s.add_argument("--no-demo", action="store_true", help="do not seed the synthetic demo data set")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("api", help="production API (DATABASE_URL, REDIS_URL)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--workers", type=int, default=1)
+    s.set_defaults(func=cmd_api)
+
+    s = sub.add_parser("worker", help="Celery training worker")
+    s.add_argument("--concurrency", type=int, default=1)
+    s.add_argument("--loglevel", default="INFO")
+    s.add_argument("--hostname")
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("beat", help="Celery beat (periodic retraining)")
+    s.add_argument("--loglevel", default="INFO")
+    s.set_defaults(func=cmd_beat)
+
+    s = sub.add_parser("migrate", help="apply database migrations")
+    s.set_defaults(func=cmd_migrate)
+
+    s = sub.add_parser("import-csv", help="upsert ratings from a CSV file (.csv or .csv.gz)")
+    s.add_argument("path")
+    s.add_argument("--dataset", default="default")
+    s.add_argument("--delimiter", default=",")
+    s.add_argument("--no-header", action="store_true")
+    s.add_argument("--create-items", action="store_true", help="create unknown items (untitled)")
+    s.add_argument("--chunk", type=int, default=10_000)
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=cmd_import_csv)
+
+    s = sub.add_parser("issue-token", help="print a signed bearer token")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--user", help="user token: subject is this external user id")
+    g.add_argument("--service", help="service token named NAME (give --scope)")
+    g.add_argument("--admin", action="store_true", help="admin token")
+    s.add_argument("--scope", action="append", choices=["act_for_users", "ingest"])
+    s.add_argument("--subject", help="subject of an admin token (default 'admin')")
+    s.add_argument("--ttl", type=int, help="lifetime in seconds (default ACCESS_TOKEN_TTL_S)")
+    s.set_defaults(func=cmd_issue_token)
+
+    s = sub.add_parser("budget", help="print a data set's privacy budget")
+    s.add_argument("--dataset")
+    s.set_defaults(func=cmd_budget)
+
+    s = sub.add_parser("openapi", help="print the OpenAPI document as YAML")
+    s.set_defaults(func=cmd_openapi)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

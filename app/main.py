@@ -1,0 +1,116 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` wires routers, the one error shape, the DB session factory and, in the
+embedded mode (no Redis), start-up work: migrations, demo data, the in-process training worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+
+from app.api import admin, health, ingest, privileged, public
+from app.api.errors import ERROR_RESPONSES, install_error_handlers
+from app.api.health import __version__
+from app.api.openapi_yaml import to_yaml
+from app.config import Settings, get_settings
+from app.db.session import get_sessionmaker
+
+log = logging.getLogger("privrec")
+
+__all__ = ["create_app", "openapi_yaml"]
+
+DESCRIPTION = """\
+privrec learns recommendations from users' ratings under **user-level differential privacy**
+(joint DP / billboard model) and keeps a persisted (epsilon, delta) ledger of every release.
+
+* Public routes serve DP outputs only (item embeddings, DP counts, model metadata).
+* Privileged routes compute one user's scores from the published model plus that user's own
+  ratings; only that user (or a service with the `act_for_users` scope) may call them.
+* Admin routes manage the privacy budget, trainings and model versions.
+
+Every error has the shape `{"error": {"code", "message", "details"}}`.
+"""
+
+TAGS = [
+    {"name": "ingest", "description": "Write ratings and items (user token or service token with `ingest`)."},
+    {"name": "public", "description": "DP outputs of the active model; no token needed."},
+    {"name": "privileged", "description": "One user's own data and recommendations."},
+    {"name": "admin", "description": "Privacy budget, ledger, trainings, model versions (admin token)."},
+    {"name": "health", "description": "Probes."},
+]
+
+
+def _startup(app: FastAPI, settings: Settings) -> None:
+    """Embedded mode: migrate, seed demo data when empty, start the in-process worker."""
+    if not settings.embedded:
+        return
+    from app.db.migrate import upgrade_head
+    from app.services import demo
+
+    upgrade_head(settings.database_url)
+    if settings.seed_demo:
+        with app.state.sessionmaker() as session:
+            if demo.seed_if_empty(session, settings=settings):
+                log.info("seeded the synthetic demo data set")
+    if settings.embedded_worker:
+        from app.services.embedded_worker import start_embedded_worker
+
+        app.state.worker = start_embedded_worker(settings)
+
+
+def _shutdown(app: FastAPI) -> None:
+    worker = getattr(app.state, "worker", None)
+    if worker is not None:
+        worker.stop()
+        app.state.worker = None
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app for ``settings`` (default: the process-wide validated settings)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _startup(app, settings)
+        try:
+            yield
+        finally:
+            _shutdown(app)
+
+    app = FastAPI(
+        title="privrec",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        responses=ERROR_RESPONSES,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = get_sessionmaker(settings.database_url)
+    app.state.worker = None
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(ingest.router, prefix="/v1")
+    app.include_router(public.router, prefix="/v1")
+    app.include_router(privileged.router, prefix="/v1")
+    app.include_router(admin.router, prefix="/v1/admin")
+    return app
+
+
+def openapi_document(app: FastAPI | None = None) -> dict[str, Any]:
+    """The OpenAPI document the app serves at ``/openapi.json``."""
+    if app is None:
+        from app.config import DEFAULT_SECRET_KEY
+
+        app = create_app(Settings(redis_url=None, secret_key=DEFAULT_SECRET_KEY,
+                                  database_url="sqlite:///:memory:"))
+    return app.openapi()
+
+
+def openapi_yaml(app: FastAPI | None = None) -> str:
+    """The served OpenAPI document as YAML (what ``openapi.yaml`` in the repo must equal)."""
+    return to_yaml(openapi_document(app))

@@ -1,0 +1,99 @@
+"""Bodies of the admin routes (budget, ledger, trainings, model versions)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.schemas.common import FiniteFloat, StrictModel
+
+__all__ = [
+    "BudgetOut",
+    "CapChangeIn",
+    "LedgerEntryOut",
+    "TrainingIn",
+    "TrainingAccepted",
+    "TrainingRunOut",
+    "ModelVersionOut",
+]
+
+
+class _Open(BaseModel):
+    """Responses built from platform dicts; extra keys are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class BudgetOut(_Open):
+    dataset: str
+    epsilon_cap: float
+    delta: float
+    accountant: str
+    spent_epsilon_rdp: float = Field(description="Composed spend by the RDP accountant (rounded up).")
+    spent_epsilon_pld: float | None = Field(description="Composed spend by the PLD accountant (rounded up).")
+    remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
+    runs: dict[str, int] = Field(description="Training runs by status.")
+    n_entries: int = 0
+    n_charged_runs: int = 0
+
+
+class CapChangeIn(StrictModel):
+    epsilon_cap: FiniteFloat = Field(gt=0, description="The new epsilon cap.")
+    reason: str | None = Field(default=None, max_length=1000,
+                               description="Required when raising the cap; stored in the audited ledger entry.")
+
+
+class LedgerEntryOut(_Open):
+    seq: int
+    kind: str
+    run_id: int | None = None
+    actor: str
+    event: dict[str, Any] | None = Field(default=None, description="The dp_accounting event tree (JSON).")
+    parameters: dict[str, Any] = Field(default_factory=dict, description="Parameters giving the event meaning.")
+    epsilon: float | None = None
+    spent_epsilon_rdp: float | None = Field(default=None, description="Composed spend after this entry (RDP, rounded up).")
+    spent_epsilon_pld: float | None = None
+    epsilon_cap: float | None = None
+    delta: float | None = None
+    reason: str | None = None
+    created_at: str | datetime | None = None
+    prev_hash: str | None = None
+    hash: str | None = None
+
+
+class TrainingIn(StrictModel):
+    algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$")
+    epsilon: FiniteFloat | None = Field(default=None, gt=0, description="Epsilon for this run.")
+    epsilon_fraction: FiniteFloat | None = Field(
+        default=None, gt=0, le=1, description="Or: this fraction of the remaining budget.")
+    hyperparameters: dict[str, Any] = Field(default_factory=dict,
+                                            description="Algorithm configuration overrides (e.g. rank, n_steps).")
+    idempotency_key: str | None = Field(default=None, max_length=128,
+                                        description="Repeating a request with the same key returns the same run.")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "TrainingIn":
+        if (self.epsilon is None) == (self.epsilon_fraction is None):
+            raise ValueError("give exactly one of epsilon or epsilon_fraction")
+        return self
+
+
+class TrainingAccepted(BaseModel):
+    run_id: int
+    status: str
+    status_url: str
+
+
+class TrainingRunOut(_Open):
+    id: int
+    algorithm: str
+    status: str
+    progress: float
+
+
+class ModelVersionOut(_Open):
+    id: int
+    algorithm: str
+    active: bool

@@ -1,0 +1,66 @@
+"""Shared field types and the paging envelope."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+__all__ = [
+    "ExternalId",
+    "FiniteFloat",
+    "MAX_PAGE_SIZE",
+    "MAX_OFFSET",
+    "MAX_BATCH_ROWS",
+    "Page",
+    "StrictModel",
+]
+
+MAX_PAGE_SIZE = 1000
+MAX_OFFSET = 10_000_000
+MAX_BATCH_ROWS = 10_000
+
+
+def _id_to_str(value: Any) -> Any:
+    """Accept integer ids in JSON and treat them as their decimal string."""
+    if isinstance(value, bool):
+        return value  # rejected by the str constraint below
+    if isinstance(value, int):
+        return str(value)
+    return value
+
+
+ExternalId = Annotated[
+    str,
+    BeforeValidator(_id_to_str),
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$"),
+]
+"""An external user or item id: 1-128 characters of ``[A-Za-z0-9_.:@-]`` (JSON integers accepted)."""
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is neither NaN nor infinite."""
+
+
+class StrictModel(BaseModel):
+    """Request bodies reject unknown fields so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a listing."""
+
+    items: list[T]
+    total: int = Field(description="Number of entries across all pages.")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="Offset of the next page, null on the last one.")
+
+    @classmethod
+    def build(cls, items: list[T], *, total: int, offset: int, limit: int) -> "Page[T]":
+        nxt = offset + len(items)
+        return cls(items=items, total=total, offset=offset, limit=limit,
+                   next_offset=nxt if nxt < total else None)

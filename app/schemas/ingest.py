@@ -1,0 +1,95 @@
+"""Request/response bodies of the ingest routes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel
+
+__all__ = [
+    "RatingIn",
+    "RatingRow",
+    "RatingBatchIn",
+    "RowResult",
+    "RatingBatchOut",
+    "RatingOut",
+    "RatingWriteOut",
+        "ItemIn",
+    "ItemOut",
+    "DeletedOut",
+]
+
+
+class RatingIn(StrictModel):
+    rating: FiniteFloat = Field(description="Must lie inside the data set's rating range.")
+
+
+class RatingRow(StrictModel):
+    user_id: ExternalId
+    item_id: ExternalId
+    rating: FiniteFloat
+
+
+class RatingBatchIn(StrictModel):
+    ratings: list[RatingRow] = Field(
+        min_length=1,
+        json_schema_extra={"maxItems": MAX_BATCH_ROWS},
+        description=f"At most {MAX_BATCH_ROWS:,} rows; more is refused with 413 and nothing is written. "
+        "The batch is all-or-nothing: any invalid row (range, unknown item, duplicate pair) "
+        "gives 422 with per-row errors and nothing is written.",
+    )
+
+
+class RowResult(BaseModel):
+    index: int
+    user_id: str
+    item_id: str
+    status: Literal["created", "updated", "error"]
+    error: str | None = None
+
+
+class RatingBatchOut(BaseModel):
+    created: int
+    updated: int
+    results: list[RowResult]
+
+
+class RatingOut(BaseModel):
+    user_id: str
+    item_id: str
+    rating: float
+    updated_at: datetime | None = None
+
+
+class RatingWriteOut(RatingOut):
+    status: Literal["created", "updated"]
+
+
+FeatureValue = str | int | float | bool | list[str]
+
+
+class ItemIn(StrictModel):
+    """An item and its public features (never private data)."""
+
+    title: str | None = Field(default=None, max_length=512)
+    categories: list[str] = Field(default_factory=list, max_length=64,
+                                  description="Public categories (used by the recommendation filter).")
+    features: dict[str, FeatureValue] = Field(default_factory=dict, max_length=64,
+                                              description="Other public features, e.g. tags, year.")
+    active: bool = Field(default=True, description="Inactive items are never recommended.")
+
+
+class ItemOut(BaseModel):
+    item_id: str
+    title: str | None
+    categories: list[str]
+    features: dict[str, Any]
+    active: bool
+
+
+class DeletedOut(BaseModel):
+    deleted: int = Field(description="Number of ratings removed.")
+    note: str | None = None

@@ -1,0 +1,72 @@
+"""A synthetic demo data set for the embedded mode: items with public categories, users and
+ratings from the production-shaped generator, and a first DP training run so that the service
+can recommend out of the box. Seeded only into an empty database."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Item, Rating
+
+__all__ = ["DEMO_CATEGORIES", "seed_if_empty", "seed"]
+
+log = logging.getLogger("privrec.demo")
+
+DEMO_CATEGORIES = ("action", "comedy", "drama", "documentary", "family", "sci-fi", "thriller", "romance")
+
+
+def _is_empty(session: Session, dataset_id: int) -> bool:
+    n_items = session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == dataset_id)) or 0
+    n_ratings = session.scalar(select(func.count()).select_from(Rating).where(Rating.dataset_id == dataset_id)) or 0
+    return n_items == 0 and n_ratings == 0
+
+
+def seed(session: Session, *, dataset: str, n_users: int = 1500, n_items: int = 400,
+         n_ratings: int = 45_000, seed: int = 20261121) -> int:
+    """Write the demo catalogue and ratings into ``dataset`` (caller commits); return #ratings."""
+    from app.core.synthetic import production_synthetic
+    from app.schemas.ingest import ItemIn
+    from app.services import ingest
+
+    data = production_synthetic(n_users, n_items, n_ratings, rank=8, seed=seed)
+    rng = np.random.default_rng(seed)
+    ds = ingest.get_dataset(session, dataset)
+    for k in range(n_items):
+        cats = sorted({DEMO_CATEGORIES[int(c)] for c in rng.choice(len(DEMO_CATEGORIES), size=rng.integers(1, 3))})
+        ingest.upsert_item(session, dataset=dataset, item_id=f"item-{k}",
+                           data=ItemIn(title=f"Demo item {k}", categories=cats, features={"year": int(1970 + k % 50)}))
+    coo = data.ratings.csr.tocoo()
+    lo, hi = ds.rating_min, ds.rating_max
+    values = np.clip(coo.data, lo, hi)
+    users = [f"user-{int(u)}" for u in np.asarray(data.ratings.user_ids)[coo.row]]
+    items = [f"item-{int(i)}" for i in np.asarray(data.ratings.item_ids)[coo.col]]
+    return ingest.import_ratings(session, dataset=dataset, rows=list(zip(users, items, values.tolist())))
+
+
+def seed_if_empty(session: Session, *, settings: Any) -> bool:
+    """Seed the default data set and queue a first training run when it holds nothing yet."""
+    from app.services import budget
+
+    ds = budget.bootstrap(session, settings)
+    session.commit()
+    if not _is_empty(session, ds.id):
+        return False
+    n = seed(session, dataset=ds.name)
+    session.commit()
+    log.info("demo data set %r seeded with %d synthetic ratings", ds.name, n)
+    try:
+        from app.services import training
+
+        run = training.start_training(session, dataset=ds.name, epsilon=min(1.0, settings.default_epsilon_cap / 2),
+                                      actor="demo", trigger="demo", idempotency_key="demo-initial")
+        session.commit()
+        training.enqueue_run(run.id)
+    except Exception as exc:  # noqa: BLE001 - the demo still serves; the admin can train later
+        session.rollback()
+        log.warning("could not queue the demo training run: %s", exc)
+    return True

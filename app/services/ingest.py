@@ -1,0 +1,323 @@
+"""Ingest: ratings (single, batch, delete), users (delete), items (create/update/list).
+
+Every write is idempotent (upserts keyed by data set, user and item) and bumps the data set's
+``ratings_version`` in the same transaction. Functions never commit; the caller does. Invalid
+input raises an :class:`~app.api.errors.APIError` before anything is written. Rating values are
+never logged.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import delete, func, literal_column, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.api.errors import NotFound, Unprocessable
+from app.db.models import Dataset, Item, Rating, User, bump_ratings_version
+from app.schemas.common import Page
+from app.schemas.ingest import (ItemIn, ItemOut, RatingBatchOut, RatingOut, RatingRow, RatingWriteOut,
+                                RowResult)
+
+__all__ = [
+    "sessionmaker_for",
+    "get_dataset",
+    "upsert_rating",
+    "upsert_ratings_batch",
+    "import_ratings",
+    "delete_rating",
+    "delete_user",
+    "list_user_ratings",
+    "upsert_item",
+    "get_item",
+    "list_items",
+]
+
+_CHUNK = 1000  # rows per INSERT statement (6 parameters each: well under SQLite's 32,766)
+
+
+def sessionmaker_for(settings: Any) -> sessionmaker[Session]:
+    """The session factory for ``settings.database_url`` (CLI helpers)."""
+    from app.db.session import get_sessionmaker
+
+    return get_sessionmaker(settings.database_url)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _insert(session: Session, table: Any) -> Any:
+    """A dialect-specific INSERT that supports ON CONFLICT (PostgreSQL and SQLite)."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        return postgresql.insert(table)
+    if name == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database dialect {name!r}")
+
+
+def _naive_utc(value: datetime) -> datetime:
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def get_dataset(session: Session, name: str) -> Dataset:
+    """The data set called ``name`` (404 when unknown)."""
+    ds = session.scalar(select(Dataset).where(Dataset.name == name))
+    if ds is None:
+        raise NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+    return ds
+
+
+def _check_range(ds: Dataset, value: float) -> str | None:
+    if not math.isfinite(value):
+        return "rating must be a finite number"
+    if not (ds.rating_min <= value <= ds.rating_max):
+        return f"rating {value!r} is outside the data set's range [{ds.rating_min}, {ds.rating_max}]"
+    return None
+
+
+def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(seq), size):
+        yield seq[start:start + size]
+
+
+def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
+    """Create missing users; return external id -> row id for all of ``external_ids``."""
+    ids = sorted(set(external_ids))
+    out: dict[str, int] = {}
+    for part in _chunks(ids, _CHUNK):
+        stmt = _insert(session, User.__table__).values(
+            [{"external_id": e, "created_at": now, "updated_at": now} for e in part]
+        ).on_conflict_do_nothing(index_elements=["external_id"])
+        session.execute(stmt)
+        rows = session.execute(select(User.id, User.external_id).where(User.external_id.in_(part)))
+        out.update({ext: uid for uid, ext in rows})
+    return out
+
+
+def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:
+    """External item id -> row id for the known items among ``external_ids``."""
+    ids = sorted(set(external_ids))
+    out: dict[str, int] = {}
+    for part in _chunks(ids, _CHUNK):
+        rows = session.execute(
+            select(Item.id, Item.external_id).where(Item.dataset_id == ds.id, Item.external_id.in_(part))
+        )
+        out.update({ext: iid for iid, ext in rows})
+    return out
+
+
+def _write_ratings(session: Session, ds: Dataset, rows: list[dict[str, Any]], now: datetime) -> set[tuple[int, int]]:
+    """INSERT ... ON CONFLICT DO UPDATE in chunks; return the (user, item) row-id pairs created."""
+    table = Rating.__table__
+    created: set[tuple[int, int]] = set()
+    is_pg = session.get_bind().dialect.name == "postgresql"
+    now_key = _naive_utc(now)
+    for part in _chunks(rows, _CHUNK):
+        base = _insert(session, table).values(list(part))
+        stmt = base.on_conflict_do_update(
+            index_elements=["dataset_id", "user_id", "item_id"],
+            set_={"value": base.excluded.value, "updated_at": base.excluded.updated_at},
+        )
+        if is_pg:
+            stmt = stmt.returning(table.c.user_id, table.c.item_id, literal_column("(xmax = 0)"))
+            for uid, iid, inserted in session.execute(stmt):
+                if inserted:
+                    created.add((uid, iid))
+        else:
+            stmt = stmt.returning(table.c.user_id, table.c.item_id, table.c.created_at)
+            for uid, iid, created_at in session.execute(stmt):
+                if _naive_utc(created_at) == now_key:
+                    created.add((uid, iid))
+    return created
+
+
+def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
+                 values: Sequence[float]) -> tuple[list[str], int, int]:
+    """Validate then upsert parallel rows; return (status per row, created, updated).
+
+    Raises 422 with per-row errors (and writes nothing) if any row is invalid.
+    """
+    item_map = _item_ids(session, ds, items)
+    errors: list[RowResult] = []
+    seen: dict[tuple[str, str], int] = {}
+    for k, (u, i, v) in enumerate(zip(users, items, values)):
+        msg = _check_range(ds, float(v))
+        if msg is None and i not in item_map:
+            msg = f"unknown item {i!r} in data set {ds.name!r}"
+        if msg is None and (u, i) in seen:
+            msg = f"duplicate (user, item) pair; first at row {seen[(u, i)]}"
+        seen.setdefault((u, i), k)
+        if msg is not None:
+            errors.append(RowResult(index=k, user_id=u, item_id=i, status="error", error=msg))
+    if errors:
+        raise Unprocessable(
+            f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
+            code="invalid_rows",
+            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
+        )
+    now = _now()
+    user_map = _ensure_users(session, users, now)
+    payload = [
+        {"dataset_id": ds.id, "user_id": user_map[u], "item_id": item_map[i], "value": float(v),
+         "created_at": now, "updated_at": now}
+        for u, i, v in zip(users, items, values)
+    ]
+    created = _write_ratings(session, ds, payload, now)
+    bump_ratings_version(session, ds.id, n=len(payload))
+    status = ["created" if (p["user_id"], p["item_id"]) in created else "updated" for p in payload]
+    n_created = sum(1 for s in status if s == "created")
+    return status, n_created, len(status) - n_created
+
+
+def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
+                  rating: float) -> RatingWriteOut:
+    """Insert or update one rating (404 unknown item, 422 out of range)."""
+    ds = get_dataset(session, dataset)
+    msg = _check_range(ds, rating)
+    if msg is not None:
+        raise Unprocessable(msg, code="rating_out_of_range",
+                            details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
+    if item_id not in _item_ids(session, ds, [item_id]):
+        raise NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
+                       details={"item_id": item_id})
+    status, _, _ = _upsert_many(session, ds, [user_id], [item_id], [rating])
+    return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status[0],
+                          updated_at=_now())
+
+
+def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchOut:
+    """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
+    ds = get_dataset(session, dataset)
+    users = [r.user_id for r in rows]
+    items = [r.item_id for r in rows]
+    status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
+    results = [RowResult(index=k, user_id=u, item_id=i, status=s)
+               for k, (u, i, s) in enumerate(zip(users, items, status))]
+    return RatingBatchOut(created=n_created, updated=n_updated, results=results)
+
+
+def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]],
+                   create_items: bool = False) -> int:
+    """Bulk import (CLI, benchmarks): upsert ``(user, item, rating)`` tuples; return the row count.
+
+    A later duplicate of a (user, item) pair in ``rows`` wins. With ``create_items`` unknown
+    items are created without title or features.
+    """
+    ds = get_dataset(session, dataset)
+    last: dict[tuple[str, str], float] = {}
+    for u, i, v in rows:
+        last[(str(u), str(i))] = float(v)
+    users = [k[0] for k in last]
+    items = [k[1] for k in last]
+    if create_items:
+        missing = sorted(set(items) - set(_item_ids(session, ds, items)))
+        now = _now()
+        for part in _chunks(missing, _CHUNK):
+            session.execute(_insert(session, Item.__table__).values(
+                [{"dataset_id": ds.id, "external_id": e, "categories": [], "features": {}, "active": True,
+                  "created_at": now, "updated_at": now} for e in part]
+            ).on_conflict_do_nothing(index_elements=["dataset_id", "external_id"]))
+    _upsert_many(session, ds, users, items, list(last.values()))
+    return len(last)
+
+
+def _user_row_id(session: Session, user_id: str) -> int | None:
+    return session.scalar(select(User.id).where(User.external_id == user_id))
+
+
+def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
+    """Delete one rating (404 when it does not exist)."""
+    ds = get_dataset(session, dataset)
+    uid = _user_row_id(session, user_id)
+    iid = _item_ids(session, ds, [item_id]).get(item_id)
+    n = 0
+    if uid is not None and iid is not None:
+        n = session.execute(delete(Rating).where(
+            Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)).rowcount or 0
+    if n == 0:
+        raise NotFound("no such rating", code="unknown_rating", details={"user_id": user_id, "item_id": item_id})
+    bump_ratings_version(session, ds.id, n=1)
+    return n
+
+
+def delete_user(session: Session, *, user_id: str) -> int:
+    """Delete a user and every rating of theirs in every data set; return the ratings removed."""
+    uid = _user_row_id(session, user_id)
+    if uid is None:
+        raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})
+    per_ds = session.execute(
+        select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)
+    ).all()
+    removed = session.execute(delete(Rating).where(Rating.user_id == uid)).rowcount or 0
+    session.execute(delete(User).where(User.id == uid))
+    for ds_id, count in per_ds:
+        bump_ratings_version(session, ds_id, n=int(count))
+    return int(removed)
+
+
+def user_ratings_arrays(session: Session, *, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
+    """The one user's own ratings in a data set: (external item ids, values). Privileged."""
+    rows = session.execute(
+        select(Item.external_id, Rating.value)
+        .join(Item, Item.id == Rating.item_id)
+        .join(User, User.id == Rating.user_id)
+        .where(Rating.dataset_id == dataset_id, User.external_id == user_id)
+    ).all()
+    return [r[0] for r in rows], [float(r[1]) for r in rows]
+
+
+def list_user_ratings(session: Session, *, dataset: str, user_id: str, offset: int, limit: int) -> Page[RatingOut]:
+    """One page of a user's own ratings, ordered by item id."""
+    ds = get_dataset(session, dataset)
+    base = (select(Item.external_id, Rating.value, Rating.updated_at)
+            .join(Item, Item.id == Rating.item_id).join(User, User.id == Rating.user_id)
+            .where(Rating.dataset_id == ds.id, User.external_id == user_id))
+    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
+    rows = session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
+    items = [RatingOut(user_id=user_id, item_id=e, rating=float(v), updated_at=t) for e, v, t in rows]
+    return Page[RatingOut].build(items, total=int(total), offset=offset, limit=limit)
+
+
+def _item_out(item: Item) -> ItemOut:
+    return ItemOut(item_id=item.external_id, title=item.title, categories=list(item.categories or []),
+                   features=dict(item.features or {}), active=bool(item.active))
+
+
+def upsert_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -> ItemOut:
+    """Create or replace an item's title, categories, features and active flag."""
+    ds = get_dataset(session, dataset)
+    now = _now()
+    values = {"title": data.title, "categories": list(data.categories), "features": dict(data.features),
+              "active": data.active, "updated_at": now}
+    stmt = _insert(session, Item.__table__).values(dataset_id=ds.id, external_id=item_id, created_at=now, **values)
+    session.execute(stmt.on_conflict_do_update(index_elements=["dataset_id", "external_id"], set_=values))
+    from app.services import recommend
+
+    recommend.invalidate_catalog(ds.name)
+    return ItemOut(item_id=item_id, title=data.title, categories=list(data.categories),
+                   features=dict(data.features), active=data.active)
+
+
+def get_item(session: Session, *, dataset: str, item_id: str) -> ItemOut:
+    """One item (404 when unknown)."""
+    ds = get_dataset(session, dataset)
+    item = session.scalar(select(Item).where(Item.dataset_id == ds.id, Item.external_id == item_id))
+    if item is None:
+        raise NotFound(f"unknown item {item_id!r}", code="unknown_item", details={"item_id": item_id})
+    return _item_out(item)
+
+
+def list_items(session: Session, *, dataset: str, offset: int, limit: int) -> Page[ItemOut]:
+    """One page of the catalogue, ordered by item id."""
+    ds = get_dataset(session, dataset)
+    total = session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0
+    rows = session.scalars(select(Item).where(Item.dataset_id == ds.id)
+                           .order_by(Item.external_id).offset(offset).limit(limit)).all()
+    return Page[ItemOut].build([_item_out(r) for r in rows], total=int(total), offset=offset, limit=limit)

@@ -1,0 +1,235 @@
+"""Serving: privileged recommendations, similar and popular items, embeddings, model metadata.
+
+Everything here reads the *active published model* (via ``app.model_store.get_active_model``);
+recommendations additionally read the one requesting user's own ratings and nothing else
+(joint DP: post-processing of the public release, not charged). Scores and user vectors are
+never logged or stored.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.api.errors import NotFound
+from app.core import foldin
+from app.db.models import Item, ModelVersion
+from app.schemas.serving import (EmbeddingRow, EmbeddingsPage, ModelInfoOut, PopularItem, PopularOut,
+                                 RecommendationQuery, RecommendationsOut, ScoredItem, SimilarOut)
+from app.services.ingest import get_dataset, user_ratings_arrays
+
+__all__ = [
+    "CATALOG_TTL_S",
+    "active",
+    "invalidate_catalog",
+    "model_info",
+    "embeddings_page",
+    "embeddings_npy",
+    "similar",
+    "popular",
+    "recommend_for_user",
+]
+
+CATALOG_TTL_S = 10.0
+
+
+@dataclass
+class _Serving:
+    """A published model plus derived lookups (public data only), cached per version."""
+
+    row: ModelVersion
+    model: Any
+    positions: dict[str, int]
+    npy: bytes | None = None
+    masks: dict[Any, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    """Public catalogue facts used for filtering: inactive items, category -> items."""
+
+    stamp: float
+    inactive: frozenset[str]
+    by_category: dict[str, frozenset[str]]
+
+
+_lock = threading.Lock()
+_serving: dict[tuple[int, str], _Serving] = {}
+_catalogs: dict[str, _Catalog] = {}
+
+
+def active(session: Session, dataset: str) -> _Serving:
+    """The active model of ``dataset`` with its id index (404 ``no_active_model`` when none)."""
+    from app.model_store import get_active_model
+
+    row, model = get_active_model(session, dataset)
+    key = (row.id, row.sha256)
+    cached = _serving.get(key)
+    if cached is None:
+        positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
+        cached = _Serving(row=row, model=model, positions=positions)
+        with _lock:
+            if len(_serving) > 8:
+                _serving.clear()
+            _serving[key] = cached
+    cached.row = row  # the active flag may have changed
+    return cached
+
+
+def invalidate_catalog(dataset: str | None = None) -> None:
+    """Forget cached catalogue facts (called after item writes in this process)."""
+    with _lock:
+        if dataset is None:
+            _catalogs.clear()
+        else:
+            _catalogs.pop(dataset, None)
+
+
+def _catalog(session: Session, dataset_id: int, dataset: str) -> _Catalog:
+    cat = _catalogs.get(dataset)
+    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
+        return cat
+    inactive: set[str] = set()
+    by_category: dict[str, set[str]] = {}
+    for ext, cats, is_active in session.execute(
+        select(Item.external_id, Item.categories, Item.active).where(Item.dataset_id == dataset_id)
+    ):
+        if not is_active:
+            inactive.add(ext)
+        for c in cats or ():
+            by_category.setdefault(str(c), set()).add(ext)
+    cat = _Catalog(stamp=time.monotonic(), inactive=frozenset(inactive),
+                   by_category={k: frozenset(v) for k, v in by_category.items()})
+    with _lock:
+        _catalogs[dataset] = cat
+    return cat
+
+
+def _mask(serving: _Serving, key: Any, ids: frozenset[str]) -> np.ndarray:
+    """Boolean mask over the model's items for ``ids`` (cached per catalogue stamp)."""
+    mask = serving.masks.get(key)
+    if mask is None:
+        mask = np.zeros(serving.model.n_items, dtype=bool)
+        rows = [serving.positions[i] for i in ids if i in serving.positions]
+        mask[np.asarray(rows, dtype=np.int64)] = True
+        if len(serving.masks) > 256:
+            serving.masks.clear()
+        serving.masks[key] = mask
+    return mask
+
+
+def _scored(serving: _Serving, idx: np.ndarray, scores: np.ndarray) -> list[ScoredItem]:
+    ids = np.asarray(serving.model.item_ids)[idx].tolist()
+    return [ScoredItem(item_id=str(i), score=float(s), rank=k + 1) for k, (i, s) in enumerate(zip(ids, scores))]
+
+
+def model_info(session: Session, *, dataset: str) -> ModelInfoOut:
+    """Public metadata of the active model."""
+    s = active(session, dataset)
+    row, model = s.row, s.model
+    meta = dict(row.model_metadata or {})
+    return ModelInfoOut(
+        version=row.id, dataset=dataset, algorithm=row.algorithm, epsilon=row.epsilon,
+        delta=row.delta, epsilon_rdp=meta.get("epsilon_rdp", row.epsilon),
+        epsilon_pld=row.epsilon_pld, trained_at=row.created_at, n_items=model.n_items,
+        n_trained_items=int(np.count_nonzero(model.trained_mask)), rank=model.rank,
+        sha256=row.sha256, active=bool(row.active), metrics=dict(row.metrics or {}), privacy=meta,
+    )
+
+
+def embeddings_page(session: Session, *, dataset: str, offset: int, limit: int) -> EmbeddingsPage:
+    """One page of item embeddings (rows of the public V)."""
+    s = active(session, dataset)
+    model = s.model
+    total = model.n_items
+    stop = min(offset + limit, total)
+    ids = np.asarray(model.item_ids)[offset:stop].tolist()
+    vecs = np.asarray(model.item_factors[offset:stop], dtype=np.float64).tolist()
+    trained = model.trained_mask[offset:stop].tolist()
+    rows = [EmbeddingRow(item_id=str(i), trained=bool(t), vector=v) for i, t, v in zip(ids, trained, vecs)]
+    return EmbeddingsPage(model_version=s.row.id, rank=model.rank, items=rows, total=total,
+                          offset=offset, limit=limit, next_offset=stop if stop < total else None)
+
+
+def embeddings_npy(session: Session, *, dataset: str) -> tuple[bytes, int]:
+    """The whole V as a float32 ``.npy`` file (cached per version) and the version id."""
+    s = active(session, dataset)
+    if s.npy is None:
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(s.model.item_factors, dtype=np.float32), allow_pickle=False)
+        s.npy = buf.getvalue()
+    return s.npy, s.row.id
+
+
+def similar(session: Session, *, dataset: str, item_id: str, n: int) -> SimilarOut:
+    """Items closest to ``item_id`` by cosine on the public V (inactive items left out)."""
+    s = active(session, dataset)
+    pos = s.positions.get(item_id)
+    if pos is None:
+        raise NotFound(f"item {item_id!r} is not in the active model", code="unknown_item",
+                       details={"item_id": item_id, "model_version": s.row.id})
+    cat = _catalog(session, s.row.dataset_id, dataset)
+    idx, scores = foldin.similar_items(s.model, pos, n + len(cat.inactive))
+    if cat.inactive:
+        keep = ~_mask(s, ("inactive", cat.stamp), cat.inactive)[idx]
+        idx, scores = idx[keep][:n], scores[keep][:n]
+    return SimilarOut(model_version=s.row.id, item_id=item_id, items=_scored(s, idx[:n], scores[:n]))
+
+
+def _popular_idx(s: _Serving, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.asarray(s.model.item_counts, dtype=np.float64)
+    return foldin.top_n(counts, n, np.flatnonzero(candidates))
+
+
+def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
+    """Most popular active items by the DP counts released with the model."""
+    s = active(session, dataset)
+    cat = _catalog(session, s.row.dataset_id, dataset)
+    allowed = ~_mask(s, ("inactive", cat.stamp), cat.inactive)
+    idx, counts = _popular_idx(s, n, allowed)
+    ids = np.asarray(s.model.item_ids)[idx].tolist()
+    return PopularOut(model_version=s.row.id, items=[
+        PopularItem(item_id=str(i), dp_count=float(c), rank=k + 1) for k, (i, c) in enumerate(zip(ids, counts))])
+
+
+def recommend_for_user(session: Session, *, dataset: str, user_id: str,
+                       query: RecommendationQuery) -> RecommendationsOut:
+    """Top-N for one user from the active model plus this user's own ratings only."""
+    ds = get_dataset(session, dataset)
+    s = active(session, dataset)
+    model = s.model
+    item_ids, values = user_ratings_arrays(session, dataset_id=ds.id, user_id=user_id)
+    rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
+    known = rated >= 0
+    rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
+
+    cat = _catalog(session, ds.id, dataset)
+    allowed = ~_mask(s, ("inactive", cat.stamp), cat.inactive)
+    if query.categories is not None:
+        in_cats = np.zeros(model.n_items, dtype=bool)
+        for c in query.categories:
+            in_cats |= _mask(s, ("cat", c, cat.stamp), cat.by_category.get(c, frozenset()))
+        allowed &= in_cats
+    if query.exclude:
+        ex = [s.positions[i] for i in query.exclude if i in s.positions]
+        allowed[np.asarray(ex, dtype=np.int64)] = False
+    allowed[rated_idx] = False
+
+    usable = int(np.count_nonzero(model.trained_mask[rated_idx])) if len(rated_idx) else 0
+    if usable == 0:
+        reason = "user has no ratings" if not item_ids else "none of the user's rated items is in the trained set"
+        idx, scores = _popular_idx(s, query.n, allowed)
+        return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
+                                  fallback=True, fallback_reason=f"dp_popular: {reason}",
+                                  items=_scored(s, idx, scores))
+    idx, scores = foldin.recommend(model, rated_idx, rated_vals, query.n,
+                                   allowed_idx=np.flatnonzero(allowed))
+    return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
+                              fallback=False, fallback_reason=None, items=_scored(s, idx, scores))
