@@ -1,0 +1,474 @@
+"""DPALS: private alternating least squares (Chien et al. 2021, private-als-chien2021.txt).
+
+Pre-processing is Algorithm 3 (L808-843) with the corrections of algorithms.md §1; training is the
+practical Algorithm 1 (L97-131). Privacy unit: one user and all of their ratings (add/remove).
+
+Releases, each a Gaussian mechanism charged through a ``GaussianDpEvent`` whose noise multiplier is
+noise std / L2 sensitivity (k = contribution bound; B = k for sampling, B for adaptive weights):
+
+=====================  ==================================  ==============================
+release                statistic                           L2 sensitivity (one user)
+=====================  ==================================  ==============================
+item counts c̃ (1st)   per-item counts of ≤ k sampled       sqrt(k): ≤ k distinct items, +1
+                       ratings per user                    each
+DP mean: sum           Σ (r − mid) over the same sample    k·h, h = (hi − lo)/2
+DP mean: count         number of sampled ratings           k
+item counts (re-count) Σ_i c_ij on the bounded data        sqrt(Σ_j c_ij²) = sqrt(B)
+K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F = ‖u‖² ≤ Γ_u²
+{Ã_j}                  Σ_i c_ij u_i u_iᵀ, all trained j    sqrt(Σ_j c_ij²)·Γ_u² = sqrt(B)·Γ_u²
+{b̃_j}                  Σ_i c_ij M_ij u_i, all trained j    sqrt(B)·Γ_u·Γ_M
+=====================  ==================================  ==============================
+
+Symmetric matrices are released as their upper triangle (diagonal included) with i.i.d. noise,
+then mirrored; the upper triangle's L2 norm is at most the Frobenius norm, so the bounds hold.
+User embeddings are exact solves over each user's own ratings (privileged, never released);
+the item step only sees them clipped to ‖u_i‖ <= Γ_u. V's random initialisation is data-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable
+
+import numpy as np
+from dp_accounting import dp_event
+
+from app.core import accounting
+from app.core.als import SolvePlan, iter_grams, item_ridge_weights, make_plan, solve_side
+from app.core.model import PublicModel, UserRegularisation
+from app.core.ratings import Ratings
+
+__all__ = [
+    "CONTRIBUTION_MODES",
+    "DPALSConfig",
+    "GaussianReleaser",
+    "Preprocessed",
+    "dpals_event",
+    "calibrate",
+    "preprocess",
+    "train_dpals",
+    "clip_rows",
+    "project_psd",
+    "symmetric_noise",
+]
+
+CONTRIBUTION_MODES = ("uniform", "tail", "adaptive_weights")
+MEAN_MODES = ("dp", "public")
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class DPALSConfig:
+    """DPALS hyper-parameters. Every field is public; the config is stored with the model.
+
+    Noise: ``noise_multiplier`` z is the multiplier of the linear terms {b̃_j}; the others are
+    z times a fixed ratio so that :func:`calibrate` scales all noise together.
+    """
+
+    rating_range: tuple[float, float] = (1.0, 5.0)
+    rank: int = 32
+    n_steps: int = 2  # T
+    reg_item: float = 80.0  # λ
+    item_reg_exponent: float = 0.5  # μ (r_j = c̃_j^μ / mean)
+    reg_user: float = 0.1
+    user_reg_exponent: float = 1.0  # ν
+    reg_gravity: float = 0.0  # λ0
+    contribution_bound: int = 50  # k (sampling) or B (adaptive weights)
+    contribution_mode: str = "tail"
+    weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
+    frequent_fraction: float = 0.4  # β
+    clip_user: float = 1.0  # Γ_u
+    clip_rating: float = 2.0  # Γ_M, applied after centring
+    mean_mode: str = "dp"
+    public_mean: float | None = None  # used when mean_mode == "public" (None: range midpoint)
+    noise_multiplier: float = 10.0  # z of {b̃_j}
+    gram_noise_ratio: float = 2.0  # {Ã_j}: z·ratio
+    gravity_noise_ratio: float = 2.0  # K̃: z·ratio
+    count_noise_ratio: float = 2.0  # both count releases: z·ratio
+    mean_noise_ratio: float = 2.0  # DP mean (sum and count): z·ratio
+    init_scale: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        lo, hi = self.rating_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"rating_range must be finite with lo < hi, got {self.rating_range}")
+        if self.rank < 1 or self.n_steps < 1 or self.contribution_bound < 1:
+            raise ValueError("rank, n_steps and contribution_bound must be >= 1")
+        if self.contribution_mode not in CONTRIBUTION_MODES:
+            raise ValueError(f"contribution_mode must be one of {CONTRIBUTION_MODES}")
+        if self.mean_mode not in MEAN_MODES:
+            raise ValueError(f"mean_mode must be one of {MEAN_MODES}")
+        if not 0 < self.frequent_fraction <= 1:
+            raise ValueError("frequent_fraction must lie in (0, 1]")
+        if self.weight_exponent > 0:
+            raise ValueError("weight_exponent must be <= 0")
+        positive = ("clip_user", "clip_rating", "noise_multiplier", "gram_noise_ratio",
+                    "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio")
+        for name in positive:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        if self.reg_item == 0:
+            raise ValueError("reg_item must be > 0 (the noisy item systems need a ridge)")
+        if self.public_mean is not None and not math.isfinite(self.public_mean):
+            raise ValueError("public_mean must be finite")
+
+    # -------------------------------------------------------------- derived quantities
+    @property
+    def midpoint(self) -> float:
+        return 0.5 * (self.rating_range[0] + self.rating_range[1])
+
+    @property
+    def half_range(self) -> float:
+        return 0.5 * (self.rating_range[1] - self.rating_range[0])
+
+    def noise_multipliers(self) -> dict[str, float]:
+        z = self.noise_multiplier
+        return {
+            "counts": z * self.count_noise_ratio,
+            "mean": z * self.mean_noise_ratio,
+            "gravity": z * self.gravity_noise_ratio,
+            "gram": z * self.gram_noise_ratio,
+            "linear": z,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rating_range"] = list(self.rating_range)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DPALSConfig":
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown DPALS parameters: {sorted(unknown)}")
+        data = dict(data)
+        if "rating_range" in data:
+            data["rating_range"] = tuple(float(x) for x in data["rating_range"])
+        return cls(**data)
+
+
+# ---------------------------------------------------------------------------- accounting
+def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
+    """The run's full event, known before any data is touched (used to reserve budget)."""
+    z = config.noise_multipliers()
+    pre: list[dp_event.DpEvent] = [accounting.gaussian(z["counts"])]
+    if config.mean_mode == "dp":
+        pre += [accounting.gaussian(z["mean"]), accounting.gaussian(z["mean"])]
+    pre.append(accounting.gaussian(z["counts"]))
+    step: list[dp_event.DpEvent] = []
+    if config.reg_gravity > 0:
+        step.append(accounting.gaussian(z["gravity"]))
+    step += [accounting.gaussian(z["gram"]), accounting.gaussian(z["linear"])]
+    return accounting.compose(pre + [dp_event.SelfComposedDpEvent(accounting.compose(step), config.n_steps)])
+
+
+def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALSConfig:
+    """``config`` with all noise scaled by one factor so the run is (target ε, δ)-DP (RDP)."""
+    accounting.validate_privacy_target(target_epsilon, delta)
+    base = config.noise_multiplier
+    scale = accounting.calibrate_scale(
+        lambda s: dpals_event(replace(config, noise_multiplier=base * s)), target_epsilon, delta,
+        lower=1e-4 / base, upper=1e6 / base,
+    )
+    return replace(config, noise_multiplier=base * scale)
+
+
+class GaussianReleaser:
+    """Adds calibrated Gaussian noise and records one ``GaussianDpEvent`` per release.
+
+    The run's event is rebuilt from this record and must equal the reserved event, so a noise
+    draw that is missing (or extra) cannot go unnoticed.
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self.releases: list[tuple[str, float, float]] = []  # (name, sensitivity, multiplier)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._rng
+
+    def record(self, name: str, sensitivity: float, multiplier: float) -> float:
+        """Record one release and return its noise std (= sensitivity x multiplier)."""
+        if not (sensitivity > 0 and multiplier > 0):
+            raise ValueError("sensitivity and noise multiplier must be > 0")
+        self.releases.append((name, float(sensitivity), float(multiplier)))
+        return sensitivity * multiplier
+
+    def vector(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
+        std = self.record(name, sensitivity, multiplier)
+        return value + self._rng.normal(0.0, std, size=np.shape(value))
+
+    def symmetric(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
+        """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
+        std = self.record(name, sensitivity, multiplier)
+        return value + symmetric_noise(self._rng, value.shape, std)
+
+    def event(self, n_steps: int, per_step: int) -> dp_event.DpEvent:
+        """Rebuild the event from the record (pre-processing releases, then T identical steps)."""
+        n_pre = len(self.releases) - n_steps * per_step
+        pre = [accounting.gaussian(m) for _, _, m in self.releases[:n_pre]]
+        steps = [self.releases[n_pre + t * per_step : n_pre + (t + 1) * per_step] for t in range(n_steps)]
+        if any([m for _, _, m in s] != [m for _, _, m in steps[0]] for s in steps):
+            raise RuntimeError("training steps released with different noise")
+        one_step = accounting.compose([accounting.gaussian(m) for _, _, m in steps[0]])
+        return accounting.compose(pre + [dp_event.SelfComposedDpEvent(one_step, n_steps)])
+
+
+def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    noise = rng.normal(0.0, std, size=shape)
+    upper = np.triu(noise)
+    return upper + np.swapaxes(np.triu(noise, 1), -1, -2)
+
+
+def project_psd(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Π_PSD by eigen-decomposition: returns (clamped eigenvalues, eigenvectors)."""
+    eigval, eigvec = np.linalg.eigh(matrices)
+    return np.maximum(eigval, 0.0), eigvec
+
+
+def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
+    """clip(u, c) = u·min(1, c/‖u‖) per row (the paper prints max: a typo)."""
+    norms = np.linalg.norm(x, axis=1)
+    return x * np.minimum(1.0, bound / np.maximum(norms, 1e-300))[:, None]
+
+
+# ---------------------------------------------------------------------------- pre-processing
+@dataclass(frozen=True)
+class Preprocessed:
+    """Output of Algorithm 3. Public: mean, counts, frequent, recounts. Private: the plans."""
+
+    global_mean: float
+    item_counts: np.ndarray  # first DP count release, floored at 1 (all items)
+    frequent: np.ndarray  # indices of trained items (into the full item list)
+    recounts: np.ndarray  # second DP count release on the bounded data (frequent items)
+    user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
+    item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
+
+
+def _per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user."""
+    rows, _, _ = ratings.coo()
+    return _lowest_k_per_row(rows, rng.random(len(rows)), k)
+
+
+def _lowest_k_per_row(rows: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
+    """Mask keeping, within each row, the k entries with the smallest keys (rows sorted)."""
+    order = np.lexsort((keys, rows))
+    sorted_rows = rows[order]
+    starts = np.searchsorted(sorted_rows, sorted_rows, side="left")
+    rank_in_row = np.arange(len(rows)) - starts
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[order[rank_in_row < k]] = True
+    return keep
+
+
+def count_statistic(cols: np.ndarray, weights: np.ndarray, n_items: int) -> np.ndarray:
+    """Per-item (weighted) counts: the statistic of both count releases."""
+    return np.bincount(cols, weights=weights, minlength=n_items).astype(np.float64)
+
+
+def mean_statistics(values: np.ndarray, midpoint: float) -> tuple[float, float]:
+    """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean."""
+    return float(np.sum(values - midpoint)), float(len(values))
+
+
+def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
+    """c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}), so Σ_j c_ij² = B for every user."""
+    powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
+    per_user = np.bincount(rows, weights=powered)
+    return np.sqrt(budget * powered / per_user[rows])
+
+
+def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
+    """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
+    k = config.contribution_bound
+    z = config.noise_multipliers()
+    rows, cols, vals = ratings.coo()
+    sample = _per_user_sample(ratings, k, rng)
+    counts = releaser.vector("item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k), z["counts"])
+    counts = np.maximum(counts, 1.0)
+    mean = _global_mean(vals[sample], config, releaser)
+    n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
+    frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+    position = np.full(ratings.n_items, -1, dtype=np.int64)
+    position[frequent] = np.arange(len(frequent))
+    on_frequent = position[cols] >= 0
+    f_rows, f_cols = rows[on_frequent], position[cols[on_frequent]]
+    f_vals = np.clip(vals[on_frequent] - mean, -config.clip_rating, config.clip_rating)
+    bounded, weights = _bound_contributions(f_rows, f_cols, counts[frequent], config, rng)
+    recounts = releaser.vector(
+        "item_recounts", count_statistic(f_cols[bounded], weights, len(frequent)), math.sqrt(k), z["counts"]
+    )
+    user_plan = _plan(f_rows, f_cols, f_vals, None, ratings.n_users, len(frequent), by_item=False)
+    item_plan = _plan(f_rows[bounded], f_cols[bounded], f_vals[bounded], weights, ratings.n_users, len(frequent), by_item=True)
+    return Preprocessed(
+        global_mean=mean,
+        item_counts=counts,
+        frequent=frequent,
+        recounts=np.maximum(recounts, 1.0),
+        user_plan=user_plan,
+        item_plan=item_plan,
+    )
+
+
+def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> float:
+    if config.mean_mode == "public":
+        return config.midpoint if config.public_mean is None else float(config.public_mean)
+    k, h = config.contribution_bound, config.half_range
+    total, count = mean_statistics(sampled, config.midpoint)
+    z = config.noise_multipliers()["mean"]
+    noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
+    noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
+    lo, hi = config.rating_range
+    return float(np.clip(config.midpoint + noisy_total / max(noisy_count, 1.0), lo, hi))
+
+
+def _bound_contributions(
+    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² = B."""
+    k = config.contribution_bound
+    if config.contribution_mode == "uniform":
+        return _lowest_k_per_row(rows, rng.random(len(rows)), k), None
+    if config.contribution_mode == "tail":
+        # the k least frequent items of each user (ties broken at random)
+        keys = counts[cols] + 0.5 * rng.random(len(rows)) / (1.0 + counts.max())
+        return _lowest_k_per_row(rows, keys, k), None
+    weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
+    return np.ones(len(rows), dtype=bool), weights
+
+
+def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> SolvePlan:
+    """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
+    major, minor = (cols, rows) if by_item else (rows, cols)
+    n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
+    order = np.lexsort((minor, major))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
+    w = None if weights is None else weights[order]
+    return make_plan(indptr, minor[order], vals[order], n_minor, w)
+
+
+# ---------------------------------------------------------------------------- training
+def _item_step(
+    prep: Preprocessed,
+    user_factors: np.ndarray,
+    config: DPALSConfig,
+    releaser: GaussianReleaser,
+) -> np.ndarray:
+    """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves."""
+    rank, z = config.rank, config.noise_multipliers()
+    gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
+    n_items = len(prep.frequent)
+    gravity = None
+    if config.reg_gravity > 0:
+        k_noisy = releaser.symmetric("gravity_gram", user_factors.T @ user_factors, gamma_u**2, z["gravity"])
+        eigval, eigvec = project_psd(k_noisy)
+        gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
+    # One release each for {Ã_j} and {b̃_j} over all trained items; the noise is drawn chunk by
+    # chunk (items with no selected rating included) to keep memory at O(chunk · r²).
+    std_gram = releaser.record("item_grams", sqrt_b * gamma_u**2, z["gram"])
+    std_linear = releaser.record("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"])
+    ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
+    item_factors = np.empty((n_items, rank))
+    for items, gram, b in _all_item_grams(prep.item_plan, user_factors):
+        gram += symmetric_noise(releaser.rng, gram.shape, std_gram)
+        b += releaser.rng.normal(0.0, std_linear, size=b.shape)
+        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity)
+    return item_factors
+
+
+def _all_item_grams(plan: SolvePlan, user_factors: np.ndarray):
+    """``iter_grams`` plus zero statistics for the items without any selected rating."""
+    yield from iter_grams(plan, user_factors)
+    empty = np.flatnonzero(plan.counts == 0)
+    rank = user_factors.shape[1]
+    for start in range(0, len(empty), 1024):
+        items = empty[start : start + 1024]
+        yield items, np.zeros((len(items), rank, rank)), np.zeros((len(items), rank))
+
+
+def _solve_projected(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, gravity: np.ndarray | None) -> np.ndarray:
+    """v_j = (Π_PSD(Ã_j) + λ0 K̃ + λ r_j I)⁻¹ b̃_j for a batch of items."""
+    eigval, eigvec = project_psd(grams)
+    if gravity is None:
+        proj = np.einsum("nji,nj->ni", eigvec, rhs)
+        return np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None]))
+    system = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2)) + gravity
+    system += ridge[:, None, None] * np.eye(rhs.shape[1])
+    return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
+
+
+def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig, user_reg: UserRegularisation) -> np.ndarray:
+    """Exact user solves from all of each user's frequent ratings (privileged, never released)."""
+    ridge = user_reg.ridge(prep.user_plan.counts)
+    shared = config.reg_gravity * item_factors.T @ item_factors if config.reg_gravity else None
+    return solve_side(prep.user_plan, item_factors, ridge, shared)
+
+
+def _validate_for_training(ratings: Ratings, config: DPALSConfig) -> None:
+    if ratings.nnz == 0:
+        raise ValueError("cannot train on an empty ratings matrix")
+    lo, hi = config.rating_range
+    data = ratings.csr.data
+    if data.min() < lo or data.max() > hi:
+        raise ValueError(f"ratings fall outside the declared public range [{lo}, {hi}]")
+
+
+def train_dpals(ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None) -> PublicModel:
+    """Train DPALS and return the public model whose ``event`` accounts for every release."""
+    _validate_for_training(ratings, config)
+    rng = np.random.default_rng(config.seed)
+    releaser = GaussianReleaser(rng)
+    prep = preprocess(ratings, config, releaser, rng)
+    user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)
+    item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
+    for step in range(config.n_steps):
+        user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
+        item_factors = _item_step(prep, user_factors, config, releaser)
+        del user_factors
+        if progress:
+            progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
+    per_step = 3 if config.reg_gravity > 0 else 2
+    event = releaser.event(config.n_steps, per_step)
+    if event != dpals_event(config):
+        raise RuntimeError("the releases made differ from the reserved privacy event")
+    return _public_model(ratings, config, prep, item_factors, user_reg, event, releaser)
+
+
+def _public_model(ratings, config, prep, item_factors, user_reg, event, releaser) -> PublicModel:
+    full = np.zeros((ratings.n_items, config.rank))
+    full[prep.frequent] = item_factors
+    trained = np.zeros(ratings.n_items, dtype=bool)
+    trained[prep.frequent] = True
+    return PublicModel(
+        algorithm="dpals",
+        item_ids=ratings.item_ids,
+        item_factors=full,
+        trained_mask=trained,
+        item_counts=prep.item_counts,
+        global_mean=prep.global_mean,
+        user_reg=user_reg,
+        config=config.to_dict(),
+        event=event,
+        metadata={
+            "private": True,
+            "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
+            "contribution_bound": config.contribution_bound,
+            "contribution_mode": config.contribution_mode,
+            "clip_user": config.clip_user,
+            "clip_rating": config.clip_rating,
+            "rating_range": list(config.rating_range),
+            "dp_accounting_version": accounting.DP_ACCOUNTING_VERSION,
+            "releases": [
+                {"name": n, "l2_sensitivity": s, "noise_multiplier": m} for n, s, m in releaser.releases
+            ],
+        },
+    )

@@ -1,0 +1,132 @@
+"""Privileged scoring: one user's embedding from the public model plus that user's ratings only.
+
+Joint DP (billboard model, algorithms.md §0): u_i is a function of the published model and
+user i's own data, and is returned only to user i, so computing it is post-processing of the
+public release and costs no privacy budget. The solve is the user step of training:
+    u = (V_Hᵀ V_H + ridge(c) I + λ0 VᵀV)⁻¹ V_Hᵀ (clip(r_H − m̃, ±Γ_M))        O(|H| r² + r³)
+with H the user's rated items that belong to the trained set.
+
+Also the non-private item-side helpers: similar items (cosine on V) and DP-popular items.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from app.core.model import PublicModel
+
+__all__ = ["fold_in", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+
+
+@lru_cache(maxsize=8)
+def _gravity_matrix(model: PublicModel) -> np.ndarray:
+    """λ0·VᵀV over the published factors (cached per model object)."""
+    v = model.item_factors
+    return model.user_reg.gravity * (v.T @ v)
+
+
+def _as_index_array(item_idx: np.ndarray, n_items: int) -> np.ndarray:
+    idx = np.asarray(item_idx, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < 0 or idx.max() >= n_items):
+        raise ValueError("item index out of range")
+    if len(np.unique(idx)) != len(idx):
+        raise ValueError("duplicate items in the user's ratings")
+    return idx
+
+
+def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The user's embedding (zero when none of their rated items is in the trained set)."""
+    idx = _as_index_array(item_idx, model.n_items)
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(values) != len(idx):
+        raise ValueError("item indices and values differ in length")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("ratings contain NaN or infinite values")
+    keep = model.trained_mask[idx]
+    idx, values = idx[keep], values[keep]
+    if len(idx) == 0:
+        return np.zeros(model.rank)
+    centred = values - model.global_mean
+    clip = model.config.get("clip_rating")
+    if clip is not None:
+        centred = np.clip(centred, -clip, clip)
+    x = model.item_factors[idx]
+    system = x.T @ x + model.user_reg.ridge(np.array([len(idx)]))[0] * np.eye(model.rank)
+    if model.user_reg.gravity:
+        system += _gravity_matrix(model)
+    return np.linalg.solve(system, x.T @ centred)
+
+
+def score_items(model: PublicModel, user_vector: np.ndarray) -> np.ndarray:
+    """Predicted ratings m̃ + u·v_j for every item (untrained items score −inf: ranked last)."""
+    scores = model.global_mean + model.item_factors @ user_vector
+    return np.where(model.trained_mask, scores, -np.inf)
+
+
+def top_n(scores: np.ndarray, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` best finite-scored candidates, best first (fewer when fewer remain)."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    candidates = candidates[np.isfinite(scores[candidates])]
+    if len(candidates) > n:
+        part = np.argpartition(-scores[candidates], n - 1)[:n]
+        candidates = candidates[part]
+    order = np.argsort(-scores[candidates], kind="stable")
+    chosen = candidates[order]
+    return chosen, scores[chosen]
+
+
+def recommend(
+    model: PublicModel,
+    item_idx: np.ndarray,
+    values: np.ndarray,
+    n: int,
+    *,
+    exclude_idx: np.ndarray | None = None,
+    allowed_idx: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``n`` items for one user, excluding their rated items and ``exclude_idx``.
+
+    ``allowed_idx`` (e.g. a category filter) restricts the candidates. Returns item indices
+    and predicted ratings, best first; fewer than ``n`` when filtering leaves fewer.
+    """
+    user_vector = fold_in(model, item_idx, values)
+    scores = score_items(model, user_vector)
+    allowed = np.zeros(model.n_items, dtype=bool)
+    if allowed_idx is None:
+        allowed[:] = True
+    else:
+        allowed[_as_candidate_array(allowed_idx, model.n_items)] = True
+    allowed[np.asarray(item_idx, dtype=np.int64)] = False
+    if exclude_idx is not None:
+        allowed[_as_candidate_array(exclude_idx, model.n_items)] = False
+    return top_n(scores, n, np.flatnonzero(allowed))
+
+
+def _as_candidate_array(idx: np.ndarray, n_items: int) -> np.ndarray:
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < 0 or idx.max() >= n_items):
+        raise ValueError("item index out of range")
+    return idx
+
+
+def similar_items(model: PublicModel, item_index: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items whose factors have the highest cosine similarity with ``item_index`` (public V only)."""
+    if not 0 <= item_index < model.n_items:
+        raise ValueError("item index out of range")
+    if not model.trained_mask[item_index]:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    v = model.item_factors
+    norms = np.linalg.norm(v, axis=1)
+    target = v[item_index] / max(norms[item_index], 1e-12)
+    scores = np.where(model.trained_mask & (norms > 0), (v @ target) / np.maximum(norms, 1e-12), -np.inf)
+    candidates = np.flatnonzero(np.arange(model.n_items) != item_index)
+    return top_n(scores, n, candidates)
+
+
+def popular_items(model: PublicModel, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items with the highest DP counts (the fallback for users without ratings)."""
+    counts = np.asarray(model.item_counts, dtype=np.float64)
+    return top_n(counts, n, np.arange(model.n_items))

@@ -1,0 +1,74 @@
+"""The public output of a training run: everything a published model version contains.
+
+A :class:`PublicModel` holds only differentially private (or, for the non-private baseline,
+explicitly non-private) quantities: item factors V, the DP global mean, DP item counts, the
+frequent (trained) item set, the configuration and the run's ``DpEvent``. It never holds a user
+embedding or a rating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+
+__all__ = ["PublicModel", "UserRegularisation"]
+
+
+@dataclass(frozen=True)
+class UserRegularisation:
+    """Ridge of the privileged user solve: ``reg * c**exponent + gravity * VᵀV`` (c = #ratings).
+
+    Loss (35) of Chien et al. 2021 with the normaliser folded into the public constant ``reg``.
+    """
+
+    reg: float
+    exponent: float
+    gravity: float = 0.0
+
+    def ridge(self, counts: np.ndarray) -> np.ndarray:
+        counts = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)
+        return self.reg * counts**self.exponent
+
+
+@dataclass(frozen=True, eq=False)
+class PublicModel:
+    """Published item-side state of a (DP) matrix factorisation model."""
+
+    algorithm: str
+    item_ids: np.ndarray
+    item_factors: np.ndarray  # (n_items, rank); zero rows for items that were not trained
+    trained_mask: np.ndarray  # bool (n_items,): the DP "frequent" set
+    item_counts: np.ndarray  # DP noisy counts (first count release), floored at 1
+    global_mean: float  # DP mean used for centring
+    user_reg: UserRegularisation
+    config: dict[str, Any]
+    event: dp_event.DpEvent | None  # None only for the non-private baseline
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.item_ids)
+        if self.item_factors.ndim != 2 or self.item_factors.shape[0] != n:
+            raise ValueError("item_factors must have one row per item")
+        if self.trained_mask.shape != (n,) or self.item_counts.shape != (n,):
+            raise ValueError("trained_mask and item_counts must have one entry per item")
+        if not np.all(np.isfinite(self.item_factors)):
+            raise ValueError("item factors contain NaN or infinite values")
+
+    @property
+    def rank(self) -> int:
+        return int(self.item_factors.shape[1])
+
+    @property
+    def n_items(self) -> int:
+        return int(self.item_factors.shape[0])
+
+    @property
+    def is_private(self) -> bool:
+        return self.event is not None
+
+    def item_index(self) -> dict[Any, int]:
+        """External item id -> row of ``item_factors``."""
+        return {iid: i for i, iid in enumerate(self.item_ids.tolist())}
