@@ -37,8 +37,8 @@ ExternalId = Annotated[
 ]
 """An external user or item id: 1-128 characters of ``[A-Za-z0-9_.:@-]`` (JSON integers accepted)."""
 
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-"""A float that is neither NaN nor infinite."""
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+"""A JSON number (not a string) that is neither NaN nor infinite."""
 
 
 class StrictModel(BaseModel):
