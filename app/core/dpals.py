@@ -44,6 +44,10 @@ __all__ = [
     "DPALSConfig",
     "GaussianReleaser",
     "Preprocessed",
+    "PublicState",
+    "BoundedData",
+    "public_preprocessing",
+    "bound_contributions",
     "dpals_event",
     "calibrate",
     "preprocess",
@@ -287,35 +291,75 @@ def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, e
     return np.sqrt(budget * powered / per_user[rows])
 
 
-def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
-    """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
+@dataclass(frozen=True)
+class PublicState:
+    """Public outputs of pre-processing that everything later conditions on."""
+
+    global_mean: float
+    item_counts: np.ndarray  # first DP count release, floored at 1 (all items)
+    frequent: np.ndarray  # indices of the trained items
+
+
+@dataclass(frozen=True)
+class BoundedData:
+    """Private, contribution-bounded training data (never released as such)."""
+
+    user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
+    item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
+    recount_statistic: np.ndarray  # Σ_i c_ij per frequent item, before noise
+
+
+def public_preprocessing(
+    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator
+) -> PublicState:
+    """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     k = config.contribution_bound
-    z = config.noise_multipliers()
-    rows, cols, vals = ratings.coo()
+    _, cols, vals = ratings.coo()
     sample = _per_user_sample(ratings, k, rng)
-    counts = releaser.vector("item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k), z["counts"])
+    counts = releaser.vector(
+        "item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k),
+        config.noise_multipliers()["counts"],
+    )
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(vals[sample], config, releaser)
     n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
     frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+    return PublicState(global_mean=mean, item_counts=counts, frequent=frequent)
+
+
+def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
+    """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
+    rows, cols, vals = ratings.coo()
     position = np.full(ratings.n_items, -1, dtype=np.int64)
-    position[frequent] = np.arange(len(frequent))
+    position[public.frequent] = np.arange(len(public.frequent))
     on_frequent = position[cols] >= 0
     f_rows, f_cols = rows[on_frequent], position[cols[on_frequent]]
-    f_vals = np.clip(vals[on_frequent] - mean, -config.clip_rating, config.clip_rating)
-    bounded, weights = _bound_contributions(f_rows, f_cols, counts[frequent], config, rng)
-    recounts = releaser.vector(
-        "item_recounts", count_statistic(f_cols[bounded], weights, len(frequent)), math.sqrt(k), z["counts"]
+    f_vals = np.clip(vals[on_frequent] - public.global_mean, -config.clip_rating, config.clip_rating)
+    n_frequent = len(public.frequent)
+    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
+    kept_weights = None if weights is None else weights[kept]
+    return BoundedData(
+        user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False),
+        item_plan=_plan(f_rows[kept], f_cols[kept], f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True),
+        recount_statistic=count_statistic(f_cols[kept], kept_weights, n_frequent),
     )
-    user_plan = _plan(f_rows, f_cols, f_vals, None, ratings.n_users, len(frequent), by_item=False)
-    item_plan = _plan(f_rows[bounded], f_cols[bounded], f_vals[bounded], weights, ratings.n_users, len(frequent), by_item=True)
+
+
+def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
+    """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
+    public = public_preprocessing(ratings, config, releaser, rng)
+    bounded = bound_contributions(ratings, config, public, rng)
+    recounts = releaser.vector(
+        "item_recounts", bounded.recount_statistic, math.sqrt(config.contribution_bound),
+        config.noise_multipliers()["counts"],
+    )
     return Preprocessed(
-        global_mean=mean,
-        item_counts=counts,
-        frequent=frequent,
+        global_mean=public.global_mean,
+        item_counts=public.item_counts,
+        frequent=public.frequent,
         recounts=np.maximum(recounts, 1.0),
-        user_plan=user_plan,
-        item_plan=item_plan,
+        user_plan=bounded.user_plan,
+        item_plan=bounded.item_plan,
     )
 
 
@@ -422,10 +466,19 @@ def _validate_for_training(ratings: Ratings, config: DPALSConfig) -> None:
         raise ValueError(f"ratings fall outside the declared public range [{lo}, {hi}]")
 
 
-def train_dpals(ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None) -> PublicModel:
-    """Train DPALS and return the public model whose ``event`` accounts for every release."""
+def train_dpals(
+    ratings: Ratings,
+    config: DPALSConfig,
+    *,
+    progress: Progress | None = None,
+    rng: np.random.Generator | None = None,
+) -> PublicModel:
+    """Train DPALS and return the public model whose ``event`` accounts for every release.
+
+    ``rng`` defaults to ``default_rng(config.seed)``; tests pass an instrumented generator.
+    """
     _validate_for_training(ratings, config)
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(config.seed) if rng is None else rng
     releaser = GaussianReleaser(rng)
     prep = preprocess(ratings, config, releaser, rng)
     user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)

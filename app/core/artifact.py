@@ -1,0 +1,137 @@
+"""Model artifacts: one ``.npz`` of public arrays plus JSON metadata, sealed by a content hash.
+
+The ``.npz`` holds only public arrays (item ids, item factors, trained mask, DP counts) and is
+read with ``allow_pickle=False``; item ids are stored as unicode strings or integers, never as
+objects. The JSON file (``<name>.json`` beside it) holds the DP mean, the user-solve ridge, the
+config, the metadata and the run's ``DpEvent``; its ``sha256`` field covers the ``.npz`` bytes and
+the rest of the JSON, so any change to either is detected on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.core import accounting
+from app.core.model import PublicModel, UserRegularisation
+
+__all__ = ["ArtifactInfo", "save_model", "load_model", "ArtifactError", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_ARRAYS = ("item_ids", "item_factors", "trained_mask", "item_counts")
+
+
+class ArtifactError(ValueError):
+    """The artifact is missing, malformed or fails its hash check."""
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    npz_path: Path
+    json_path: Path
+    sha256: str
+    metadata: dict[str, Any]
+
+
+def _ids_array(ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64)
+    if ids.dtype.kind in "OUS":
+        return np.asarray([str(x) for x in ids.tolist()], dtype=np.str_)
+    raise ArtifactError(f"item ids of dtype {ids.dtype} cannot be stored")
+
+
+def _npz_bytes(model: PublicModel) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        item_ids=_ids_array(model.item_ids),
+        item_factors=np.asarray(model.item_factors, dtype=np.float64),
+        trained_mask=np.asarray(model.trained_mask, dtype=bool),
+        item_counts=np.asarray(model.item_counts, dtype=np.float64),
+    )
+    return buffer.getvalue()
+
+
+def _describe(model: PublicModel) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "algorithm": model.algorithm,
+        "rank": model.rank,
+        "n_items": model.n_items,
+        "n_trained_items": int(np.sum(model.trained_mask)),
+        "global_mean": float(model.global_mean),
+        "user_reg": {"reg": model.user_reg.reg, "exponent": model.user_reg.exponent, "gravity": model.user_reg.gravity},
+        "config": model.config,
+        "metadata": model.metadata,
+        "event": None if model.event is None else accounting.event_to_json(model.event),
+    }
+
+
+def _digest(npz: bytes, description: dict[str, Any]) -> str:
+    canonical = json.dumps(description, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(hashlib.sha256(npz).digest() + canonical.encode()).hexdigest()
+
+
+def save_model(model: PublicModel, path: str | os.PathLike[str]) -> ArtifactInfo:
+    """Write ``<path>.npz`` and ``<path>.json`` (``path`` may end in ``.npz``); return the hash."""
+    base = Path(path)
+    if base.suffix == ".npz":
+        base = base.with_suffix("")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    npz = _npz_bytes(model)
+    description = _describe(model)
+    sha = _digest(npz, description)
+    npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
+    _write_atomically(npz_path, npz)
+    _write_atomically(json_path, json.dumps({**description, "sha256": sha}, sort_keys=True, indent=1).encode())
+    return ArtifactInfo(npz_path=npz_path, json_path=json_path, sha256=sha, metadata=description)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> PublicModel:
+    """Load and verify an artifact written by :func:`save_model`."""
+    base = Path(path)
+    if base.suffix in (".npz", ".json"):
+        base = base.with_suffix("")
+    npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
+    try:
+        npz = npz_path.read_bytes()
+        stored = json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"cannot read artifact {base}: {exc}") from exc
+    sha = stored.pop("sha256", None)
+    if _digest(npz, stored) != sha:
+        raise ArtifactError(f"artifact {base} fails its content hash check")
+    if expected_sha256 is not None and sha != expected_sha256:
+        raise ArtifactError(f"artifact {base} is not the expected version")
+    if stored.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"unsupported artifact format {stored.get('format_version')!r}")
+    with np.load(io.BytesIO(npz), allow_pickle=False) as arrays:
+        data = {name: arrays[name] for name in _ARRAYS}
+    event = stored["event"]
+    return PublicModel(
+        algorithm=stored["algorithm"],
+        item_ids=data["item_ids"],
+        item_factors=data["item_factors"],
+        trained_mask=data["trained_mask"],
+        item_counts=data["item_counts"],
+        global_mean=float(stored["global_mean"]),
+        user_reg=UserRegularisation(**stored["user_reg"]),
+        config=stored["config"],
+        event=None if event is None else accounting.event_from_json(event),
+        metadata=stored["metadata"],
+    )

@@ -1,0 +1,127 @@
+"""Known-answer tests for the ALS solver, fold-in and top-N semantics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.core.als import ALSConfig, make_plan, solve_side, train_als
+from app.core.dpals import DPALSConfig, train_dpals
+from app.core.foldin import fold_in, popular_items, recommend, similar_items
+from app.core.ratings import Ratings
+
+
+def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(size=(n_users, rank)) @ rng.normal(size=(n_items, rank)).T + 3.0
+    users, items = np.nonzero(rng.random((n_users, n_items)) < density)
+    return truth, Ratings.from_arrays(users, items, truth[users, items])
+
+
+def test_batched_solver_matches_dense_least_squares():
+    rng = np.random.default_rng(1)
+    dense = (rng.random((40, 30)) < 0.3) * rng.normal(size=(40, 30))
+    import scipy.sparse as sp
+
+    csr = sp.csr_matrix(dense)
+    factors = rng.normal(size=(30, 4))
+    ridge = rng.uniform(0.5, 2.0, size=40)
+    got = solve_side(make_plan(csr.indptr, csr.indices, csr.data, 30), factors, ridge)
+    for u in range(40):
+        cols = csr.indices[csr.indptr[u] : csr.indptr[u + 1]]
+        x = factors[cols]
+        want = np.linalg.solve(x.T @ x + ridge[u] * np.eye(4), x.T @ csr.data[csr.indptr[u] : csr.indptr[u + 1]])
+        assert np.allclose(got[u], want)
+
+
+def test_als_recovers_exact_low_rank_data_and_fold_in_matches():
+    truth, ratings = _low_rank()
+    # centring by the global mean leaves UVᵀ + constant: rank 3 + 1
+    model = train_als(ratings, ALSConfig(rank=4, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0))
+    users = np.array([fold_in(model, *ratings.user_row(u)) for u in range(ratings.n_users)])
+    predicted = model.global_mean + users @ model.item_factors.T
+    # unobserved entries too: the low-rank structure was found, not memorised
+    assert np.sqrt(np.mean((predicted - truth) ** 2)) < 1e-2
+
+
+def test_checkerboard_recommendations():
+    # two communities: users 0-19 like items 0-9, users 20-39 like items 10-19
+    rng = np.random.default_rng(2)
+    users, items, values = [], [], []
+    for u in range(40):
+        liked = np.arange(10) if u < 20 else np.arange(10, 20)
+        other = np.arange(10, 20) if u < 20 else np.arange(10)
+        for i in rng.choice(liked, 6, replace=False):
+            users.append(u); items.append(i); values.append(5.0)
+        for i in rng.choice(other, 3, replace=False):
+            users.append(u); items.append(i); values.append(1.0)
+    ratings = Ratings.from_arrays(users, items, values)
+    model = train_als(ratings, ALSConfig(rank=2, n_iters=15, reg_item=0.1, reg_user=0.1))
+    for u in (0, 25):
+        idx, scores = recommend(model, *ratings.user_row(u), 3)
+        rated = set(ratings.user_row(u)[0].tolist())
+        assert not rated & set(idx.tolist())
+        assert np.all(np.diff(scores) <= 0)
+        community = range(10) if u < 20 else range(10, 20)
+        assert set(idx.tolist()) <= set(community)
+
+
+def test_recommend_filters_and_returns_fewer_when_filtered():
+    truth, ratings = _low_rank(n_items=12)
+    model = train_als(ratings, ALSConfig(rank=2, n_iters=5))
+    rated, values = ratings.user_row(0)
+    unrated = np.setdiff1d(np.arange(12), rated)
+    idx, _ = recommend(model, rated, values, 50)
+    assert sorted(idx.tolist()) == sorted(unrated.tolist())
+    idx, _ = recommend(model, rated, values, 50, exclude_idx=unrated[:2])
+    assert len(idx) == len(unrated) - 2 and not set(unrated[:2]) & set(idx)
+    idx, _ = recommend(model, rated, values, 50, allowed_idx=unrated[:3])
+    assert sorted(idx.tolist()) == sorted(unrated[:3].tolist())
+    with pytest.raises(ValueError):
+        recommend(model, rated, values, 0)
+
+
+def test_fold_in_rejects_bad_input_and_handles_empty_history():
+    _, ratings = _low_rank()
+    model = train_als(ratings, ALSConfig(rank=2, n_iters=2))
+    assert np.all(fold_in(model, np.array([], dtype=int), np.array([])) == 0)
+    with pytest.raises(ValueError):
+        fold_in(model, np.array([0, 1]), np.array([1.0, np.nan]))
+    with pytest.raises(ValueError):
+        fold_in(model, np.array([0, 0]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError):
+        fold_in(model, np.array([10_000]), np.array([1.0]))
+
+
+def test_similar_and_popular_items():
+    _, ratings = _low_rank()
+    model = train_als(ratings, ALSConfig(rank=3, n_iters=10))
+    idx, scores = similar_items(model, 5, 4)
+    assert 5 not in idx and len(idx) == 4 and np.all(scores <= 1 + 1e-9) and np.all(np.diff(scores) <= 0)
+    idx, counts = popular_items(model, 3)
+    assert np.array_equal(counts, np.sort(ratings.item_counts())[::-1][:3].astype(float))
+
+
+def test_untrained_items_are_never_recommended_by_dpals():
+    _, ratings = _low_rank(n_items=40)
+    model = train_dpals(ratings.with_values(np.clip(ratings.csr.data, 1, 5)),
+                        DPALSConfig(rank=2, frequent_fraction=0.25, contribution_bound=5, noise_multiplier=0.5))
+    idx, _ = recommend(model, np.array([], dtype=int), np.array([]), 40)
+    assert len(idx) == model.trained_mask.sum() and np.all(model.trained_mask[idx])
+
+
+def test_ratings_validation():
+    with pytest.raises(ValueError, match="NaN"):
+        Ratings.from_arrays([0], [0], [np.nan])
+    with pytest.raises(ValueError, match="NaN"):
+        Ratings.from_arrays([0], [0], [np.inf])
+    with pytest.raises(ValueError, match="range"):
+        Ratings.from_arrays([0], [0], [9.0], rating_range=(1, 5))
+    with pytest.raises(ValueError, match="duplicate"):
+        Ratings.from_arrays([0, 0], [1, 1], [3.0, 4.0])
+    with pytest.raises(ValueError, match="unknown item"):
+        Ratings.from_arrays([0], ["x"], [3.0], item_ids=np.array(["a", "b"]))
+    with pytest.raises(ValueError, match="length"):
+        Ratings.from_arrays([0, 1], [0], [3.0])
+    with pytest.raises(ValueError, match="empty"):
+        train_als(Ratings.from_arrays(np.array([], int), np.array([], int), np.array([])), ALSConfig())

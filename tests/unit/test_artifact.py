@@ -1,0 +1,54 @@
+"""Model artifacts: round trip, content hash, no pickles, nothing private."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app.core.artifact import ArtifactError, load_model, save_model
+from app.core.dpals import DPALSConfig, train_dpals
+from app.core.ratings import Ratings
+
+
+@pytest.fixture(scope="module")
+def model():
+    rng = np.random.default_rng(0)
+    users, items = np.nonzero(rng.random((50, 20)) < 0.4)
+    item_names = np.array([f"movie-{i}" for i in range(20)])
+    ratings = Ratings.from_arrays(users, item_names[items], rng.integers(1, 6, len(users)).astype(float))
+    return train_dpals(ratings, DPALSConfig(rank=3, contribution_bound=5, noise_multiplier=2.0))
+
+
+def test_round_trip(tmp_path, model):
+    info = save_model(model, tmp_path / "v1")
+    loaded = load_model(info.npz_path, expected_sha256=info.sha256)
+    assert np.array_equal(loaded.item_factors, model.item_factors)
+    assert loaded.item_ids.tolist() == model.item_ids.tolist()
+    assert loaded.event == model.event
+    assert loaded.global_mean == model.global_mean and loaded.user_reg == model.user_reg
+    assert loaded.config == model.config
+    with np.load(info.npz_path, allow_pickle=False) as arrays:
+        assert set(arrays.files) == {"item_ids", "item_factors", "trained_mask", "item_counts"}
+        assert all(arrays[f].dtype != object for f in arrays.files)
+
+
+def test_tampering_is_detected(tmp_path, model):
+    info = save_model(model, tmp_path / "v1")
+    meta = json.loads(info.json_path.read_text())
+    meta["global_mean"] += 0.1
+    info.json_path.write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="hash"):
+        load_model(info.npz_path)
+
+
+def test_wrong_version_is_refused(tmp_path, model):
+    info = save_model(model, tmp_path / "v1")
+    with pytest.raises(ArtifactError, match="expected"):
+        load_model(info.npz_path, expected_sha256="0" * 64)
+
+
+def test_missing_artifact(tmp_path):
+    with pytest.raises(ArtifactError):
+        load_model(tmp_path / "nothing")

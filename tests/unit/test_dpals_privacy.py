@@ -1,0 +1,284 @@
+"""Privacy tests for DPALS: sensitivities checked numerically, every noise draw accounted for."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from app.core import accounting
+from app.core.als import iter_grams
+from app.core.dpals import (
+    DPALSConfig,
+    GaussianReleaser,
+    PublicState,
+    bound_contributions,
+    calibrate,
+    clip_rows,
+    count_statistic,
+    dpals_event,
+    mean_statistics,
+    project_psd,
+    solve_side,
+    symmetric_noise,
+    train_dpals,
+    _per_user_sample,
+)
+from app.core.model import UserRegularisation
+from app.core.ratings import Ratings
+
+K = 6  # contribution bound used throughout
+
+
+def _base_ratings(seed: int = 0, n_users: int = 60, n_items: int = 25) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n_users, n_items)) < 0.4
+    users, items = np.nonzero(mask)
+    values = rng.integers(1, 6, size=len(users)).astype(float)
+    return users, items, values
+
+
+def _with_extreme_user(users, items, values, n_items: int, rating: float = 5.0):
+    """Neighbouring data set: one extra user (the last index) rating every item at ``rating``."""
+    new_user = users.max() + 1
+    extra_items = np.arange(n_items)
+    return (
+        np.concatenate([users, np.full(n_items, new_user)]),
+        np.concatenate([items, extra_items]),
+        np.concatenate([values, np.full(n_items, rating)]),
+    )
+
+
+def _pair(mode: str, n_items: int = 25):
+    users, items, values = _base_ratings(n_items=n_items)
+    item_ids = np.arange(n_items)
+    small = Ratings.from_arrays(users, items, values, item_ids=item_ids, user_ids=np.arange(users.max() + 1))
+    u2, i2, v2 = _with_extreme_user(users, items, values, n_items)
+    large = Ratings.from_arrays(u2, i2, v2, item_ids=item_ids, user_ids=np.arange(u2.max() + 1))
+    config = DPALSConfig(
+        rating_range=(1.0, 5.0), rank=4, contribution_bound=K, contribution_mode=mode,
+        frequent_fraction=0.8, clip_user=0.7, clip_rating=1.5, reg_gravity=0.3,
+    )
+    return small, large, config
+
+
+def _upper(x: np.ndarray) -> np.ndarray:
+    iu = np.triu_indices(x.shape[-1])
+    return x[..., iu[0], iu[1]]
+
+
+def test_count_and_mean_sensitivities_under_adding_a_maximal_user():
+    small, large, config = _pair("uniform")
+    stats = []
+    for data in (small, large):
+        _, cols, vals = data.coo()
+        sample = _per_user_sample(data, K, np.random.default_rng(5))
+        counts = count_statistic(cols[sample], None, data.n_items)
+        stats.append((counts, *mean_statistics(vals[sample], config.midpoint), sample))
+    (c0, s0, n0, m0), (c1, s1, n1, m1) = stats
+    # the earlier users' samples are unchanged, so the difference is the new user's contribution
+    assert np.array_equal(m1[: len(m0)], m0)
+    assert np.linalg.norm(c1 - c0) <= math.sqrt(K) + 1e-12
+    assert np.linalg.norm(c1 - c0) == pytest.approx(math.sqrt(K))  # the bound is attained
+    assert abs(s1 - s0) <= K * config.half_range + 1e-12
+    assert abs(s1 - s0) == pytest.approx(K * config.half_range)
+    assert abs(n1 - n0) == K
+
+
+@pytest.mark.parametrize("mode", ["uniform", "tail", "adaptive_weights"])
+def test_recount_gram_and_linear_sensitivities(mode: str):
+    small, large, config = _pair(mode)
+    rng_state = np.random.default_rng(11)
+    counts = np.maximum(rng_state.normal(20, 5, size=small.n_items), 1.0)
+    public = PublicState(global_mean=3.1, item_counts=counts, frequent=np.arange(0, small.n_items, 1)[:20])
+    item_factors = np.random.default_rng(3).normal(0, 1.0, size=(20, config.rank))  # public V
+    user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)
+    out = []
+    for data in (small, large):
+        bounded = bound_contributions(data, config, public, np.random.default_rng(7))
+        ridge = user_reg.ridge(bounded.user_plan.counts)
+        users = clip_rows(solve_side(bounded.user_plan, item_factors, ridge, None), config.clip_user)
+        grams = np.zeros((20, config.rank, config.rank))
+        linear = np.zeros((20, config.rank))
+        for rows, gram, b in iter_grams(bounded.item_plan, users):
+            grams[rows], linear[rows] = gram, b
+        out.append((bounded.recount_statistic, users.T @ users, grams, linear, users))
+    (r0, k0, g0, l0, u0), (r1, k1, g1, l1, u1) = out
+    assert np.allclose(u1[: len(u0)], u0)  # other users' embeddings do not depend on the new user
+    assert np.linalg.norm(u1[-1]) == pytest.approx(config.clip_user)  # the new user is clipped
+    sqrt_b = math.sqrt(K)
+    assert np.linalg.norm(r1 - r0) <= sqrt_b + 1e-9
+    assert np.linalg.norm(_upper(k1 - k0)) <= config.clip_user**2 + 1e-9
+    gram_delta = np.linalg.norm(_upper(g1 - g0))
+    linear_delta = np.linalg.norm(l1 - l0)
+    assert gram_delta <= sqrt_b * config.clip_user**2 + 1e-9
+    assert linear_delta <= sqrt_b * config.clip_user * config.clip_rating + 1e-9
+    # a maximal user comes close to the bounds: the check is not vacuous
+    assert gram_delta >= 0.5 * sqrt_b * config.clip_user**2
+    assert linear_delta >= 0.3 * sqrt_b * config.clip_user * config.clip_rating
+
+
+class CountingRng:
+    """Wraps a Generator and records every Gaussian draw (scale and size)."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self.normal_draws: list[tuple[float, int]] = []
+
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        out = self._rng.normal(loc, scale, size=size)
+        self.normal_draws.append((float(scale), int(np.size(out))))
+        return out
+
+    def random(self, size=None):
+        return self._rng.random(size)
+
+
+@pytest.mark.parametrize("gravity", [0.0, 0.5])
+def test_every_noise_draw_is_in_the_event(gravity: float):
+    users, items, values = _base_ratings(n_users=80, n_items=30)
+    ratings = Ratings.from_arrays(users, items, values)
+    # ratios chosen so that every release has its own noise scale
+    config = DPALSConfig(rank=3, n_steps=3, contribution_bound=K, frequent_fraction=0.5, clip_user=0.9,
+                         count_noise_ratio=1.7, reg_gravity=gravity, noise_multiplier=1.3, seed=2)
+    rng = CountingRng(2)
+    model = train_dpals(ratings, config, rng=rng)
+    init_draws = [d for d in rng.normal_draws if d[0] == config.init_scale]
+    noise_draws = [d for d in rng.normal_draws if d[0] != config.init_scale]
+    assert len(init_draws) == 1  # V's data-free initialisation
+    releases = model.metadata["releases"]
+    stds = {r["l2_sensitivity"] * r["noise_multiplier"] for r in releases}
+    # every draw's scale belongs to a recorded release ...
+    assert {scale for scale, _ in noise_draws} <= stds
+    # ... and the recorded releases are exactly the event's Gaussian mechanisms
+    assert accounting.count_gaussian_releases(model.event) == len(releases)
+    assert model.event == dpals_event(config)
+    # every trained item gets Gram and linear noise in every step
+    n_trained = int(model.trained_mask.sum())
+    by_name: dict[str, int] = {}
+    for r in releases:
+        by_name[r["name"]] = by_name.get(r["name"], 0) + 1
+    assert by_name["item_grams"] == by_name["item_linear"] == config.n_steps
+    assert by_name.get("gravity_gram", 0) == (config.n_steps if gravity else 0)
+    gram_std = next(r["l2_sensitivity"] * r["noise_multiplier"] for r in releases if r["name"] == "item_grams")
+    linear_std = next(r["l2_sensitivity"] * r["noise_multiplier"] for r in releases if r["name"] == "item_linear")
+    for name, std in (("item_grams", gram_std), ("item_linear", linear_std)):
+        assert {r["name"] for r in releases if r["l2_sensitivity"] * r["noise_multiplier"] == std} == {name}
+    assert sum(n for s, n in noise_draws if s == gram_std) == config.n_steps * n_trained * config.rank**2
+    assert sum(n for s, n in noise_draws if s == linear_std) == config.n_steps * n_trained * config.rank
+
+
+def test_event_fields_match_the_stated_multipliers():
+    config = DPALSConfig(noise_multiplier=3.0, gram_noise_ratio=2.0, count_noise_ratio=1.5, mean_noise_ratio=4.0)
+    event = dpals_event(config)
+    pre = event.events[:-1]
+    assert [e.noise_multiplier for e in pre] == [4.5, 12.0, 12.0, 4.5]
+    steps = event.events[-1]
+    assert steps.count == config.n_steps
+    assert [e.noise_multiplier for e in steps.event.events] == [6.0, 3.0]
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1.0, 1e-5), (5.0, 1e-5), (20.0, 1e-6)])
+def test_calibrate_round_trip(epsilon: float, delta: float):
+    config = calibrate(epsilon, delta, DPALSConfig(n_steps=3, reg_gravity=0.2))
+    achieved = accounting.epsilon_rdp(dpals_event(config), delta)
+    assert achieved <= epsilon
+    assert achieved == pytest.approx(epsilon, rel=1e-3)
+    # a bit less noise would overspend
+    less = replace(config, noise_multiplier=config.noise_multiplier * 0.99)
+    assert accounting.epsilon_rdp(dpals_event(less), delta) > epsilon
+    # PLD is tighter than RDP but of the same magnitude
+    pld = accounting.epsilon_pld(dpals_event(config), delta)
+    assert 0.7 * epsilon <= pld <= epsilon * 1.001
+
+
+def test_rdp_and_pld_agree_with_the_exact_gaussian_formula():
+    import dp_accounting
+
+    sigma, delta = 2.0, 1e-6
+    exact = dp_accounting.get_epsilon_gaussian(sigma, delta)
+    event = accounting.gaussian(sigma)
+    assert accounting.epsilon_pld(event, delta) == pytest.approx(exact, rel=0.01)
+    assert exact <= accounting.epsilon_rdp(event, delta) <= 1.3 * exact
+
+
+def test_clipping_and_psd_invariants():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 3, size=(200, 5))
+    clipped = clip_rows(x, 1.5)
+    norms = np.linalg.norm(clipped, axis=1)
+    assert np.all(norms <= 1.5 + 1e-12)
+    small = np.linalg.norm(x, axis=1) <= 1.5
+    assert np.allclose(clipped[small], x[small])
+    noise = symmetric_noise(rng, (50, 6, 6), 2.0)
+    assert np.allclose(noise, np.swapaxes(noise, 1, 2))
+    assert np.std(_upper(noise)) == pytest.approx(2.0, rel=0.1)
+    eigval, eigvec = project_psd(noise)
+    assert np.all(eigval >= 0)
+    rebuilt = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
+    assert np.all(np.linalg.eigvalsh(rebuilt) >= -1e-9)
+
+
+def test_seeded_determinism():
+    users, items, values = _base_ratings()
+    ratings = Ratings.from_arrays(users, items, values)
+    config = DPALSConfig(rank=3, n_steps=2, contribution_bound=K, seed=4)
+    a = train_dpals(ratings, config)
+    b = train_dpals(ratings, config)
+    c = train_dpals(ratings, replace(config, seed=5))
+    assert np.array_equal(a.item_factors, b.item_factors)
+    assert a.global_mean == b.global_mean
+    assert not np.allclose(a.item_factors, c.item_factors)
+
+
+@pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-5), (-1.0, 1e-5), (float("nan"), 1e-5), (1.0, 0.0), (1.0, 1.0), (1.0, -0.1), (float("inf"), 1e-5)])
+def test_bad_privacy_targets_raise(epsilon, delta):
+    with pytest.raises(ValueError):
+        calibrate(epsilon, delta, DPALSConfig())
+
+
+def test_ratings_outside_the_declared_range_raise():
+    ratings = Ratings.from_arrays([0, 1], [0, 1], [1.0, 7.0])
+    with pytest.raises(ValueError, match="range"):
+        train_dpals(ratings, DPALSConfig(rating_range=(1.0, 5.0)))
+
+
+def test_empty_ratings_raise():
+    empty = Ratings.from_arrays(np.array([], dtype=int), np.array([], dtype=int), np.array([]))
+    with pytest.raises(ValueError, match="empty"):
+        train_dpals(empty, DPALSConfig())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"rank": 0}, {"contribution_mode": "all"}, {"frequent_fraction": 0.0}, {"clip_user": 0.0},
+        {"noise_multiplier": float("nan")}, {"rating_range": (5.0, 1.0)}, {"weight_exponent": 0.5},
+        {"reg_item": 0.0},
+    ],
+)
+def test_bad_configs_raise(overrides):
+    with pytest.raises(ValueError):
+        DPALSConfig(**overrides)
+
+
+def test_config_round_trips_and_rejects_unknown_keys():
+    config = DPALSConfig(rank=7, contribution_mode="adaptive_weights")
+    assert DPALSConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown"):
+        DPALSConfig.from_dict({"rank": 3, "epsilon_bonus": 1})
+
+
+def test_users_without_frequent_ratings_and_items_without_data_still_train():
+    # user 3 rates only item 9, which has too few ratings to be frequent
+    users = np.array([0, 0, 1, 1, 2, 2, 3])
+    items = np.array([0, 1, 0, 1, 0, 1, 9])
+    ratings = Ratings.from_arrays(users, items, np.array([5, 4, 4, 5, 3, 4, 2.0]), item_ids=np.arange(10))
+    model = train_dpals(ratings, DPALSConfig(rank=2, contribution_bound=2, frequent_fraction=0.5, noise_multiplier=1.0))
+    assert model.trained_mask.sum() == 5
+    # trained items without any selected rating get noise, hence non-zero factors
+    no_data = model.trained_mask & (ratings.item_counts() == 0)
+    assert no_data.any() and np.all(np.linalg.norm(model.item_factors[no_data], axis=1) > 0)
+    assert np.all(model.item_factors[~model.trained_mask] == 0)
