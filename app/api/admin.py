@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep
+from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
 from app.api.params import DatasetP
 from app.schemas.admin import (BudgetOut, CapChangeIn, LedgerEntryOut, ModelVersionOut, TrainingAccepted,
                                TrainingIn, TrainingRunOut)
@@ -42,10 +42,11 @@ def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset
 
 @router.post("/datasets/{dataset}/trainings", response_model=TrainingAccepted, status_code=202,
              summary="Start a training run (budget reserved now; 409 when it would exceed the cap)")
-def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep) -> TrainingAccepted:
+def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep,
+                  settings: SettingsDep) -> TrainingAccepted:
     run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{admin.subject}")
     session.commit()
-    svc.enqueue(run_id)
+    svc.enqueue(run_id, settings)
     return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}")
 
 

@@ -65,11 +65,11 @@ def start_training(session: Session, *, dataset: str, body: TrainingIn, actor: s
     return int(run.id)
 
 
-def enqueue(run_id: int) -> None:
+def enqueue(run_id: int, settings: Any) -> None:
     """Send the run to the workers (only after the reservation is committed)."""
     from app.services import training
 
-    training.enqueue_run(run_id)
+    training.enqueue_run(run_id, settings)
 
 
 def run_view(session: Session, *, run_id: int) -> TrainingRunOut:

@@ -26,8 +26,8 @@ def _is_empty(session: Session, dataset_id: int) -> bool:
     return n_items == 0 and n_ratings == 0
 
 
-def seed(session: Session, *, dataset: str, n_users: int = 1500, n_items: int = 400,
-         n_ratings: int = 45_000, seed: int = 20261121) -> int:
+def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 500,
+         n_ratings: int = 60_000, seed: int = 7) -> int:
     """Write the demo catalogue and ratings into ``dataset`` (caller commits); return #ratings."""
     from app.core.synthetic import production_synthetic
     from app.schemas.ingest import ItemIn
@@ -65,7 +65,7 @@ def seed_if_empty(session: Session, *, settings: Any) -> bool:
         run = training.start_training(session, dataset=ds.name, epsilon=min(1.0, settings.default_epsilon_cap / 2),
                                       actor="demo", trigger="demo", idempotency_key="demo-initial")
         session.commit()
-        training.enqueue_run(run.id)
+        training.enqueue_run(run.id, settings)
     except Exception as exc:  # noqa: BLE001 - the demo still serves; the admin can train later
         session.rollback()
         log.warning("could not queue the demo training run: %s", exc)

@@ -140,3 +140,36 @@ def add_items(env: Env, n: int, dataset: str = "default", categories: Callable[[
         r = env.client.put(f"/v1/datasets/{dataset}/items/i{k}", headers=env.ingest_service,
                            json={"title": f"Item {k}", "categories": cats})
         assert r.status_code == 200, r.text
+
+
+SMALL_DPALS = {"rank": 4, "frequent_fraction": 1.0, "contribution_bound": 30, "reg_item": 5.0}
+
+
+def seed_ratings(env: Env, n_users: int = 60, n_items: int = 24, seed: int = 0, dataset: str = "default") -> None:
+    """Two taste groups: even users like even items, odd users like odd items."""
+    import numpy as np
+
+    add_items(env, n_items, dataset=dataset)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(n_users):
+        for i in rng.choice(n_items, size=12, replace=False):
+            liked = (u % 2) == (i % 2)
+            rows.append({"user_id": f"u{u}", "item_id": f"i{i}", "rating": 5.0 if liked else 1.0})
+    r = env.client.post(f"/v1/datasets/{dataset}/ratings/batch", json={"ratings": rows}, headers=env.ingest_service)
+    assert r.status_code == 200, r.text
+
+
+def train_and_publish(env: Env, epsilon: float = 2.0, dataset: str = "default",
+                      hyper: dict | None = None) -> int:
+    """Start a run through the admin API and execute it in this process; return the version id."""
+    from app.services.training import run_training
+
+    r = env.client.post(f"/v1/admin/datasets/{dataset}/trainings", headers=env.admin,
+                        json={"epsilon": epsilon, "hyperparameters": hyper or SMALL_DPALS})
+    assert r.status_code == 202, r.text
+    run_id = r.json()["run_id"]
+    assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
+    status = env.client.get(f"/v1/admin/trainings/{run_id}", headers=env.admin).json()
+    assert status["status"] == "succeeded" and status["progress"] == 1.0
+    return int(env.client.get(f"/v1/datasets/{dataset}/model").json()["version"])
