@@ -274,13 +274,13 @@ def reserve(
     """
     event_json = event_to_json(event)  # validates the event (and that it is serialisable)
     acct = lock_account(session, dataset.id)
+    if _run_entry(session, run_id, "refund") is not None:
+        raise Conflict(f"training run {run_id} was refunded and cannot reserve again")
     existing = reservation_for(session, run_id)
     if existing is not None:
         if existing.event != event_json:
             raise Conflict(f"training run {run_id} already holds a reservation for a different event")
         return existing
-    if _run_entry(session, run_id, "refund") is not None:
-        raise Conflict(f"training run {run_id} was refunded and cannot reserve again")
     history = active_events(session, acct.id)
     alone = epsilon_rdp(event, acct.delta)
     total_event = compose(history + [event])

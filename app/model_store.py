@@ -1,0 +1,211 @@
+"""Published model versions: artifact files + ``model_versions`` rows; activation; a read cache.
+
+Publishing (``publish_version``) inserts the immutable version row and swaps the data set's
+active version in the caller's transaction. ``get_active_model`` looks up the active row on
+every call (one indexed query) and loads the artifact once per (version id, sha256), so API
+processes pick up a newly activated version without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.config import get_settings
+from app.core.model import PublicModel
+from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
+from app.ledger import round_up
+from app.platform_errors import Conflict, InvalidRequest, NoActiveModel, NotFound
+
+__all__ = [
+    "artifact_path_for",
+    "load_version_model",
+    "get_active_model",
+    "get_active_version",
+    "get_version",
+    "list_versions",
+    "publish_version",
+    "activate_version",
+    "version_dict",
+    "clear_cache",
+]
+
+log = logging.getLogger(__name__)
+_CACHE_SIZE = 4
+_cache: "OrderedDict[tuple[int, str], PublicModel]" = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def artifact_path_for(dataset: str, run_id: int, artifact_dir: Path | None = None) -> Path:
+    """Where run ``run_id`` of ``dataset`` writes its artifact (absolute path)."""
+    base = Path(artifact_dir or get_settings().artifact_dir).expanduser().resolve()
+    return base / dataset / f"run-{run_id}.npz"
+
+
+def clear_cache() -> None:
+    """Forget every loaded model (tests)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def load_version_model(row: ModelVersion) -> PublicModel:
+    """The :class:`PublicModel` of a version row; loaded and hash-checked once, then cached."""
+    key = (row.id, row.sha256)
+    with _cache_lock:
+        model = _cache.get(key)
+        if model is not None:
+            _cache.move_to_end(key)
+            return model
+    from app.core.artifact import ArtifactError, load_model
+
+    try:
+        model = load_model(row.artifact_path, expected_sha256=row.sha256)
+    except ArtifactError as exc:
+        raise Conflict(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
+    with _cache_lock:
+        _cache[key] = model
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return model
+
+
+def _dataset(session: Session, name: str) -> Dataset:
+    ds = session.scalar(select(Dataset).where(Dataset.name == name))
+    if ds is None:
+        raise NotFound(f"unknown data set {name!r}")
+    return ds
+
+
+def get_active_version(session: Session, dataset: str) -> ModelVersion:
+    """The active version row of ``dataset`` (NoActiveModel when none is published)."""
+    row = session.scalar(
+        select(ModelVersion).join(Dataset, Dataset.id == ModelVersion.dataset_id).where(
+            Dataset.name == dataset, ModelVersion.active.is_(True)
+        )
+    )
+    if row is None:
+        _dataset(session, dataset)  # NotFound for an unknown data set
+        raise NoActiveModel(f"data set {dataset!r} has no active model yet; start a training first")
+    return row
+
+
+def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, PublicModel]:
+    """(active version row, its public model) of ``dataset``."""
+    row = get_active_version(session, dataset)
+    return row, load_version_model(row)
+
+
+def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion:
+    """Version ``version_id`` of ``dataset`` (NotFound otherwise)."""
+    row = session.scalar(
+        select(ModelVersion).join(Dataset, Dataset.id == ModelVersion.dataset_id).where(
+            Dataset.name == dataset, ModelVersion.id == version_id
+        )
+    )
+    if row is None:
+        raise NotFound(f"data set {dataset!r} has no model version {version_id}")
+    return row
+
+
+def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[ModelVersion], int]:
+    """One page of versions (newest first) and the total count."""
+    if offset < 0 or limit < 1:
+        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    ds = _dataset(session, dataset)
+    total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
+    rows = list(
+        session.scalars(
+            select(ModelVersion).where(ModelVersion.dataset_id == ds.id).order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
+        )
+    )
+    return rows, int(total)
+
+
+def _swap_active(session: Session, dataset_id: int, row: ModelVersion) -> None:
+    session.execute(
+        update(ModelVersion)
+        .where(ModelVersion.dataset_id == dataset_id, ModelVersion.active.is_(True), ModelVersion.id != row.id)
+        .values(active=False)
+        .execution_options(synchronize_session="fetch")
+    )
+    session.flush()
+    row.active = True
+    row.activated_at = utcnow()
+    session.flush()
+
+
+def publish_version(
+    session: Session,
+    *,
+    dataset: Dataset,
+    run: TrainingRun,
+    model: PublicModel,
+    artifact_path: str,
+    sha256: str,
+    epsilon: float,
+    epsilon_pld: float | None,
+    delta: float,
+    metrics: dict[str, Any],
+) -> ModelVersion:
+    """Insert the immutable version row and make it the active one. Does not commit."""
+    row = ModelVersion(
+        dataset_id=dataset.id,
+        run_id=run.id,
+        algorithm=model.algorithm,
+        artifact_path=str(artifact_path),
+        sha256=sha256,
+        epsilon=float(epsilon),
+        epsilon_pld=None if epsilon_pld is None else float(epsilon_pld),
+        delta=float(delta),
+        n_items=model.n_items,
+        rank=model.rank,
+        metrics=metrics,
+        model_metadata=dict(model.metadata),
+        active=False,
+    )
+    session.add(row)
+    session.flush()
+    _swap_active(session, dataset.id, row)
+    return row
+
+
+def activate_version(session: Session, dataset: str, version_id: int, *, actor: str) -> ModelVersion:
+    """Make an existing version the active one (rollback). Does not commit."""
+    row = get_version(session, dataset, version_id)
+    if not Path(row.artifact_path).is_file():
+        raise Conflict(f"artifact of model version {version_id} is missing; it cannot be activated")
+    # Lock the data set row so concurrent activations/publications serialise.
+    stmt = select(Dataset).where(Dataset.id == row.dataset_id)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    session.execute(stmt).scalar_one()
+    if not row.active:
+        _swap_active(session, row.dataset_id, row)
+    log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
+    return row
+
+
+def version_dict(row: ModelVersion) -> dict[str, Any]:
+    """JSON-safe public view of a version row."""
+    return {
+        "id": row.id,
+        "run_id": row.run_id,
+        "algorithm": row.algorithm,
+        "sha256": row.sha256,
+        "epsilon": round_up(row.epsilon),
+        "epsilon_pld": None if row.epsilon_pld is None else round_up(row.epsilon_pld),
+        "delta": row.delta,
+        "n_items": row.n_items,
+        "rank": row.rank,
+        "metrics": row.metrics,
+        "metadata": row.model_metadata,
+        "active": row.active,
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+        "activated_at": row.activated_at.isoformat() if row.activated_at else None,
+    }

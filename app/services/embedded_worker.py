@@ -1,0 +1,102 @@
+"""In-process training worker for the embedded (SQLite, no Redis) mode.
+
+A daemon thread that claims queued runs oldest first and executes them through the same
+``app.services.training.run_training`` the Celery task calls; it also reaps runs whose worker
+vanished and, every ``RETRAIN_INTERVAL_S``, runs the scheduled retraining (the beat's job).
+The database is the queue: ``enqueue_run`` only wakes the thread early.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+from sqlalchemy import select
+
+from app.config import Settings, get_settings
+from app.db.models import TrainingRun
+from app.db.session import session_scope
+from app.services import training
+
+__all__ = ["EmbeddedWorker", "start_embedded_worker", "wake_workers"]
+
+log = logging.getLogger(__name__)
+_workers: "weakref.WeakSet[EmbeddedWorker]" = weakref.WeakSet()
+
+
+def wake_workers() -> None:
+    """Wake every embedded worker of this process (a run was just enqueued)."""
+    for worker in list(_workers):
+        worker.wake()
+
+
+class EmbeddedWorker:
+    """One background thread running queued trainings one at a time."""
+
+    def __init__(self, settings: Settings | None = None, *, url: str | None = None, schedule: bool = True) -> None:
+        self.settings = settings or get_settings()
+        self.url = url
+        self.schedule = schedule and self.settings.retrain_enabled
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="privrec-embedded-worker", daemon=True)
+        self._next_retrain = time.monotonic() + self.settings.retrain_interval_s
+        self._next_reap = 0.0
+        self.completed: list[tuple[int, str]] = []
+
+    def start(self) -> "EmbeddedWorker":
+        _workers.add(self)
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Ask the thread to stop after the current run and wait for it."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        _workers.discard(self)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _next_queued(self) -> int | None:
+        with session_scope(self.url) as s:
+            return s.scalar(select(TrainingRun.id).where(TrainingRun.status == "queued").order_by(TrainingRun.id).limit(1))
+
+    def run_once(self) -> int | None:
+        """Maintenance, then at most one queued run; returns its id (None when idle)."""
+        now = time.monotonic()
+        if now >= self._next_reap:
+            training.reap_stale_runs(url=self.url, settings=self.settings)
+            self._next_reap = now + self.settings.run_heartbeat_s
+        if self.schedule and now >= self._next_retrain:
+            self._next_retrain = now + self.settings.retrain_interval_s
+            training.scheduled_retrain(url=self.url, settings=self.settings, enqueue=False)
+        run_id = self._next_queued()
+        if run_id is None:
+            return None
+        outcome = training.run_training(run_id, url=self.url, settings=self.settings, worker=f"embedded:{id(self):x}")
+        self.completed.append((run_id, outcome))
+        return run_id
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ran = self.run_once()
+            except Exception:  # keep serving; the failure is in the run row or the log
+                log.exception("embedded worker iteration failed")
+                ran = None
+            if ran is None:
+                self._wake.wait(self.settings.embedded_poll_s)
+                self._wake.clear()
+
+
+def start_embedded_worker(settings: Settings | None = None, *, url: str | None = None, schedule: bool = True) -> EmbeddedWorker:
+    """Start and return the in-process worker (call ``.stop()`` at shutdown)."""
+    return EmbeddedWorker(settings, url=url, schedule=schedule).start()

@@ -1,0 +1,204 @@
+"""Privacy ledger on SQLite and PostgreSQL: concurrency, idempotency, refunds, hash chain."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select, text
+
+from app import ledger
+from app.core.accounting import compose, epsilon_rdp, gaussian
+from app.db.models import LedgerEntry, TrainingRun
+from app.db.session import session_scope
+from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest
+from app.services import budget
+from tests.integration.platform_helpers import create_dataset
+
+DELTA = 1e-6
+Z = 3.0  # noise multiplier of the test event
+
+
+def _new_run(s, ds) -> TrainingRun:
+    run = TrainingRun(dataset_id=ds.id, algorithm="dpals", requested_epsilon=1.0, delta=DELTA)
+    s.add(run)
+    s.flush()
+    return run
+
+
+def _reserve(url: str, name: str = "default", z: float = Z) -> int:
+    with session_scope(url) as s:
+        ds = budget.get_dataset(s, name)
+        run = _new_run(s, ds)
+        ledger.reserve(s, dataset=ds, event=gaussian(z), parameters={"test": True}, actor="tester", run_id=run.id)
+        return run.id
+
+
+def _cap_fitting(k: int) -> float:
+    """A cap that k reservations of gaussian(Z) fit under, but not k + 1."""
+    fit = epsilon_rdp(compose([gaussian(Z)] * k), DELTA)
+    over = epsilon_rdp(compose([gaussian(Z)] * (k + 1)), DELTA)
+    assert fit < over
+    return (fit + over) / 2
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_reservations_accept_exactly_k(db_url):
+    k, n = 3, 10
+    cap = _cap_fitting(k)
+    create_dataset(db_url, cap=cap, delta=DELTA)
+    barrier = threading.Barrier(n)
+    accepted: list[int] = []
+    refused: list[BudgetExceeded] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        barrier.wait()
+        try:
+            run_id = _reserve(db_url)
+            with lock:
+                accepted.append(run_id)
+        except BudgetExceeded as exc:
+            with lock:
+                refused.append(exc)
+        except BaseException as exc:  # noqa: BLE001
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=attempt) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(accepted) == k
+    assert len(refused) == n - k
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        acct = ledger.account_for(s, ds.id)
+        exact = ledger.spent(s, acct, recompute=True)
+        assert exact.epsilon_rdp <= cap
+        assert exact.n_events == k
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+        seqs = list(s.scalars(select(LedgerEntry.seq).where(LedgerEntry.account_id == acct.id).order_by(LedgerEntry.seq)))
+        assert seqs == list(range(1, k + 2))  # "open" + k reservations, no gaps
+    for exc in refused:  # prior spend, request and cap reported separately
+        d = exc.details
+        assert d["epsilon_cap"] == cap
+        assert d["requested_epsilon"] == pytest.approx(epsilon_rdp(gaussian(Z), DELTA), abs=1e-6)
+        assert d["prior_spent_epsilon"] >= epsilon_rdp(compose([gaussian(Z)] * k), DELTA) - 1e-6
+        assert d["would_spend_epsilon"] > cap
+        assert exc.status_code == 409
+
+
+def test_reservation_is_idempotent_per_run(db_url):
+    create_dataset(db_url, cap=50.0, delta=DELTA)
+    run_id = _reserve(db_url)
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        again = ledger.reserve(s, dataset=ds, event=gaussian(Z), parameters={}, actor="redelivery", run_id=run_id)
+        assert again.seq == 2
+        with pytest.raises(Conflict):
+            ledger.reserve(s, dataset=ds, event=gaussian(Z + 1), parameters={}, actor="x", run_id=run_id)
+    with session_scope(db_url) as s:
+        n = s.scalar(select(text("count(*)")).select_from(LedgerEntry).where(LedgerEntry.kind == "reservation"))
+        assert n == 1
+        view = budget.get_budget(s, "default")
+        assert view.spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
+
+
+def test_refund_rules(db_url):
+    create_dataset(db_url, cap=50.0, delta=DELTA)
+    a, b = _reserve(db_url), _reserve(db_url)
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        ledger.commit(s, dataset=ds, run_id=a, actor="worker")
+        with pytest.raises(Conflict):
+            ledger.refund(s, dataset=ds, run_id=a, actor="worker", reason="too late")
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        before = budget.get_budget(s, "default").spent_epsilon_rdp
+        r1 = ledger.refund(s, dataset=ds, run_id=b, actor="worker", reason="failed early")
+        r2 = ledger.refund(s, dataset=ds, run_id=b, actor="worker", reason="again")
+        assert r1.id == r2.id
+        with pytest.raises(Conflict):
+            ledger.commit(s, dataset=ds, run_id=b, actor="worker")
+        with pytest.raises(Conflict):
+            ledger.reserve(s, dataset=ds, event=gaussian(Z), parameters={}, actor="x", run_id=b)
+    with session_scope(db_url) as s:
+        after = budget.get_budget(s, "default")
+        assert after.spent_epsilon_rdp < before
+        assert after.spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
+        assert after.n_charged_runs == 1
+        acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+
+
+def test_hash_chain_detects_tampering(db_url):
+    create_dataset(db_url, cap=50.0, delta=DELTA)
+    for _ in range(3):
+        _reserve(db_url)
+    with session_scope(db_url) as s:
+        acct_id = ledger.account_for(s, budget.get_dataset(s, "default").id).id
+        assert ledger.verify_chain(s, acct_id).ok
+    # lower a recorded spend: the content hash no longer matches
+    with session_scope(db_url) as s:
+        s.execute(text("UPDATE ledger_entries SET epsilon = 0.001 WHERE seq = 3"))
+    with session_scope(db_url) as s:
+        check = ledger.verify_chain(s, acct_id)
+        assert not check.ok and check.bad_seq == 3
+        s.execute(text("UPDATE ledger_entries SET epsilon = NULL WHERE seq = 0"))  # no-op
+    # rewrite an entry *and* its hash: the next entry's prev_hash breaks
+    with session_scope(db_url) as s:
+        entry = s.scalar(select(LedgerEntry).where(LedgerEntry.seq == 2))
+        entry.parameters = {"test": "forged"}
+        entry.hash = ledger.compute_hash(ledger.entry_content(entry), entry.prev_hash)
+    with session_scope(db_url) as s:
+        check = ledger.verify_chain(s, acct_id)
+        assert not check.ok and check.bad_seq == 3
+    # deleting an entry leaves a gap
+    with session_scope(db_url) as s:
+        s.execute(text("DELETE FROM ledger_entries WHERE seq = 4"))
+        check = ledger.verify_chain(s, acct_id)
+        assert not check.ok
+
+
+def test_cap_changes_are_audited(db_url):
+    create_dataset(db_url, cap=5.0, delta=DELTA)
+    _reserve(db_url, z=2.0)
+    with session_scope(db_url) as s:
+        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        with pytest.raises(InvalidRequest):
+            budget.change_cap(s, "default", new_cap=8.0, reason="  ", actor="admin")
+        with pytest.raises(CapChangeRefused) as info:
+            budget.change_cap(s, "default", new_cap=spent / 2, reason="shrink", actor="admin")
+        assert info.value.details["spent_epsilon"] == spent
+        with pytest.raises(InvalidRequest):
+            budget.change_cap(s, "default", new_cap=float("nan"), reason="x", actor="admin")
+    with session_scope(db_url) as s:
+        view = budget.change_cap(s, "default", new_cap=8.0, reason="quarterly review", actor="admin")
+        assert view.epsilon_cap == 8.0
+        view = budget.change_cap(s, "default", new_cap=spent + 0.5, reason=None, actor="admin")  # lowering: no reason needed
+    with session_scope(db_url) as s:
+        rows, total = budget.list_ledger(s, "default")
+        kinds = [r.kind for r in rows]
+        assert kinds == ["open", "reservation", "cap_change", "cap_change"]
+        raised = rows[2]
+        assert raised.reason == "quarterly review" and raised.actor == "admin"
+        assert raised.parameters == {"old_cap": 5.0, "new_cap": 8.0}
+        view = budget.get_budget(s, "default")
+        assert view.epsilon_cap == spent + 0.5
+        assert view.remaining_epsilon <= view.epsilon_cap - view.spent_epsilon_rdp + 1e-12
+        entry = budget.ledger_entry_dict(rows[1])
+        assert entry["event"]["class_name"] == "GaussianDpEvent"
+        assert entry["parameters"]["neighbouring_relation"] == "add_or_remove_one_user"
+
+
+def test_conservative_rounding():
+    assert ledger.round_up(1.0000000001) == 1.000001
+    assert ledger.round_up(2.0) == 2.0
+    assert ledger.round_down(1.9999999) == 1.999999
+    assert ledger.remaining(1.0, 0.3) == 0.7  # exact decimal of the floats, floored
+    assert ledger.remaining(1.0, 0.30000000000000004) == 0.699999
+    assert ledger.remaining(1.0, 1.5) == 0.0

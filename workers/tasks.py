@@ -1,0 +1,47 @@
+"""Thin Celery task shims: ids in, app services do the work (explicit task names)."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import OperationalError
+
+from app.config import get_settings
+from app.services import training
+from workers.celery_app import celery_app
+
+log = logging.getLogger(__name__)
+
+
+@celery_app.task(
+    name=training.TASK_NAME,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    max_retries=20,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+)
+def train_run(self, run_id: int) -> str:
+    """Run training run ``run_id``; safe to deliver more than once."""
+    outcome = training.run_training(int(run_id), worker=f"celery:{self.request.hostname}:{self.request.id}")
+    if outcome == "busy":  # another live worker holds it: look again once its heartbeat could be stale
+        raise self.retry(countdown=get_settings().run_stale_after_s)
+    return outcome
+
+
+@celery_app.task(name="privrec.scheduled_retrain", ignore_result=True)
+def scheduled_retrain() -> dict[str, str]:
+    """Beat: retrain every data set whose ratings changed and whose budget allows it."""
+    outcomes = training.scheduled_retrain()
+    log.info("scheduled retraining: %s", outcomes)
+    return outcomes
+
+
+@celery_app.task(name="privrec.reap_stale_runs", ignore_result=True)
+def reap_stale_runs() -> list[int]:
+    """Beat: fail runs whose worker vanished, re-send queued runs whose message was lost."""
+    failed = training.reap_stale_runs()
+    training.requeue_stale_queued()
+    return failed
