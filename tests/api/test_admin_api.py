@@ -1,0 +1,82 @@
+"""Admin API: budget, cap changes, ledger, trainings (202, 409), model versions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
+
+A = "/v1/admin/datasets/default"
+
+
+def test_budget_and_ledger_after_a_run(env: Env) -> None:
+    seed_ratings(env)
+    b0 = env.client.get(f"{A}/budget", headers=env.admin).json()
+    assert b0["dataset"] == "default" and b0["spent_epsilon_rdp"] == 0 and b0["remaining_epsilon"] == b0["epsilon_cap"]
+    train_and_publish(env, epsilon=1.5)
+    b1 = env.client.get(f"{A}/budget", headers=env.admin).json()
+    assert 0 < b1["spent_epsilon_rdp"] <= 1.5 + 1e-3
+    assert b1["spent_epsilon_pld"] <= b1["spent_epsilon_rdp"] + 1e-3
+    assert b1["remaining_epsilon"] <= b1["epsilon_cap"] - b1["spent_epsilon_rdp"] + 1e-9
+    assert b1["runs"]["succeeded"] == 1
+    ledger = env.client.get(f"{A}/ledger", headers=env.admin, params={"limit": 100}).json()
+    kinds = [e["kind"] for e in ledger["items"]]
+    assert kinds[0] == "open" and "reservation" in kinds and ledger["total"] == len(kinds)
+    res = next(e for e in ledger["items"] if e["kind"] == "reservation")
+    assert res["event"] and "contribution_bound" in res["parameters"] and res["run_id"] is not None
+    for prev, cur in zip(ledger["items"], ledger["items"][1:]):
+        assert cur["prev_hash"] == prev["hash"]
+    page = env.client.get(f"{A}/ledger", headers=env.admin, params={"limit": 1, "offset": 1}).json()
+    assert len(page["items"]) == 1 and page["items"][0]["seq"] == ledger["items"][1]["seq"]
+
+
+def test_cap_changes_are_audited_and_guarded(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env, epsilon=2.0)
+    cap = env.client.get(f"{A}/budget", headers=env.admin).json()["epsilon_cap"]
+    r = env.client.patch(f"{A}/budget", headers=env.admin, json={"epsilon_cap": cap + 5})
+    assert r.status_code in (409, 422) and set(r.json()) == {"error"}  # raising needs a reason
+    r = env.client.patch(f"{A}/budget", headers=env.admin, json={"epsilon_cap": cap + 5, "reason": "Q3 launch"})
+    assert r.status_code == 200 and r.json()["epsilon_cap"] == cap + 5
+    r = env.client.patch(f"{A}/budget", headers=env.admin, json={"epsilon_cap": 0.5})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "cap_change_refused"
+    for bad in ({"epsilon_cap": -1}, {"epsilon_cap": "NaN"}, {"epsilon_cap": 3, "x": 1}):
+        assert env.client.patch(f"{A}/budget", headers=env.admin, json=bad).status_code == 422
+    entries = env.client.get(f"{A}/ledger", headers=env.admin).json()["items"]
+    changes = [e for e in entries if e["kind"] == "cap_change"]
+    assert len(changes) == 1 and changes[0]["reason"] == "Q3 launch" and changes[0]["actor"] == "admin:root"
+    assert env.client.get(f"{A}/budget", headers=env.admin).json()["epsilon_cap"] == cap + 5
+
+
+def test_training_requests_validated_and_409_on_exhaustion(env: Env) -> None:
+    seed_ratings(env)
+    runs0 = env.count("training_runs")
+    for bad in ({}, {"epsilon": 1, "epsilon_fraction": 0.5}, {"epsilon": -1}, {"epsilon_fraction": 1.5},
+                {"epsilon": 1, "algorithm": "nope"}, {"epsilon": 1, "hyperparameters": {"seed": 3}},
+                {"epsilon": 1, "hyperparameters": {"no_such_knob": 3}}):
+        r = env.client.post(f"{A}/trainings", headers=env.admin, json=bad)
+        assert r.status_code == 422, (bad, r.text)
+    assert env.count("training_runs") == runs0
+    cap = env.client.get(f"{A}/budget", headers=env.admin).json()["epsilon_cap"]
+    r = env.client.post(f"{A}/trainings", headers=env.admin, json={"epsilon": cap * 2, "hyperparameters": SMALL_DPALS})
+    assert r.status_code == 409
+    err = r.json()["error"]
+    assert err["code"] == "budget_exceeded"
+    assert {"prior_spent_epsilon", "requested_epsilon", "epsilon_cap"} <= set(err["details"])
+    assert env.count("training_runs") == runs0
+    r = env.client.post(f"{A}/trainings", headers=env.admin,
+                        json={"epsilon_fraction": 0.5, "hyperparameters": SMALL_DPALS, "idempotency_key": "k1"})
+    assert r.status_code == 202 and r.json()["status_url"].endswith(str(r.json()["run_id"]))
+    again = env.client.post(f"{A}/trainings", headers=env.admin,
+                            json={"epsilon_fraction": 0.5, "hyperparameters": SMALL_DPALS, "idempotency_key": "k1"})
+    assert again.json()["run_id"] == r.json()["run_id"]
+    run = env.client.get(f"/v1/admin/trainings/{r.json()['run_id']}", headers=env.admin).json()
+    assert run["status"] == "queued" and run["progress"] == 0.0 and run["requested_epsilon"] <= cap / 2
+    listing = env.client.get(f"{A}/trainings", headers=env.admin).json()
+    assert listing["total"] == 1
+    assert env.client.get("/v1/admin/trainings/424242", headers=env.admin).status_code == 404
+
+
+def test_unknown_dataset_on_admin_routes(sqlite_env: Env) -> None:
+    r = sqlite_env.client.get("/v1/admin/datasets/nope/budget", headers=sqlite_env.admin)
+    assert r.status_code == 404 and set(r.json()["error"]) == {"code", "message", "details"}
