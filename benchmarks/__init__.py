@@ -1,0 +1,1 @@
+"""Benchmark suites for privrec: ``python -m benchmarks SUITE [--quick] [--json PATH]``."""
