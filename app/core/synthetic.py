@@ -195,7 +195,8 @@ def _sample_pairs(
         for old in chunks:
             pos = np.minimum(np.searchsorted(old, keys), len(old) - 1)
             keys = keys[old[pos] != keys]
-        chunks.append(keys)
+        if len(keys):
+            chunks.append(keys)
         deficit -= np.bincount(keys // m, minlength=n)
     for u in np.flatnonzero(deficit):  # practically never reached
         have = np.concatenate([c[(c >= u * m) & (c < (u + 1) * m)] for c in chunks]) - u * m
