@@ -64,6 +64,7 @@ QUEUE = "privrec"
 ALGORITHMS = ("dpals",)
 _SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
 _ERROR_LIMIT = 2000
+MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
 
 
 # ----------------------------------------------------------------------------- configs
@@ -126,8 +127,10 @@ def start_training(
         raise InvalidRequest(f"unknown algorithm {algorithm!r}; available: {list(ALGORITHMS)}")
     if (epsilon is None) == (epsilon_fraction is None):
         raise InvalidRequest("give exactly one of epsilon or epsilon_fraction")
-    if epsilon is not None and (not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon <= 0):
-        raise InvalidRequest("epsilon must be a finite number > 0")
+    if epsilon is not None and (
+        not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < MIN_EPSILON
+    ):
+        raise InvalidRequest(f"epsilon must be a finite number >= {MIN_EPSILON}")
     if epsilon_fraction is not None and (
         not isinstance(epsilon_fraction, (int, float)) or not math.isfinite(epsilon_fraction) or not 0 < epsilon_fraction <= 1
     ):
@@ -143,15 +146,15 @@ def start_training(
         if existing is not None:
             return existing
     if epsilon is None:
-        left = acct.epsilon_cap - ledger.spent(session, acct).epsilon_rdp
+        prior = ledger.spent(session, acct).epsilon_rdp
         # a hair below the fraction: calibration tolerance must not push the total over the cap
-        epsilon = epsilon_fraction * left * (1 - 1e-6)
-        if not epsilon > 0:
+        epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
+        if not epsilon >= MIN_EPSILON:
             raise BudgetExceeded(
                 dataset=ds.name,
-                prior_spent_epsilon=ledger.round_up(ledger.spent(session, acct).epsilon_rdp),
-                requested_epsilon=0.0,
-                would_spend_epsilon=ledger.round_up(ledger.spent(session, acct).epsilon_rdp),
+                prior_spent_epsilon=ledger.round_up(prior),
+                requested_epsilon=ledger.round_up(max(epsilon, 0.0)),
+                would_spend_epsilon=ledger.round_up(prior + max(epsilon, MIN_EPSILON)),
                 epsilon_cap=acct.epsilon_cap,
                 delta=acct.delta,
             )

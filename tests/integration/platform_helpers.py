@@ -63,7 +63,7 @@ def seed_ratings(url: str, dataset: str, ratings: Ratings, *, user_prefix: str =
         bump_ratings_version(s, ds.id)
 
 
-def synthetic_ratings(n_users: int = 300, n_items: int = 60, n_ratings: int = 6000, seed: int = 0) -> Ratings:
+def synthetic_ratings(n_users: int = 300, n_items: int = 60, n_ratings: int = 3000, seed: int = 0) -> Ratings:
     """Small production-shaped ratings in [1, 5]."""
     from app.core.synthetic import production_synthetic
 

@@ -1,0 +1,265 @@
+"""Training pipeline on SQLite and PostgreSQL: reserve -> train (DPALS) -> publish, failures,
+redelivery, rollback, scheduled retraining and the embedded worker."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from app import ledger, model_store
+from app.core.accounting import epsilon_rdp, event_to_json
+from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
+from app.db.session import session_scope
+from app.platform_errors import BudgetExceeded, InvalidRequest, NoActiveModel
+from app.services import budget, training
+from app.services.embedded_worker import start_embedded_worker
+from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
+
+HYPER = {"rank": 4, "n_steps": 2, "contribution_bound": 20}
+
+
+def _start(url: str, **kw) -> int:
+    args = dict(dataset="default", epsilon=2.0, hyperparameters=HYPER, actor="admin")
+    args.update(kw)
+    with session_scope(url) as s:
+        return training.start_training(s, **args).id
+
+
+def _run(url, run_id) -> TrainingRun:
+    with session_scope(url) as s:
+        run = s.get(TrainingRun, run_id)
+        _ = run.dataset
+        return run
+
+
+def _kinds(url, run_id) -> list[str]:
+    with session_scope(url) as s:
+        return list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id).order_by(LedgerEntry.seq)))
+
+
+@pytest.fixture
+def seeded(db_url):
+    create_dataset(db_url, cap=10.0)
+    seed_ratings(db_url, "default", synthetic_ratings())
+    model_store.clear_cache()
+    return db_url
+
+
+def test_train_publish_and_serve(seeded, settings):
+    url = seeded
+    run_id = _start(url)
+    with session_scope(url) as s:
+        view = budget.get_budget(s, "default")
+        reserved = ledger.reservation_for(s, run_id)
+        assert view.runs["queued"] == 1
+        assert view.spent_epsilon_rdp == ledger.round_up(reserved.spent_rdp)
+        assert reserved.epsilon <= 2.0 + 1e-9  # calibrated to the requested epsilon
+        assert reserved.parameters["contribution_bound"] == 20
+        with pytest.raises(NoActiveModel):
+            model_store.get_active_model(s, "default")
+    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    run = _run(url, run_id)
+    assert (run.status, run.progress, run.refunded, run.output_persisted) == ("succeeded", 1.0, False, True)
+    assert "seed" not in run.config
+    assert _kinds(url, run_id) == ["reservation", "commit"]
+    with session_scope(url) as s:
+        row, model = model_store.get_active_model(s, "default")
+        assert row.run_id == run_id and row.active
+        assert model.algorithm == "dpals" and model.rank == 4
+        assert "seed" not in model.config  # the noise seed never leaves the worker
+        assert set(model.item_ids.tolist()) == {f"i{x}" for x in range(60)}
+        assert event_to_json(model.event) == ledger.reservation_for(s, run_id).event
+        assert row.epsilon == pytest.approx(epsilon_rdp(model.event, row.delta))
+        assert row.metrics["n_trained_items"] == int(model.trained_mask.sum())
+        info = model_store.version_dict(row)
+        assert info["active"] and info["sha256"] == row.sha256
+        # the ledger's spend equals the RDP epsilon of the composed reservations (one run)
+        assert budget.get_budget(s, "default").spent_epsilon_rdp == ledger.round_up(row.epsilon)
+        assert ledger.verify_chain(s, ledger.account_for(s, row.dataset_id).id, recompute_spend=True).ok
+
+
+def test_redelivered_run_charges_once(seeded, settings):
+    url = seeded
+    run_id = _start(url)
+    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    with session_scope(url) as s:
+        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+    for _ in range(2):  # the broker delivers the same task again
+        assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert _kinds(url, run_id) == ["reservation", "commit"]
+    with session_scope(url) as s:
+        assert s.scalar(select(func.count()).select_from(ModelVersion)) == 1
+        assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+        assert s.get(TrainingRun, run_id).attempts == 1
+
+
+def test_idempotency_key_returns_the_same_run(seeded):
+    a = _start(seeded, idempotency_key="req-1")
+    b = _start(seeded, idempotency_key="req-1")
+    assert a == b
+    assert _kinds(seeded, a) == ["reservation"]
+
+
+def test_failure_before_output_is_refunded(db_url, settings):
+    create_dataset(db_url, cap=10.0)  # no ratings: training fails before any release
+    run_id = _start(db_url)
+    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+    run = _run(db_url, run_id)
+    assert run.status == "failed" and run.refunded and "empty" in run.error
+    assert _kinds(db_url, run_id) == ["reservation", "refund"]
+    with session_scope(db_url) as s:
+        view = budget.get_budget(s, "default")
+        assert view.spent_epsilon_rdp == 0.0 and view.remaining_epsilon == 10.0
+        assert view.runs["failed"] == 1
+
+
+def test_bad_training_requests_write_nothing(seeded):
+    for kwargs in (
+        dict(epsilon=-1.0),
+        dict(epsilon=float("nan")),
+        dict(epsilon=1.0, epsilon_fraction=0.5),
+        dict(epsilon=None, epsilon_fraction=1.5),
+        dict(algorithm="nope"),
+        dict(hyperparameters={"rank": 0}),
+        dict(hyperparameters={"bogus": 1}),
+        dict(hyperparameters={"seed": 7}),
+        dict(hyperparameters={"rating_range": [0, 10]}),
+    ):
+        with pytest.raises(InvalidRequest):
+            _start(seeded, **kwargs)
+    with pytest.raises(BudgetExceeded) as info:
+        _start(seeded, epsilon=50.0)
+    assert info.value.details["requested_epsilon"] > 10.0
+    with session_scope(seeded) as s:
+        assert s.scalar(select(func.count()).select_from(TrainingRun)) == 0
+        assert s.scalar(select(func.count()).select_from(LedgerEntry)) == 1  # just "open"
+
+
+def test_fraction_of_remaining_budget(seeded):
+    run_id = _start(seeded, epsilon=None, epsilon_fraction=1.0)
+    with session_scope(seeded) as s:
+        view = budget.get_budget(s, "default")
+        assert 9.99 < view.spent_epsilon_rdp <= 10.0
+        assert view.remaining_epsilon >= 0.0
+    with pytest.raises(BudgetExceeded):
+        _start(seeded, epsilon=None, epsilon_fraction=0.5)
+    assert _kinds(seeded, run_id) == ["reservation"]
+
+
+def test_rollback_and_cache_pick_up_new_versions(seeded, settings):
+    url = seeded
+    first = _start(url)
+    assert training.run_training(first, url=url, settings=settings) == "succeeded"
+    with session_scope(url) as s:
+        v1, m1 = model_store.get_active_model(s, "default")
+    second = _start(url)
+    assert training.run_training(second, url=url, settings=settings) == "succeeded"
+    with session_scope(url) as s:
+        v2, m2 = model_store.get_active_model(s, "default")  # no restart, no cache flush
+        assert v2.id != v1.id and v2.run_id == second
+        assert not np.array_equal(m1.item_factors, m2.item_factors)
+        model_store.activate_version(s, "default", v1.id, actor="admin")
+    with session_scope(url) as s:
+        row, model = model_store.get_active_model(s, "default")
+        assert row.id == v1.id
+        assert np.array_equal(model.item_factors, m1.item_factors)
+        rows, total = model_store.list_versions(s, "default")
+        assert total == 2 and [r.active for r in rows] == [False, True]
+
+
+def test_tampered_artifact_is_refused(seeded, settings):
+    run_id = _start(seeded)
+    assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    model_store.clear_cache()
+    with session_scope(seeded) as s:
+        row = model_store.get_active_version(s, "default")
+        path = row.artifact_path
+    with open(path, "r+b") as fh:
+        fh.seek(-20, 2)
+        fh.write(b"\x00" * 8)
+    with session_scope(seeded) as s:
+        with pytest.raises(Exception, match="altered|unreadable"):
+            model_store.get_active_model(s, "default")
+
+
+def test_stale_running_run_fails_closed(seeded, settings):
+    url = seeded
+    published = _start(url)
+    assert training.run_training(published, url=url, settings=settings) == "succeeded"
+    run_id = _start(url)
+    with session_scope(url) as s:  # a worker claimed it and then vanished
+        run = s.get(TrainingRun, run_id)
+        run.status, run.started_at, run.heartbeat_at, run.attempts = "running", None, None, 1
+        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+    # a redelivered task finds it stale and fails it without refund
+    assert training.run_training(run_id, url=url, settings=settings) == "failed"
+    run = _run(url, run_id)
+    assert run.status == "failed" and not run.refunded and "vanished" in run.error
+    assert _kinds(url, run_id) == ["reservation"]
+    with session_scope(url) as s:
+        assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+        assert model_store.get_active_version(s, "default").run_id == published
+
+
+def test_live_running_run_is_not_taken_over(seeded, settings):
+    run_id = _start(seeded)
+    with session_scope(seeded) as s:
+        run = s.get(TrainingRun, run_id)
+        run.status = "running"
+        run.started_at = run.heartbeat_at = __import__("app.db.models", fromlist=["utcnow"]).utcnow()
+    assert training.run_training(run_id, url=seeded, settings=settings) == "busy"
+    assert training.reap_stale_runs(url=seeded, settings=settings) == []
+    time.sleep(settings.run_stale_after_s + 0.5)
+    assert training.reap_stale_runs(url=seeded, settings=settings) == [run_id]
+    run = _run(seeded, run_id)
+    assert run.status == "failed" and not run.refunded
+
+
+def test_scheduled_retrain_skip_logic(db_url, settings):
+    url = db_url
+    create_dataset(url, cap=3.0)
+    sched = lambda: training.scheduled_retrain(url=url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    assert sched() == "skipped:no-ratings"
+    seed_ratings(url, "default", synthetic_ratings())
+    out = sched()
+    assert out.startswith("started:")
+    run_id = int(out.split(":")[1])
+    assert sched() == "skipped:busy"
+    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert sched() == "skipped:unchanged"
+    with session_scope(url) as s:
+        bump_ratings_version(s, budget.get_dataset(s, "default").id)
+    out = sched()
+    assert out.startswith("started:")
+    assert training.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
+    with session_scope(url) as s:
+        bump_ratings_version(s, budget.get_dataset(s, "default").id)
+        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        budget.change_cap(s, "default", new_cap=spent + 0.05, reason=None, actor="admin")
+    with session_scope(url) as s:
+        before = budget.get_budget(s, "default")
+    assert sched() == "skipped:budget"
+    with session_scope(url) as s:
+        after = budget.get_budget(s, "default")
+        assert after.n_entries == before.n_entries and after.runs == before.runs
+
+
+@pytest.mark.timeout(120)
+def test_embedded_worker_runs_queued_trainings(seeded, settings):
+    worker = start_embedded_worker(settings, url=seeded, schedule=False)
+    try:
+        run_id = training.submit_training(
+            url=seeded, settings=settings, dataset="default", epsilon=1.0, hyperparameters=HYPER, actor="admin"
+        )
+        deadline = time.monotonic() + 90
+        while _run(seeded, run_id).status in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+    assert _run(seeded, run_id).status == "succeeded"
+    assert worker.completed == [(run_id, "succeeded")]
+    with session_scope(seeded) as s:
+        assert model_store.get_active_version(s, "default").run_id == run_id
