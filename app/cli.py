@@ -31,15 +31,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from app.main import create_app
 
-    overrides: dict = {"redis_url": None}
+    # The embedded mode is "no Redis"; overrides go through the environment so that every
+    # component reading the process-wide settings (worker, sessions) sees the same values.
+    os.environ.pop("REDIS_URL", None)
     if args.data_dir:
         data = Path(args.data_dir).resolve()
-        overrides["database_url"] = f"sqlite:///{data / 'privrec.db'}"
-        overrides["artifact_dir"] = data / "artifacts"
+        data.mkdir(parents=True, exist_ok=True)
+        os.environ["DATABASE_URL"] = f"sqlite:///{data / 'privrec.db'}"
+        os.environ["ARTIFACT_DIR"] = str(data / "artifacts")
     if args.no_demo:
-        overrides["seed_demo"] = False
-    os.environ.pop("REDIS_URL", None)
-    settings = _settings(**overrides)
+        os.environ["SEED_DEMO"] = "false"
+    from app.config import get_settings, reset_settings_cache
+
+    reset_settings_cache()
+    settings = get_settings()
     app = create_app(settings)
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
                 log_level=settings.log_level.lower())
@@ -65,8 +70,10 @@ def _celery(argv: list[str]) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """A Celery worker for training runs (prefetch 1; tasks acknowledged late)."""
+    from app.services.training import QUEUE
+
     argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
-            "--prefetch-multiplier", "1"]
+            "--prefetch-multiplier", "1", "-Q", QUEUE]
     if args.hostname:
         argv += ["--hostname", args.hostname]
     return _celery(argv)
@@ -80,9 +87,15 @@ def cmd_beat(args: argparse.Namespace) -> int:
 def cmd_migrate(_: argparse.Namespace) -> int:
     """Apply the Alembic migrations up to head."""
     from app.db.migrate import upgrade_head
+    from app.db.session import session_scope
+    from app.services import budget
 
-    upgrade_head(_settings().database_url)
-    print("database is at the latest schema")
+    settings = _settings()
+    upgrade_head(settings.database_url)
+    with session_scope(settings.database_url) as session:
+        ds = budget.bootstrap(session, settings)
+        name = ds.name
+    print(f"database is at the latest schema; default data set {name!r} is ready")
     return 0
 
 

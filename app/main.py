@@ -51,7 +51,12 @@ def _startup(app: FastAPI, settings: Settings) -> None:
     from app.db.migrate import upgrade_head
     from app.services import demo
 
+    from app.services import budget
+
     upgrade_head(settings.database_url)
+    with app.state.sessionmaker() as session:
+        budget.bootstrap(session, settings)
+        session.commit()
     if settings.seed_demo:
         with app.state.sessionmaker() as session:
             if demo.seed_if_empty(session, settings=settings):
