@@ -57,18 +57,22 @@ class Dataset:
     rating_range: tuple[float, float]
     item_features: tuple[tuple[str, ...], ...] | None = None
 
-    def feature_matrix(self) -> tuple[np.ndarray, sp.csr_matrix]:
-        """(sorted tokens, binary CSR matrix tokens x items): features as fictitious users (DP-CMF)."""
+    def feature_matrix(self, item_ids: np.ndarray | None = None) -> tuple[np.ndarray, sp.csr_matrix]:
+        """(sorted tokens, binary CSR tokens x items): features as fictitious users (DP-CMF).
+
+        Columns follow ``item_ids`` (e.g. a split's item space; ids without metadata get an empty
+        column), default the data set's own ``ratings.item_ids``.
+        """
         if self.item_features is None:
             raise ValueError(f"data set {self.name!r} has no item features")
-        tokens = np.array(sorted({t for feats in self.item_features for t in feats}), dtype=object)
+        by_id = dict(zip(self.ratings.item_ids.tolist(), self.item_features))
+        ids = self.ratings.item_ids if item_ids is None else np.asarray(item_ids)
+        feats = [by_id.get(i, ()) for i in ids.tolist()]
+        tokens = np.array(sorted({t for f in feats for t in f}), dtype=object)
         pos = {t: f for f, t in enumerate(tokens.tolist())}
-        rows = [pos[t] for feats in self.item_features for t in feats]
-        cols = [j for j, feats in enumerate(self.item_features) for _ in feats]
-        mat = sp.csr_matrix(
-            (np.ones(len(rows)), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
-            shape=(len(tokens), len(self.item_features)),
-        )
+        rows = np.array([pos[t] for f in feats for t in f], dtype=np.int64)
+        cols = np.array([j for j, f in enumerate(feats) for _ in f], dtype=np.int64)
+        mat = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(tokens), len(feats)))
         return tokens, mat
 
 

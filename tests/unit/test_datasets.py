@@ -137,3 +137,26 @@ def test_real_jester_counts():
     r = ds.load_jester1().ratings
     assert (r.nnz, r.n_users, r.n_items) == (1_810_455, 24_983, 100)
     assert r.csr.data.min() >= -10.0 and r.csr.data.max() <= 10.0
+
+
+def test_missing_data_skips_outside_ci_and_fails_under_ci(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv(ds.ENV_VAR, str(tmp_path / "absent"))
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="PRIVREC_DATA_DIR"):
+        require_data("ml-1m")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require_data("ml-1m")
+
+
+@pytest.mark.data
+def test_shared_data_dir_fixture_points_at_the_data(shared_data_dir: Path):
+    assert (shared_data_dir / "README.md").exists()
+    assert shared_data_dir == ds.data_root()
+
+
+def test_feature_matrix_follows_given_item_space(tiny_root: Path):
+    d = ds.load_ml1m(tiny_root)
+    tokens, mat = d.feature_matrix(np.array([9, 8, 12345]))
+    assert list(tokens) == ["Action"]  # item 8 has no ratings, 12345 is unknown: empty columns
+    assert mat.toarray().tolist() == [[1.0, 0.0, 0.0]]
