@@ -258,8 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from app.api.errors import APIError
+    from app.platform_errors import PlatformError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (APIError, PlatformError) as exc:
+        detail = f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else ""
+        raise SystemExit(f"privrec {args.command}: {exc.message}{detail}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

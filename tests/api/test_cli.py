@@ -1,0 +1,78 @@
+"""The privrec CLI: migrate, import-csv, issue-token, budget, openapi (in-process)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from app import cli
+from app.auth import decode_token
+from app.config import reset_settings_cache
+from app.db.session import dispose_engines
+
+SECRET = "cli-tests-secret-0123456789abcdef-xyz"
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    monkeypatch.setenv("SECRET_KEY", SECRET)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    reset_settings_cache()
+    yield tmp_path
+    dispose_engines()
+    reset_settings_cache()
+
+
+def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["migrate"]) == 0
+    path = cli_env / "r.csv.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write("user_id,item_id,rating\n")
+        for u in range(50):
+            for i in range(u % 7, 40, 7):
+                fh.write(f"{u},{i},{1 + (u + i) % 5}\n")
+        fh.write("0,0,4.5\n")  # a later duplicate wins
+    capsys.readouterr()
+    assert cli.main(["import-csv", str(path), "--create-items", "--chunk", "97", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    from app.db.session import session_scope
+    from sqlalchemy import text
+
+    with session_scope() as s:
+        n = s.execute(text("SELECT count(*) FROM ratings")).scalar_one()
+        v = s.execute(text("SELECT value FROM ratings r JOIN users u ON u.id = r.user_id "
+                           "JOIN items i ON i.id = r.item_id WHERE u.external_id = '0' AND i.external_id = '0'")).scalar_one()
+    assert out["rows"] > 0 and n == sum(len(range(u % 7, 40, 7)) for u in range(50)) and v == 4.5
+    assert cli.main(["budget"]) == 0
+    budget = json.loads(capsys.readouterr().out)
+    assert budget["dataset"] == "default" and budget["spent_epsilon_rdp"] == 0
+
+
+def test_import_refuses_out_of_range(cli_env: Path) -> None:
+    cli.main(["migrate"])
+    path = cli_env / "bad.csv"
+    path.write_text("u,i,r\na,x,4\nb,x,11\n")
+    with pytest.raises(SystemExit, match="nothing was written"):
+        cli.main(["import-csv", str(path), "--create-items", "--quiet"])
+    from app.db.session import session_scope
+    from sqlalchemy import text
+
+    with session_scope() as s:
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
+
+
+def test_issue_token(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(["issue-token", "--service", "front", "--scope", "ingest", "--ttl", "60"])
+    p = decode_token(capsys.readouterr().out.strip(), secret=SECRET)
+    assert p.kind == "service" and p.scopes == frozenset({"ingest"})
+    cli.main(["issue-token", "--admin"])
+    assert decode_token(capsys.readouterr().out.strip(), secret=SECRET).is_admin
+
+
+def test_openapi_command_matches_committed_file(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(["openapi"])
+    assert capsys.readouterr().out == (Path(__file__).resolve().parents[2] / "openapi.yaml").read_text()
