@@ -131,9 +131,11 @@ def _build_heldout_split(
         keep = np.isin(i, item_space)
         q = is_query_of[keep]
         u, i, v = u[keep], i[keep], v[keep]
+        # Dense indices directly (uids and item_space are sorted): also works for zero users.
+        ui, ii = np.searchsorted(uids, u), np.searchsorted(item_space, i)
         sets[name] = HeldoutSet(
-            query=Ratings.from_arrays(u[q], i[q], v[q], user_ids=uids, item_ids=item_space),
-            target=Ratings.from_arrays(u[~q], i[~q], v[~q], user_ids=uids, item_ids=item_space),
+            query=Ratings.from_indices(ui[q], ii[q], v[q], user_ids=uids, item_ids=item_space),
+            target=Ratings.from_indices(ui[~q], ii[~q], v[~q], user_ids=uids, item_ids=item_space),
         )
     return HeldoutSplit(train=train, valid=sets["valid"], test=sets["test"])
 
@@ -197,7 +199,7 @@ def heldout_users_split(
     held = {}
     for name, members in (("valid", valid_u), ("test", test_u)):
         mine = np.isin(rows, members)
-        held[name] = (uid[members], is_query[mine])
+        held[name] = (np.sort(uid[members]), is_query[mine])
     return _build_heldout_split(users, items, values, uid[train_u], held)
 
 

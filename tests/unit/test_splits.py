@@ -132,3 +132,13 @@ def test_canonical_ml1m_ranking_split():
     assert (s.test.query.nnz, s.test.target.nnz) == (44_254, 10_763)
     assert s.test.n_with_target() == 600
     assert not set(s.train.user_ids.tolist()) & set(s.test.user_ids.tolist())
+
+
+def test_heldout_split_with_no_validation_users_and_string_ids():
+    rng = np.random.default_rng(0)
+    u, i = np.nonzero(rng.random((100, 50)) < 0.3)
+    r = Ratings.from_arrays(np.array([f"u{k:03d}" for k in u]), i, np.full(len(u), 5.0))
+    s = heldout_users_split(r, 0, 10, seed=0)
+    assert s.valid.n_users == 0 and s.valid.query.nnz == 0
+    assert s.test.n_users == 10 and s.test.n_with_target() == 10
+    assert s.test.user_ids.dtype.kind == "U"
