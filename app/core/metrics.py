@@ -163,14 +163,24 @@ def top_k(scores: np.ndarray, k: int, exclude: ItemSets | None = None) -> np.nda
     if k < 1:
         raise ValueError("k must be >= 1")
     n, m = scores.shape
-    s = scores.astype(np.float64, copy=True)
+    dtype = scores.dtype if scores.dtype in (np.float32, np.float64) else np.float64
+    s = np.array(scores, dtype=dtype, copy=True)  # never modify the caller's scores
     if np.isnan(s).any():
         raise ValueError("scores contain NaN")
     ex = _as_csr(exclude, n, m, "exclude")
     rows = np.repeat(np.arange(n), np.diff(ex.indptr))
     s[rows, ex.indices] = -np.inf
     kk = min(k, m)
-    part = np.argpartition(-s, kk - 1, axis=1)[:, :kk] if kk < m else np.tile(np.arange(m), (n, 1))
+    if kk < m:
+        part = np.argpartition(s, m - kk, axis=1)[:, m - kk :]
+        part_scores = np.take_along_axis(s, part, axis=1)
+        # Ties straddling the cut: redo those rows with a stable sort so lower indices win.
+        kth = part_scores.min(axis=1, keepdims=True)
+        tied = np.flatnonzero((s == kth).sum(axis=1) > (part_scores == kth).sum(axis=1))
+        if len(tied):
+            part[tied] = np.argsort(-s[tied], axis=1, kind="stable")[:, :kk]
+    else:
+        part = np.tile(np.arange(m), (n, 1))
     part_scores = np.take_along_axis(s, part, axis=1)
     order = np.lexsort((part, -part_scores), axis=1)  # score desc, then item index asc
     best = np.take_along_axis(part, order, axis=1)

@@ -165,3 +165,11 @@ def test_vectorised_matches_bruteforce_on_random_data():
     assert out["recall@7"] == pytest.approx(np.mean(rec))
     assert out["ndcg@7"] == pytest.approx(np.mean(nd))
     assert out["users"] == len(rec)
+
+
+def test_top_k_ties_at_the_cut_matches_stable_sort():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 4, size=(50, 30)).astype(float)  # many ties
+    got = M.top_k(scores, 5)
+    want = np.argsort(-scores, axis=1, kind="stable")[:, :5]
+    assert np.array_equal(got, want)
