@@ -18,19 +18,20 @@ def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
     return truth, Ratings.from_arrays(users, items, truth[users, items])
 
 
-def test_batched_solver_matches_dense_least_squares():
+@pytest.mark.parametrize("rank", [4, 16])  # rows of ~9 entries: primal path at 4, dual path at 16
+def test_batched_solver_matches_dense_least_squares(rank: int):
     rng = np.random.default_rng(1)
     dense = (rng.random((40, 30)) < 0.3) * rng.normal(size=(40, 30))
     import scipy.sparse as sp
 
     csr = sp.csr_matrix(dense)
-    factors = rng.normal(size=(30, 4))
+    factors = rng.normal(size=(30, rank))
     ridge = rng.uniform(0.5, 2.0, size=40)
     got = solve_side(make_plan(csr.indptr, csr.indices, csr.data, 30), factors, ridge)
     for u in range(40):
         cols = csr.indices[csr.indptr[u] : csr.indptr[u + 1]]
         x = factors[cols]
-        want = np.linalg.solve(x.T @ x + ridge[u] * np.eye(4), x.T @ csr.data[csr.indptr[u] : csr.indptr[u + 1]])
+        want = np.linalg.solve(x.T @ x + ridge[u] * np.eye(rank), x.T @ csr.data[csr.indptr[u] : csr.indptr[u + 1]])
         assert np.allclose(got[u], want)
 
 
