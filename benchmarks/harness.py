@@ -37,6 +37,7 @@ __all__ = [
     "machine_info",
     "main",
     "make_row",
+    "mean_std",
     "peak_memory",
     "run_suite",
     "validate_row",
@@ -150,6 +151,17 @@ def make_row(
             "baseline": baseline, "ratio": ratio, "seconds": seconds,
         }
     )
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof=1) over seeds; std is None for a single value."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("mean_std of no values")
+    mean = sum(vals) / len(vals)
+    if len(vals) == 1:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 
 # ---------------------------------------------------------------------------- output

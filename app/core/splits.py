@@ -33,6 +33,7 @@ __all__ = [
     "heldout_users_split",
     "load_ml1m_ranking_split",
     "load_ml1m_rating_split",
+    "merge",
     "random_split",
 ]
 
@@ -58,6 +59,24 @@ def random_split(
         np.arange(len(fr)), np.diff(np.concatenate([[0], bounds]))
     )
     return tuple(ratings.select(part == p) for p in range(len(fr)))
+
+
+def merge(*parts: Ratings) -> Ratings:
+    """Union of disjoint rating sets sharing id spaces (e.g. train + valid to refit before test)."""
+    if not parts:
+        raise ValueError("merge needs at least one Ratings")
+    first = parts[0]
+    for p in parts[1:]:
+        if not (np.array_equal(p.user_ids, first.user_ids) and np.array_equal(p.item_ids, first.item_ids)):
+            raise ValueError("merge: all parts must share user and item id spaces")
+    coo = [p.coo() for p in parts]
+    return Ratings.from_indices(  # raises on a (user, item) pair present in two parts
+        np.concatenate([c[0] for c in coo]),
+        np.concatenate([c[1] for c in coo]),
+        np.concatenate([c[2] for c in coo]),
+        user_ids=first.user_ids,
+        item_ids=first.item_ids,
+    )
 
 
 # ---------------------------------------------------------------------------- held-out users

@@ -115,3 +115,10 @@ def test_limit_threads_and_peak_memory():
     with pytest.raises(ValueError):
         with H.limit_threads(0):
             pass
+
+
+def test_mean_std():
+    assert H.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert H.mean_std([4.0]) == (4.0, None)
+    with pytest.raises(ValueError):
+        H.mean_std([])

@@ -142,3 +142,17 @@ def test_heldout_split_with_no_validation_users_and_string_ids():
     assert s.valid.n_users == 0 and s.valid.query.nnz == 0
     assert s.test.n_users == 10 and s.test.n_with_target() == 10
     assert s.test.user_ids.dtype.kind == "U"
+
+
+def test_merge_restores_the_union_and_rejects_overlap():
+    from app.core.splits import merge
+
+    r = _ratings()
+    train, valid, test = random_split(r, seed=1)
+    both = merge(train, valid)
+    assert both.nnz == train.nnz + valid.nnz and _pairs(both) == _pairs(train) | _pairs(valid)
+    assert (merge(train, valid, test).csr != r.csr).nnz == 0
+    with pytest.raises(ValueError, match="duplicate"):
+        merge(train, train)
+    with pytest.raises(ValueError, match="id spaces"):
+        merge(train, _ratings(n_users=50))
