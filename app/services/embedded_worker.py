@@ -37,7 +37,7 @@ class EmbeddedWorker:
 
     def __init__(self, settings: Settings | None = None, *, url: str | None = None, schedule: bool = True) -> None:
         self.settings = settings or get_settings()
-        self.url = url
+        self.url = url or self.settings.database_url
         self.schedule = schedule and self.settings.retrain_enabled
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -217,6 +217,7 @@ def enqueue_run(run_id: int, settings: Settings | None = None) -> None:
 
 def submit_training(*, url: str | None = None, settings: Settings | None = None, **kwargs: Any) -> int:
     """``start_training`` in its own transaction, committed, then enqueued; returns the run id."""
+    url = url or (settings or get_settings()).database_url
     with session_scope(url) as session:
         run = start_training(session, **kwargs)
         run_id = run.id
@@ -425,6 +426,7 @@ def run_training(run_id: int, *, url: str | None = None, worker: str | None = No
     """Execute training run ``run_id`` end to end. Returns the run's outcome:
     'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing'."""
     s_ = settings or get_settings()
+    url = url or s_.database_url
     outcome, info = _claim(run_id, url, worker or _worker_name(), s_.run_stale_after_s)
     if outcome != "claimed":
         log.info("training run %s not started: %s", run_id, outcome)
@@ -524,6 +526,7 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
 def reap_stale_runs(*, url: str | None = None, settings: Settings | None = None) -> list[int]:
     """Fail running runs whose heartbeat went stale (worker vanished; reservation stays spent)."""
     s_ = settings or get_settings()
+    url = url or s_.database_url
     cutoff = utcnow() - timedelta(seconds=s_.run_stale_after_s)
     failed: list[int] = []
     with session_scope(url) as s:
@@ -542,6 +545,7 @@ def reap_stale_runs(*, url: str | None = None, settings: Settings | None = None)
 def requeue_stale_queued(*, url: str | None = None, settings: Settings | None = None) -> list[int]:
     """Re-send queued runs older than the stale period (a lost message); claiming is idempotent."""
     s_ = settings or get_settings()
+    url = url or s_.database_url
     cutoff = utcnow() - timedelta(seconds=s_.run_stale_after_s)
     with session_scope(url) as s:
         ids = [r for r, created in s.execute(select(TrainingRun.id, TrainingRun.created_at).where(TrainingRun.status == "queued"))
@@ -555,6 +559,7 @@ def scheduled_retrain(*, url: str | None = None, settings: Settings | None = Non
     """Periodic retraining of every data set. Per data set the outcome is one of
     'started:<run id>', 'skipped:busy', 'skipped:unchanged', 'skipped:no-ratings', 'skipped:budget'."""
     s_ = settings or get_settings()
+    url = url or s_.database_url
     outcomes: dict[str, str] = {}
     with session_scope(url) as s:
         names = list(s.scalars(select(Dataset.name).order_by(Dataset.id)))
