@@ -15,9 +15,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from app.core.als import make_plan, solve_side
 from app.core.model import PublicModel
+from app.core.ratings import Ratings
 
-__all__ = ["fold_in", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["fold_in", "fold_in_users", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
 
 
 @lru_cache(maxsize=8)
@@ -57,6 +59,25 @@ def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.
     if model.user_reg.gravity:
         system += _gravity_matrix(model)
     return np.linalg.solve(system, x.T @ centred)
+
+
+def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
+    """:func:`fold_in` for every row of ``ratings`` at once (evaluation; same maths, batched).
+
+    ``ratings`` must use the model's item id order (its columns index ``model.item_factors``).
+    """
+    if ratings.n_items != model.n_items or not np.array_equal(ratings.item_ids, model.item_ids):
+        raise ValueError("ratings must share the model's item id space")
+    rows, cols, values = ratings.coo()
+    keep = model.trained_mask[cols]
+    rows, cols, centred = rows[keep], cols[keep], values[keep] - model.global_mean
+    clip = model.config.get("clip_rating")
+    if clip is not None:
+        centred = np.clip(centred, -clip, clip)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
+    plan = make_plan(indptr, cols, centred, model.n_items)
+    gravity = _gravity_matrix(model) if model.user_reg.gravity else None
+    return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity)
 
 
 def score_items(model: PublicModel, user_vector: np.ndarray) -> np.ndarray:

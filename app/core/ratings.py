@@ -22,6 +22,10 @@ def _index_ids(raw: np.ndarray, known: np.ndarray | None, what: str) -> tuple[np
         ids, idx = np.unique(raw, return_inverse=True)
         return ids, idx.astype(np.int64)
     known = np.asarray(known)
+    if len(raw) == 0:
+        if len(np.unique(known)) != len(known):
+            raise ValueError(f"the {what} id list contains duplicates")
+        return known, np.zeros(0, dtype=np.int64)
     order = np.argsort(known, kind="stable")
     sorted_known = known[order]
     if len(np.unique(sorted_known)) != len(sorted_known):

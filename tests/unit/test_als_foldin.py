@@ -7,7 +7,7 @@ import pytest
 
 from app.core.als import ALSConfig, make_plan, solve_side, train_als
 from app.core.dpals import DPALSConfig, train_dpals
-from app.core.foldin import fold_in, popular_items, recommend, similar_items
+from app.core.foldin import fold_in, fold_in_users, popular_items, recommend, similar_items
 from app.core.ratings import Ratings
 
 
@@ -122,7 +122,20 @@ def test_ratings_validation():
         Ratings.from_arrays([0, 0], [1, 1], [3.0, 4.0])
     with pytest.raises(ValueError, match="unknown item"):
         Ratings.from_arrays([0], ["x"], [3.0], item_ids=np.array(["a", "b"]))
+    empty = Ratings.from_arrays(np.array([], int), np.array([], int), np.array([]), user_ids=np.array([]), item_ids=np.arange(3))
+    assert empty.nnz == 0 and empty.n_items == 3
     with pytest.raises(ValueError, match="length"):
         Ratings.from_arrays([0, 1], [0], [3.0])
     with pytest.raises(ValueError, match="empty"):
         train_als(Ratings.from_arrays(np.array([], int), np.array([], int), np.array([])), ALSConfig())
+
+
+@pytest.mark.parametrize("gravity", [0.0, 0.7])
+def test_batched_fold_in_equals_the_privileged_solve(gravity: float):
+    _, ratings = _low_rank(n_items=50)
+    clipped = ratings.with_values(np.clip(ratings.csr.data, 1, 5))
+    model = train_dpals(clipped, DPALSConfig(rank=6, frequent_fraction=0.6, contribution_bound=8,
+                                             reg_gravity=gravity, noise_multiplier=0.5))
+    batched = fold_in_users(model, clipped)
+    for u in range(0, clipped.n_users, 7):
+        assert np.allclose(batched[u], fold_in(model, *clipped.user_row(u)))

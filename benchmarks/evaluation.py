@@ -1,0 +1,41 @@
+"""Evaluation protocols shared by the quality suites (algorithms.md §1 "Evaluation protocols").
+
+User embeddings are always computed exactly like the privileged endpoint computes them: from the
+published model plus the user's own ratings only (``app.core.foldin.fold_in_users``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.core.foldin import fold_in_users
+from app.core.metrics import factor_predictions, ranking_metrics, rating_rmse
+from app.core.model import PublicModel
+from app.core.ratings import Ratings
+from app.core.splits import HeldoutSet
+
+
+def model_rmse(
+    model: PublicModel,
+    history: Ratings,
+    test: Ratings,
+    *,
+    clip: tuple[float, float] | None = None,
+) -> float:
+    """Test RMSE; users re-projected from ``history``; untrained items -> the user's mean."""
+    users = fold_in_users(model, history)
+    predictions = factor_predictions(test, users, model.item_factors, model.global_mean)
+    return rating_rmse(test, predictions, train=history, trained_mask=model.trained_mask, clip=clip)
+
+
+def model_ranking(model: PublicModel, heldout: HeldoutSet, k: int = 20) -> dict:
+    """Recall@k / NDCG@k of held-out users folded in from their query (history excluded)."""
+    users = fold_in_users(model, heldout.query)
+    factors, mask, mean = model.item_factors, model.trained_mask, model.global_mean
+
+    def scores(rows: np.ndarray) -> np.ndarray:
+        block = mean + users[rows] @ factors.T
+        block[:, ~mask] = -np.inf  # untrained items are ranked last
+        return block
+
+    return ranking_metrics(scores, heldout.target, heldout.query, k)
