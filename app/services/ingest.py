@@ -12,7 +12,8 @@ import math
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import delete, func, literal_column, select
+import numpy as np
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -87,10 +88,36 @@ def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield seq[start:start + size]
 
 
+_PG_ENSURE_USERS = text(
+    "INSERT INTO users (external_id, created_at, updated_at) "
+    "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) "
+    "ON CONFLICT (external_id) DO NOTHING"
+)
+_PG_USER_IDS = text("SELECT id, external_id FROM users WHERE external_id = ANY(CAST(:ids AS text[]))")
+_PG_ITEM_IDS = text(
+    "SELECT id, external_id FROM items WHERE dataset_id = :ds AND external_id = ANY(CAST(:ids AS text[]))"
+)
+_PG_UPSERT_RATINGS = text(
+    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+    "SELECT :ds, u, i, v, :now, :now "
+    "FROM unnest(CAST(:u AS bigint[]), CAST(:i AS bigint[]), CAST(:v AS float8[])) AS t(u, i, v) "
+    "ON CONFLICT (dataset_id, user_id, item_id) "
+    "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
+    "RETURNING user_id, item_id, (xmax = 0) AS inserted"
+)
+
+
+def _is_pg(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
 def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
     """Create missing users; return external id -> row id for all of ``external_ids``."""
     ids = sorted(set(external_ids))
     out: dict[str, int] = {}
+    if _is_pg(session):  # one statement each, arrays as parameters (PostgreSQL)
+        session.execute(_PG_ENSURE_USERS, {"ids": ids, "now": now})
+        return {ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": ids})}
     for part in _chunks(ids, _CHUNK):
         stmt = _insert(session, User.__table__).values(
             [{"external_id": e, "created_at": now, "updated_at": now} for e in part]
@@ -104,6 +131,8 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
 def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:
     """External item id -> row id for the known items among ``external_ids``."""
     ids = sorted(set(external_ids))
+    if _is_pg(session):
+        return {ext: iid for iid, ext in session.execute(_PG_ITEM_IDS, {"ds": ds.id, "ids": ids})}
     out: dict[str, int] = {}
     for part in _chunks(ids, _CHUNK):
         rows = session.execute(
@@ -113,29 +142,48 @@ def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dic
     return out
 
 
-def _write_ratings(session: Session, ds: Dataset, rows: list[dict[str, Any]], now: datetime) -> set[tuple[int, int]]:
-    """INSERT ... ON CONFLICT DO UPDATE in chunks; return the (user, item) row-id pairs created."""
+def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
+                   values: list[float], now: datetime) -> set[tuple[int, int]]:
+    """INSERT ... ON CONFLICT DO UPDATE; return the (user, item) row-id pairs that were created."""
+    if _is_pg(session):  # one INSERT .. SELECT FROM unnest(arrays) .. ON CONFLICT per batch
+        result = session.execute(_PG_UPSERT_RATINGS, {"ds": ds.id, "now": now, "u": user_ids, "i": item_ids,
+                                                      "v": values})
+        return {(uid, iid) for uid, iid, inserted in result if inserted}
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
-    is_pg = session.get_bind().dialect.name == "postgresql"
     now_key = _naive_utc(now)
+    rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
+            for u, i, v in zip(user_ids, item_ids, values)]
     for part in _chunks(rows, _CHUNK):
         base = _insert(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
             index_elements=["dataset_id", "user_id", "item_id"],
             set_={"value": base.excluded.value, "updated_at": base.excluded.updated_at},
-        )
-        if is_pg:
-            stmt = stmt.returning(table.c.user_id, table.c.item_id, literal_column("(xmax = 0)"))
-            for uid, iid, inserted in session.execute(stmt):
-                if inserted:
-                    created.add((uid, iid))
-        else:
-            stmt = stmt.returning(table.c.user_id, table.c.item_id, table.c.created_at)
-            for uid, iid, created_at in session.execute(stmt):
-                if _naive_utc(created_at) == now_key:
-                    created.add((uid, iid))
+        ).returning(table.c.user_id, table.c.item_id, table.c.created_at)
+        for uid, iid, created_at in session.execute(stmt):
+            if _naive_utc(created_at) == now_key:
+                created.add((uid, iid))
     return created
+
+
+def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
+                item_map: dict[str, int]) -> list[RowResult]:
+    """Every invalid row: non-finite or out-of-range value, unknown item, repeated pair."""
+    bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
+    errors: list[RowResult] = []
+    seen: dict[tuple[str, str], int] = {}
+    for k, (u, i) in enumerate(zip(users, items)):
+        first = seen.setdefault((u, i), k)
+        if bad_value[k]:
+            msg = _check_range(ds, float(values[k]))
+        elif i not in item_map:
+            msg = f"unknown item {i!r} in data set {ds.name!r}"
+        elif first != k:
+            msg = f"duplicate (user, item) pair; first at row {first}"
+        else:
+            continue
+        errors.append(RowResult(index=k, user_id=u, item_id=i, status="error", error=msg))
+    return errors
 
 
 def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
@@ -144,18 +192,9 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
     """
+    vals = np.asarray(values, dtype=np.float64)
     item_map = _item_ids(session, ds, items)
-    errors: list[RowResult] = []
-    seen: dict[tuple[str, str], int] = {}
-    for k, (u, i, v) in enumerate(zip(users, items, values)):
-        msg = _check_range(ds, float(v))
-        if msg is None and i not in item_map:
-            msg = f"unknown item {i!r} in data set {ds.name!r}"
-        if msg is None and (u, i) in seen:
-            msg = f"duplicate (user, item) pair; first at row {seen[(u, i)]}"
-        seen.setdefault((u, i), k)
-        if msg is not None:
-            errors.append(RowResult(index=k, user_id=u, item_id=i, status="error", error=msg))
+    errors = _row_errors(ds, users, items, vals, item_map)
     if errors:
         raise Unprocessable(
             f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
@@ -164,15 +203,12 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
         )
     now = _now()
     user_map = _ensure_users(session, users, now)
-    payload = [
-        {"dataset_id": ds.id, "user_id": user_map[u], "item_id": item_map[i], "value": float(v),
-         "created_at": now, "updated_at": now}
-        for u, i, v in zip(users, items, values)
-    ]
-    created = _write_ratings(session, ds, payload, now)
-    bump_ratings_version(session, ds.id, n=len(payload))
-    status = ["created" if (p["user_id"], p["item_id"]) in created else "updated" for p in payload]
-    n_created = sum(1 for s in status if s == "created")
+    uids = [user_map[u] for u in users]
+    iids = [item_map[i] for i in items]
+    created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
+    bump_ratings_version(session, ds.id, n=len(uids))
+    status = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
+    n_created = len(created)
     return status, n_created, len(status) - n_created
 
 
