@@ -5,6 +5,9 @@ Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A wor
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from celery import Celery
 from celery.signals import worker_process_init
 
@@ -31,6 +34,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         timezone="UTC",
         enable_utc=True,
         broker_connection_retry_on_startup=True,
+        beat_schedule_filename=os.path.join(tempfile.gettempdir(), "privrec-celerybeat-schedule"),
         # a message whose worker vanished comes back after this long (then reaped or skipped)
         broker_transport_options={"visibility_timeout": max(3600, int(4 * s.run_stale_after_s))},
         beat_schedule={

@@ -64,6 +64,7 @@ QUEUE = "privrec"
 ALGORITHMS = ("dpals",)
 _SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
 _ERROR_LIMIT = 2000
+REQUEUE_AFTER_S = 3600.0  # a queued run older than this is re-sent (lost message)
 MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
 
 
@@ -542,14 +543,20 @@ def reap_stale_runs(*, url: str | None = None, settings: Settings | None = None)
     return failed
 
 
-def requeue_stale_queued(*, url: str | None = None, settings: Settings | None = None) -> list[int]:
-    """Re-send queued runs older than the stale period (a lost message); claiming is idempotent."""
+def requeue_stale_queued(
+    *, url: str | None = None, settings: Settings | None = None, older_than_s: float = REQUEUE_AFTER_S
+) -> list[int]:
+    """Re-send runs queued (or last re-sent) more than ``older_than_s`` ago: a lost message.
+    Claiming is idempotent, so a duplicate is harmless; each run is re-sent at most once per period."""
     s_ = settings or get_settings()
     url = url or s_.database_url
-    cutoff = utcnow() - timedelta(seconds=s_.run_stale_after_s)
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    ids: list[int] = []
     with session_scope(url) as s:
-        ids = [r for r, created in s.execute(select(TrainingRun.id, TrainingRun.created_at).where(TrainingRun.status == "queued"))
-               if _aware(created) < cutoff]
+        for run in s.scalars(select(TrainingRun).where(TrainingRun.status == "queued")):
+            if _aware(run.heartbeat_at or run.created_at) < cutoff:
+                run.heartbeat_at = utcnow()  # for a queued run: when it was last sent
+                ids.append(run.id)
     for run_id in ids:
         enqueue_run(run_id, s_)
     return ids

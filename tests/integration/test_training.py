@@ -263,3 +263,12 @@ def test_embedded_worker_runs_queued_trainings(seeded, settings):
     assert worker.completed == [(run_id, "succeeded")]
     with session_scope(seeded) as s:
         assert model_store.get_active_version(s, "default").run_id == run_id
+
+
+def test_lost_queued_runs_are_resent_at_most_once_per_period(seeded, settings):
+    run_id = _start(seeded)
+    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=3600) == []
+    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=0) == [run_id]
+    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=5) == []
+    assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=0) == []

@@ -35,6 +35,8 @@ def _env(settings: Settings) -> dict[str, str]:
         SECRET_KEY=settings.secret_key,
         RUN_HEARTBEAT_S=str(settings.run_heartbeat_s),
         RUN_STALE_AFTER_S=str(settings.run_stale_after_s),
+        RETRAIN_INTERVAL_S=str(settings.retrain_interval_s),
+        RETRAIN_EPSILON=str(settings.retrain_epsilon),
         PYTHONPATH=str(REPO),
         OMP_NUM_THREADS="1",
         OPENBLAS_NUM_THREADS="1",
@@ -198,3 +200,57 @@ def test_killed_training_process_fails_closed(db_url, tmp_path):
     with session_scope(db_url) as s:
         assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
         assert model_store.get_active_version(s, "default").id == active_id
+
+
+def _scheduled_runs(url: str) -> list[TrainingRun]:
+    with session_scope(url) as s:
+        return list(s.scalars(select(TrainingRun).where(TrainingRun.trigger == "schedule").order_by(TrainingRun.id)))
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.integration
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_celery_beat_retrains_only_on_change_and_within_budget(pg_url, redis_url, tmp_path):
+    from app.db.models import bump_ratings_version
+
+    settings = make_settings(
+        tmp_path, pg_url, redis_url=redis_url, secret_key=secrets.token_hex(24),
+        run_heartbeat_s=0.5, run_stale_after_s=3.0, retrain_interval_s=2, retrain_epsilon=0.5,
+    )
+    create_dataset(pg_url, cap=20.0)
+    seed_ratings(pg_url, "default", synthetic_ratings())
+    worker = _start_worker(settings, tmp_path, "wb")
+    beat_log = open(tmp_path / "beat.log", "w")
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat", "--loglevel=INFO",
+         "--schedule", str(tmp_path / "beat-schedule")],
+        cwd=REPO, env=_env(settings), stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: [r.status for r in _scheduled_runs(pg_url)] == ["succeeded"], 120, "the first scheduled run")
+        time.sleep(3 * settings.retrain_interval_s + 1)  # nothing changed: beat keeps skipping
+        assert len(_scheduled_runs(pg_url)) == 1
+        with session_scope(pg_url) as s:
+            bump_ratings_version(s, budget.get_dataset(s, "default").id)
+        _wait_for(lambda: [r.status for r in _scheduled_runs(pg_url)] == ["succeeded"] * 2, 120, "a retrain after a change")
+        with session_scope(pg_url) as s:
+            spent = budget.get_budget(s, "default").spent_epsilon_rdp
+            budget.change_cap(s, "default", new_cap=spent + 0.01, reason=None, actor="admin")
+            bump_ratings_version(s, budget.get_dataset(s, "default").id)
+        time.sleep(3 * settings.retrain_interval_s + 1)  # changed, but the budget would be exceeded
+        assert len(_scheduled_runs(pg_url)) == 2
+        with session_scope(pg_url) as s:
+            assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+            assert model_store.get_active_version(s, "default").run_id == _scheduled_runs(pg_url)[-1].id
+    finally:
+        _kill(beat)
+        _kill(worker)
