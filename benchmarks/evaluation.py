@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.core.foldin import fold_in_users
+from app.core.foldin import fold_in_users, user_offsets
 from app.core.metrics import factor_predictions, ranking_metrics, rating_rmse
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
@@ -24,17 +24,19 @@ def model_rmse(
 ) -> float:
     """Test RMSE; users re-projected from ``history``; untrained items -> the user's mean."""
     users = fold_in_users(model, history)
-    predictions = factor_predictions(test, users, model.item_factors, model.global_mean)
+    rows, _, _ = test.coo()
+    predictions = factor_predictions(test, users, model.item_factors) + user_offsets(model, history)[rows]
     return rating_rmse(test, predictions, train=history, trained_mask=model.trained_mask, clip=clip)
 
 
 def model_ranking(model: PublicModel, heldout: HeldoutSet, k: int = 20) -> dict:
     """Recall@k / NDCG@k of held-out users folded in from their query (history excluded)."""
     users = fold_in_users(model, heldout.query)
-    factors, mask, mean = model.item_factors, model.trained_mask, model.global_mean
+    offsets = user_offsets(model, heldout.query)
+    factors, mask = model.item_factors, model.trained_mask
 
     def scores(rows: np.ndarray) -> np.ndarray:
-        block = mean + users[rows] @ factors.T
+        block = offsets[rows, None] + users[rows] @ factors.T
         block[:, ~mask] = -np.inf  # untrained items are ranked last
         return block
 

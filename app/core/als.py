@@ -189,13 +189,15 @@ class ALSConfig:
     reg_user: float = 0.1
     user_reg_exponent: float = 1.0  # ν
     reg_gravity: float = 0.0  # λ0
+    user_centering: bool = False  # centre each user by her own shrunken mean
+    user_bias_shrinkage: float = 10.0
     init_scale: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.n_iters < 1:
             raise ValueError("rank and n_iters must be >= 1")
-        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale"):
+        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -220,9 +222,16 @@ def train_als(ratings: Ratings, config: ALSConfig, *, progress: Progress | None 
     """Non-private weighted ALS on exactly-centred ratings. Never publish its output."""
     _require_ratings(ratings)
     mean = float(ratings.csr.data.mean())
-    user_plan = make_plan(ratings.csr.indptr, ratings.csr.indices, ratings.csr.data - mean, ratings.n_items)
-    item_plan = make_plan(ratings.csc.indptr, ratings.csc.indices, ratings.csc.data - mean, ratings.n_users)
-    user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)
+    user_reg = UserRegularisation(
+        config.reg_user, config.user_reg_exponent, config.reg_gravity,
+        config.user_bias_shrinkage if config.user_centering else None,
+    )
+    rows, _, values = ratings.coo()
+    bias = user_reg.user_bias(np.bincount(rows, weights=values - mean, minlength=ratings.n_users), ratings.user_counts())
+    user_plan = make_plan(ratings.csr.indptr, ratings.csr.indices, values - mean - bias[rows], ratings.n_items)
+    item_plan = make_plan(
+        ratings.csc.indptr, ratings.csc.indices, ratings.csc.data - mean - bias[ratings.csc.indices], ratings.n_users
+    )
     user_ridge = user_reg.ridge(user_plan.counts)
     item_ridge = config.reg_item * item_ridge_weights(item_plan.counts, config.item_reg_exponent)
     rng = np.random.default_rng(config.seed)

@@ -13,7 +13,7 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def _describe(model: PublicModel) -> dict[str, Any]:
         "n_items": model.n_items,
         "n_trained_items": int(np.sum(model.trained_mask)),
         "global_mean": float(model.global_mean),
-        "user_reg": {"reg": model.user_reg.reg, "exponent": model.user_reg.exponent, "gravity": model.user_reg.gravity},
+        "user_reg": asdict(model.user_reg),
         "config": model.config,
         "metadata": model.metadata,
         "event": None if model.event is None else accounting.event_to_json(model.event),

@@ -91,6 +91,8 @@ class DPALSConfig:
     gravity_noise_ratio: float = 2.0  # K̃: z·ratio
     count_noise_ratio: float = 2.0  # both count releases: z·ratio
     mean_noise_ratio: float = 2.0  # DP mean (sum and count): z·ratio
+    user_centering: bool = False  # centre each user by her own shrunken mean (privileged)
+    user_bias_shrinkage: float = 10.0
     init_scale: float = 0.1
     seed: int = 0
 
@@ -114,7 +116,7 @@ class DPALSConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
-        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale"):
+        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -330,11 +332,15 @@ def public_preprocessing(
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     rows, cols, vals = ratings.coo()
+    residual = vals - public.global_mean
+    bias = user_regularisation(config).user_bias(
+        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
+    )
     position = np.full(ratings.n_items, -1, dtype=np.int64)
     position[public.frequent] = np.arange(len(public.frequent))
     on_frequent = position[cols] >= 0
     f_rows, f_cols = rows[on_frequent], position[cols[on_frequent]]
-    f_vals = np.clip(vals[on_frequent] - public.global_mean, -config.clip_rating, config.clip_rating)
+    f_vals = np.clip(residual[on_frequent] - bias[f_rows], -config.clip_rating, config.clip_rating)
     n_frequent = len(public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
     kept_weights = None if weights is None else weights[kept]
@@ -457,6 +463,14 @@ def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig
     return solve_side(prep.user_plan, item_factors, ridge, shared)
 
 
+def user_regularisation(config: DPALSConfig) -> UserRegularisation:
+    """The privileged user solve of this config (training and fold-in use the same one)."""
+    return UserRegularisation(
+        config.reg_user, config.user_reg_exponent, config.reg_gravity,
+        config.user_bias_shrinkage if config.user_centering else None,
+    )
+
+
 def _validate_for_training(ratings: Ratings, config: DPALSConfig) -> None:
     if ratings.nnz == 0:
         raise ValueError("cannot train on an empty ratings matrix")
@@ -481,7 +495,7 @@ def train_dpals(
     rng = np.random.default_rng(config.seed) if rng is None else rng
     releaser = GaussianReleaser(rng)
     prep = preprocess(ratings, config, releaser, rng)
-    user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)
+    user_reg = user_regularisation(config)
     item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
     for step in range(config.n_steps):
         user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)

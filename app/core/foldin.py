@@ -19,7 +19,7 @@ from app.core.als import make_plan, solve_side
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
 
-__all__ = ["fold_in", "fold_in_users", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["fold_in", "fold_in_users", "user_offset", "user_offsets", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
 
 
 @lru_cache(maxsize=8)
@@ -38,6 +38,13 @@ def _as_index_array(item_idx: np.ndarray, n_items: int) -> np.ndarray:
     return idx
 
 
+def user_offset(model: PublicModel, values: np.ndarray) -> float:
+    """m̃ + b_u: the DP mean plus the user's own (shrunken) offset, from all of her ratings."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    bias = model.user_reg.user_bias(np.sum(values - model.global_mean), len(values))
+    return float(model.global_mean + bias)
+
+
 def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The user's embedding (zero when none of their rated items is in the trained set)."""
     idx = _as_index_array(item_idx, model.n_items)
@@ -46,19 +53,29 @@ def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.
         raise ValueError("item indices and values differ in length")
     if not np.all(np.isfinite(values)):
         raise ValueError("ratings contain NaN or infinite values")
+    offset = user_offset(model, values) if len(values) else model.global_mean
     keep = model.trained_mask[idx]
     idx, values = idx[keep], values[keep]
     if len(idx) == 0:
         return np.zeros(model.rank)
-    centred = values - model.global_mean
-    clip = model.config.get("clip_rating")
-    if clip is not None:
-        centred = np.clip(centred, -clip, clip)
+    centred = _clip_centred(model, values - offset)
     x = model.item_factors[idx]
     system = x.T @ x + model.user_reg.ridge(np.array([len(idx)]))[0] * np.eye(model.rank)
     if model.user_reg.gravity:
         system += _gravity_matrix(model)
     return np.linalg.solve(system, x.T @ centred)
+
+
+def _clip_centred(model: PublicModel, centred: np.ndarray) -> np.ndarray:
+    clip = model.config.get("clip_rating")
+    return centred if clip is None else np.clip(centred, -clip, clip)
+
+
+def user_offsets(model: PublicModel, ratings: Ratings) -> np.ndarray:
+    """:func:`user_offset` for every row of ``ratings`` (global mean for users without ratings)."""
+    rows, _, values = ratings.coo()
+    sums = np.bincount(rows, weights=values - model.global_mean, minlength=ratings.n_users)
+    return model.global_mean + model.user_reg.user_bias(sums, ratings.user_counts())
 
 
 def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
@@ -69,20 +86,19 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
     if ratings.n_items != model.n_items or not np.array_equal(ratings.item_ids, model.item_ids):
         raise ValueError("ratings must share the model's item id space")
     rows, cols, values = ratings.coo()
+    offsets = user_offsets(model, ratings)
     keep = model.trained_mask[cols]
-    rows, cols, centred = rows[keep], cols[keep], values[keep] - model.global_mean
-    clip = model.config.get("clip_rating")
-    if clip is not None:
-        centred = np.clip(centred, -clip, clip)
+    rows, cols = rows[keep], cols[keep]
+    centred = _clip_centred(model, values[keep] - offsets[rows])
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
     plan = make_plan(indptr, cols, centred, model.n_items)
     gravity = _gravity_matrix(model) if model.user_reg.gravity else None
     return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity)
 
 
-def score_items(model: PublicModel, user_vector: np.ndarray) -> np.ndarray:
-    """Predicted ratings m̃ + u·v_j for every item (untrained items score −inf: ranked last)."""
-    scores = model.global_mean + model.item_factors @ user_vector
+def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
+    """Predicted ratings offset + u·v_j (offset defaults to m̃); untrained items score −inf."""
+    scores = (model.global_mean if offset is None else offset) + model.item_factors @ user_vector
     return np.where(model.trained_mask, scores, -np.inf)
 
 
@@ -114,7 +130,8 @@ def recommend(
     and predicted ratings, best first; fewer than ``n`` when filtering leaves fewer.
     """
     user_vector = fold_in(model, item_idx, values)
-    scores = score_items(model, user_vector)
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    scores = score_items(model, user_vector, user_offset(model, values) if len(values) else None)
     allowed = np.zeros(model.n_items, dtype=bool)
     if allowed_idx is None:
         allowed[:] = True

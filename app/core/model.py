@@ -19,7 +19,8 @@ __all__ = ["PublicModel", "UserRegularisation"]
 
 @dataclass(frozen=True)
 class UserRegularisation:
-    """Ridge of the privileged user solve: ``reg * c**exponent + gravity * VᵀV`` (c = #ratings).
+    """The privileged user solve: ridge ``reg * c**exponent + gravity * VᵀV`` (c = #ratings) and
+    the optional per-user centring offset.
 
     Loss (35) of Chien et al. 2021 with the normaliser folded into the public constant ``reg``.
     """
@@ -27,10 +28,22 @@ class UserRegularisation:
     reg: float
     exponent: float
     gravity: float = 0.0
+    bias_shrinkage: float | None = None  # None: no per-user centring
 
     def ridge(self, counts: np.ndarray) -> np.ndarray:
         counts = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)
         return self.reg * counts**self.exponent
+
+    def user_bias(self, residual_sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Shrunken own-mean offset b_i = Σ_j (r_ij − m̃) / (c_i + s), from the user's own ratings.
+
+        Privileged: a function of user i's data only, so centring by it keeps each user's
+        contribution to every release bounded by the same clipping norms (and is recomputed at
+        fold-in). Zero when centring is off.
+        """
+        if self.bias_shrinkage is None:
+            return np.zeros(np.shape(counts))
+        return np.asarray(residual_sums, dtype=np.float64) / (np.asarray(counts, dtype=np.float64) + self.bias_shrinkage)
 
 
 @dataclass(frozen=True, eq=False)

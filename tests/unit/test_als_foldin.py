@@ -7,7 +7,7 @@ import pytest
 
 from app.core.als import ALSConfig, make_plan, solve_side, train_als
 from app.core.dpals import DPALSConfig, train_dpals
-from app.core.foldin import fold_in, fold_in_users, popular_items, recommend, similar_items
+from app.core.foldin import fold_in, fold_in_users, popular_items, user_offset, user_offsets, recommend, similar_items
 from app.core.ratings import Ratings
 
 
@@ -130,12 +130,30 @@ def test_ratings_validation():
         train_als(Ratings.from_arrays(np.array([], int), np.array([], int), np.array([])), ALSConfig())
 
 
-@pytest.mark.parametrize("gravity", [0.0, 0.7])
-def test_batched_fold_in_equals_the_privileged_solve(gravity: float):
+@pytest.mark.parametrize("gravity,centring", [(0.0, False), (0.7, False), (0.0, True)])
+def test_batched_fold_in_equals_the_privileged_solve(gravity: float, centring: bool):
     _, ratings = _low_rank(n_items=50)
     clipped = ratings.with_values(np.clip(ratings.csr.data, 1, 5))
     model = train_dpals(clipped, DPALSConfig(rank=6, frequent_fraction=0.6, contribution_bound=8,
-                                             reg_gravity=gravity, noise_multiplier=0.5))
+                                             reg_gravity=gravity, noise_multiplier=0.5, user_centering=centring))
     batched = fold_in_users(model, clipped)
+    offsets = user_offsets(model, clipped)
     for u in range(0, clipped.n_users, 7):
-        assert np.allclose(batched[u], fold_in(model, *clipped.user_row(u)))
+        items, values = clipped.user_row(u)
+        assert np.allclose(batched[u], fold_in(model, items, values))
+        assert offsets[u] == pytest.approx(user_offset(model, values))
+    assert np.ptp(offsets) > 0 if centring else np.ptp(offsets) == 0
+
+
+def test_user_centring_recovers_user_offsets():
+    truth, ratings = _low_rank(rank=2)
+    rng = np.random.default_rng(9)
+    shift = rng.normal(0, 1.0, size=ratings.n_users)
+    rows, cols, values = ratings.coo()
+    shifted = ratings.with_values(values + shift[rows])
+    config = ALSConfig(rank=3, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0,
+                       user_centering=True, user_bias_shrinkage=0.0)
+    model = train_als(shifted, config)
+    users = fold_in_users(model, shifted)
+    predicted = user_offsets(model, shifted)[:, None] + users @ model.item_factors.T
+    assert np.sqrt(np.mean((predicted - (truth + shift[:, None])) ** 2)) < 0.05

@@ -24,9 +24,9 @@ from app.core.dpals import (
     solve_side,
     symmetric_noise,
     train_dpals,
+    user_regularisation,
     _per_user_sample,
 )
-from app.core.model import UserRegularisation
 from app.core.ratings import Ratings
 
 K = 6  # contribution bound used throughout
@@ -40,22 +40,26 @@ def _base_ratings(seed: int = 0, n_users: int = 60, n_items: int = 25) -> tuple[
     return users, items, values
 
 
-def _with_extreme_user(users, items, values, n_items: int, rating: float = 5.0):
-    """Neighbouring data set: one extra user (the last index) rating every item at ``rating``."""
+def _with_extreme_user(users, items, values, n_items: int, polarised: bool = False):
+    """Neighbouring data set: one extra user (the last index) rating every item at the extremes.
+
+    All 5s maximise the raw residuals; alternating 5s and 1s survive per-user centring.
+    """
     new_user = users.max() + 1
     extra_items = np.arange(n_items)
+    extreme = np.where(extra_items % 2 == 0, 5.0, 1.0) if polarised else np.full(n_items, 5.0)
     return (
         np.concatenate([users, np.full(n_items, new_user)]),
         np.concatenate([items, extra_items]),
-        np.concatenate([values, np.full(n_items, rating)]),
+        np.concatenate([values, extreme]),
     )
 
 
-def _pair(mode: str, n_items: int = 25):
+def _pair(mode: str, n_items: int = 25, polarised: bool = False):
     users, items, values = _base_ratings(n_items=n_items)
     item_ids = np.arange(n_items)
     small = Ratings.from_arrays(users, items, values, item_ids=item_ids, user_ids=np.arange(users.max() + 1))
-    u2, i2, v2 = _with_extreme_user(users, items, values, n_items)
+    u2, i2, v2 = _with_extreme_user(users, items, values, n_items, polarised)
     large = Ratings.from_arrays(u2, i2, v2, item_ids=item_ids, user_ids=np.arange(u2.max() + 1))
     config = DPALSConfig(
         rating_range=(1.0, 5.0), rank=4, contribution_bound=K, contribution_mode=mode,
@@ -87,14 +91,16 @@ def test_count_and_mean_sensitivities_under_adding_a_maximal_user():
     assert abs(n1 - n0) == K
 
 
+@pytest.mark.parametrize("centring", [False, True])
 @pytest.mark.parametrize("mode", ["uniform", "tail", "adaptive_weights"])
-def test_recount_gram_and_linear_sensitivities(mode: str):
-    small, large, config = _pair(mode)
+def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
+    small, large, config = _pair(mode, polarised=centring)
+    config = replace(config, user_centering=centring)
     rng_state = np.random.default_rng(11)
     counts = np.maximum(rng_state.normal(20, 5, size=small.n_items), 1.0)
     public = PublicState(global_mean=3.1, item_counts=counts, frequent=np.arange(0, small.n_items, 1)[:20])
-    item_factors = np.random.default_rng(3).normal(0, 1.0, size=(20, config.rank))  # public V
-    user_reg = UserRegularisation(config.reg_user, config.user_reg_exponent, config.reg_gravity)
+    item_factors = np.random.default_rng(3).normal(0, 0.5, size=(20, config.rank))  # public V
+    user_reg = user_regularisation(config)
     out = []
     for data in (small, large):
         bounded = bound_contributions(data, config, public, np.random.default_rng(7))
