@@ -514,7 +514,11 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
         if run is None or run.status != "running":
             raise Conflict(f"run {run_id} is no longer running; not publishing")
         ds = run.dataset
-        ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={"artifact_sha256": sha})
+        ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={
+            "artifact_sha256": sha,
+            "released": ["item_factors", "item_counts", "global_mean", "frequent_items", "metrics"],
+            "post_processing": "per-user scoring from the published model and the user's own ratings; not charged",
+        })
         version = model_store.publish_version(
             s, dataset=ds, run=run, model=model, artifact_path=artifact, sha256=sha,
             epsilon=eps, epsilon_pld=eps_pld, delta=delta, metrics=metrics,
