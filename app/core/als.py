@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from app.core.model import PublicModel, UserRegularisation
+from app.core.parallel import parallel_map
 from app.core.ratings import Ratings
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "SolvePlan",
     "make_plan",
     "iter_grams",
+    "bucket_gram",
     "solve_rows",
     "ALSConfig",
     "train_als",
@@ -116,10 +118,10 @@ def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarra
     """
     padded = np.vstack([factors, np.zeros((1, factors.shape[1]), dtype=factors.dtype)])
     for bucket in plan.buckets:
-        yield (bucket.rows, *_bucket_gram(bucket, padded))
+        yield (bucket.rows, *bucket_gram(bucket, padded))
 
 
-def _bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = padded[bucket.cols]  # (g, L, r), contiguous
     x *= bucket.sqrt_weights[:, :, None]
     xt = np.ascontiguousarray(x.transpose(0, 2, 1))
@@ -142,22 +144,27 @@ def solve_side(
     factors: np.ndarray,
     ridge: np.ndarray,
     shared: np.ndarray | None = None,
+    n_threads: int | None = None,
 ) -> np.ndarray:
     """All rows' exact ridge solutions; rows without entries get the zero vector.
 
     Rows shorter than the rank (and no shared term) use the dual form
     (XᵀX + λI)⁻¹Xᵀy = Xᵀ(XXᵀ + λI)⁻¹y, exact for λ > 0, at O(L²r + L³) instead of O(Lr² + r³).
+    Buckets are solved in parallel (see ``app.core.parallel``).
     """
     rank = factors.shape[1]
     out = np.zeros((plan.n_rows, rank))
     padded = np.vstack([factors, np.zeros((1, rank), dtype=factors.dtype)])
-    for bucket in plan.buckets:
+
+    def solve(bucket: Bucket) -> None:
         length = bucket.cols.shape[1]
         if shared is None and length < rank and np.all(ridge[bucket.rows] > 0):
             out[bucket.rows] = _solve_dual(bucket, padded, ridge[bucket.rows])
         else:
-            gram, rhs = _bucket_gram(bucket, padded)
+            gram, rhs = bucket_gram(bucket, padded)
             out[bucket.rows] = solve_rows(gram, rhs, ridge[bucket.rows], shared)
+
+    parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
 
 

@@ -35,7 +35,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core import accounting
-from app.core.als import SolvePlan, iter_grams, item_ridge_weights, make_plan, solve_side
+from app.core.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
+from app.core.parallel import parallel_map
 from app.core.model import PublicModel, UserRegularisation
 from app.core.ratings import Ratings
 
@@ -428,21 +429,35 @@ def _item_step(
     std_linear = releaser.record("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"])
     ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
     item_factors = np.empty((n_items, rank))
-    for items, gram, b in _all_item_grams(prep.item_plan, user_factors):
-        gram += symmetric_noise(releaser.rng, gram.shape, std_gram)
-        b += releaser.rng.normal(0.0, std_linear, size=b.shape)
+    padded = np.vstack([user_factors, np.zeros((1, rank))])
+    chunks = list(_item_chunks(prep.item_plan))
+    # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
+    children = releaser.rng.spawn(len(chunks))
+
+    def solve_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> None:
+        chunk, child = job
+        items, gram, b = _chunk_statistics(chunk, padded, rank)
+        gram += symmetric_noise(child, gram.shape, std_gram)
+        b += child.normal(0.0, std_linear, size=b.shape)
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity)
+
+    parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items
     return item_factors
 
 
-def _all_item_grams(plan: SolvePlan, user_factors: np.ndarray):
-    """``iter_grams`` plus zero statistics for the items without any selected rating."""
-    yield from iter_grams(plan, user_factors)
+def _item_chunks(plan: SolvePlan):
+    """The plan's buckets, then the items without any selected rating in blocks of 1024."""
+    yield from plan.buckets
     empty = np.flatnonzero(plan.counts == 0)
-    rank = user_factors.shape[1]
     for start in range(0, len(empty), 1024):
-        items = empty[start : start + 1024]
-        yield items, np.zeros((len(items), rank, rank)), np.zeros((len(items), rank))
+        yield empty[start : start + 1024]
+
+
+def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int):
+    """(items, Σ c_ij u uᵀ, Σ c_ij M_ij u) of one chunk (zeros for items without data)."""
+    if isinstance(chunk, Bucket):
+        return (chunk.rows, *bucket_gram(chunk, padded))
+    return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 
 def _solve_projected(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, gravity: np.ndarray | None) -> np.ndarray:

@@ -127,11 +127,14 @@ def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
 
 
 class CountingRng:
-    """Wraps a Generator and records every Gaussian draw (scale and size)."""
+    """Wraps a Generator and records every Gaussian draw (scale and size), children included."""
 
-    def __init__(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-        self.normal_draws: list[tuple[float, int]] = []
+    def __init__(self, seed: int | np.random.Generator, draws: list | None = None) -> None:
+        self._rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        self.normal_draws: list[tuple[float, int]] = [] if draws is None else draws
+
+    def spawn(self, n: int) -> list["CountingRng"]:
+        return [CountingRng(child, self.normal_draws) for child in self._rng.spawn(n)]
 
     def normal(self, loc=0.0, scale=1.0, size=None):
         out = self._rng.normal(loc, scale, size=size)

@@ -1,0 +1,85 @@
+"""speed-train: seconds per training step, DPALS and our ALS next to ``implicit``'s CPU ALS.
+
+Data: the production-shaped synthetic generator (138K users x 20K items x 10M ratings; the
+quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 128, in one run.
+
+* ``implicit``: ``implicit.cpu.als.AlternatingLeastSquares`` (its defaults: float32, conjugate
+  gradient), ``num_threads`` = BLAS_THREADS and its BLAS pool at one thread, as it recommends;
+  seconds per iteration (one user and one item pass) from its own per-iteration callback.
+* ``als``: our non-private weighted ALS (exact solves), seconds per iteration.
+* ``dpals``: seconds per DPALS step (user solves, clipping, noisy Grams, PSD projection, item
+  solves); pre-processing (Algorithm 3) is reported separately.
+Peak resident memory of each run is reported as its own row. Ratios are against implicit's
+iteration in the same run; no absolute time is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from app.core.als import ALSConfig, train_als
+from app.core.dpals import DPALSConfig, train_dpals
+from app.core.ratings import Ratings
+from app.core.synthetic import production_synthetic
+from benchmarks.harness import limit_threads, make_row, peak_memory
+
+SUITE = "speed-train"
+BLAS_THREADS = 2
+FULL_SHAPE = (138_000, 20_000, 10_000_000)
+QUICK_SHAPE = (20_000, 5_000, 1_000_000)
+RANKS = (64, 128)
+STEPS = 2
+
+
+def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tuple[list[float], float]:
+    """Run ``train(progress)``; return the seconds between progress calls and the seconds before the first."""
+    stamps: list[float] = []
+    start = time.perf_counter()
+    train(lambda fraction, stage: stamps.append(time.perf_counter()))
+    edges = [start] + stamps
+    return [b - a for a, b in zip(edges[1:], edges[2:])] or [stamps[0] - start], stamps[0] - start
+
+
+def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float]:
+    from implicit.cpu.als import AlternatingLeastSquares
+
+    per_iteration: list[float] = []
+    model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
+    with limit_threads(1), peak_memory() as memory:
+        model.fit(ratings.csr.astype(np.float32), show_progress=False,
+                  callback=lambda it, elapsed, loss: per_iteration.append(elapsed))
+    return float(np.mean(per_iteration[1:])), memory.rss_peak_mib  # first iteration warms up
+
+
+def _row(dataset: str, algorithm: str, metric: str, value: float, baseline: float | None = None) -> dict:
+    return make_row(SUITE, dataset, algorithm, metric, value, baseline=baseline, seconds=value if metric.startswith("seconds") else None)
+
+
+def run(quick: bool) -> list[dict]:
+    n_users, n_items, n_ratings = QUICK_SHAPE if quick else FULL_SHAPE
+    ranks = RANKS[:1] if quick else RANKS
+    ratings = production_synthetic(n_users, n_items, n_ratings, seed=0).ratings
+    dataset = f"production-synthetic-{n_users // 1000}Kx{n_items // 1000}Kx{n_ratings / 1e6:g}M"
+    rows: list[dict] = []
+    for rank in ranks:
+        name = f"{dataset}-r{rank}"
+        implicit_step, implicit_mem = _implicit_seconds(ratings, rank)
+        rows.append(_row(name, "implicit-als", "seconds_per_step", implicit_step))
+        rows.append(_row(name, "implicit-als", "peak_rss_mib", implicit_mem))
+        with limit_threads(BLAS_THREADS):
+            als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
+            with peak_memory() as memory:
+                als_steps, _ = _step_times(lambda progress: train_als(ratings, als_config, progress=progress))
+            rows.append(_row(name, "als", "seconds_per_step", float(np.mean(als_steps)), implicit_step))
+            rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib))
+            dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
+                                    contribution_mode="tail", noise_multiplier=1.0)
+            with peak_memory() as memory:
+                dp_steps, preprocessing = _step_times(lambda progress: train_dpals(ratings, dp_config, progress=progress))
+            rows.append(_row(name, "dpals", "seconds_per_step", float(np.mean(dp_steps)), implicit_step))
+            rows.append(_row(name, "dpals", "seconds_preprocessing_and_first_step", preprocessing))
+            rows.append(_row(name, "dpals", "peak_rss_mib", memory.rss_peak_mib))
+    return rows
