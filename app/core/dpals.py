@@ -50,6 +50,7 @@ __all__ = [
     "public_preprocessing",
     "bound_contributions",
     "dpals_event",
+    "public_config",
     "calibrate",
     "preprocess",
     "train_dpals",
@@ -478,6 +479,13 @@ def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig
     return solve_side(prep.user_plan, item_factors, ridge, shared)
 
 
+def public_config(config: DPALSConfig) -> dict[str, Any]:
+    """The config as published: everything but the seed (which would let anyone regenerate the noise)."""
+    data = config.to_dict()
+    del data["seed"]
+    return data
+
+
 def user_regularisation(config: DPALSConfig) -> UserRegularisation:
     """The privileged user solve of this config (training and fold-in use the same one)."""
     return UserRegularisation(
@@ -538,7 +546,7 @@ def _public_model(ratings, config, prep, item_factors, user_reg, event, releaser
         item_counts=prep.item_counts,
         global_mean=prep.global_mean,
         user_reg=user_reg,
-        config=config.to_dict(),
+        config=public_config(config),
         event=event,
         metadata={
             "private": True,

@@ -34,6 +34,12 @@ def test_round_trip(tmp_path, model):
         assert all(arrays[f].dtype != object for f in arrays.files)
 
 
+def test_the_noise_seed_is_never_published(tmp_path, model):
+    info = save_model(model, tmp_path / "v1")
+    assert "seed" not in model.config
+    assert '"seed"' not in info.json_path.read_text()
+
+
 def test_tampering_is_detected(tmp_path, model):
     info = save_model(model, tmp_path / "v1")
     meta = json.loads(info.json_path.read_text())
