@@ -43,15 +43,18 @@ BLAS_THREADS = 2
 
 _RATING_BASE = dict(rating_range=RATING_RANGE, init_scale=1.0, count_noise_ratio=2.0, user_centering=True,
                     contribution_mode="adaptive_weights")
-RATING_CANDIDATES: dict[float, list[dict[str, Any]]] = {
-    eps: [
-        dict(rank=16, reg_item=320.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=120,
-             reg_user=0.05, user_reg_exponent=0.5, n_steps=2, clip_rating=2.0, gram_noise_ratio=2.0),
-        dict(rank=8, reg_item=160.0, item_reg_exponent=0.5, frequent_fraction=0.4, contribution_bound=60,
-             reg_user=0.01, user_reg_exponent=0.5, n_steps=3, clip_rating=1.5, gram_noise_ratio=2.0),
-    ]
-    for eps in EPSILONS
-}
+_RATING_SEARCH_BEST = [  # best of a 70-point random search per epsilon, scored on validation
+    dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=240,
+         reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0,
+         gram_noise_ratio=1.0),
+    dict(rank=8, reg_item=160.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=30,
+         reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=2.0, n_steps=2, clip_rating=1.5,
+         gram_noise_ratio=3.0),
+    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, frequent_fraction=0.4, contribution_bound=240,
+         reg_user=0.05, user_reg_exponent=0.5, user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5,
+         gram_noise_ratio=2.0),
+]
+RATING_CANDIDATES: dict[float, list[dict[str, Any]]] = {eps: _RATING_SEARCH_BEST for eps in EPSILONS}
 ALS_RATING_CANDIDATES = [
     dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0),
     dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0),
@@ -59,19 +62,18 @@ ALS_RATING_CANDIDATES = [
 
 _RANKING_BASE = dict(rating_range=(0.0, 1.0), mean_mode="public", public_mean=0.0, clip_rating=1.0,
                      init_scale=1.0, count_noise_ratio=2.0)
-RANKING_CANDIDATES: dict[float, list[dict[str, Any]]] = {
-    eps: [
-        dict(rank=32, reg_gravity=0.5, reg_item=40.0, item_reg_exponent=0.5, frequent_fraction=0.3,
-             contribution_bound=60, contribution_mode="tail", reg_user=0.5, user_reg_exponent=0.0, n_steps=2),
-        dict(rank=16, reg_gravity=1.0, reg_item=20.0, item_reg_exponent=0.5, frequent_fraction=0.2,
-             contribution_bound=60, contribution_mode="adaptive_weights", reg_user=0.5, user_reg_exponent=0.0,
-             n_steps=2),
-    ]
-    for eps in EPSILONS
-}
+_RANKING_GRID_BEST = [  # best of a small grid per epsilon, scored on validation users
+    dict(rank=32, reg_gravity=0.5, reg_item=160.0, item_reg_exponent=0.5, frequent_fraction=0.1,
+         contribution_bound=60, contribution_mode="tail", reg_user=0.5, user_reg_exponent=0.0, n_steps=2),
+    dict(rank=32, reg_gravity=0.5, reg_item=40.0, item_reg_exponent=0.5, frequent_fraction=0.05,
+         contribution_bound=60, contribution_mode="tail", reg_user=0.5, user_reg_exponent=0.0, n_steps=2),
+]
+RANKING_CANDIDATES: dict[float, list[dict[str, Any]]] = {eps: _RANKING_GRID_BEST for eps in EPSILONS}
 ALS_RANKING_CANDIDATES = [
-    dict(rank=32, n_iters=10, reg_gravity=0.5, reg_item=5.0, reg_user=0.5, item_reg_exponent=0.0, user_reg_exponent=0.0),
-    dict(rank=64, n_iters=10, reg_gravity=1.0, reg_item=5.0, reg_user=0.5, item_reg_exponent=0.0, user_reg_exponent=0.0),
+    dict(rank=32, n_iters=10, reg_gravity=0.5, reg_item=5.0, reg_user=0.5, item_reg_exponent=0.0,
+         user_reg_exponent=0.0, global_mean=0.0),
+    dict(rank=64, n_iters=10, reg_gravity=1.0, reg_item=5.0, reg_user=0.5, item_reg_exponent=0.0,
+         user_reg_exponent=0.0, global_mean=0.0),
 ]
 
 

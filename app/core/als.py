@@ -198,12 +198,15 @@ class ALSConfig:
     reg_gravity: float = 0.0  # λ0
     user_centering: bool = False  # centre each user by her own shrunken mean
     user_bias_shrinkage: float = 10.0
+    global_mean: float | None = None  # None: the exact mean; 0.0 for implicit (positives-only) data
     init_scale: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.n_iters < 1:
             raise ValueError("rank and n_iters must be >= 1")
+        if self.global_mean is not None and not np.isfinite(self.global_mean):
+            raise ValueError("global_mean must be finite")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
@@ -228,7 +231,7 @@ def _require_ratings(ratings: Ratings) -> None:
 def train_als(ratings: Ratings, config: ALSConfig, *, progress: Progress | None = None) -> PublicModel:
     """Non-private weighted ALS on exactly-centred ratings. Never publish its output."""
     _require_ratings(ratings)
-    mean = float(ratings.csr.data.mean())
+    mean = float(ratings.csr.data.mean()) if config.global_mean is None else float(config.global_mean)
     user_reg = UserRegularisation(
         config.reg_user, config.user_reg_exponent, config.reg_gravity,
         config.user_bias_shrinkage if config.user_centering else None,
