@@ -319,26 +319,51 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
+_COPY_ROW = np.dtype(
+    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
+)
+_COPY_HEADER = 19  # PGCOPY signature (11) + flags (4) + header extension length (4)
+
+
+def _triplets_postgres(session: Session, dataset_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
+    cursor = session.connection().connection.driver_connection.cursor()
+    buf = bytearray()
+    sql = "COPY (SELECT user_id, item_id, value FROM ratings WHERE dataset_id = {}) TO STDOUT (FORMAT BINARY)"
+    with cursor.copy(sql.format(int(dataset_id))) as copy:
+        for chunk in copy:
+            buf += chunk
+    cursor.close()
+    body = memoryview(buf)[_COPY_HEADER : len(buf) - 2]  # strip the header and the -1 trailer
+    if len(body) % _COPY_ROW.itemsize:
+        raise RuntimeError("unexpected binary COPY layout for ratings")
+    rows = np.frombuffer(body, dtype=_COPY_ROW)
+    if len(rows) and not (np.all(rows["n"] == 3) and np.all(rows["l1"] == 8) and np.all(rows["l2"] == 8) and np.all(rows["l3"] == 8)):
+        raise RuntimeError("unexpected binary COPY layout for ratings")
+    return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
+
+
+def _triplets_generic(session: Session, dataset_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    cursor = session.connection().connection.driver_connection.cursor()
+    cursor.execute("SELECT user_id, item_id, value FROM ratings WHERE dataset_id = ?", (int(dataset_id),))
+    parts = []
+    while True:
+        chunk = cursor.fetchmany(500_000)
+        if not chunk:
+            break
+        parts.append(np.array(chunk, dtype=np.float64))
+    cursor.close()
+    arr = np.concatenate(parts) if parts else np.empty((0, 3))
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
+
+
 def load_ratings(session: Session, ds: Dataset) -> Ratings:
     """All ratings of ``ds`` as a :class:`Ratings` (items = every item of the data set)."""
     item_rows = session.execute(select(Item.id, Item.external_id).where(Item.dataset_id == ds.id).order_by(Item.id)).all()
     item_db = np.fromiter((r[0] for r in item_rows), dtype=np.int64, count=len(item_rows))
     item_ext = np.array([r[1] for r in item_rows], dtype=object)
-    users: list[np.ndarray] = []
-    items: list[np.ndarray] = []
-    values: list[np.ndarray] = []
-    result = session.execute(
-        select(Rating.user_id, Rating.item_id, Rating.value).where(Rating.dataset_id == ds.id),
-        execution_options={"yield_per": 200_000, "stream_results": True},
-    )
-    for part in result.partitions():
-        arr = np.asarray(part, dtype=np.float64) if part else np.empty((0, 3))
-        users.append(arr[:, 0].astype(np.int64))
-        items.append(arr[:, 1].astype(np.int64))
-        values.append(arr[:, 2])
-    u = np.concatenate(users) if users else np.empty(0, np.int64)
-    i = np.concatenate(items) if items else np.empty(0, np.int64)
-    v = np.concatenate(values) if values else np.empty(0)
+    loader = _triplets_postgres if is_postgres(session) else _triplets_generic
+    u, i, v = loader(session, ds.id)
     user_ids, rows = np.unique(u, return_inverse=True)
     cols = np.searchsorted(item_db, i)
     if len(i) and (cols.max() >= len(item_db) or not np.array_equal(item_db[cols], i)):
