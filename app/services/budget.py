@@ -22,6 +22,7 @@ __all__ = [
     "change_cap",
     "list_ledger",
     "ledger_entry_dict",
+    "verify_ledger",
 ]
 
 
@@ -162,3 +163,10 @@ def ledger_entry_dict(entry: LedgerEntry) -> dict[str, Any]:
         "prev_hash": entry.prev_hash,
         "hash": entry.hash,
     }
+
+
+def verify_ledger(session: Session, dataset: str, *, recompute_spend: bool = False) -> dict[str, Any]:
+    """Check the data set's hash chain (and optionally every stored spend) end to end."""
+    ds = get_dataset(session, dataset)
+    check = ledger.verify_chain(session, _account(session, ds).id, recompute_spend=recompute_spend)
+    return {"dataset": ds.name, "ok": check.ok, "n_entries": check.n_entries, "bad_seq": check.bad_seq, "reason": check.reason}

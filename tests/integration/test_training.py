@@ -272,3 +272,22 @@ def test_lost_queued_runs_are_resent_at_most_once_per_period(seeded, settings):
     assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=5) == []
     assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
     assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=0) == []
+
+
+def test_load_ratings_round_trips_the_stored_ratings(db_url):
+    create_dataset(db_url)
+    original = synthetic_ratings(seed=3)
+    seed_ratings(db_url, "default", original)
+    with session_scope(db_url) as s:
+        loaded = training.load_ratings(s, budget.get_dataset(s, "default"))
+    assert loaded.nnz == original.nnz and loaded.n_items == original.n_items
+
+    def triples(r, item_name):
+        rows, cols, vals = r.coo()
+        return sorted(zip(np.asarray(rows).tolist(), [item_name(r.item_ids[c]) for c in cols], np.asarray(vals).tolist()))
+
+    # users are internal ids after loading: compare per-item multisets of values and the per-user counts
+    orig = triples(original, lambda x: f"i{x}")
+    got = triples(loaded, str)
+    assert sorted((i, v) for _, i, v in orig) == sorted((i, v) for _, i, v in got)
+    assert sorted(np.diff(original.csr.indptr).tolist()) == sorted(np.diff(loaded.csr.indptr).tolist())
