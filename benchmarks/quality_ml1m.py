@@ -43,14 +43,17 @@ BLAS_THREADS = 2
 
 _RATING_BASE = dict(rating_range=RATING_RANGE, init_scale=1.0, count_noise_ratio=2.0, user_centering=True,
                     contribution_mode="adaptive_weights")
-_RATING_SEARCH_BEST = [  # best of a 70-point random search per epsilon, scored on validation
-    dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=240,
+_RATING_SEARCH_BEST = [  # the winner of a 70-point random search at each epsilon, scored on validation
+    dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=240,  # eps 20
          reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0,
          gram_noise_ratio=1.0),
-    dict(rank=8, reg_item=160.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=30,
-         reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=2.0, n_steps=2, clip_rating=1.5,
+    dict(rank=16, reg_item=1280.0, item_reg_exponent=0.0, frequent_fraction=0.7, contribution_bound=30,  # eps 10
+         reg_user=0.002, user_reg_exponent=0.5, user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0,
+         gram_noise_ratio=2.0),
+    dict(rank=8, reg_item=1280.0, item_reg_exponent=0.0, frequent_fraction=0.7, contribution_bound=240,  # eps 5
+         reg_user=0.05, user_reg_exponent=0.5, user_bias_shrinkage=30.0, n_steps=2, clip_rating=1.5,
          gram_noise_ratio=3.0),
-    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, frequent_fraction=0.4, contribution_bound=240,
+    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, frequent_fraction=0.4, contribution_bound=240,  # eps 1
          reg_user=0.05, user_reg_exponent=0.5, user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5,
          gram_noise_ratio=2.0),
 ]
