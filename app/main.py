@@ -7,6 +7,7 @@ embedded mode (no Redis), start-up work: migrations, demo data, the in-process t
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -42,6 +43,29 @@ TAGS = [
     {"name": "admin", "description": "Privacy budget, ledger, trainings, model versions (admin token)."},
     {"name": "health", "description": "Probes."},
 ]
+
+
+class ServerTiming:
+    """ASGI middleware adding ``Server-Timing: app;dur=<ms>`` (time spent inside the app)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def send_with_timing(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                dur = (time.perf_counter() - start) * 1000.0
+                headers = list(message.get("headers", []))
+                headers.append((b"server-timing", f"app;dur={dur:.3f}".encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_timing)
 
 
 def _startup(app: FastAPI, settings: Settings) -> None:
@@ -98,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
     app.state.worker = None
     install_error_handlers(app)
+    app.add_middleware(ServerTiming)
     app.include_router(health.router)
     app.include_router(ingest.router, prefix="/v1")
     app.include_router(public.router, prefix="/v1")

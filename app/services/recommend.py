@@ -23,7 +23,7 @@ from app.core import foldin
 from app.db.models import Item, ModelVersion
 from app.schemas.serving import (EmbeddingRow, EmbeddingsPage, ModelInfoOut, PopularItem, PopularOut,
                                  RecommendationQuery, RecommendationsOut, ScoredItem, SimilarOut)
-from app.services.ingest import get_dataset, user_ratings_arrays
+from app.services.ingest import user_ratings_arrays
 
 __all__ = [
     "CATALOG_TTL_S",
@@ -37,14 +37,14 @@ __all__ = [
     "recommend_for_user",
 ]
 
-CATALOG_TTL_S = 10.0
+CATALOG_TTL_S = 30.0
 
 
 @dataclass
 class _Serving:
-    """A published model plus derived lookups (public data only), cached per version."""
+    """A published model plus derived lookups (public data only), cached per version and shared
+    by request threads; ``row`` is the requesting session's own ORM row (set per request)."""
 
-    row: ModelVersion
     model: Any
     positions: dict[str, int]
     npy: bytes | None = None
@@ -61,11 +61,28 @@ class _Catalog:
 
 
 _lock = threading.Lock()
+_refresh_lock = threading.Lock()
 _serving: dict[tuple[int, str], _Serving] = {}
 _catalogs: dict[str, _Catalog] = {}
 
 
-def active(session: Session, dataset: str) -> _Serving:
+@dataclass
+class _Active:
+    """One request's view: its own ORM row plus the shared per-version cache."""
+
+    row: ModelVersion
+    cache: _Serving
+
+    @property
+    def model(self) -> Any:
+        return self.cache.model
+
+    @property
+    def positions(self) -> dict[str, int]:
+        return self.cache.positions
+
+
+def active(session: Session, dataset: str) -> _Active:
     """The active model of ``dataset`` with its id index (404 ``no_active_model`` when none)."""
     from app.model_store import get_active_model
 
@@ -74,13 +91,12 @@ def active(session: Session, dataset: str) -> _Serving:
     cached = _serving.get(key)
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
-        cached = _Serving(row=row, model=model, positions=positions)
+        cached = _Serving(model=model, positions=positions)
         with _lock:
             if len(_serving) > 8:
                 _serving.clear()
             _serving[key] = cached
-    cached.row = row  # the active flag may have changed
-    return cached
+    return _Active(row=row, cache=cached)
 
 
 def invalidate_catalog(dataset: str | None = None) -> None:
@@ -92,10 +108,7 @@ def invalidate_catalog(dataset: str | None = None) -> None:
             _catalogs.pop(dataset, None)
 
 
-def _catalog(session: Session, dataset_id: int, dataset: str) -> _Catalog:
-    cat = _catalogs.get(dataset)
-    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
-        return cat
+def _load_catalog(session: Session, dataset_id: int) -> _Catalog:
     inactive: set[str] = set()
     by_category: dict[str, set[str]] = {}
     for ext, cats, is_active in session.execute(
@@ -105,27 +118,46 @@ def _catalog(session: Session, dataset_id: int, dataset: str) -> _Catalog:
             inactive.add(ext)
         for c in cats or ():
             by_category.setdefault(str(c), set()).add(ext)
-    cat = _Catalog(stamp=time.monotonic(), inactive=frozenset(inactive),
-                   by_category={k: frozenset(v) for k, v in by_category.items()})
-    with _lock:
-        _catalogs[dataset] = cat
-    return cat
+    return _Catalog(stamp=time.monotonic(), inactive=frozenset(inactive),
+                    by_category={k: frozenset(v) for k, v in by_category.items()})
 
 
-def _mask(serving: _Serving, key: Any, ids: frozenset[str]) -> np.ndarray:
-    """Boolean mask over the model's items for ``ids`` (cached per catalogue stamp)."""
+def _catalog(session: Session, dataset_id: int, dataset: str) -> _Catalog:
+    """The cached catalogue; after the TTL one thread reloads it while the others keep using
+    the previous copy (no thundering herd on large catalogues)."""
+    cat = _catalogs.get(dataset)
+    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
+        return cat
+    if not _refresh_lock.acquire(blocking=cat is None):
+        return cat  # type: ignore[return-value]  # another thread is refreshing
+    try:
+        current = _catalogs.get(dataset)
+        if current is not None and current is not cat and time.monotonic() - current.stamp < CATALOG_TTL_S:
+            return current
+        fresh = _load_catalog(session, dataset_id)
+        with _lock:
+            _catalogs[dataset] = fresh
+        return fresh
+    finally:
+        _refresh_lock.release()
+
+
+def _mask(active_: _Active, key: Any, ids: frozenset[str]) -> np.ndarray:
+    """Boolean mask over the model's items for ``ids`` (cached per catalogue stamp; read-only)."""
+    serving = active_.cache
     mask = serving.masks.get(key)
     if mask is None:
         mask = np.zeros(serving.model.n_items, dtype=bool)
         rows = [serving.positions[i] for i in ids if i in serving.positions]
         mask[np.asarray(rows, dtype=np.int64)] = True
+        mask.setflags(write=False)
         if len(serving.masks) > 256:
             serving.masks.clear()
         serving.masks[key] = mask
     return mask
 
 
-def _scored(serving: _Serving, idx: np.ndarray, scores: np.ndarray) -> list[ScoredItem]:
+def _scored(serving: _Active, idx: np.ndarray, scores: np.ndarray) -> list[ScoredItem]:
     ids = np.asarray(serving.model.item_ids)[idx].tolist()
     return [ScoredItem(item_id=str(i), score=float(s), rank=k + 1) for k, (i, s) in enumerate(zip(ids, scores))]
 
@@ -163,11 +195,11 @@ def embeddings_page(session: Session, *, dataset: str, offset: int, limit: int) 
 def embeddings_npy(session: Session, *, dataset: str) -> tuple[bytes, int]:
     """The whole V as a float32 ``.npy`` file (cached per version) and the version id."""
     s = active(session, dataset)
-    if s.npy is None:
+    if s.cache.npy is None:
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(s.model.item_factors, dtype=np.float32), allow_pickle=False)
-        s.npy = buf.getvalue()
-    return s.npy, s.row.id
+        s.cache.npy = buf.getvalue()
+    return s.cache.npy, s.row.id
 
 
 def similar(session: Session, *, dataset: str, item_id: str, n: int) -> SimilarOut:
@@ -185,7 +217,7 @@ def similar(session: Session, *, dataset: str, item_id: str, n: int) -> SimilarO
     return SimilarOut(model_version=s.row.id, item_id=item_id, items=_scored(s, idx[:n], scores[:n]))
 
 
-def _popular_idx(s: _Serving, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _popular_idx(s: _Active, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     counts = np.asarray(s.model.item_counts, dtype=np.float64)
     return foldin.top_n(counts, n, np.flatnonzero(candidates))
 
@@ -204,15 +236,15 @@ def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
 def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
     """Top-N for one user from the active model plus this user's own ratings only."""
-    ds = get_dataset(session, dataset)
-    s = active(session, dataset)
+    s = active(session, dataset)  # 404 for an unknown data set or when nothing is published
     model = s.model
-    item_ids, values = user_ratings_arrays(session, dataset_id=ds.id, user_id=user_id)
+    dataset_id = s.row.dataset_id
+    item_ids, values = user_ratings_arrays(session, dataset_id=dataset_id, user_id=user_id)
     rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
 
-    cat = _catalog(session, ds.id, dataset)
+    cat = _catalog(session, dataset_id, dataset)
     allowed = ~_mask(s, ("inactive", cat.stamp), cat.inactive)
     if query.categories is not None:
         in_cats = np.zeros(model.n_items, dtype=bool)
