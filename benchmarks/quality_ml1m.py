@@ -42,7 +42,7 @@ RATING_RANGE = (1.0, 5.0)
 BLAS_THREADS = 2
 
 _RATING_BASE = dict(rating_range=RATING_RANGE, init_scale=1.0, count_noise_ratio=2.0, user_centering=True,
-                    contribution_mode="adaptive_weights")
+                    contribution_mode="adaptive_weights", mean_mode="dp")
 _RATING_SEARCH_BEST = [  # the winner of a 70-point random search at each epsilon, scored on validation
     dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, frequent_fraction=0.7, contribution_bound=240,  # eps 20
          reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0,
@@ -63,8 +63,9 @@ ALS_RATING_CANDIDATES = [
     dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0),
 ]
 
+# positives-only data: no centring at all (a per-user mean of all-ones data would erase it)
 _RANKING_BASE = dict(rating_range=(0.0, 1.0), mean_mode="public", public_mean=0.0, clip_rating=1.0,
-                     init_scale=1.0, count_noise_ratio=2.0)
+                     user_centering=False, init_scale=1.0, count_noise_ratio=2.0, gram_noise_ratio=2.0)
 _RANKING_GRID_BEST = [  # best of a small grid per epsilon, scored on validation users
     dict(rank=32, reg_gravity=0.5, reg_item=160.0, item_reg_exponent=0.5, frequent_fraction=0.1,
          contribution_bound=60, contribution_mode="tail", reg_user=0.5, user_reg_exponent=0.0, n_steps=2),
