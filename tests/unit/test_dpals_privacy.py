@@ -291,3 +291,16 @@ def test_users_without_frequent_ratings_and_items_without_data_still_train():
     no_data = model.trained_mask & (ratings.item_counts() == 0)
     assert no_data.any() and np.all(np.linalg.norm(model.item_factors[no_data], axis=1) > 0)
     assert np.all(model.item_factors[~model.trained_mask] == 0)
+
+
+def test_a_user_without_ratings_trains_and_folds_in_to_zero():
+    users, items, values = _base_ratings(n_users=30, n_items=12)
+    ids = np.arange(users.max() + 2)  # the last user id has no rating at all
+    ratings = Ratings.from_arrays(users, items, values, user_ids=ids)
+    assert ratings.user_counts()[-1] == 0
+    model = train_dpals(ratings, DPALSConfig(rank=3, contribution_bound=4, noise_multiplier=1.0))
+    from app.core.foldin import fold_in_users, recommend
+
+    assert np.all(fold_in_users(model, ratings)[-1] == 0)
+    idx, _ = recommend(model, np.array([], dtype=int), np.array([]), 5)
+    assert len(idx) == 5
