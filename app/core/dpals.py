@@ -270,14 +270,33 @@ def _per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.n
 
 
 def _lowest_k_per_row(rows: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
-    """Mask keeping, within each row, the k entries with the smallest keys (rows sorted)."""
-    order = np.lexsort((keys, rows))
+    """Mask keeping, within each row, the k entries with the smallest keys.
+
+    Rows with at most k entries are kept whole; only the longer rows are sorted.
+    """
+    counts = np.bincount(rows) if len(rows) else np.zeros(0, dtype=np.int64)
+    keep = np.ones(len(rows), dtype=bool)
+    long_rows = np.flatnonzero(counts[rows] > k) if len(rows) else np.zeros(0, dtype=np.int64)
+    if len(long_rows) == 0:
+        return keep
+    order = long_rows[_sort_by(rows[long_rows], _ranks(keys[long_rows]))]
     sorted_rows = rows[order]
-    starts = np.searchsorted(sorted_rows, sorted_rows, side="left")
-    rank_in_row = np.arange(len(rows)) - starts
-    keep = np.zeros(len(rows), dtype=bool)
-    keep[order[rank_in_row < k]] = True
+    starts = np.concatenate([[0], np.cumsum(np.bincount(sorted_rows))])[sorted_rows]
+    keep[order[np.arange(len(order)) - starts >= k]] = False
     return keep
+
+
+def _ranks(keys: np.ndarray) -> np.ndarray:
+    """0..n-1 ranks of ``keys`` (ties in an arbitrary but deterministic order)."""
+    ranks = np.empty(len(keys), dtype=np.int64)
+    ranks[np.argsort(keys)] = np.arange(len(keys))
+    return ranks
+
+
+def _sort_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """Argsort by (major, minor), non-negative integers, distinct pairs: one int64 sort."""
+    span = int(minor.max()) + 1 if len(minor) else 1
+    return np.argsort(major.astype(np.int64) * span + minor)
 
 
 def count_statistic(cols: np.ndarray, weights: np.ndarray, n_items: int) -> np.ndarray:
@@ -404,7 +423,7 @@ def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> Solv
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
-    order = np.lexsort((minor, major))
+    order = _sort_by(major, minor)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
     w = None if weights is None else weights[order]
     return make_plan(indptr, minor[order], vals[order], n_minor, w)

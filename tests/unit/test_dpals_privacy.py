@@ -304,3 +304,15 @@ def test_a_user_without_ratings_trains_and_folds_in_to_zero():
     assert np.all(fold_in_users(model, ratings)[-1] == 0)
     idx, _ = recommend(model, np.array([], dtype=int), np.array([]), 5)
     assert len(idx) == 5
+
+
+def test_per_row_selection_matches_brute_force():
+    from app.core.dpals import _lowest_k_per_row
+
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.integers(0, 50, 2000))
+    keys = rng.random(2000)
+    kept = _lowest_k_per_row(rows, keys, 7)
+    for r in range(50):
+        idx = np.flatnonzero(rows == r)
+        assert set(np.flatnonzero(kept & (rows == r))) == set(idx[np.argsort(keys[idx])[:7]])
