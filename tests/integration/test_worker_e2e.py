@@ -146,6 +146,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
         # 4. a new worker gets the task again (redelivery) once the heartbeat is stale
         time.sleep(settings.run_stale_after_s + 1)
         worker = _start_worker(settings, tmp_path, "w2")
+        _wait_for(lambda: "ready." in (tmp_path / "w2.log").read_text(), 60, "the second worker")
         training.enqueue_run(slow, settings)
         run = _wait(pg_url, slow, lambda r: r.status == "failed", timeout=60)
         assert "vanished" in run.error and not run.refunded
