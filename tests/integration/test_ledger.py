@@ -204,3 +204,53 @@ def test_conservative_rounding():
     assert ledger.remaining(1.0, 0.3) == 0.7  # exact decimal of the floats, floored
     assert ledger.remaining(1.0, 0.30000000000000004) == 0.699999
     assert ledger.remaining(1.0, 1.5) == 0.0
+
+
+_RESERVE_SCRIPT = """
+import sys, time
+from app import ledger
+from app.core.accounting import gaussian
+from app.db.models import TrainingRun
+from app.db.session import session_scope
+from app.platform_errors import BudgetExceeded
+from app.services import budget
+url, z, start_at = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+time.sleep(max(0.0, start_at - time.time()))
+try:
+    with session_scope(url) as s:
+        ds = budget.get_dataset(s, "default")
+        run = TrainingRun(dataset_id=ds.id, algorithm="dpals", requested_epsilon=1.0, delta=1e-6)
+        s.add(run)
+        s.flush()
+        ledger.reserve(s, dataset=ds, event=gaussian(z), parameters={}, actor="proc", run_id=run.id)
+    print("accepted")
+except BudgetExceeded:
+    print("refused")
+"""
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_reservations_from_separate_processes(db_url):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    k, n = 2, 6
+    cap = _cap_fitting(k)
+    create_dataset(db_url, cap=cap, delta=DELTA)
+    repo = Path(__file__).resolve().parents[2]
+    start_at = time.time() + 4.0  # all processes hit the ledger at about the same moment
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RESERVE_SCRIPT, db_url, str(Z), str(start_at)],
+                         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(n)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    results = [o.strip() for o, _ in outs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    assert sorted(results) == ["accepted"] * k + ["refused"] * (n - k)
+    with session_scope(db_url) as s:
+        acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
+        assert ledger.spent(s, acct, recompute=True).epsilon_rdp <= cap
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
