@@ -122,11 +122,13 @@ def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarra
 
 
 def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(G, b) of one bucket in the dtype of ``padded`` (factors plus a trailing zero row)."""
+    dtype = padded.dtype
     x = padded[bucket.cols]  # (g, L, r), contiguous
-    x *= bucket.sqrt_weights[:, :, None]
+    x *= bucket.sqrt_weights[:, :, None].astype(dtype)
     xt = np.ascontiguousarray(x.transpose(0, 2, 1))
     gram = np.matmul(xt, x)
-    rhs = np.matmul(xt, (bucket.sqrt_weights * bucket.values)[:, :, None])[:, :, 0]
+    rhs = np.matmul(xt, (bucket.sqrt_weights * bucket.values).astype(dtype)[:, :, None])[:, :, 0]
     return gram, rhs
 
 
@@ -145,6 +147,7 @@ def solve_side(
     ridge: np.ndarray,
     shared: np.ndarray | None = None,
     n_threads: int | None = None,
+    gram_dtype: type = np.float32,
 ) -> np.ndarray:
     """All rows' exact ridge solutions; rows without entries get the zero vector.
 
@@ -154,7 +157,10 @@ def solve_side(
     """
     rank = factors.shape[1]
     out = np.zeros((plan.n_rows, rank))
-    padded = np.vstack([factors, np.zeros((1, rank), dtype=factors.dtype)])
+    # Gram matrices in ``gram_dtype`` (float32: several times faster batched BLAS), solves in
+    # float64. Used only for solves whose output is never released as such (user steps,
+    # fold-in, non-private ALS); the DP item statistics are always formed in float64.
+    padded = np.vstack([factors, np.zeros((1, rank))]).astype(gram_dtype)
 
     def solve(bucket: Bucket) -> None:
         length = bucket.cols.shape[1]
@@ -162,7 +168,7 @@ def solve_side(
             out[bucket.rows] = _solve_dual(bucket, padded, ridge[bucket.rows])
         else:
             gram, rhs = bucket_gram(bucket, padded)
-            out[bucket.rows] = solve_rows(gram, rhs, ridge[bucket.rows], shared)
+            out[bucket.rows] = solve_rows(gram.astype(np.float64), rhs.astype(np.float64), ridge[bucket.rows], shared)
 
     parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
@@ -170,12 +176,12 @@ def solve_side(
 
 def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.ndarray:
     x = padded[bucket.cols]
-    x *= bucket.sqrt_weights[:, :, None]
+    x *= bucket.sqrt_weights[:, :, None].astype(padded.dtype)
     xt = np.ascontiguousarray(x.transpose(0, 2, 1))  # batched matmul is fast only on contiguous operands
-    kernel = np.matmul(x, xt)
+    kernel = np.matmul(x, xt).astype(np.float64)
     kernel += ridge[:, None, None] * np.eye(x.shape[1])
     alpha = np.linalg.solve(kernel, (bucket.sqrt_weights * bucket.values)[:, :, None])
-    return np.matmul(xt, alpha)[:, :, 0]
+    return np.matmul(xt.astype(np.float64), alpha)[:, :, 0]
 
 
 def item_ridge_weights(counts: np.ndarray, exponent: float) -> np.ndarray:

@@ -233,9 +233,14 @@ class GaussianReleaser:
 
 
 def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
-    noise = rng.normal(0.0, std, size=shape)
-    upper = np.triu(noise)
-    return upper + np.swapaxes(np.triu(noise, 1), -1, -2)
+    """Symmetric noise: i.i.d. N(0, std²) on the upper triangle (diagonal included), mirrored."""
+    rank = shape[-1]
+    rows, cols = np.triu_indices(rank)
+    upper = rng.normal(0.0, std, size=tuple(shape[:-2]) + (len(rows),))
+    noise = np.empty(shape)
+    noise[..., rows, cols] = upper
+    noise[..., cols, rows] = upper
+    return noise
 
 
 def project_psd(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,9 @@ def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
     return truth, Ratings.from_arrays(users, items, truth[users, items])
 
 
+@pytest.mark.parametrize("gram_dtype,rtol", [(np.float64, 1e-9), (np.float32, 1e-4)])
 @pytest.mark.parametrize("rank", [4, 16])  # rows of ~9 entries: primal path at 4, dual path at 16
-def test_batched_solver_matches_dense_least_squares(rank: int):
+def test_batched_solver_matches_dense_least_squares(rank: int, gram_dtype, rtol: float):
     rng = np.random.default_rng(1)
     dense = (rng.random((40, 30)) < 0.3) * rng.normal(size=(40, 30))
     import scipy.sparse as sp
@@ -27,12 +28,12 @@ def test_batched_solver_matches_dense_least_squares(rank: int):
     csr = sp.csr_matrix(dense)
     factors = rng.normal(size=(30, rank))
     ridge = rng.uniform(0.5, 2.0, size=40)
-    got = solve_side(make_plan(csr.indptr, csr.indices, csr.data, 30), factors, ridge)
+    got = solve_side(make_plan(csr.indptr, csr.indices, csr.data, 30), factors, ridge, gram_dtype=gram_dtype)
     for u in range(40):
         cols = csr.indices[csr.indptr[u] : csr.indptr[u + 1]]
         x = factors[cols]
         want = np.linalg.solve(x.T @ x + ridge[u] * np.eye(rank), x.T @ csr.data[csr.indptr[u] : csr.indptr[u + 1]])
-        assert np.allclose(got[u], want)
+        assert np.allclose(got[u], want, rtol=rtol, atol=rtol)
 
 
 def test_als_recovers_exact_low_rank_data_and_fold_in_matches():

@@ -175,7 +175,8 @@ def test_every_noise_draw_is_in_the_event(gravity: float):
     linear_std = next(r["l2_sensitivity"] * r["noise_multiplier"] for r in releases if r["name"] == "item_linear")
     for name, std in (("item_grams", gram_std), ("item_linear", linear_std)):
         assert {r["name"] for r in releases if r["l2_sensitivity"] * r["noise_multiplier"] == std} == {name}
-    assert sum(n for s, n in noise_draws if s == gram_std) == config.n_steps * n_trained * config.rank**2
+    upper_triangle = config.rank * (config.rank + 1) // 2  # the released entries of each symmetric Ã_j
+    assert sum(n for s, n in noise_draws if s == gram_std) == config.n_steps * n_trained * upper_triangle
     assert sum(n for s, n in noise_draws if s == linear_std) == config.n_steps * n_trained * config.rank
 
 
