@@ -168,3 +168,17 @@ def test_unknown_route_and_method_use_error_shape(sqlite_env: Env) -> None:
     r = sqlite_env.client.patch("/health")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert not math.isnan(1.0)
+
+
+def test_oversized_body_is_413_in_the_error_shape(sqlite_env: Env) -> None:
+    env = sqlite_env
+    blob = b'{"ratings": [' + b'{"user_id": "u", "item_id": "i0", "rating": 3},' * 400_000 + b'{}]}'
+    r = env.client.post(f"{R}/ratings/batch", content=blob,
+                        headers={**env.ingest_service, "Content-Type": "application/json"})
+    assert r.status_code == 413 and set(r.json()) == {"error"}
+    assert env.count("ratings") == 0
+    chunks = (blob[k:k + 65536] for k in range(0, len(blob), 65536))  # streamed: no Content-Length
+    r = env.client.post(f"{R}/ratings/batch", content=chunks,
+                        headers={**env.ingest_service, "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert env.count("ratings") == 0
