@@ -180,11 +180,10 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     row = get_version(session, dataset, version_id)
     if not Path(row.artifact_path).is_file():
         raise Conflict(f"artifact of model version {version_id} is missing; it cannot be activated")
-    # Lock the data set row so concurrent activations/publications serialise.
-    stmt = select(Dataset).where(Dataset.id == row.dataset_id)
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    session.execute(stmt).scalar_one()
+    # The budget account lock also guards publishing, so activations and publications serialise.
+    from app.ledger import lock_account
+
+    lock_account(session, row.dataset_id)
     if not row.active:
         _swap_active(session, row.dataset_id, row)
     log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
