@@ -263,7 +263,8 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
                                   fallback=True, fallback_reason=f"dp_popular: {reason}",
                                   items=_scored(s, idx, scores))
+    unfiltered = not cat.inactive and query.categories is None and not query.exclude
     idx, scores = foldin.recommend(model, rated_idx, rated_vals, query.n,
-                                   allowed_idx=np.flatnonzero(allowed))
+                                   allowed_idx=None if unfiltered else np.flatnonzero(allowed))
     return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
                               fallback=False, fallback_reason=None, items=_scored(s, idx, scores))
