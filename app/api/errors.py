@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -175,9 +176,11 @@ async def _http_exception(_: Request, exc: StarletteHTTPException) -> JSONRespon
     return render(exc.status_code, code, message, None, getattr(exc, "headers", None))
 
 
-async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    # Never log request bodies or values: they may be private ratings.
-    log.error("unhandled %s in request", type(exc).__name__, exc_info=(type(exc), exc, None))
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Log the exception type and the stack only: messages can carry SQL parameters, i.e.
+    # private ratings, and request bodies are never logged.
+    stack = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("unhandled %s in %s %s\n%s", type(exc).__name__, request.method, request.url.path, stack)
     return render(500, "internal_error", "unexpected server error", None)
 
 

@@ -182,3 +182,19 @@ def test_oversized_body_is_413_in_the_error_shape(sqlite_env: Env) -> None:
                         headers={**env.ingest_service, "Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     assert env.count("ratings") == 0
+
+
+def test_unexpected_errors_are_500_in_the_shape_without_private_values(sqlite_env: Env, caplog, monkeypatch) -> None:
+    from app.services import ingest
+
+    def boom(*_a, **kw):
+        raise RuntimeError(f"private value {kw['rating']} of {kw['user_id']}")
+
+    monkeypatch.setattr(ingest, "upsert_rating", boom)
+    client = __import__("fastapi.testclient", fromlist=["TestClient"]).TestClient(
+        sqlite_env.client.app, raise_server_exceptions=False)
+    with caplog.at_level("ERROR", logger="privrec.api"):
+        r = client.put(f"{R}/users/alice/ratings/i0", json={"rating": 4.5}, headers=sqlite_env.auth("alice"))
+    assert r.status_code == 500 and r.json() == {"error": {"code": "internal_error",
+                                                           "message": "unexpected server error", "details": None}}
+    assert "RuntimeError" in caplog.text and "4.5" not in caplog.text and "private value" not in caplog.text.replace("private value {", "")
