@@ -126,6 +126,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
     from tqdm import tqdm
 
+    from app.api.errors import APIError
     from app.services import ingest
 
     settings = _settings()
@@ -140,8 +141,13 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     def flush() -> None:
         nonlocal total
         with maker() as session:
-            result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk,
-                                           create_items=args.create_items)
+            try:
+                result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk,
+                                               create_items=args.create_items)
+            except APIError as exc:
+                exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
+                               f"before it were imported)")
+                raise
             session.commit()
         total += result
         bar.update(len(chunk))
