@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
-from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access
+from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access, run_with_session
 from app.api.params import DatasetP, UserP
 from app.schemas.common import ExternalId, Page
 from app.schemas.ingest import RatingOut
@@ -38,21 +38,23 @@ def list_user_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrinc
 
 @router.get("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
             summary="Top-N recommendations for the user", description=RECO_DESCRIPTION)
-def get_recommendations(
-    dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal, session: SessionDep,
+async def get_recommendations(
+    request: Request, dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
     n: Annotated[int, Query(ge=1, le=MAX_N)] = 10,
     category: Annotated[list[str] | None, Query(max_length=64, description="Repeatable category filter.")] = None,
     exclude: Annotated[list[ExternalId] | None, Query(max_length=1000, description="Repeatable item id to exclude.")] = None,
 ) -> RecommendationsOut:
     require_user_access(principal, user_id)
     query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
-    return svc.recommend_for_user(session, dataset=dataset, user_id=user_id, query=query)
+    return await run_with_session(
+        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query))
 
 
 @router.post("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
              summary="Top-N recommendations for the user (filters in the body)",
              description=RECO_DESCRIPTION)
-def post_recommendations(dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
-                         principal: CurrentPrincipal, session: SessionDep) -> RecommendationsOut:
+async def post_recommendations(request: Request, dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
+                               principal: CurrentPrincipal) -> RecommendationsOut:
     require_user_access(principal, user_id)
-    return svc.recommend_for_user(session, dataset=dataset, user_id=user_id, query=body)
+    return await run_with_session(
+        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body))
