@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Annotated, Callable, Iterator, TypeVar
 
 from fastapi import Depends, Query, Request
-from fastapi.concurrency import run_in_threadpool
+import anyio
+import anyio.to_thread
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -60,7 +61,9 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 async def run_with_session(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work(session)`` in one worker thread with its own session (hot read paths: one
-    thread hop per request instead of one per dependency). Nothing is committed."""
+    thread hop per request instead of one per dependency). At most DB_POOL_SIZE such calls run
+    at once, so threads neither wait on the connection pool nor crowd the interpreter lock.
+    Nothing is committed."""
 
     def call() -> T:
         session = request.app.state.sessionmaker()
@@ -70,7 +73,11 @@ async def run_with_session(request: Request, work: Callable[[Session], T]) -> T:
             session.rollback()
             session.close()
 
-    return await run_in_threadpool(call)
+    limiter = getattr(request.app.state, "work_limiter", None)
+    if limiter is None:  # created lazily inside the running event loop
+        limiter = request.app.state.work_limiter = anyio.CapacityLimiter(
+            max(2, request.app.state.settings.db_pool_size))
+    return await anyio.to_thread.run_sync(call, limiter=limiter)
 
 
 async def get_principal(
