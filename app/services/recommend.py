@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.api.errors import NotFound
@@ -47,6 +47,9 @@ class _Serving:
 
     model: Any
     positions: dict[str, int]
+    version_id: int = 0
+    dataset_id: int = 0
+    algorithm: str = ""
     npy: bytes | None = None
     masks: dict[Any, np.ndarray] = field(default_factory=dict)
 
@@ -91,12 +94,39 @@ def active(session: Session, dataset: str) -> _Active:
     cached = _serving.get(key)
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
-        cached = _Serving(model=model, positions=positions)
+        cached = _Serving(model=model, positions=positions, version_id=row.id, dataset_id=row.dataset_id,
+                          algorithm=row.algorithm)
         with _lock:
             if len(_serving) > 8:
                 _serving.clear()
             _serving[key] = cached
     return _Active(row=row, cache=cached)
+
+
+# One round trip for the hot path: the active version's key plus this user's own ratings.
+_ACTIVE_AND_RATINGS = text(
+    "SELECT mv.id, mv.sha256, i.external_id, r.value "
+    "FROM datasets d "
+    "JOIN model_versions mv ON mv.dataset_id = d.id AND mv.active "
+    "LEFT JOIN users u ON u.external_id = :user "
+    "LEFT JOIN ratings r ON r.dataset_id = d.id AND r.user_id = u.id "
+    "LEFT JOIN items i ON i.id = r.item_id "
+    "WHERE d.name = :dataset"
+)
+
+
+def _active_with_ratings(session: Session, dataset: str, user_id: str) -> tuple[_Serving, list[str], list[float]]:
+    """The active model (cached per version) and the one user's ratings, in one query."""
+    rows = session.execute(_ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id}).all()
+    cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
+    if cached is None:  # cold cache, no active model or unknown data set: the full path
+        cached = active(session, dataset).cache
+        if not rows or rows[0][0] != cached.version_id:  # activation raced with this request
+            items, values = user_ratings_arrays(session, dataset_id=cached.dataset_id, user_id=user_id)
+            return cached, items, values
+    items = [r[2] for r in rows if r[2] is not None]
+    values = [float(r[3]) for r in rows if r[2] is not None]
+    return cached, items, values
 
 
 def invalidate_catalog(dataset: str | None = None) -> None:
@@ -236,10 +266,10 @@ def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
 def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
     """Top-N for one user from the active model plus this user's own ratings only."""
-    s = active(session, dataset)  # 404 for an unknown data set or when nothing is published
+    cache, item_ids, values = _active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    s = _Active(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
-    dataset_id = s.row.dataset_id
-    item_ids, values = user_ratings_arrays(session, dataset_id=dataset_id, user_id=user_id)
+    dataset_id = cache.dataset_id
     rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
@@ -260,11 +290,11 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     if usable == 0:
         reason = "user has no ratings" if not item_ids else "none of the user's rated items is in the trained set"
         idx, scores = _popular_idx(s, query.n, allowed)
-        return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
+        return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
                                   fallback=True, fallback_reason=f"dp_popular: {reason}",
                                   items=_scored(s, idx, scores))
     unfiltered = not cat.inactive and query.categories is None and not query.exclude
     idx, scores = foldin.recommend(model, rated_idx, rated_vals, query.n,
                                    allowed_idx=None if unfiltered else np.flatnonzero(allowed))
-    return RecommendationsOut(user_id=user_id, model_version=s.row.id, algorithm=s.row.algorithm,
+    return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
                               fallback=False, fallback_reason=None, items=_scored(s, idx, scores))
