@@ -56,6 +56,7 @@ SUITES: dict[str, str] = {
     "speed-train": "benchmarks.speed_train",
     "ingest": "benchmarks.ingest",
     "serve": "benchmarks.serve",
+    "dpfw": "benchmarks.dpfw",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
