@@ -49,7 +49,7 @@ from app.core.ratings import Ratings
 from app.core.splits import load_ml1m_rating_split, merge, random_split
 from app.core.synthetic import paper_synthetic
 from benchmarks.evaluation import model_rmse
-from benchmarks.harness import limit_threads, make_row, mean_std
+from benchmarks.harness import format_table, limit_threads, make_row, mean_std
 from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS, dpals_base, tune_ridge
 
 SUITE = "dpfw"
@@ -136,7 +136,9 @@ def synthetic_rows(quick: bool) -> list[dict]:
                 model, took = _timed(lambda: train_dpals(train, calibrate_dpals(eps, SYN_DELTA, config)))
                 res.setdefault(f"dpals@{eps}", []).append(model_rmse(model, train, test))
                 secs[f"dpals@{eps}"] = secs.get(f"dpals@{eps}", 0.0) + took
-        rows += _result_rows(dataset, res, secs, seeds, epsilons, SYN_DELTA, ("zero", "als"))
+        size_rows = _result_rows(dataset, res, secs, seeds, epsilons, SYN_DELTA, ("zero", "als"))
+        print(format_table(size_rows), flush=True)
+        rows += size_rows
         for eps in epsilons:
             print(f"[dpfw] {dataset} eps={eps}: dpfw params {fw_params[eps]}, dpals ridge {ridges[eps]}")
     _print_claims(rows)
@@ -200,32 +202,38 @@ def _jester():
     return random_split(load_jester1().ratings, (0.8, 0.1, 0.1), seed=0)
 
 
-_DPALS_REAL = [  # quality-ml1m's validation winners (eps 20 and eps 1 shapes), range-scaled per data set
-    dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, frequent_fraction=1.0, contribution_bound=240,
-         reg_user=0.002, user_reg_exponent=1.0, user_bias_shrinkage=10.0, n_steps=3, clip_rel=0.5, gram_noise_ratio=1.0),
-    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, frequent_fraction=1.0, contribution_bound=240,
-         reg_user=0.05, user_reg_exponent=0.5, user_bias_shrinkage=30.0, n_steps=3, clip_rel=0.375, gram_noise_ratio=2.0),
+_DPALS_BASE = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp", frequent_fraction=1.0)
+_JESTER_DPALS = [  # a small search on the Jester validation split (eps 20 and 1)
+    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=5.0, user_reg_exponent=1.0,
+         user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0),
+    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=1.0, user_reg_exponent=1.0,
+         user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0, clip_user=3.0),
 ]
-_ALS_REAL = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
-             dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True)]
+_ML_DPALS = [  # quality-ml1m's validation winners at eps 20 and eps 1
+    dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, contribution_bound=240, reg_user=0.002, user_reg_exponent=1.0,
+         user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0, gram_noise_ratio=1.0),
+    dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=240, reg_user=0.05, user_reg_exponent=0.5,
+         user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5, gram_noise_ratio=2.0),
+]
+_JESTER_ALS = [dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+               dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0)]
+_ML_ALS = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+           dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True)]
 
 
 def _dpals_real(params: dict, rating_range, eps: float, train: Ratings, seed: int = 0):
-    params = dict(params)
-    clip = params.pop("clip_rel") * (rating_range[1] - rating_range[0])
-    config = DPALSConfig(rating_range=rating_range, clip_rating=clip, contribution_mode="adaptive_weights",
-                         user_centering=True, mean_mode="dp", seed=seed, **params)
+    config = DPALSConfig(rating_range=rating_range, seed=seed, **{**_DPALS_BASE, **params})
     return train_dpals(train, calibrate_dpals(eps, REAL_DELTA, config))
 
 
 def real_rows(quick: bool) -> list[dict]:
-    sets: list[tuple[str, Callable, tuple[float, float], float]] = [
-        ("jester-1-80-10-10", _jester, (-10.0, 10.0), 5.0),
-        ("ml-1m-top400-80-10-10", _ml1m_top400, (1.0, 5.0), 1.0),
+    sets = [  # name, loader, public rating range, public unit of a centred rating, ALS and DPALS candidates
+        ("jester-1-80-10-10", _jester, (-10.0, 10.0), 5.0, _JESTER_ALS, _JESTER_DPALS),
+        ("ml-1m-top400-80-10-10", _ml1m_top400, (1.0, 5.0), 1.0, _ML_ALS, _ML_DPALS),
     ]
     epsilons = (20.0,) if quick else REAL_EPSILONS
     rows: list[dict] = []
-    for dataset, load, rating_range, unit in sets:
+    for dataset, load, rating_range, unit, als_grid, dpals_grid in sets:
         try:
             train, valid, test = load()
         except DatasetUnavailable as exc:
@@ -234,7 +242,7 @@ def real_rows(quick: bool) -> list[dict]:
         history = merge(train, valid)
         res: dict[str, list[float]] = {}
         secs: dict[str, float] = {}
-        als_grid = _ALS_REAL[:1] if quick else _ALS_REAL
+        als_grid = als_grid[:1] if quick else als_grid
         best = min(als_grid, key=lambda c: model_rmse(train_als(train, ALSConfig(**c)), train, valid))
         model, secs["als"] = _timed(lambda: train_als(train, ALSConfig(**best)))
         res["als"] = [model_rmse(model, history, test)]
@@ -243,12 +251,14 @@ def real_rows(quick: bool) -> list[dict]:
             fw = _tune_dpfw(unit, eps, REAL_DELTA, train, valid, quick)
             value, secs[f"dpfw@{eps}"] = _dpfw_rmse(fw, unit, eps, REAL_DELTA, train, history, test)
             res[f"dpfw@{eps}"] = [value]
-            grid = _DPALS_REAL[:1] if quick else _DPALS_REAL
+            grid = dpals_grid[:1] if quick else dpals_grid
             dp = min(grid, key=lambda c: model_rmse(_dpals_real(c, rating_range, eps, train), train, valid))
             model, secs[f"dpals@{eps}"] = _timed(lambda: _dpals_real(dp, rating_range, eps, train))
             res[f"dpals@{eps}"] = [model_rmse(model, history, test)]
-            print(f"[dpfw] {dataset} eps={eps}: dpfw params {fw}; dpals candidate {_DPALS_REAL.index(dp)}")
-        rows += _result_rows(dataset, res, secs, [0], epsilons, REAL_DELTA, ("user-mean", "als"))
+            print(f"[dpfw] {dataset} eps={eps}: dpfw params {fw}; dpals candidate {dpals_grid.index(dp)}")
+        set_rows = _result_rows(dataset, res, secs, [0], epsilons, REAL_DELTA, ("user-mean", "als"))
+        print(format_table(set_rows), flush=True)
+        rows += set_rows
     return rows
 
 
@@ -261,11 +271,12 @@ def predict_user_mean(history: Ratings, test: Ratings) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- 3. Oja vs exact
 def oja_rows(quick: bool) -> list[dict]:
+    """First-step eigenvector of W at a realistic (eps 10) and a tiny-noise (eps 1000) budget."""
     sizes = OJA_SIZES[:2] if quick else OJA_SIZES
+    dense_limit = 400 if quick else 4_000
     rows: list[dict] = []
-    eps, n_steps, per_user = 10.0, 10, 60
+    n_users, n_steps, per_user = 20_000, 10, 60
     for n_items in sizes:
-        n_users = 20_000
         data = paper_synthetic(n_users, n_items=n_items, seed=0, p=min(1.0, per_user / n_items))
         dataset = f"synthetic-m{n_users}-n{n_items}"
         base = DPFWConfig(nuclear_norm=1.0, n_steps=n_steps, row_clip=math.sqrt(per_user), max_ratings_per_user=per_user,
@@ -277,25 +288,25 @@ def oja_rows(quick: bool) -> list[dict]:
         lam1, v1 = float(lam[0]), vec[:, 0]
         rows.append(make_row(SUITE, dataset, "exact-lanczos", "seconds_per_step", exact, seconds=exact))
 
-        def measure(name: str, fn) -> None:
+        def measure(name: str, eps: float, fn) -> None:
             (v, _lam2, _sigma), took = _timed(fn)
             gap = (lam1 - float(v @ gram_product(prep, a, v))) / lam1
-            rows.append(make_row(SUITE, dataset, name, "abs_cos_to_exact", abs(float(v @ v1)), epsilon=eps, delta=SYN_DELTA, seconds=took))
-            rows.append(make_row(SUITE, dataset, name, "rayleigh_rel_gap", gap, epsilon=eps, delta=SYN_DELTA, seconds=took))
-            rows.append(make_row(SUITE, dataset, name, "seconds_per_step", took, epsilon=eps, delta=SYN_DELTA, seconds=took))
+            for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
+                rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
 
-        for name, overrides in (("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6})):
-            config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
-            measure(name, lambda: top_eigenvector_oja(prep, a, config, GaussianReleaser(np.random.default_rng(1))))
-        dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
-        if n_items <= 4_000:
-            measure("dense", lambda: top_eigenvector_dense(prep, a, dense, GaussianReleaser(np.random.default_rng(1))))
-        else:
+        for eps in (10.0, 1000.0):
+            for name, overrides in (("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6})):
+                config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
+                measure(name, eps, lambda: top_eigenvector_oja(prep, a, config, GaussianReleaser(np.random.default_rng(1))))
+            dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
+            if n_items <= dense_limit:
+                measure("dense", eps, lambda: top_eigenvector_dense(prep, a, dense, GaussianReleaser(np.random.default_rng(1))))
+            print(f"[dpfw] {dataset} eps={eps}: top eigenvalue {lam1:.4g}; noise std dense {dense.noise_multiplier * 4 * base.row_clip**2:.4g}, "
+                  f"per Oja product {config.noise_multiplier * 4 * base.row_clip**2:.4g}", flush=True)
+        if n_items > dense_limit:
             need = 3 * n_items**2 * 8 / 2**30  # W, its noise and eigh's workspace, float64
-            print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and O(n^3) = {n_items**3:.1e} flops per step")
-            rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need, epsilon=eps, delta=SYN_DELTA))
-        print(f"[dpfw] {dataset}: top eigenvalue {lam1:.4g}, 2nd-step noise std (dense) "
-              f"{dense.noise_multiplier * 4 * base.row_clip**2:.4g}")
+            print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and ~n^3 = {n_items**3:.1e} flops per step")
+            rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need))
     return rows
 
 
