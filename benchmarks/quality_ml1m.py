@@ -18,7 +18,7 @@ The candidate configurations below came out of a random search scored on the val
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -81,95 +81,93 @@ ALS_RANKING_CANDIDATES = [
 ]
 
 
-def _choose(candidates: list[dict], score: Callable[[dict], float], *, higher_is_better: bool) -> dict:
-    scored = [(score(c), i) for i, c in enumerate(candidates)]
-    best = max(scored) if higher_is_better else min(scored)
-    return candidates[best[1]]
+@dataclass(frozen=True)
+class _Task:
+    """One evaluation protocol: what to train on, how validation and test are scored."""
+
+    dataset: str
+    metric: str
+    higher_is_better: bool
+    train: Ratings
+    valid_score: Callable[[PublicModel], float]
+    test_score: Callable[[PublicModel], float]
+    dpals_base: dict[str, Any]
+    delta: float
+    als_candidates: list[dict[str, Any]]
+    dpals_candidates: dict[float, list[dict[str, Any]]]
 
 
-def _timed(fn: Callable[[], PublicModel]) -> tuple[PublicModel, float]:
-    start = time.perf_counter()
-    model = fn()
-    return model, time.perf_counter() - start
+def _select_and_test(
+    task: _Task, candidates: list[dict], make_model: Callable[[dict, int], PublicModel], seeds, quick: bool
+) -> tuple[float, float | None, float]:
+    """Pick the candidate with the best validation score (seed 0), then test it on every seed.
+
+    Returns (mean, std, seconds per training run).
+    """
+    if quick or len(candidates) == 1:
+        params = candidates[0]
+    else:
+        scored = [(task.valid_score(make_model(c, 0)), i) for i, c in enumerate(candidates)]
+        params = candidates[(max(scored) if task.higher_is_better else min(scored))[1]]
+    scores, seconds = [], 0.0
+    for seed in seeds:
+        start = time.perf_counter()
+        model = make_model(params, seed)
+        seconds += time.perf_counter() - start
+        scores.append(task.test_score(model))
+    mean, std = mean_std(scores)
+    return mean, std, seconds / len(seeds)
+
+
+def task_rows(task: _Task, quick: bool) -> list[dict]:
+    """Non-private ALS, then DPALS at each epsilon, each selected on validation."""
+    seeds = SEEDS[:1] if quick else SEEDS
+    epsilons = (1.0, 20.0) if quick else EPSILONS
+    als_mean, als_std, als_seconds = _select_and_test(
+        task, task.als_candidates, lambda c, seed: train_als(task.train, ALSConfig(**c, seed=seed)), seeds, quick
+    )
+    rows = [make_row(SUITE, task.dataset, "als", task.metric, als_mean, std=als_std, seeds=list(seeds),
+                     seconds=als_seconds)]
+    for eps in epsilons:
+        mean, std, seconds = _select_and_test(
+            task, task.dpals_candidates[eps],
+            lambda c, seed: _dpals(task.train, task.dpals_base, c, eps, task.delta, seed), seeds, quick,
+        )
+        rows.append(make_row(SUITE, task.dataset, "dpals", task.metric, mean, epsilon=eps, delta=task.delta,
+                             std=std, seeds=list(seeds), baseline=als_mean, seconds=seconds))
+    return rows
 
 
 def _dpals(train: Ratings, base: dict, params: dict, eps: float, delta: float, seed: int) -> PublicModel:
     return train_dpals(train, calibrate(eps, delta, DPALSConfig(**{**base, **params, "seed": seed})))
 
 
-# ---------------------------------------------------------------------------- rating task
 def rating_rows(quick: bool) -> list[dict]:
+    """Rating task: RMSE, users re-projected from train + validation for the test."""
     train, valid, test = load_ml1m_rating_split()
     history = merge(train, valid)
-    seeds = SEEDS[:1] if quick else SEEDS
-    epsilons = (1.0, 20.0) if quick else EPSILONS
-
-    def rmse_valid(model: PublicModel) -> float:
-        return model_rmse(model, train, valid, clip=RATING_RANGE)
-
-    als_params = ALS_RATING_CANDIDATES[0] if quick else _choose(
-        ALS_RATING_CANDIDATES, lambda c: rmse_valid(train_als(train, ALSConfig(**c))), higher_is_better=False)
-    als_scores, als_seconds = [], 0.0
-    for seed in seeds:
-        model, seconds = _timed(lambda: train_als(train, ALSConfig(**als_params, seed=seed)))
-        als_scores.append(model_rmse(model, history, test, clip=RATING_RANGE))
-        als_seconds += seconds
-    als_mean, als_std = mean_std(als_scores)
+    task = _Task(
+        dataset=DATASET_RATING, metric="rmse", higher_is_better=False, train=train,
+        valid_score=lambda model: model_rmse(model, train, valid, clip=RATING_RANGE),
+        test_score=lambda model: model_rmse(model, history, test, clip=RATING_RANGE),
+        dpals_base=_RATING_BASE, delta=RATING_DELTA,
+        als_candidates=ALS_RATING_CANDIDATES, dpals_candidates=RATING_CANDIDATES,
+    )
     user_mean = rating_rmse(test, np.zeros(test.nnz), train=history, trained_mask=np.zeros(test.n_items, bool))
-    rows = [
-        make_row(SUITE, DATASET_RATING, "als", "rmse", als_mean, std=als_std, seeds=list(seeds),
-                 seconds=als_seconds / len(seeds)),
-        make_row(SUITE, DATASET_RATING, "user-mean", "rmse", user_mean),
-    ]
-    for eps in epsilons:
-        candidates = RATING_CANDIDATES[eps][:1] if quick else RATING_CANDIDATES[eps]
-        params = _choose(candidates, lambda c: rmse_valid(_dpals(train, _RATING_BASE, c, eps, RATING_DELTA, 0)),
-                         higher_is_better=False)
-        scores, seconds = [], 0.0
-        for seed in seeds:
-            model, took = _timed(lambda: _dpals(train, _RATING_BASE, params, eps, RATING_DELTA, seed))
-            scores.append(model_rmse(model, history, test, clip=RATING_RANGE))
-            seconds += took
-        mean, std = mean_std(scores)
-        rows.append(make_row(SUITE, DATASET_RATING, "dpals", "rmse", mean, epsilon=eps, delta=RATING_DELTA,
-                             std=std, seeds=list(seeds), baseline=als_mean, seconds=seconds / len(seeds)))
-    return rows
+    return task_rows(task, quick) + [make_row(SUITE, DATASET_RATING, "user-mean", "rmse", user_mean)]
 
 
-# ---------------------------------------------------------------------------- ranking task
 def ranking_rows(quick: bool) -> list[dict]:
+    """Ranking task: Recall@20 of held-out users folded in from their history only."""
     split = load_ml1m_ranking_split()
-    train = split.train
-    delta = 1.0 / train.n_users
-    seeds = SEEDS[:1] if quick else SEEDS
-    epsilons = (1.0, 20.0) if quick else EPSILONS
-
-    def recall(model: PublicModel, heldout) -> float:
-        return model_ranking(model, heldout, 20)["recall@20"]
-
-    als_params = ALS_RANKING_CANDIDATES[0] if quick else _choose(
-        ALS_RANKING_CANDIDATES, lambda c: recall(train_als(train, ALSConfig(**c)), split.valid), higher_is_better=True)
-    als_scores, als_seconds = [], 0.0
-    for seed in seeds:
-        model, seconds = _timed(lambda: train_als(train, ALSConfig(**als_params, seed=seed)))
-        als_scores.append(recall(model, split.test))
-        als_seconds += seconds
-    als_mean, als_std = mean_std(als_scores)
-    rows = [make_row(SUITE, DATASET_RANKING, "als", "recall@20", als_mean, std=als_std, seeds=list(seeds),
-                     seconds=als_seconds / len(seeds))]
-    for eps in epsilons:
-        candidates = RANKING_CANDIDATES[eps][:1] if quick else RANKING_CANDIDATES[eps]
-        params = _choose(candidates, lambda c: recall(_dpals(train, _RANKING_BASE, c, eps, delta, 0), split.valid),
-                         higher_is_better=True)
-        scores, seconds = [], 0.0
-        for seed in seeds:
-            model, took = _timed(lambda: _dpals(train, _RANKING_BASE, params, eps, delta, seed))
-            scores.append(recall(model, split.test))
-            seconds += took
-        mean, std = mean_std(scores)
-        rows.append(make_row(SUITE, DATASET_RANKING, "dpals", "recall@20", mean, epsilon=eps, delta=delta,
-                             std=std, seeds=list(seeds), baseline=als_mean, seconds=seconds / len(seeds)))
-    return rows
+    task = _Task(
+        dataset=DATASET_RANKING, metric="recall@20", higher_is_better=True, train=split.train,
+        valid_score=lambda model: model_ranking(model, split.valid, 20)["recall@20"],
+        test_score=lambda model: model_ranking(model, split.test, 20)["recall@20"],
+        dpals_base=_RANKING_BASE, delta=1.0 / split.train.n_users,
+        als_candidates=ALS_RANKING_CANDIDATES, dpals_candidates=RANKING_CANDIDATES,
+    )
+    return task_rows(task, quick)
 
 
 def run(quick: bool) -> list[dict]:
