@@ -47,8 +47,8 @@ def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float]:
     from implicit.cpu.als import AlternatingLeastSquares
 
     per_iteration: list[float] = []
-    model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
-    with limit_threads(1), peak_memory() as memory:
+    with limit_threads(1), peak_memory() as memory:  # implicit checks the BLAS pool when constructed
+        model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
         model.fit(ratings.csr.astype(np.float32), show_progress=False,
                   callback=lambda it, elapsed, loss: per_iteration.append(elapsed))
     return float(np.mean(per_iteration[1:])), memory.rss_peak_mib  # first iteration warms up
