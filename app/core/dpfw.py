@@ -33,6 +33,12 @@ Other users' statistics depend on user i only through earlier public releases (a
 composition). Under *replacement* of one user the Gram statistic moves by A_iᵀA_i − A'_iᵀA'_i,
 whose Frobenius norm the paper bounds by 4·sqrt(2)·L²; we account add/remove (4L²) and state it.
 
+The run's event is ComposedDpEvent([SelfComposedDpEvent(one step, T − 1)]) with one step = one
+Gaussian (dense) or Γ + 1 Gaussians (Oja); :func:`dpfw_event` builds it from the config alone and
+training rebuilds it from the record of releases actually made (RuntimeError if they differ).
+It is calibrated by the RDP accountant (:func:`calibrate`); the paper's closed-form zCDP σ
+(:func:`paper_sigma`) is kept for comparison only.
+
 The λ̂ inflation λ̂' = λ̂ + sqrt(σ·log(n/β))·n^{1/4} (σ = the noise std of the step's matrix or
 product releases) is optional and logged; it keeps ‖û‖ <= 1 w.h.p. but can dominate λ̂.
 The public artifact is the released sequence (v̂_s, λ̂'_s) plus the config (without the seed);
