@@ -93,9 +93,13 @@ _PG_ENSURE_USERS = text(
     "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "ON CONFLICT (external_id) DO NOTHING"
 )
-_PG_USER_IDS = text("SELECT id, external_id FROM users WHERE external_id = ANY(CAST(:ids AS text[]))")
+_PG_USER_IDS = text(
+    "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
+    "JOIN users u ON u.external_id = t.e"
+)
 _PG_ITEM_IDS = text(
-    "SELECT id, external_id FROM items WHERE dataset_id = :ds AND external_id = ANY(CAST(:ids AS text[]))"
+    "SELECT i.id, i.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
+    "JOIN items i ON i.dataset_id = :ds AND i.external_id = t.e"
 )
 _PG_UPSERT_RATINGS = text(
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
@@ -105,6 +109,20 @@ _PG_UPSERT_RATINGS = text(
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING user_id, item_id, (xmax = 0) AS inserted"
 )
+_PG_UPSERT_RATINGS = text(
+    "WITH upserted AS (" + _PG_UPSERT_RATINGS.text + ") "
+    "SELECT user_id, item_id FROM upserted WHERE inserted"
+)
+
+
+def _pg_array(values: Sequence[Any]) -> str:
+    """A PostgreSQL array literal (much faster to send than a list adapted element by element).
+
+    Numbers are written with ``repr``; strings are double-quoted with ``\\`` and ``"`` escaped.
+    """
+    if values and isinstance(values[0], str):
+        return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+    return "{" + ",".join(map(repr, values)) + "}"
 
 
 def _is_pg(session: Session) -> bool:
@@ -116,8 +134,8 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
     ids = sorted(set(external_ids))
     out: dict[str, int] = {}
     if _is_pg(session):  # one statement each, arrays as parameters (PostgreSQL)
-        session.execute(_PG_ENSURE_USERS, {"ids": ids, "now": now})
-        return {ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": ids})}
+        session.execute(_PG_ENSURE_USERS, {"ids": _pg_array(ids), "now": now})
+        return {ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": _pg_array(ids)}).all()}
     for part in _chunks(ids, _CHUNK):
         stmt = _insert(session, User.__table__).values(
             [{"external_id": e, "created_at": now, "updated_at": now} for e in part]
@@ -132,7 +150,7 @@ def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dic
     """External item id -> row id for the known items among ``external_ids``."""
     ids = sorted(set(external_ids))
     if _is_pg(session):
-        return {ext: iid for iid, ext in session.execute(_PG_ITEM_IDS, {"ds": ds.id, "ids": ids})}
+        return {ext: iid for iid, ext in session.execute(_PG_ITEM_IDS, {"ds": ds.id, "ids": _pg_array(ids)}).all()}
     out: dict[str, int] = {}
     for part in _chunks(ids, _CHUNK):
         rows = session.execute(
@@ -146,9 +164,12 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
                    values: list[float], now: datetime) -> set[tuple[int, int]]:
     """INSERT ... ON CONFLICT DO UPDATE; return the (user, item) row-id pairs that were created."""
     if _is_pg(session):  # one INSERT .. SELECT FROM unnest(arrays) .. ON CONFLICT per batch
-        result = session.execute(_PG_UPSERT_RATINGS, {"ds": ds.id, "now": now, "u": user_ids, "i": item_ids,
-                                                      "v": values})
-        return {(uid, iid) for uid, iid, inserted in result if inserted}
+        # key order: B-tree inserts and FK probes touch neighbouring pages
+        order = np.lexsort((np.asarray(item_ids), np.asarray(user_ids))).tolist()
+        result = session.execute(_PG_UPSERT_RATINGS, {
+            "ds": ds.id, "now": now, "u": _pg_array([user_ids[k] for k in order]),
+            "i": _pg_array([item_ids[k] for k in order]), "v": _pg_array([float(values[k]) for k in order])})
+        return set(map(tuple, result.all()))
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)

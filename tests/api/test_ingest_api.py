@@ -198,3 +198,23 @@ def test_unexpected_errors_are_500_in_the_shape_without_private_values(sqlite_en
     assert r.status_code == 500 and r.json() == {"error": {"code": "internal_error",
                                                            "message": "unexpected server error", "details": None}}
     assert "RuntimeError" in caplog.text and "4.5" not in caplog.text and "private value" not in caplog.text.replace("private value {", "")
+
+
+def test_bulk_import_round_trips_awkward_ids(env: Env) -> None:
+    """CSV ids are free text: quotes, backslashes, commas, braces, 'NULL', unicode survive."""
+    from app.services import ingest
+
+    weird = ['a"b', "c\\d", "e,f", "{g}", "NULL", "ünï ✓", " sp "]
+    rows = [(u, i, 1.0 + k % 4) for k, (u, i) in enumerate((u, i) for u in weird for i in weird)]
+    with env.session() as s:
+        assert ingest.import_ratings(s, dataset="default", rows=rows, create_items=True) == len(rows)
+        s.commit()
+    with env.session() as s:
+        for u in weird:
+            page = ingest.list_user_ratings(s, dataset="default", user_id=u, offset=0, limit=100)
+            assert sorted(r.item_id for r in page.items) == sorted(weird)
+    assert env.count("ratings") == len(rows)
+    with env.session() as s:  # again: every row is an update
+        ingest.import_ratings(s, dataset="default", rows=rows)
+        s.commit()
+    assert env.count("ratings") == len(rows)
