@@ -208,13 +208,14 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
 
 
 def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-                 values: Sequence[float]) -> tuple[list[str], int, int]:
+                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[str], int, int]:
     """Validate then upsert parallel rows; return (status per row, created, updated).
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
     """
     vals = np.asarray(values, dtype=np.float64)
-    item_map = _item_ids(session, ds, items)
+    if item_map is None:
+        item_map = _item_ids(session, ds, items)
     errors = _row_errors(ds, users, items, vals, item_map)
     if errors:
         raise Unprocessable(
@@ -241,10 +242,11 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
     if msg is not None:
         raise Unprocessable(msg, code="rating_out_of_range",
                             details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
-    if item_id not in _item_ids(session, ds, [item_id]):
+    item_map = _item_ids(session, ds, [item_id])
+    if item_id not in item_map:
         raise NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
                        details={"item_id": item_id})
-    status, _, _ = _upsert_many(session, ds, [user_id], [item_id], [rating])
+    status, _, _ = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)
     return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status[0],
                           updated_at=_now())
 
