@@ -76,3 +76,33 @@ def test_issue_token(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_openapi_command_matches_committed_file(capsys: pytest.CaptureFixture[str]) -> None:
     cli.main(["openapi"])
     assert capsys.readouterr().out == (Path(__file__).resolve().parents[2] / "openapi.yaml").read_text()
+
+
+def test_multi_worker_listener_is_tcp_so_connections_get_nodelay() -> None:
+    import asyncio
+    import socket
+
+    sock = cli._tcp_listener("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.get_inheritable()
+        port = sock.getsockname()[1]
+        seen: list[int] = []
+
+        async def main() -> None:
+            async def handle(reader, writer) -> None:
+                seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                writer.close()
+
+            server = await asyncio.start_server(handle, sock=sock)
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            w.close()
+            server.close()
+
+        asyncio.run(main())
+        assert seen and seen[0] != 0
+    finally:
+        sock.close()
