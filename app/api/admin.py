@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path
 
 from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
 from app.api.params import DatasetP
-from app.schemas.admin import (BudgetOut, CapChangeIn, LedgerEntryOut, ModelVersionOut, TrainingAccepted,
+from app.schemas.admin import (BudgetOut, CapChangeIn, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, TrainingAccepted,
                                TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import admin as svc
@@ -16,6 +16,19 @@ from app.services import admin as svc
 router = APIRouter(tags=["admin"])
 
 IdP = Annotated[int, Path(ge=1, le=2**62)]
+
+
+@router.post("/datasets", response_model=DatasetOut, status_code=201,
+             summary="Create a data set with its own privacy budget")
+def post_dataset(body: DatasetIn, admin: AdminPrincipal, session: SessionDep) -> DatasetOut:
+    out = svc.create_dataset(session, body=body, actor=f"admin:{admin.subject}")
+    session.commit()
+    return out
+
+
+@router.get("/datasets", response_model=Page[DatasetOut], summary="Data sets and their budgets")
+def list_datasets(_: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[DatasetOut]:
+    return svc.datasets_page(session, offset=offset, limit=limit)
 
 
 @router.get("/datasets/{dataset}/budget", response_model=BudgetOut, summary="Privacy budget")

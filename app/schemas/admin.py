@@ -12,6 +12,8 @@ from app.schemas.common import FiniteFloat, StrictModel
 __all__ = [
     "BudgetOut",
     "CapChangeIn",
+    "DatasetIn",
+    "DatasetOut",
     "LedgerEntryOut",
     "TrainingIn",
     "TrainingAccepted",
@@ -37,6 +39,29 @@ class BudgetOut(_Open):
     runs: dict[str, int] = Field(description="Training runs by status.")
     n_entries: int = 0
     n_charged_runs: int = 0
+
+
+class DatasetIn(StrictModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str | None = Field(default=None, max_length=1000)
+    rating_min: FiniteFloat = Field(description="Lowest rating accepted (public).")
+    rating_max: FiniteFloat = Field(description="Highest rating accepted (public).")
+    epsilon_cap: FiniteFloat = Field(gt=0, description="Privacy budget cap for this data set.")
+    delta: FiniteFloat = Field(gt=0, lt=1, description="The budget's delta.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "DatasetIn":
+        if not self.rating_min < self.rating_max:
+            raise ValueError("rating_min must be below rating_max")
+        return self
+
+
+class DatasetOut(BaseModel):
+    name: str
+    description: str | None
+    rating_min: float
+    rating_max: float
+    budget: BudgetOut
 
 
 class CapChangeIn(StrictModel):

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.schemas.admin import BudgetOut, LedgerEntryOut, ModelVersionOut, TrainingIn, TrainingRunOut
+from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, TrainingIn,
+                               TrainingRunOut)
 from app.schemas.common import Page
 
 __all__ = [
     "sessionmaker_for",
+    "create_dataset",
+    "datasets_page",
     "budget_view",
     "change_cap",
     "ledger_page",
@@ -28,6 +32,35 @@ def sessionmaker_for(settings: Any) -> sessionmaker[Session]:
     from app.db.session import get_sessionmaker
 
     return get_sessionmaker(settings.database_url)
+
+
+def _dataset_out(session: Session, ds: Any) -> DatasetOut:
+    return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
+                      rating_max=ds.rating_max, budget=budget_view(session, dataset=ds.name))
+
+
+def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
+    """Create a data set with its budget account (409 when the name is taken)."""
+    from app.api.errors import Conflict
+    from app.db.models import Dataset
+    from app.services import budget
+
+    if session.scalar(select(Dataset.id).where(Dataset.name == body.name)) is not None:
+        raise Conflict(f"data set {body.name!r} exists", code="dataset_exists", details={"dataset": body.name})
+    ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
+                               epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
+                               actor=actor)
+    return _dataset_out(session, ds)
+
+
+def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetOut]:
+    """All data sets with their budgets."""
+    from app.db.models import Dataset
+
+    total = session.scalar(select(func.count()).select_from(Dataset)) or 0
+    rows = session.scalars(select(Dataset).order_by(Dataset.name).offset(offset).limit(limit)).all()
+    return Page[DatasetOut].build([_dataset_out(session, d) for d in rows], total=int(total), offset=offset,
+                                  limit=limit)
 
 
 def budget_view(session: Session, *, dataset: str) -> BudgetOut:

@@ -80,3 +80,25 @@ def test_training_requests_validated_and_409_on_exhaustion(env: Env) -> None:
 def test_unknown_dataset_on_admin_routes(sqlite_env: Env) -> None:
     r = sqlite_env.client.get("/v1/admin/datasets/nope/budget", headers=sqlite_env.admin)
     assert r.status_code == 404 and set(r.json()["error"]) == {"code", "message", "details"}
+
+
+def test_create_and_list_datasets_with_separate_budgets(env: Env) -> None:
+    body = {"name": "jokes", "rating_min": -10, "rating_max": 10, "epsilon_cap": 3.0, "delta": 1e-7,
+            "description": "continuous ratings"}
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["budget"]["epsilon_cap"] == 3.0 and r.json()["budget"]["delta"] == 1e-7
+    assert env.client.post("/v1/admin/datasets", headers=env.admin, json=body).status_code == 409
+    for bad in ({**body, "name": "x", "rating_min": 5, "rating_max": 5}, {**body, "name": "y", "epsilon_cap": 0},
+                {**body, "name": "bad name"}, {**body, "name": "z", "delta": 1.5}):
+        assert env.client.post("/v1/admin/datasets", headers=env.admin, json=bad).status_code == 422
+    assert env.client.post("/v1/admin/datasets", headers=env.auth("u0"), json=body).status_code == 403
+    names = [d["name"] for d in env.client.get("/v1/admin/datasets", headers=env.admin).json()["items"]]
+    assert names == ["default", "jokes"]
+    # the new data set has its own range: -7.5 is valid there, not in "default"
+    env.client.put("/v1/datasets/jokes/items/j1", headers=env.admin, json={"title": "joke"})
+    env.client.put("/v1/datasets/default/items/j1", headers=env.admin, json={"title": "joke"})
+    assert env.client.put("/v1/datasets/jokes/users/a/ratings/j1", json={"rating": -7.5},
+                          headers=env.auth("a")).status_code == 200
+    assert env.client.put("/v1/datasets/default/users/a/ratings/j1", json={"rating": -7.5},
+                          headers=env.auth("a")).status_code == 422
