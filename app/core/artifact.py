@@ -22,7 +22,10 @@ import numpy as np
 from app.core import accounting
 from app.core.model import PublicModel, UserRegularisation
 
-__all__ = ["ArtifactInfo", "save_model", "load_model", "ArtifactError", "FORMAT_VERSION"]
+__all__ = [
+    "ArtifactInfo", "save_model", "load_model", "ArtifactError", "FORMAT_VERSION",
+    "_digest", "storable_ids", "_write_atomically",
+]
 
 FORMAT_VERSION = 1
 _ARRAYS = ("item_ids", "item_factors", "trained_mask", "item_counts")
@@ -40,7 +43,8 @@ class ArtifactInfo:
     metadata: dict[str, Any]
 
 
-def _ids_array(ids: np.ndarray) -> np.ndarray:
+def storable_ids(ids: np.ndarray) -> np.ndarray:
+    """Item ids as int64 or unicode strings: never an object array (no pickles)."""
     ids = np.asarray(ids)
     if ids.dtype.kind in "iu":
         return ids.astype(np.int64)
@@ -49,16 +53,13 @@ def _ids_array(ids: np.ndarray) -> np.ndarray:
     raise ArtifactError(f"item ids of dtype {ids.dtype} cannot be stored")
 
 
-def _npz_bytes(model: PublicModel) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        item_ids=_ids_array(model.item_ids),
-        item_factors=np.asarray(model.item_factors, dtype=np.float64),
-        trained_mask=np.asarray(model.trained_mask, dtype=bool),
-        item_counts=np.asarray(model.item_counts, dtype=np.float64),
-    )
-    return buffer.getvalue()
+def _model_arrays(model: PublicModel) -> dict[str, np.ndarray]:
+    return {
+        "item_ids": storable_ids(model.item_ids),
+        "item_factors": np.asarray(model.item_factors, dtype=np.float64),
+        "trained_mask": np.asarray(model.trained_mask, dtype=bool),
+        "item_counts": np.asarray(model.item_counts, dtype=np.float64),
+    }
 
 
 def _describe(model: PublicModel) -> dict[str, Any]:
@@ -77,18 +78,23 @@ def _describe(model: PublicModel) -> dict[str, Any]:
 
 
 def _digest(npz: bytes, description: dict[str, Any]) -> str:
+    """SHA-256 over the array bytes and the canonical JSON of the description."""
     canonical = json.dumps(description, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(hashlib.sha256(npz).digest() + canonical.encode()).hexdigest()
 
 
-def save_model(model: PublicModel, path: str | os.PathLike[str]) -> ArtifactInfo:
-    """Write ``<path>.npz`` and ``<path>.json`` (``path`` may end in ``.npz``); return the hash."""
+def _base_path(path: str | os.PathLike[str]) -> Path:
     base = Path(path)
-    if base.suffix == ".npz":
-        base = base.with_suffix("")
+    return base.with_suffix("") if base.suffix in (".npz", ".json") else base
+
+
+def write_sealed(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], description: dict[str, Any]) -> ArtifactInfo:
+    """Write ``arrays`` to ``<path>.npz`` and ``description`` plus a SHA-256 over both to ``<path>.json``."""
+    base = _base_path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
-    npz = _npz_bytes(model)
-    description = _describe(model)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    npz = buffer.getvalue()
     sha = _digest(npz, description)
     npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
     _write_atomically(npz_path, npz)
@@ -96,21 +102,14 @@ def save_model(model: PublicModel, path: str | os.PathLike[str]) -> ArtifactInfo
     return ArtifactInfo(npz_path=npz_path, json_path=json_path, sha256=sha, metadata=description)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> PublicModel:
-    """Load and verify an artifact written by :func:`save_model`."""
-    base = Path(path)
-    if base.suffix in (".npz", ".json"):
-        base = base.with_suffix("")
-    npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
+def read_sealed(
+    path: str | os.PathLike[str], *, expected_sha256: str | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read and verify a :func:`write_sealed` artifact: (arrays, description); ArtifactError on any mismatch."""
+    base = _base_path(path)
     try:
-        npz = npz_path.read_bytes()
-        stored = json.loads(json_path.read_text())
+        npz = base.with_suffix(".npz").read_bytes()
+        stored = json.loads(base.with_suffix(".json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"cannot read artifact {base}: {exc}") from exc
     sha = stored.pop("sha256", None)
@@ -118,10 +117,29 @@ def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = No
         raise ArtifactError(f"artifact {base} fails its content hash check")
     if expected_sha256 is not None and sha != expected_sha256:
         raise ArtifactError(f"artifact {base} is not the expected version")
+    with np.load(io.BytesIO(npz), allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}, stored
+
+
+def save_model(model: PublicModel, path: str | os.PathLike[str]) -> ArtifactInfo:
+    """Write ``<path>.npz`` and ``<path>.json`` (``path`` may end in ``.npz``); return the hash."""
+    return write_sealed(path, _model_arrays(model), _describe(model))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary sibling, then rename: readers never see a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> PublicModel:
+    """Load and verify an artifact written by :func:`save_model`."""
+    data, stored = read_sealed(path, expected_sha256=expected_sha256)
     if stored.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"unsupported artifact format {stored.get('format_version')!r}")
-    with np.load(io.BytesIO(npz), allow_pickle=False) as arrays:
-        data = {name: arrays[name] for name in _ARRAYS}
+    if set(data) != set(_ARRAYS):
+        raise ArtifactError(f"artifact {path} holds arrays {sorted(data)}, expected {list(_ARRAYS)}")
     event = stored["event"]
     return PublicModel(
         algorithm=stored["algorithm"],

@@ -48,6 +48,7 @@ __all__ = [
     "PublicState",
     "BoundedData",
     "public_preprocessing",
+    "per_user_sample",
     "bound_contributions",
     "dpals_event",
     "public_config",
@@ -268,7 +269,7 @@ class Preprocessed:
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
 
 
-def _per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.ndarray:
+def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user."""
     rows, _, _ = ratings.coo()
     return _lowest_k_per_row(rows, rng.random(len(rows)), k)
@@ -345,7 +346,7 @@ def public_preprocessing(
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     k = config.contribution_bound
     _, cols, vals = ratings.coo()
-    sample = _per_user_sample(ratings, k, rng)
+    sample = per_user_sample(ratings, k, rng)
     counts = releaser.vector(
         "item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k),
         config.noise_multipliers()["counts"],

@@ -47,8 +47,6 @@ a user's scores are obtained by replaying the local updates from her own row (po
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import math
 import os
@@ -61,9 +59,9 @@ import scipy.sparse as sp
 from dp_accounting import dp_event
 
 from app.core import accounting
-from app.core.artifact import ArtifactError, _digest, _ids_array, _write_atomically
-from app.core.dpals import GaussianReleaser, _per_user_sample
-from app.core.foldin import top_n
+from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
+from app.core.dpals import GaussianReleaser, per_user_sample
+from app.core.foldin import candidate_items, top_n
 from app.core.ratings import Ratings
 
 __all__ = [
@@ -267,7 +265,7 @@ def prepare_rows(ratings: Ratings, config: DPFWConfig, rng: np.random.Generator 
     ``cap=False`` (fold-in) keeps all of the user's ratings.
     """
     rows, cols, values = ratings.coo()
-    keep = _per_user_sample(ratings, config.max_ratings_per_user, rng) if cap else None
+    keep = per_user_sample(ratings, config.max_ratings_per_user, rng) if cap else None
     return _rows_from_arrays(rows, cols, values, ratings.n_users, ratings.n_items, config, keep)
 
 
@@ -547,32 +545,10 @@ def recommend_dpfw(
     """Top-``n`` items (same semantics as :func:`app.core.foldin.recommend`): rated and excluded
     items removed, candidates restricted to ``allowed_idx`` when given; best first."""
     scores = replay_user(model, item_idx, values)
-    allowed = np.zeros(model.n_items, dtype=bool)
-    allowed[:] = allowed_idx is None
-    if allowed_idx is not None:
-        allowed[_candidates(allowed_idx, model.n_items)] = True
-    allowed[np.asarray(item_idx, dtype=np.int64).reshape(-1)] = False
-    if exclude_idx is not None:
-        allowed[_candidates(exclude_idx, model.n_items)] = False
-    return top_n(scores, n, np.flatnonzero(allowed))
-
-
-def _candidates(idx: np.ndarray, n_items: int) -> np.ndarray:
-    idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-    if len(idx) and (idx.min() < 0 or idx.max() >= n_items):
-        raise ValueError("item index out of range")
-    return idx
+    return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))
 
 
 # ---------------------------------------------------------------------------- artifact
-def _npz_bytes(model: FrankWolfeModel) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, item_ids=_ids_array(model.item_ids),
-             directions=np.asarray(model.directions, dtype=np.float64),
-             scales=np.asarray(model.scales, dtype=np.float64))
-    return buffer.getvalue()
-
-
 def _describe(model: FrankWolfeModel) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
@@ -586,37 +562,21 @@ def _describe(model: FrankWolfeModel) -> dict[str, Any]:
 
 def save_frank_wolfe(model: FrankWolfeModel, path: str | os.PathLike[str]) -> tuple[Path, Path, str]:
     """Write ``<path>.npz`` (allow_pickle=False arrays) and ``<path>.json``; return (npz, json, sha256)."""
-    base = Path(path)
-    if base.suffix == ".npz":
-        base = base.with_suffix("")
-    base.parent.mkdir(parents=True, exist_ok=True)
-    npz, description = _npz_bytes(model), _describe(model)
-    sha = _digest(npz, description)
-    npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
-    _write_atomically(npz_path, npz)
-    _write_atomically(json_path, json.dumps({**description, "sha256": sha}, sort_keys=True, indent=1).encode())
-    return npz_path, json_path, sha
+    arrays = {
+        "item_ids": storable_ids(model.item_ids),
+        "directions": np.asarray(model.directions, dtype=np.float64),
+        "scales": np.asarray(model.scales, dtype=np.float64),
+    }
+    info = write_sealed(path, arrays, _describe(model))
+    return info.npz_path, info.json_path, info.sha256
 
 
 def load_frank_wolfe(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> FrankWolfeModel:
     """Load and verify an artifact written by :func:`save_frank_wolfe` (ArtifactError on any mismatch)."""
-    base = Path(path)
-    if base.suffix in (".npz", ".json"):
-        base = base.with_suffix("")
-    try:
-        npz = base.with_suffix(".npz").read_bytes()
-        stored = json.loads(base.with_suffix(".json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"cannot read artifact {base}: {exc}") from exc
-    sha = stored.pop("sha256", None)
-    if _digest(npz, stored) != sha:
-        raise ArtifactError(f"artifact {base} fails its content hash check")
-    if expected_sha256 is not None and sha != expected_sha256:
-        raise ArtifactError(f"artifact {base} is not the expected version")
+    arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
     if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != "dpfw":
         raise ArtifactError(f"not a DPFW artifact of format {FORMAT_VERSION}")
-    with np.load(io.BytesIO(npz), allow_pickle=False) as arrays:
-        item_ids, directions, scales = arrays["item_ids"], arrays["directions"], arrays["scales"]
+    item_ids, directions, scales = arrays["item_ids"], arrays["directions"], arrays["scales"]
     return FrankWolfeModel(
         item_ids=item_ids, directions=directions, scales=scales, config=stored["config"],
         event=accounting.event_from_json(stored["event"]), metadata=stored["metadata"],

@@ -19,7 +19,7 @@ from app.core.als import make_plan, solve_side
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
 
-__all__ = ["fold_in", "fold_in_users", "user_offset", "user_offsets", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
 
 
 @lru_cache(maxsize=8)
@@ -132,15 +132,25 @@ def recommend(
     user_vector = fold_in(model, item_idx, values)
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     scores = score_items(model, user_vector, user_offset(model, values) if len(values) else None)
-    allowed = np.zeros(model.n_items, dtype=bool)
+    return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))
+
+
+def candidate_items(
+    n_items: int,
+    rated_idx: np.ndarray,
+    exclude_idx: np.ndarray | None = None,
+    allowed_idx: np.ndarray | None = None,
+) -> np.ndarray:
+    """Items that may be recommended: ``allowed_idx`` (default all) minus rated and excluded ones."""
+    allowed = np.zeros(n_items, dtype=bool)
     if allowed_idx is None:
         allowed[:] = True
     else:
-        allowed[_as_candidate_array(allowed_idx, model.n_items)] = True
-    allowed[np.asarray(item_idx, dtype=np.int64)] = False
+        allowed[_as_candidate_array(allowed_idx, n_items)] = True
+    allowed[_as_candidate_array(rated_idx, n_items)] = False
     if exclude_idx is not None:
-        allowed[_as_candidate_array(exclude_idx, model.n_items)] = False
-    return top_n(scores, n, np.flatnonzero(allowed))
+        allowed[_as_candidate_array(exclude_idx, n_items)] = False
+    return np.flatnonzero(allowed)
 
 
 def _as_candidate_array(idx: np.ndarray, n_items: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from app.core.dpals import (
     symmetric_noise,
     train_dpals,
     user_regularisation,
-    _per_user_sample,
+    per_user_sample,
 )
 from app.core.ratings import Ratings
 
@@ -78,7 +78,7 @@ def test_count_and_mean_sensitivities_under_adding_a_maximal_user():
     stats = []
     for data in (small, large):
         _, cols, vals = data.coo()
-        sample = _per_user_sample(data, K, np.random.default_rng(5))
+        sample = per_user_sample(data, K, np.random.default_rng(5))
         counts = count_statistic(cols[sample], None, data.n_items)
         stats.append((counts, *mean_statistics(vals[sample], config.midpoint), sample))
     (c0, s0, n0, m0), (c1, s1, n1, m1) = stats
