@@ -27,13 +27,16 @@ dense: Ŵ                  W = Σ_i A_iᵀA_i (upper      ‖A_iᵀA_i‖_F = �
 Oja: Γ products           AᵀA v + g, v public          ‖A_iᵀ(A_i v)‖ <= ‖A_i‖²‖v‖ <= 4L²
                           (the previous iterate)
 Oja: eigenvalue           ‖A v̂‖² = Σ_i (A_i v̂)²       (A_i v̂)² <= 4L²
+once: item counts c̃       ratings per item after the  sqrt(ξ): <= ξ distinct items, +1 each
+                          ξ-cap (floored at 1)
 ========================  ==========================  ==============================================
 
 Other users' statistics depend on user i only through earlier public releases (adaptive
 composition). Under *replacement* of one user the Gram statistic moves by A_iᵀA_i − A'_iᵀA'_i,
 whose Frobenius norm the paper bounds by 4·sqrt(2)·L²; we account add/remove (4L²) and state it.
 
-The run's event is ComposedDpEvent([SelfComposedDpEvent(one step, T − 1)]) with one step = one
+The DP item counts serve the DP-popular fallback and the public popularity endpoint.
+The run's event is ComposedDpEvent([counts, SelfComposedDpEvent(one step, T − 1)]) with one step = one
 Gaussian (dense) or Γ + 1 Gaussians (Oja); :func:`dpfw_event` builds it from the config alone and
 training rebuilds it from the record of releases actually made (RuntimeError if they differ).
 It is calibrated by the RDP accountant (:func:`calibrate`); the paper's closed-form zCDP σ
@@ -112,6 +115,7 @@ class DPFWConfig:
     oja_learning_rate: float | None = None  # None: the paper's η = 1/(Γ σ sqrt(n))
     noise_multiplier: float = 5.0
     eigenvalue_noise_ratio: float = 1.0
+    count_noise_ratio: float = 4.0  # the DP item counts: z·ratio
     eigen_inflation: bool = False
     failure_probability: float = 0.1  # β of the inflation
     default_mean: float = 0.0  # public offset for a user without ratings
@@ -128,7 +132,7 @@ class DPFWConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("nuclear_norm", "row_clip", "noise_multiplier", "eigenvalue_noise_ratio"):
+        for name in ("nuclear_norm", "row_clip", "noise_multiplier", "eigenvalue_noise_ratio", "count_noise_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
@@ -179,9 +183,10 @@ def _per_step_releases(config: DPFWConfig, method: str) -> list[float]:
 
 
 def dpfw_event(config: DPFWConfig, n_items: int | None = None) -> dp_event.DpEvent:
-    """The run's event, known before any data is touched: T − 1 identical eigen-steps."""
+    """The run's event, known before any data is touched: DP counts, then T − 1 identical eigen-steps."""
     step = accounting.compose([accounting.gaussian(m) for m in _per_step_releases(config, config.method(n_items))])
-    return accounting.compose([dp_event.SelfComposedDpEvent(step, config.n_steps - 1)])
+    counts = accounting.gaussian(config.noise_multiplier * config.count_noise_ratio)
+    return accounting.compose([counts, dp_event.SelfComposedDpEvent(step, config.n_steps - 1)])
 
 
 def calibrate(target_epsilon: float, delta: float, config: DPFWConfig, n_items: int | None = None) -> DPFWConfig:
@@ -378,6 +383,7 @@ class FrankWolfeModel:
     item_ids: np.ndarray
     directions: np.ndarray  # (n_items, T − 1)
     scales: np.ndarray  # (T − 1,)
+    item_counts: np.ndarray  # DP counts (n_items,), floored at 1
     config: dict[str, Any]
     event: dp_event.DpEvent
     metadata: dict[str, Any]
@@ -392,10 +398,25 @@ class FrankWolfeModel:
             raise ValueError("the released sequence contains NaN or infinite values")
         if np.any(self.scales < 0):
             raise ValueError("released scales must be >= 0")
+        if self.item_counts.shape != (n,):
+            raise ValueError("item_counts must have one entry per item")
 
     @property
     def n_items(self) -> int:
         return len(self.item_ids)
+
+    # the item-side view shared with factor models (public endpoints: embeddings, similar items)
+    @property
+    def item_factors(self) -> np.ndarray:
+        return self.directions
+
+    @property
+    def rank(self) -> int:
+        return int(self.directions.shape[1])
+
+    @property
+    def trained_mask(self) -> np.ndarray:
+        return np.ones(self.n_items, dtype=bool)
 
     def item_index(self) -> dict[Any, int]:
         return {iid: i for i, iid in enumerate(self.item_ids.tolist())}
@@ -424,6 +445,10 @@ def _train_with_trace(
     rng = np.random.default_rng(config.seed) if rng is None else rng
     releaser = GaussianReleaser(rng)
     rows = prepare_rows(ratings, config, rng)
+    counts = releaser.vector(
+        "item_counts", np.bincount(rows.indices, minlength=ratings.n_items).astype(np.float64),
+        math.sqrt(config.max_ratings_per_user), config.noise_multiplier * config.count_noise_ratio,
+    )
     state = LocalState.zeros(rows, config.n_steps)
     n_releases = config.n_steps - 1
     directions = np.zeros((ratings.n_items, n_releases))
@@ -445,7 +470,8 @@ def _train_with_trace(
     if event != dpfw_event(config, ratings.n_items):
         raise RuntimeError("the releases made differ from the reserved privacy event")
     model = FrankWolfeModel(
-        item_ids=ratings.item_ids, directions=directions, scales=scales, config=public_config(config),
+        item_ids=ratings.item_ids, directions=directions, scales=scales, item_counts=np.maximum(counts, 1.0),
+        config=public_config(config),
         event=event, metadata=_metadata(config, method, releaser),
     )
     return model, TrainingTrace(rows=rows, state=state)
@@ -566,6 +592,7 @@ def save_frank_wolfe(model: FrankWolfeModel, path: str | os.PathLike[str]) -> tu
         "item_ids": storable_ids(model.item_ids),
         "directions": np.asarray(model.directions, dtype=np.float64),
         "scales": np.asarray(model.scales, dtype=np.float64),
+        "item_counts": np.asarray(model.item_counts, dtype=np.float64),
     }
     info = write_sealed(path, arrays, _describe(model))
     return info.npz_path, info.json_path, info.sha256
@@ -577,7 +604,8 @@ def load_frank_wolfe(path: str | os.PathLike[str], *, expected_sha256: str | Non
     if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != "dpfw":
         raise ArtifactError(f"not a DPFW artifact of format {FORMAT_VERSION}")
     item_ids, directions, scales = arrays["item_ids"], arrays["directions"], arrays["scales"]
+    item_counts = arrays["item_counts"]
     return FrankWolfeModel(
-        item_ids=item_ids, directions=directions, scales=scales, config=stored["config"],
+        item_ids=item_ids, directions=directions, scales=scales, item_counts=item_counts, config=stored["config"],
         event=accounting.event_from_json(stored["event"]), metadata=stored["metadata"],
     )

@@ -116,11 +116,16 @@ def test_every_noise_draw_is_in_the_event(method: str):
     by_name: dict[str, int] = {}
     for r in releases:
         by_name[r["name"]] = by_name.get(r["name"], 0) + 1
-        assert r["l2_sensitivity"] == 4 * L**2
+        expected = math.sqrt(config.max_ratings_per_user) if r["name"] == "item_counts" else 4 * L**2
+        assert r["l2_sensitivity"] == pytest.approx(expected)
     stds = {r["l2_sensitivity"] * r["noise_multiplier"] for r in releases}
     init = [d for d in rng.normal_draws if d[0] == 1.0]
     noise = [d for d in rng.normal_draws if d[0] != 1.0]
     assert {s for s, _ in noise} <= stds  # every draw belongs to a recorded release
+    count_std = math.sqrt(config.max_ratings_per_user) * config.noise_multiplier * config.count_noise_ratio
+    assert [d for d in noise if d[0] == pytest.approx(count_std)] == [(pytest.approx(count_std), N_ITEMS)]
+    assert by_name.pop("item_counts") == 1  # the DP counts, released once
+    noise = [d for d in noise if d[0] != pytest.approx(count_std)]
     if method == "dense":
         assert by_name == {"gram": steps}  # exactly T − 1 eigen releases
         assert init == []
@@ -142,7 +147,7 @@ def test_auto_method_switches_to_oja_above_the_dense_limit():
     assert config.method(10) == "dense" and config.method(11) == "oja"
     with pytest.raises(ValueError, match="number of items"):
         dpfw_event(config)
-    assert accounting.count_gaussian_releases(dpfw_event(config, 11)) == (config.n_steps - 1) * (config.oja_iterations + 1)
+    assert accounting.count_gaussian_releases(dpfw_event(config, 11)) == 1 + (config.n_steps - 1) * (config.oja_iterations + 1)
     model = train_dpfw(_ratings(), config)  # 12 items > 10
     assert model.metadata["eigen_method"] == "oja"
 
@@ -353,3 +358,17 @@ def test_artifact_round_trip_and_hash_check(tmp_path):
     js.write_text(text)
     with pytest.raises(ArtifactError, match="hash"):
         load_frank_wolfe(tmp_path / "fw")
+
+
+def test_count_release_sensitivity_under_adding_a_maximal_user():
+    from app.core.dpfw import prepare_rows
+
+    config = _config(max_ratings_per_user=5)
+    small, large = _ratings(), _ratings(extra_user=True)
+    counts = [
+        np.bincount(prepare_rows(r, config, np.random.default_rng(1)).indices, minlength=N_ITEMS).astype(float)
+        for r in (small, large)
+    ]
+    delta = np.linalg.norm(counts[1] - counts[0])
+    assert delta <= math.sqrt(config.max_ratings_per_user) + 1e-12
+    assert delta == pytest.approx(math.sqrt(config.max_ratings_per_user))  # the bound is attained
