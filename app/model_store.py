@@ -18,6 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
+from app.core.dpfw import FrankWolfeModel
 from app.core.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
 from app.ledger import round_up
@@ -54,18 +55,19 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def load_version_model(row: ModelVersion) -> PublicModel:
-    """The :class:`PublicModel` of a version row; loaded and hash-checked once, then cached."""
+def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
+    """The public model of a version row (by its algorithm); loaded and hash-checked once, then cached."""
     key = (row.id, row.sha256)
     with _cache_lock:
         model = _cache.get(key)
         if model is not None:
             _cache.move_to_end(key)
             return model
-    from app.core.artifact import ArtifactError, load_model
+    from app.core.algorithms import get_algorithm
+    from app.core.artifact import ArtifactError
 
     try:
-        model = load_model(row.artifact_path, expected_sha256=row.sha256)
+        model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)
     except ArtifactError as exc:
         raise Conflict(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
     with _cache_lock:

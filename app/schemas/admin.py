@@ -89,7 +89,8 @@ class LedgerEntryOut(_Open):
 
 
 class TrainingIn(StrictModel):
-    algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$")
+    algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$",
+                           description='Training algorithm: "dpals" (default) or "dpfw" (private Frank-Wolfe).')
     epsilon: FiniteFloat | None = Field(default=None, gt=0, description="Epsilon for this run.")
     epsilon_fraction: FiniteFloat | None = Field(
         default=None, gt=0, le=1, description="Or: this fraction of the remaining budget.")

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.api.errors import NotFound
 from app.core import foldin
+from app.core.algorithms import get_algorithm
 from app.db.models import Item, ModelVersion
 from app.schemas.serving import (EmbeddingRow, EmbeddingsPage, ModelInfoOut, PopularItem, PopularOut,
                                  RecommendationQuery, RecommendationsOut, ScoredItem, SimilarOut)
@@ -294,7 +295,8 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                                   fallback=True, fallback_reason=f"dp_popular: {reason}",
                                   items=_scored(s, idx, scores))
     unfiltered = not cat.inactive and query.categories is None and not query.exclude
-    idx, scores = foldin.recommend(model, rated_idx, rated_vals, query.n,
-                                   allowed_idx=None if unfiltered else np.flatnonzero(allowed))
+    recommend = get_algorithm(model.algorithm).recommend  # fold-in or replay: the user's rows only
+    idx, scores = recommend(model, rated_idx, rated_vals, query.n,
+                            allowed_idx=None if unfiltered else np.flatnonzero(allowed))
     return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
                               fallback=False, fallback_reason=None, items=_scored(s, idx, scores))

@@ -23,7 +23,6 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -35,6 +34,8 @@ from app import ledger, model_store
 from app.config import Settings, get_settings
 from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
+from app.core.algorithms import ALGORITHMS as _ALGORITHMS
+from app.core.algorithms import Algorithm, get_algorithm
 from app.core.ratings import Ratings
 from app.db.models import Dataset, Item, Rating, TrainingRun, utcnow
 from app.db.session import is_postgres, session_scope
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 
 TASK_NAME = "privrec.train_run"
 QUEUE = "privrec"
-ALGORITHMS = ("dpals",)
+ALGORITHMS = tuple(sorted(_ALGORITHMS))
 _SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
 _ERROR_LIMIT = 2000
 REQUEUE_AFTER_S = 3600.0  # a queued run older than this is re-sent (lost message)
@@ -69,40 +70,21 @@ MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
 
 
 # ----------------------------------------------------------------------------- configs
-def _dpals_config(ds: Dataset, hyperparameters: dict[str, Any] | None):
-    """The (uncalibrated) DPALS config: defaults + caller's public hyper-parameters."""
-    from app.core.dpals import DPALSConfig
-
+def _base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None):
+    """The (uncalibrated) config: defaults + caller's public hyper-parameters."""
     params = dict(hyperparameters or {})
     for key in _SECRET_CONFIG_KEYS:
         if key in params:
             raise InvalidRequest(f"hyper-parameter {key!r} cannot be chosen: the service draws it secretly per run")
-    if "rating_range" in params and [float(x) for x in params["rating_range"]] != [ds.rating_min, ds.rating_max]:
-        raise InvalidRequest("rating_range is the data set's public range and cannot be overridden")
-    params["rating_range"] = [ds.rating_min, ds.rating_max]
     try:
-        return DPALSConfig.from_dict(params)
+        return algo.config_from_params(params, (ds.rating_min, ds.rating_max))
     except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"invalid DPALS hyper-parameters: {exc}") from exc
+        raise InvalidRequest(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
-def _public_config(config_dict: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config_dict.items() if k not in _SECRET_CONFIG_KEYS}
-
-
-def _event_parameters(config) -> dict[str, Any]:
-    """Ledger parameters that give a DPALS event its meaning."""
-    return {
-        "algorithm": "dpals",
-        "contribution_bound": config.contribution_bound,
-        "contribution_mode": config.contribution_mode,
-        "clip_user": config.clip_user,
-        "clip_rating": config.clip_rating,
-        "rating_range": list(config.rating_range),
-        "n_steps": config.n_steps,
-        "mean_mode": config.mean_mode,
-        "noise_multipliers": config.noise_multipliers(),
-    }
+def _n_items(session: Session, ds: Dataset) -> int:
+    """The public catalogue size (every item of the data set, as training loads them)."""
+    return int(session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0)
 
 
 # ----------------------------------------------------------------------------- requests
@@ -124,8 +106,10 @@ def start_training(
     budget, in (0, 1]) is given. Raises InvalidRequest / BudgetExceeded; does not commit.
     After committing, call :func:`enqueue_run` with the run id.
     """
-    if algorithm not in ALGORITHMS:
-        raise InvalidRequest(f"unknown algorithm {algorithm!r}; available: {list(ALGORITHMS)}")
+    try:
+        algo = get_algorithm(algorithm)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
     if (epsilon is None) == (epsilon_fraction is None):
         raise InvalidRequest("give exactly one of epsilon or epsilon_fraction")
     if epsilon is not None and (
@@ -159,18 +143,17 @@ def start_training(
                 epsilon_cap=acct.epsilon_cap,
                 delta=acct.delta,
             )
-    from app.core.dpals import calibrate, dpals_event
-
-    base = _dpals_config(ds, hyperparameters)
+    base = _base_config(algo, ds, hyperparameters)
+    n_items = _n_items(session, ds)
     try:
-        config = calibrate(float(epsilon), acct.delta, base)
+        config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
     except ValueError as exc:
-        raise InvalidRequest(f"cannot calibrate DPALS to epsilon {epsilon}: {exc}") from exc
-    event = dpals_event(config)
+        raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
+    event = algo.event(config, n_items)
     run = TrainingRun(
         dataset_id=ds.id,
         algorithm=algorithm,
-        config=_public_config(config.to_dict()),
+        config=algo.public_config(config),
         requested_epsilon=float(epsilon),
         delta=acct.delta,
         epsilon_charged=_eps_rdp(event, acct.delta),
@@ -184,7 +167,7 @@ def start_training(
     )
     session.add(run)
     session.flush()
-    ledger.reserve(session, dataset=ds, event=event, parameters=_event_parameters(config), actor=actor, run_id=run.id)
+    ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor, run_id=run.id)
     return run
 
 
@@ -480,8 +463,9 @@ def run_training(run_id: int, *, url: str | None = None, worker: str | None = No
 
 
 def _train(run_id: int, url: str | None, info: dict[str, Any]):
-    from app.core.dpals import DPALSConfig, dpals_event, train_dpals
+    from app.core.accounting import event_to_json
 
+    algo = get_algorithm(info["algorithm"])
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
         version = ds.ratings_version
@@ -489,18 +473,18 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]):
         s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
         reserved = ledger.reservation_for(s, run_id)
         reserved_event = dict(reserved.event) if reserved else None
-    config = DPALSConfig.from_dict({**info["config"], "seed": secrets.randbits(63)})
-    from app.core.accounting import event_to_json
-
-    if reserved_event != event_to_json(dpals_event(config)):
+    # the secret seed never leaves the worker: models publish their config without it
+    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
+    if reserved_event != event_to_json(algo.event(config, ratings.n_items)):
         raise RuntimeError("the run's config no longer matches its privacy reservation")
     _set_progress(run_id, url, 0.10, "training")
-    model = train_dpals(ratings, config, progress=_progress_writer(run_id, url))
+    model = algo.train(ratings, config, progress=_progress_writer(run_id, url))
     del ratings
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")
-    # the secret seed never leaves the worker
-    return replace(model, config=_public_config(model.config))
+    if any(key in model.config for key in _SECRET_CONFIG_KEYS):
+        raise RuntimeError("the trained model's config carries a secret")
+    return model
 
 
 def _mark_output_persisted(run_id: int, url: str | None) -> None:
@@ -514,16 +498,14 @@ def _mark_output_persisted(run_id: int, url: str | None) -> None:
 
 
 def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
-    from app.core.artifact import save_model
-
     with session_scope(url) as s:
         run = s.get(TrainingRun, run_id)
         dataset_name = run.dataset.name
         delta = run.delta
     path = model_store.artifact_path_for(dataset_name, run_id, settings.artifact_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    info = save_model(model, path)
-    artifact, sha = str(info.npz_path), info.sha256  # sha256 covers the arrays and the metadata
+    npz_path, sha = get_algorithm(model.algorithm).save(model, path)  # sha256 covers arrays and metadata
+    artifact = str(npz_path)
     eps = _eps_rdp(model.event, delta)
     eps_pld = _eps_pld(model.event, delta)
     metrics = {

@@ -102,3 +102,17 @@ def test_create_and_list_datasets_with_separate_budgets(env: Env) -> None:
                           headers=env.auth("a")).status_code == 200
     assert env.client.put("/v1/datasets/default/users/a/ratings/j1", json={"rating": -7.5},
                           headers=env.auth("a")).status_code == 422
+
+
+def test_a_dpfw_training_is_accepted_and_charged_like_any_run(env: Env) -> None:
+    seed_ratings(env)
+    body = {"algorithm": "dpfw", "epsilon": 1.0, "hyperparameters": {"n_steps": 3, "max_ratings_per_user": 10}}
+    r = env.client.post(f"{A}/trainings", headers=env.admin, json=body)
+    assert r.status_code == 202, r.text
+    run = env.client.get(f"/v1/admin/trainings/{r.json()['run_id']}", headers=env.admin).json()
+    assert run["algorithm"] == "dpfw" and run["requested_epsilon"] == 1.0
+    entries = env.client.get(f"{A}/ledger", headers=env.admin).json()["items"]
+    reservation = [e for e in entries if e["kind"] == "reservation"][-1]
+    assert reservation["parameters"]["algorithm"] == "dpfw" and reservation["epsilon"] <= 1.0 + 1e-9
+    bad = {**body, "hyperparameters": {"rating_range": [1, 5]}}
+    assert env.client.post(f"{A}/trainings", headers=env.admin, json=bad).status_code == 422

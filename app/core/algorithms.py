@@ -1,0 +1,142 @@
+"""The private training algorithms the service can run, behind one interface.
+
+Each entry knows how to build its config from public hyper-parameters, calibrate it to a target
+(ε, δ), give the run's ``DpEvent`` before any data is read (for the ledger reservation), train,
+store and load its public artifact, and score items for one user from that artifact plus the
+user's own ratings (privileged post-processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from dp_accounting import dp_event
+
+from app.core import accounting, dpals, dpfw, foldin
+from app.core.artifact import load_model, save_model
+
+__all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
+
+Recommend = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Uniform access to one algorithm (see the module docstring)."""
+
+    name: str
+    config_from_params: Callable[[dict[str, Any], tuple[float, float]], Any]
+    config_from_dict: Callable[[dict[str, Any]], Any]
+    public_config: Callable[[Any], dict[str, Any]]
+    calibrate: Callable[[float, float, Any, int], Any]
+    event: Callable[[Any, int], dp_event.DpEvent]
+    event_parameters: Callable[[Any], dict[str, Any]]
+    train: Callable[..., Any]
+    save: Callable[[Any, Path], tuple[Path, str]]
+    load: Callable[[Path, str | None], Any]
+    recommend: Recommend
+
+
+# ---------------------------------------------------------------------------- DPALS
+def _dpals_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
+    if "rating_range" in params and [float(x) for x in params["rating_range"]] != list(rating_range):
+        raise ValueError("rating_range is the data set's public range and cannot be overridden")
+    return dpals.DPALSConfig.from_dict({**params, "rating_range": list(rating_range)})
+
+
+def _dpals_parameters(config: dpals.DPALSConfig) -> dict[str, Any]:
+    return {
+        "algorithm": "dpals",
+        "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
+        "contribution_bound": config.contribution_bound,
+        "contribution_mode": config.contribution_mode,
+        "clip_user": config.clip_user,
+        "clip_rating": config.clip_rating,
+        "rating_range": list(config.rating_range),
+        "n_steps": config.n_steps,
+        "mean_mode": config.mean_mode,
+        "noise_multipliers": config.noise_multipliers(),
+    }
+
+
+def _dpals_save(model: Any, path: Path) -> tuple[Path, str]:
+    info = save_model(model, path)
+    return info.npz_path, info.sha256
+
+
+DPALS = Algorithm(
+    name="dpals",
+    config_from_params=_dpals_config,
+    config_from_dict=dpals.DPALSConfig.from_dict,
+    public_config=dpals.public_config,
+    calibrate=lambda eps, delta, config, n_items: dpals.calibrate(eps, delta, config),
+    event=lambda config, n_items: dpals.dpals_event(config),
+    event_parameters=_dpals_parameters,
+    train=dpals.train_dpals,
+    save=_dpals_save,
+    load=lambda path, sha: load_model(path, expected_sha256=sha),
+    recommend=foldin.recommend,
+)
+
+
+# ---------------------------------------------------------------------------- DPFW
+def _dpfw_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpfw.DPFWConfig:
+    if "rating_range" in params:
+        raise ValueError("DPFW takes no rating_range: users centre by their own mean")
+    midpoint = 0.5 * (rating_range[0] + rating_range[1])  # public offset for users without ratings
+    return dpfw.DPFWConfig.from_dict({"default_mean": midpoint, **params})
+
+
+def _dpfw_calibrate(eps: float, delta: float, config: dpfw.DPFWConfig, n_items: int) -> dpfw.DPFWConfig:
+    """Resolve "auto" against today's catalogue size first, so the reserved event never drifts."""
+    resolved = replace(config, eigen_method=config.method(n_items))
+    return dpfw.calibrate(eps, delta, resolved, n_items)
+
+
+def _dpfw_parameters(config: dpfw.DPFWConfig) -> dict[str, Any]:
+    return {
+        "algorithm": "dpfw",
+        "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
+        "row_clip": config.row_clip,
+        "max_ratings_per_user": config.max_ratings_per_user,
+        "nuclear_norm": config.nuclear_norm,
+        "n_steps": config.n_steps,
+        "eigen_method": config.eigen_method,
+        "eigen_inflation": config.eigen_inflation,
+        "gram_sensitivity": dpfw.gram_sensitivity(config.row_clip),
+        "noise_multiplier": config.noise_multiplier,
+    }
+
+
+def _dpfw_save(model: Any, path: Path) -> tuple[Path, str]:
+    npz_path, _, sha = dpfw.save_frank_wolfe(model, path)
+    return npz_path, sha
+
+
+DPFW = Algorithm(
+    name="dpfw",
+    config_from_params=_dpfw_config,
+    config_from_dict=dpfw.DPFWConfig.from_dict,
+    public_config=dpfw.public_config,
+    calibrate=_dpfw_calibrate,
+    event=lambda config, n_items: dpfw.dpfw_event(config, n_items),
+    event_parameters=_dpfw_parameters,
+    train=dpfw.train_dpfw,
+    save=_dpfw_save,
+    load=lambda path, sha: dpfw.load_frank_wolfe(path, expected_sha256=sha),
+    recommend=dpfw.recommend_dpfw,
+)
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW)}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name`` (``ValueError`` listing the available ones otherwise)."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; available: {sorted(ALGORITHMS)}") from None
+
