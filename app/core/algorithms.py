@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import accounting, dpals, dpfw, foldin
+from app.core import dpals, dpfw, foldin
 from app.core.artifact import load_model, save_model
 
 __all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
@@ -47,21 +47,6 @@ def _dpals_config(params: dict[str, Any], rating_range: tuple[float, float]) -> 
     return dpals.DPALSConfig.from_dict({**params, "rating_range": list(rating_range)})
 
 
-def _dpals_parameters(config: dpals.DPALSConfig) -> dict[str, Any]:
-    return {
-        "algorithm": "dpals",
-        "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
-        "contribution_bound": config.contribution_bound,
-        "contribution_mode": config.contribution_mode,
-        "clip_user": config.clip_user,
-        "clip_rating": config.clip_rating,
-        "rating_range": list(config.rating_range),
-        "n_steps": config.n_steps,
-        "mean_mode": config.mean_mode,
-        "noise_multipliers": config.noise_multipliers(),
-    }
-
-
 def _dpals_save(model: Any, path: Path) -> tuple[Path, str]:
     info = save_model(model, path)
     return info.npz_path, info.sha256
@@ -74,7 +59,7 @@ DPALS = Algorithm(
     public_config=dpals.public_config,
     calibrate=lambda eps, delta, config, n_items: dpals.calibrate(eps, delta, config),
     event=lambda config, n_items: dpals.dpals_event(config),
-    event_parameters=_dpals_parameters,
+    event_parameters=dpals.event_parameters,
     train=dpals.train_dpals,
     save=_dpals_save,
     load=lambda path, sha: load_model(path, expected_sha256=sha),
@@ -96,21 +81,6 @@ def _dpfw_calibrate(eps: float, delta: float, config: dpfw.DPFWConfig, n_items: 
     return dpfw.calibrate(eps, delta, resolved, n_items)
 
 
-def _dpfw_parameters(config: dpfw.DPFWConfig) -> dict[str, Any]:
-    return {
-        "algorithm": "dpfw",
-        "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
-        "row_clip": config.row_clip,
-        "max_ratings_per_user": config.max_ratings_per_user,
-        "nuclear_norm": config.nuclear_norm,
-        "n_steps": config.n_steps,
-        "eigen_method": config.eigen_method,
-        "eigen_inflation": config.eigen_inflation,
-        "gram_sensitivity": dpfw.gram_sensitivity(config.row_clip),
-        "noise_multiplier": config.noise_multiplier,
-    }
-
-
 def _dpfw_save(model: Any, path: Path) -> tuple[Path, str]:
     npz_path, _, sha = dpfw.save_frank_wolfe(model, path)
     return npz_path, sha
@@ -123,7 +93,7 @@ DPFW = Algorithm(
     public_config=dpfw.public_config,
     calibrate=_dpfw_calibrate,
     event=lambda config, n_items: dpfw.dpfw_event(config, n_items),
-    event_parameters=_dpfw_parameters,
+    event_parameters=dpfw.event_parameters,
     train=dpfw.train_dpfw,
     save=_dpfw_save,
     load=lambda path, sha: dpfw.load_frank_wolfe(path, expected_sha256=sha),

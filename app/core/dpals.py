@@ -52,6 +52,7 @@ __all__ = [
     "bound_contributions",
     "dpals_event",
     "public_config",
+    "event_parameters",
     "calibrate",
     "preprocess",
     "train_dpals",
@@ -506,6 +507,22 @@ def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig
     return solve_side(prep.user_plan, item_factors, ridge, shared)
 
 
+def event_parameters(config: DPALSConfig) -> dict[str, Any]:
+    """What gives the run's event its meaning: relation, contribution bound, clipping norms, range."""
+    return {
+        "algorithm": "dpals",
+        "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
+        "contribution_bound": config.contribution_bound,
+        "contribution_mode": config.contribution_mode,
+        "clip_user": config.clip_user,
+        "clip_rating": config.clip_rating,
+        "rating_range": list(config.rating_range),
+        "n_steps": config.n_steps,
+        "mean_mode": config.mean_mode,
+        "noise_multipliers": config.noise_multipliers(),
+    }
+
+
 def public_config(config: DPALSConfig) -> dict[str, Any]:
     """The config as published: everything but the seed (which would let anyone regenerate the noise)."""
     data = config.to_dict()
@@ -577,12 +594,7 @@ def _public_model(ratings, config, prep, item_factors, user_reg, event, releaser
         event=event,
         metadata={
             "private": True,
-            "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
-            "contribution_bound": config.contribution_bound,
-            "contribution_mode": config.contribution_mode,
-            "clip_user": config.clip_user,
-            "clip_rating": config.clip_rating,
-            "rating_range": list(config.rating_range),
+            **event_parameters(config),
             "dp_accounting_version": accounting.DP_ACCOUNTING_VERSION,
             "releases": [
                 {"name": n, "l2_sensitivity": s, "noise_multiplier": m} for n, s, m in releaser.releases

@@ -477,12 +477,14 @@ def _train_with_trace(
     return model, TrainingTrace(rows=rows, state=state)
 
 
-def _metadata(config: DPFWConfig, method: str, releaser: GaussianReleaser) -> dict[str, Any]:
+def event_parameters(config: DPFWConfig, method: str | None = None) -> dict[str, Any]:
+    """What gives the run's event its meaning: relation, sensitivities, clipping, cap, steps."""
     return {
-        "private": True,
+        "algorithm": "dpfw",
         "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
-        "sensitivity_note": "add/remove one user: every release has L2 sensitivity 4*L^2; under replacement "
-                            "the Gram statistic's sensitivity is 4*sqrt(2)*L^2 (not the relation accounted)",
+        "sensitivity_note": "add/remove one user: every eigen release has L2 sensitivity 4*L^2 and the counts "
+                            "sqrt(xi); under replacement the Gram statistic's sensitivity is 4*sqrt(2)*L^2 "
+                            "(not the relation accounted)",
         "gram_sensitivity": gram_sensitivity(config.row_clip),
         "replacement_gram_sensitivity": 4.0 * math.sqrt(2.0) * config.row_clip**2,
         "row_clip": config.row_clip,
@@ -490,8 +492,16 @@ def _metadata(config: DPFWConfig, method: str, releaser: GaussianReleaser) -> di
         "nuclear_norm": config.nuclear_norm,
         "n_steps": config.n_steps,
         "n_eigen_steps": config.n_steps - 1,
-        "eigen_method": method,
+        "eigen_method": method or config.eigen_method,
         "eigen_inflation": config.eigen_inflation,
+        "noise_multiplier": config.noise_multiplier,
+    }
+
+
+def _metadata(config: DPFWConfig, method: str, releaser: GaussianReleaser) -> dict[str, Any]:
+    return {
+        "private": True,
+        **event_parameters(config, method),
         "dp_accounting_version": accounting.DP_ACCOUNTING_VERSION,
         "releases": [{"name": n, "l2_sensitivity": s, "noise_multiplier": m} for n, s, m in releaser.releases],
     }
