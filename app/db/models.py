@@ -37,6 +37,12 @@ __all__ = [
     "ModelVersion",
     "BudgetAccount",
     "LedgerEntry",
+    "SimilaritySource",
+    "ItemSimilarity",
+    "PublicRatingConsent",
+    "PublicRatingConsentEvent",
+    "Vote",
+    "VOTE_RANDOMISERS",
     "RUN_STATUSES",
     "LEDGER_KINDS",
     "bump_ratings_version",
@@ -51,7 +57,8 @@ NAMING = {
 }
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed")
-LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change")
+LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change", "local")
+VOTE_RANDOMISERS = ("server", "client")  # who applied randomised response to a stored vote
 
 # BigInteger primary keys that still autoincrement on SQLite (INTEGER PRIMARY KEY).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -81,9 +88,18 @@ class Dataset(Base):
     # scheduled retraining skips a data set whose counter did not move since its last run.
     ratings_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     ratings_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Votes (thumbs up/down): when ``vote_local_epsilon`` is set, every vote is randomised once on
+    # arrival (randomised response with epsilon0) and only the randomised bit is stored;
+    # ``votes_per_user_cap`` bounds each user's votes (the user-level guarantee is cap x epsilon0).
+    vote_local_epsilon: Mapped[float | None] = mapped_column(Float, default=None)
+    votes_per_user_cap: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    __table_args__ = (CheckConstraint("rating_min < rating_max", name="rating_range"),)
+    __table_args__ = (
+        CheckConstraint("rating_min < rating_max", name="rating_range"),
+        CheckConstraint("vote_local_epsilon IS NULL OR vote_local_epsilon > 0", name="vote_local_epsilon_positive"),
+        CheckConstraint("votes_per_user_cap IS NULL OR votes_per_user_cap > 0", name="votes_per_user_cap_positive"),
+    )
 
 
 class User(Base):
@@ -263,8 +279,116 @@ class LedgerEntry(Base):
         UniqueConstraint("account_id", "seq", name="uq_ledger_entries_account_seq"),
         UniqueConstraint("run_id", "kind", name="uq_ledger_entries_run_kind"),
         CheckConstraint(
-            "kind IN ('open', 'reservation', 'commit', 'refund', 'cap_change')", name="kind_kind"
+            "kind IN ('open', 'reservation', 'commit', 'refund', 'cap_change', 'local')", name="kind_kind"
         ),
+    )
+
+
+class SimilaritySource(Base):
+    """A public source of item-item similarities (DP-CMF public data, issue 5).
+
+    It must declare that it is public (never derived from private users' ratings): the
+    ``declared_public`` flag is required to be true and ``provenance`` says where it comes from.
+    """
+
+    __tablename__ = "similarity_sources"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    provenance: Mapped[str] = mapped_column(Text)
+    declared_public: Mapped[bool] = mapped_column(Boolean)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "name", name="uq_similarity_sources_dataset_name"),
+        CheckConstraint("declared_public", name="declared_public"),
+        CheckConstraint("length(provenance) > 0", name="provenance_given"),
+    )
+
+
+class ItemSimilarity(Base):
+    """One public neighbour of an item (top-K lists), with its similarity score."""
+
+    __tablename__ = "item_similarities"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    source_id: Mapped[int] = mapped_column(ForeignKey("similarity_sources.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    neighbour_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    score: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("source_id", "item_id", "neighbour_id", name="uq_item_similarities_source_pair"),
+        CheckConstraint("item_id <> neighbour_id", name="not_self"),
+        Index("ix_item_similarities_item", "item_id"),
+        Index("ix_item_similarities_neighbour", "neighbour_id"),
+    )
+
+
+class PublicRatingConsent(Base):
+    """A user's current choice to make their ratings of one data set public (DP-CMF source 3).
+
+    Only the user's own token may change it; every change is appended to
+    ``public_rating_consent_events``. A public user's ratings are rows of the public matrix and
+    never enter a private statistic.
+    """
+
+    __tablename__ = "public_rating_consents"
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    public: Mapped[bool] = mapped_column(Boolean)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class PublicRatingConsentEvent(Base):
+    """Append-only audit of consent changes (who, when, to what)."""
+
+    __tablename__ = "public_rating_consent_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    public: Mapped[bool] = mapped_column(Boolean)
+    actor: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_public_rating_consent_events_user", "dataset_id", "user_id"),)
+
+
+class Vote(Base):
+    """A thumbs up (+1) or down (-1) of one user for one item (unique per data set, user, item).
+
+    With randomisation at ingestion, ``value`` is the randomised bit, ``randomised`` is true and
+    ``local_epsilon`` holds epsilon0; the raw vote is never stored.
+    """
+
+    __tablename__ = "votes"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    value: Mapped[int] = mapped_column(Integer)
+    randomised: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    local_epsilon: Mapped[float | None] = mapped_column(Float, default=None)
+    randomised_by: Mapped[str | None] = mapped_column(String(8), default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "user_id", "item_id", name="uq_votes_dataset_user_item"),
+        CheckConstraint("value IN (-1, 1)", name="value_sign"),
+        CheckConstraint(
+            "(randomised AND local_epsilon IS NOT NULL AND local_epsilon > 0 AND randomised_by IN ('server', 'client'))"
+            " OR (NOT randomised AND local_epsilon IS NULL AND randomised_by IS NULL)",
+            name="randomisation_recorded",
+        ),
+        Index("ix_votes_user", "user_id"),
+        Index("ix_votes_item", "item_id"),
     )
 
 

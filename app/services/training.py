@@ -36,11 +36,11 @@ from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm
-from app.core.ratings import Ratings
 from app.db.models import Dataset, Item, Rating, TrainingRun, utcnow
 from app.db.session import is_postgres, session_scope
 from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
 from app.services.budget import get_dataset
+from app.services.training_inputs import load_ratings, load_training_inputs
 
 __all__ = [
     "ALGORITHMS",
@@ -302,58 +302,6 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-_COPY_ROW = np.dtype(
-    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
-)
-_COPY_HEADER = 19  # PGCOPY signature (11) + flags (4) + header extension length (4)
-
-
-def _triplets_postgres(session: Session, dataset_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
-    cursor = session.connection().connection.driver_connection.cursor()
-    buf = bytearray()
-    sql = "COPY (SELECT user_id, item_id, value FROM ratings WHERE dataset_id = {}) TO STDOUT (FORMAT BINARY)"
-    with cursor.copy(sql.format(int(dataset_id))) as copy:
-        for chunk in copy:
-            buf += chunk
-    cursor.close()
-    body = memoryview(buf)[_COPY_HEADER : len(buf) - 2]  # strip the header and the -1 trailer
-    if len(body) % _COPY_ROW.itemsize:
-        raise RuntimeError("unexpected binary COPY layout for ratings")
-    rows = np.frombuffer(body, dtype=_COPY_ROW)
-    if len(rows) and not (np.all(rows["n"] == 3) and np.all(rows["l1"] == 8) and np.all(rows["l2"] == 8) and np.all(rows["l3"] == 8)):
-        raise RuntimeError("unexpected binary COPY layout for ratings")
-    return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
-
-
-def _triplets_generic(session: Session, dataset_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    cursor = session.connection().connection.driver_connection.cursor()
-    cursor.execute("SELECT user_id, item_id, value FROM ratings WHERE dataset_id = ?", (int(dataset_id),))
-    parts = []
-    while True:
-        chunk = cursor.fetchmany(500_000)
-        if not chunk:
-            break
-        parts.append(np.array(chunk, dtype=np.float64))
-    cursor.close()
-    arr = np.concatenate(parts) if parts else np.empty((0, 3))
-    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
-
-
-def load_ratings(session: Session, ds: Dataset) -> Ratings:
-    """All ratings of ``ds`` as a :class:`Ratings` (items = every item of the data set)."""
-    item_rows = session.execute(select(Item.id, Item.external_id).where(Item.dataset_id == ds.id).order_by(Item.id)).all()
-    item_db = np.fromiter((r[0] for r in item_rows), dtype=np.int64, count=len(item_rows))
-    item_ext = np.array([r[1] for r in item_rows], dtype=object)
-    loader = _triplets_postgres if is_postgres(session) else _triplets_generic
-    u, i, v = loader(session, ds.id)
-    user_ids, rows = np.unique(u, return_inverse=True)
-    cols = np.searchsorted(item_db, i)
-    if len(i) and (cols.max() >= len(item_db) or not np.array_equal(item_db[cols], i)):
-        raise RuntimeError("ratings reference items outside their data set")
-    return Ratings.from_indices(rows.astype(np.int64), cols.astype(np.int64), v, user_ids=user_ids, item_ids=item_ext)
-
-
 class _Heartbeat:
     """Background thread updating ``heartbeat_at`` of a running run."""
 
@@ -469,7 +417,7 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]):
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
         version = ds.ratings_version
-        ratings = load_ratings(s, ds)
+        ratings, extra_inputs = load_training_inputs(s, ds, algo)
         s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
         reserved = ledger.reservation_for(s, run_id)
         reserved_event = dict(reserved.event) if reserved else None
@@ -478,7 +426,7 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]):
     if reserved_event != event_to_json(algo.event(config, ratings.n_items)):
         raise RuntimeError("the run's config no longer matches its privacy reservation")
     _set_progress(run_id, url, 0.10, "training")
-    model = algo.train(ratings, config, progress=_progress_writer(run_id, url))
+    model = algo.train(ratings, config, progress=_progress_writer(run_id, url), **extra_inputs)
     del ratings
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")

@@ -1,0 +1,121 @@
+"""What each algorithm trains on, read from the database in one transaction.
+
+An algorithm's ``data`` kind (``app.core.algorithms.Algorithm.data``) names its inputs:
+
+* ``"ratings"``: the data set's ratings as a :class:`Ratings` (items = every item of the data set);
+* ``"ratings+public"`` (DP-CMF): the private ratings without public users' rows, plus the public
+  item data (metadata tokens, public similarities, public users' ratings) as ``public=``;
+* ``"votes"`` (one-bit mechanisms): the thumbs up/down votes as a :class:`Ratings` of +-1.
+
+Each loader returns ``(data, extra keyword arguments for Algorithm.train)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.algorithms import Algorithm
+from app.core.ratings import Ratings
+from app.db.models import Dataset, Item
+from app.db.session import is_postgres
+
+__all__ = ["load_ratings", "load_triplets", "ratings_from_triplets", "load_training_inputs", "item_index", "DATA_KINDS"]
+
+Loader = Callable[[Session, Dataset], tuple[Ratings, dict[str, Any]]]
+DATA_KINDS = ("ratings", "ratings+public", "votes")
+
+
+def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm) -> tuple[Ratings, dict[str, Any]]:
+    """The training data of ``algo`` on ``ds`` and the extra keyword arguments of its ``train``."""
+    return _loader(getattr(algo, "data", "ratings"))(session, ds)
+
+
+def _loader(kind: str) -> Loader:
+    if kind == "ratings":
+        return lambda session, ds: (load_ratings(session, ds), {})
+    if kind == "ratings+public":
+        from app.services.public_data import load_ratings_and_public
+
+        return load_ratings_and_public
+    if kind == "votes":
+        from app.services.votes import load_votes
+
+        return load_votes
+    raise ValueError(f"unknown training data kind {kind!r}; known: {DATA_KINDS}")
+
+
+def item_index(session: Session, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(database ids sorted ascending, external ids in the same order) of every item of ``ds``."""
+    item_rows = session.execute(select(Item.id, Item.external_id).where(Item.dataset_id == ds.id).order_by(Item.id)).all()
+    item_db = np.fromiter((r[0] for r in item_rows), dtype=np.int64, count=len(item_rows))
+    item_ext = np.array([r[1] for r in item_rows], dtype=object)
+    return item_db, item_ext
+
+
+_COPY_ROW = np.dtype(
+    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
+)
+_COPY_HEADER = 19  # PGCOPY signature (11) + flags (4) + header extension length (4)
+
+
+_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables; values read as float64
+Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _triplets_postgres(session: Session, table: str, dataset_id: int) -> Triplets:
+    """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
+    cursor = session.connection().connection.driver_connection.cursor()
+    buf = bytearray()
+    sql = "COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}) TO STDOUT (FORMAT BINARY)"
+    with cursor.copy(sql.format(table, int(dataset_id))) as copy:
+        for chunk in copy:
+            buf += chunk
+    cursor.close()
+    body = memoryview(buf)[_COPY_HEADER : len(buf) - 2]  # strip the header and the -1 trailer
+    if len(body) % _COPY_ROW.itemsize:
+        raise RuntimeError("unexpected binary COPY layout for ratings")
+    rows = np.frombuffer(body, dtype=_COPY_ROW)
+    if len(rows) and not (np.all(rows["n"] == 3) and np.all(rows["l1"] == 8) and np.all(rows["l2"] == 8) and np.all(rows["l3"] == 8)):
+        raise RuntimeError("unexpected binary COPY layout for ratings")
+    return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
+
+
+def _triplets_generic(session: Session, table: str, dataset_id: int) -> Triplets:
+    cursor = session.connection().connection.driver_connection.cursor()
+    cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?", (int(dataset_id),))
+    parts = []
+    while True:
+        chunk = cursor.fetchmany(500_000)
+        if not chunk:
+            break
+        parts.append(np.array(chunk, dtype=np.float64))
+    cursor.close()
+    arr = np.concatenate(parts) if parts else np.empty((0, 3))
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
+
+
+def load_triplets(session: Session, ds: Dataset, table: str = "ratings") -> Triplets:
+    """(user db id, item db id, value as float64) of every row of ``table`` in ``ds``."""
+    if table not in _TABLES:
+        raise ValueError(f"unknown triplet table {table!r}")
+    loader = _triplets_postgres if is_postgres(session) else _triplets_generic
+    return loader(session, table, ds.id)
+
+
+def load_ratings(session: Session, ds: Dataset, table: str = "ratings") -> Ratings:
+    """All rows of ``table`` (ratings or votes) of ``ds`` as a :class:`Ratings`
+    (users = those with a row, sorted by database id; items = every item of the data set)."""
+    return ratings_from_triplets(*item_index(session, ds), *load_triplets(session, ds, table))
+
+
+def ratings_from_triplets(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np.ndarray, v: np.ndarray) -> Ratings:
+    """A :class:`Ratings` over every item (``item_index`` order) from database-id triplets."""
+    user_ids, rows = np.unique(u, return_inverse=True)
+    cols = np.searchsorted(item_db, i)
+    if len(i) and (cols.max() >= len(item_db) or not np.array_equal(item_db[cols], i)):
+        raise RuntimeError("ratings reference items outside their data set")
+    return Ratings.from_indices(rows.astype(np.int64), cols.astype(np.int64), v, user_ids=user_ids, item_ids=item_ext)
