@@ -42,6 +42,7 @@ __all__ = [
     "PublicRatingConsent",
     "PublicRatingConsentEvent",
     "Vote",
+    "VoteAllowance",
     "VOTE_RANDOMISERS",
     "RUN_STATUSES",
     "LEDGER_KINDS",
@@ -390,6 +391,22 @@ class Vote(Base):
         Index("ix_votes_user", "user_id"),
         Index("ix_votes_item", "item_id"),
     )
+
+
+class VoteAllowance(Base):
+    """How many randomised bits one user has ever been given in one data set.
+
+    Deleting a randomised vote does not give the allowance back: a later vote would be a fresh
+    randomisation, so the user-level guarantee (cap x epsilon0) counts every bit ever stored.
+    """
+
+    __tablename__ = "vote_allowances"
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    randomised_votes: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (CheckConstraint("randomised_votes >= 0", name="non_negative"),)
 
 
 def bump_ratings_version(session: Session, dataset_id: int, n: int = 1) -> None:

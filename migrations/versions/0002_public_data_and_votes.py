@@ -94,6 +94,15 @@ def upgrade() -> None:
         batch_op.create_index('ix_votes_item', ['item_id'], unique=False)
         batch_op.create_index('ix_votes_user', ['user_id'], unique=False)
 
+    op.create_table('vote_allowances',
+    sa.Column('dataset_id', sa.Integer(), nullable=False),
+    sa.Column('user_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('randomised_votes', sa.Integer(), nullable=False),
+    sa.CheckConstraint('randomised_votes >= 0', name=op.f('ck_vote_allowances_non_negative')),
+    sa.ForeignKeyConstraint(['dataset_id'], ['datasets.id'], name=op.f('fk_vote_allowances_dataset_id_datasets'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['user_id'], ['users.id'], name=op.f('fk_vote_allowances_user_id_users'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('dataset_id', 'user_id', name=op.f('pk_vote_allowances'))
+    )
     with op.batch_alter_table('datasets', schema=None) as batch_op:
         batch_op.add_column(sa.Column('vote_local_epsilon', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('votes_per_user_cap', sa.Integer(), nullable=True))
@@ -130,6 +139,7 @@ def downgrade() -> None:
         batch_op.drop_index('ix_votes_item')
 
     op.drop_table('votes')
+    op.drop_table('vote_allowances')
     with op.batch_alter_table('item_similarities', schema=None) as batch_op:
         batch_op.drop_index('ix_item_similarities_neighbour')
         batch_op.drop_index('ix_item_similarities_item')
