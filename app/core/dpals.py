@@ -56,6 +56,10 @@ __all__ = [
     "calibrate",
     "preprocess",
     "train_dpals",
+    "fit_dpals",
+    "DPALSFit",
+    "PublicItemTerms",
+    "public_model",
     "clip_rows",
     "project_psd",
     "symmetric_noise",
@@ -159,7 +163,7 @@ class DPALSConfig:
     def from_dict(cls, data: dict[str, Any]) -> "DPALSConfig":
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"unknown DPALS parameters: {sorted(unknown)}")
+            raise ValueError(f"unknown {cls.__name__.removesuffix('Config')} parameters: {sorted(unknown)}")
         data = dict(data)
         if "rating_range" in data:
             data["rating_range"] = tuple(float(x) for x in data["rating_range"])
@@ -437,13 +441,36 @@ def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> Solv
 
 
 # ---------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class PublicItemTerms:
+    """Exact terms from public data added to the trained items' systems (DP-CMF, app.core.dpcmf):
+
+        v_j = (Π_PSD(Ã_j) + λ0 K̃ + grams_j + shared + λ r_j I)⁻¹ (b̃_j + rhs_j).
+
+    Computed from public data and already released quantities only (post-processing), so they
+    change no release and no event. ``grams`` and ``shared`` must be PSD (sums of outer products).
+    """
+
+    grams: np.ndarray  # (n_frequent, r, r)
+    rhs: np.ndarray  # (n_frequent, r)
+    shared: np.ndarray | None = None  # (r, r), added to every trained item
+
+
+PublicTermsHook = Callable[[Preprocessed, np.ndarray], "PublicItemTerms | None"]
+
+
 def _item_step(
     prep: Preprocessed,
     user_factors: np.ndarray,
     config: DPALSConfig,
     releaser: GaussianReleaser,
+    public: PublicItemTerms | None = None,
 ) -> np.ndarray:
-    """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves."""
+    """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves.
+
+    ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
+    its draw order do not depend on it.
+    """
     rank, z = config.rank, config.noise_multipliers()
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
     n_items = len(prep.frequent)
@@ -468,7 +495,7 @@ def _item_step(
         items, gram, b = _chunk_statistics(chunk, padded, rank)
         gram += symmetric_noise(child, gram.shape, std_gram)
         b += child.normal(0.0, std_linear, size=b.shape)
-        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity)
+        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items))
 
     parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items
     return item_factors
@@ -489,13 +516,32 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int)
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 
-def _solve_projected(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, gravity: np.ndarray | None) -> np.ndarray:
-    """v_j = (Π_PSD(Ã_j) + λ0 K̃ + λ r_j I)⁻¹ b̃_j for a batch of items."""
+def _rows_of(public: PublicItemTerms | None, items: np.ndarray) -> PublicItemTerms | None:
+    if public is None:
+        return None
+    return PublicItemTerms(public.grams[items], public.rhs[items], public.shared)
+
+
+def _solve_projected(
+    grams: np.ndarray,
+    rhs: np.ndarray,
+    ridge: np.ndarray,
+    gravity: np.ndarray | None,
+    public: PublicItemTerms | None = None,
+) -> np.ndarray:
+    """v_j = (Π_PSD(Ã_j) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch."""
     eigval, eigvec = project_psd(grams)
-    if gravity is None:
+    if gravity is None and public is None:
         proj = np.einsum("nji,nj->ni", eigvec, rhs)
         return np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None]))
-    system = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2)) + gravity
+    system = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
+    if gravity is not None:
+        system += gravity
+    if public is not None:
+        system += public.grams
+        rhs = rhs + public.rhs
+        if public.shared is not None:
+            system += public.shared
     system += ridge[:, None, None] * np.eye(rhs.shape[1])
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
 
@@ -547,6 +593,51 @@ def _validate_for_training(ratings: Ratings, config: DPALSConfig) -> None:
         raise ValueError(f"ratings fall outside the declared public range [{lo}, {hi}]")
 
 
+@dataclass(frozen=True)
+class DPALSFit:
+    """The state a DPALS run ends in: public pre-processing, trained factors and the record."""
+
+    prep: Preprocessed
+    item_factors: np.ndarray  # (n_frequent, r), rows follow ``prep.frequent``
+    user_reg: UserRegularisation
+    event: dp_event.DpEvent
+    releaser: GaussianReleaser
+
+
+def fit_dpals(
+    ratings: Ratings,
+    config: DPALSConfig,
+    *,
+    progress: Progress | None = None,
+    rng: np.random.Generator | None = None,
+    public_terms: PublicTermsHook | None = None,
+) -> DPALSFit:
+    """Run DPALS; check the releases made against the reserved event.
+
+    ``public_terms(prep, V_frequent)``, called before every item step, may return exact public
+    terms for that step (DP-CMF). It sees only released quantities; the noise draws, their order
+    and the event are the same with or without it.
+    """
+    _validate_for_training(ratings, config)
+    rng = np.random.default_rng(config.seed) if rng is None else rng
+    releaser = GaussianReleaser(rng)
+    prep = preprocess(ratings, config, releaser, rng)
+    user_reg = user_regularisation(config)
+    item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
+    for step in range(config.n_steps):
+        user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
+        public = None if public_terms is None else public_terms(prep, item_factors)
+        item_factors = _item_step(prep, user_factors, config, releaser, public)
+        del user_factors
+        if progress:
+            progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
+    per_step = 3 if config.reg_gravity > 0 else 2
+    event = releaser.event(config.n_steps, per_step)
+    if event != dpals_event(config):
+        raise RuntimeError("the releases made differ from the reserved privacy event")
+    return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser)
+
+
 def train_dpals(
     ratings: Ratings,
     config: DPALSConfig,
@@ -558,26 +649,13 @@ def train_dpals(
 
     ``rng`` defaults to ``default_rng(config.seed)``; tests pass an instrumented generator.
     """
-    _validate_for_training(ratings, config)
-    rng = np.random.default_rng(config.seed) if rng is None else rng
-    releaser = GaussianReleaser(rng)
-    prep = preprocess(ratings, config, releaser, rng)
-    user_reg = user_regularisation(config)
-    item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
-    for step in range(config.n_steps):
-        user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
-        item_factors = _item_step(prep, user_factors, config, releaser)
-        del user_factors
-        if progress:
-            progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
-    per_step = 3 if config.reg_gravity > 0 else 2
-    event = releaser.event(config.n_steps, per_step)
-    if event != dpals_event(config):
-        raise RuntimeError("the releases made differ from the reserved privacy event")
-    return _public_model(ratings, config, prep, item_factors, user_reg, event, releaser)
+    fit = fit_dpals(ratings, config, progress=progress, rng=rng)
+    return public_model(ratings, config, fit)
 
 
-def _public_model(ratings, config, prep, item_factors, user_reg, event, releaser) -> PublicModel:
+def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:
+    """The published model of a run: V on the frequent items (zero elsewhere), DP mean and counts."""
+    prep, item_factors, user_reg, event, releaser = fit.prep, fit.item_factors, fit.user_reg, fit.event, fit.releaser
     full = np.zeros((ratings.n_items, config.rank))
     full[prep.frequent] = item_factors
     trained = np.zeros(ratings.n_items, dtype=bool)
