@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import dpals, dpfw, foldin
+from app.core import dpals, dpcmf, dpfw, foldin
 from app.core.artifact import load_model, save_model
 
 __all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
@@ -38,13 +38,18 @@ class Algorithm:
     save: Callable[[Any, Path], tuple[Path, str]]
     load: Callable[[Path, str | None], Any]
     recommend: Recommend
+    data: str = "ratings"  # "ratings+public": ``train`` also takes ``public=`` (a dpcmf.PublicData)
 
 
 # ---------------------------------------------------------------------------- DPALS
-def _dpals_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
+def _with_fixed_range(params: dict[str, Any], rating_range: tuple[float, float]) -> dict[str, Any]:
     if "rating_range" in params and [float(x) for x in params["rating_range"]] != list(rating_range):
         raise ValueError("rating_range is the data set's public range and cannot be overridden")
-    return dpals.DPALSConfig.from_dict({**params, "rating_range": list(rating_range)})
+    return {**params, "rating_range": list(rating_range)}
+
+
+def _dpals_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
+    return dpals.DPALSConfig.from_dict(_with_fixed_range(params, rating_range))
 
 
 def _dpals_save(model: Any, path: Path) -> tuple[Path, str]:
@@ -100,7 +105,27 @@ DPFW = Algorithm(
     recommend=dpfw.recommend_dpfw,
 )
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW)}
+# ---------------------------------------------------------------------------- DP-CMF
+def _dpcmf_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpcmf.DPCMFConfig:
+    return dpcmf.DPCMFConfig.from_dict(_with_fixed_range(params, rating_range))
+
+
+DPCMF = Algorithm(
+    name="dpcmf",
+    config_from_params=_dpcmf_config,
+    config_from_dict=dpcmf.DPCMFConfig.from_dict,
+    public_config=dpcmf.public_config,
+    calibrate=lambda eps, delta, config, n_items: dpcmf.calibrate(eps, delta, config),
+    event=lambda config, n_items: dpcmf.dpcmf_event(config),
+    event_parameters=dpcmf.event_parameters,
+    train=dpcmf.train_dpcmf,
+    save=_dpals_save,
+    load=lambda path, sha: load_model(path, expected_sha256=sha),
+    recommend=foldin.recommend,
+    data="ratings+public",
+)
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF)}
 
 
 def get_algorithm(name: str) -> Algorithm:
