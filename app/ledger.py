@@ -14,6 +14,8 @@ Contract (``../shared/design/service.md``, "Privacy ledger"):
 * Each entry stores the dp_accounting event (``event_to_json``), the parameters that give it
   meaning, the actor and the run; ``hash = sha256(canonical JSON(content) || prev_hash)``.
 * Reported epsilons are rounded conservatively: spent up, remaining down.
+* A ``local`` entry (``record_local_guarantee``) charges a guarantee given at ingestion, e.g.
+  randomised response on votes: composed into the spend like a reservation, never refunded.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ __all__ = [
     "commit",
     "refund",
     "record_cap_change",
+    "record_local_guarantee",
+    "CHARGED_KINDS",
     "reservation_for",
     "ChainCheck",
     "verify_chain",
@@ -67,6 +71,9 @@ __all__ = [
 
 GENESIS_HASH = "0" * 64
 REPORT_PLACES = 6
+# Entries whose event counts towards the spend: run reservations (unless refunded) and local
+# guarantees (randomisation at ingestion; never refunded: the randomised bits are stored).
+CHARGED_KINDS = ("reservation", "local")
 
 
 # ----------------------------------------------------------------------------- rounding
@@ -199,11 +206,20 @@ def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[Le
     )
 
 
+def _charged_events(entries: Sequence[LedgerEntry], refunded_runs: set[int | None]) -> list[dp_event.DpEvent]:
+    """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``)."""
+    return [
+        event_from_json(e.event)
+        for e in entries
+        if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded_runs)
+    ]
+
+
 def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
-    """Events of every reservation of the account that was not refunded, in ledger order."""
-    entries = _entries(session, account_id, ("reservation", "refund"))
+    """Events of every local guarantee and every reservation that was not refunded, in ledger order."""
+    entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
     refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return [event_from_json(e.event) for e in entries if e.kind == "reservation" and e.run_id not in refunded]
+    return _charged_events(entries, refunded)
 
 
 @dataclass(frozen=True)
@@ -229,7 +245,7 @@ def spent(session: Session, account: BudgetAccount, *, recompute: bool = False) 
     last = _last_entry(session, account.id)
     n = session.scalar(
         select(func.count()).select_from(LedgerEntry).where(
-            LedgerEntry.account_id == account.id, LedgerEntry.kind == "reservation"
+            LedgerEntry.account_id == account.id, LedgerEntry.kind.in_(CHARGED_KINDS)
         )
     ) or 0
     n_refunds = session.scalar(
@@ -281,6 +297,25 @@ def reserve(
         if existing.event != event_json:
             raise Conflict(f"training run {run_id} already holds a reservation for a different event")
         return existing
+    return _charge(session, acct, dataset, event, kind="reservation", run_id=run_id, actor=actor,
+                   event_json=event_json, parameters=parameters)
+
+
+def _charge(
+    session: Session,
+    acct: BudgetAccount,
+    dataset: Dataset,
+    event: dp_event.DpEvent,
+    *,
+    kind: str,
+    actor: str,
+    event_json: dict[str, Any],
+    parameters: Mapping[str, Any],
+    run_id: int | None = None,
+    reason: str | None = None,
+) -> LedgerEntry:
+    """Cap-check the composition of the charged history plus ``event`` and append the entry
+    (the caller holds the account lock). ``BudgetExceeded`` when the total would pass the cap."""
     history = active_events(session, acct.id)
     alone = epsilon_rdp(event, acct.delta)
     total_event = compose(history + [event])
@@ -296,19 +331,41 @@ def reserve(
             delta=acct.delta,
         )
     total_pld = epsilon_pld(total_event, acct.delta)
-    params = {**base_parameters(), **dict(parameters)}
     return _append(
         session,
         acct,
-        kind="reservation",
+        kind=kind,
         run_id=run_id,
         actor=actor,
         event=event_json,
-        parameters=params,
+        parameters={**base_parameters(), **dict(parameters)},
         epsilon=alone,
         spent_rdp=total_rdp,
         spent_pld=total_pld,
+        reason=reason,
     )
+
+
+def record_local_guarantee(
+    session: Session,
+    *,
+    dataset: Dataset,
+    event: dp_event.DpEvent,
+    parameters: Mapping[str, Any],
+    actor: str,
+    reason: str | None = None,
+) -> LedgerEntry:
+    """Record a local guarantee (randomisation at ingestion, e.g. of votes) as a ``local`` entry.
+
+    The event (user level: every randomised value one user may ever contribute) is charged once,
+    composed with the whole history and checked against the cap under the account lock exactly
+    like :func:`reserve`; it is never refunded. Every later training on the randomised values is
+    post-processing of it. Does not commit.
+    """
+    event_json = event_to_json(event)
+    acct = lock_account(session, dataset.id)
+    return _charge(session, acct, dataset, event, kind="local", actor=actor, event_json=event_json,
+                   parameters=parameters, reason=reason)
 
 
 def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None) -> LedgerEntry:
@@ -349,10 +406,9 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
     if _run_entry(session, run_id, "commit") is not None:
         raise Conflict(f"training run {run_id} was published; its charge cannot be refunded")
     # compose what stays charged once this run's reservation is released
-    entries = _entries(session, acct.id, ("reservation", "refund"))
+    entries = _entries(session, acct.id, (*CHARGED_KINDS, "refund"))
     gone = {e.run_id for e in entries if e.kind == "refund"} | {run_id}
-    remaining_events = [event_from_json(e.event) for e in entries if e.kind == "reservation" and e.run_id not in gone]
-    after = _spend_of(remaining_events, acct.delta)
+    after = _spend_of(_charged_events(entries, gone), acct.delta)
     return _append(
         session,
         acct,
@@ -414,7 +470,7 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
     """Recompute every hash of the account's chain (and optionally every composed spend)."""
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
     prev = GENESIS_HASH
-    events: dict[int, dp_event.DpEvent] = {}
+    events: dict[tuple[str, int], dp_event.DpEvent] = {}
     for expected_seq, entry in enumerate(entries, start=1):
         if entry.seq != expected_seq:
             return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
@@ -422,11 +478,13 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
             return ChainCheck(False, len(entries), entry.seq, "prev_hash does not match the previous entry")
         if compute_hash(entry_content(entry), prev) != entry.hash:
             return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
-        if recompute_spend and entry.kind in ("reservation", "refund"):
+        if recompute_spend and entry.kind in (*CHARGED_KINDS, "refund"):
             if entry.kind == "reservation":
-                events[entry.run_id] = event_from_json(entry.event)
+                events[("run", entry.run_id)] = event_from_json(entry.event)
+            elif entry.kind == "local":
+                events[("local", entry.seq)] = event_from_json(entry.event)
             else:
-                events.pop(entry.run_id, None)
+                events.pop(("run", entry.run_id), None)
             expected = _spend_of(list(events.values()), entry.delta).epsilon_rdp
             if not math.isclose(expected, entry.spent_rdp, rel_tol=1e-9, abs_tol=1e-12):
                 return ChainCheck(False, len(entries), entry.seq, "stored spend differs from the composed events")
