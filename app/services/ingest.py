@@ -35,6 +35,8 @@ __all__ = [
     "upsert_item",
     "get_item",
     "list_items",
+    "item_row_ids",
+    "ensure_user_rows",
 ]
 
 _CHUNK = 1000  # rows per INSERT statement (6 parameters each: well under SQLite's 32,766)
@@ -380,3 +382,8 @@ def list_items(session: Session, *, dataset: str, offset: int, limit: int) -> Pa
     rows = session.scalars(select(Item).where(Item.dataset_id == ds.id)
                            .order_by(Item.external_id).offset(offset).limit(limit)).all()
     return Page[ItemOut].build([_item_out(r) for r in rows], total=int(total), offset=offset, limit=limit)
+
+
+# Shared with other services (public data): id lookups that create nothing / create users.
+item_row_ids = _item_ids
+ensure_user_rows = _ensure_users

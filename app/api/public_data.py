@@ -1,0 +1,143 @@
+"""Public-data routes (DP-CMF, issue 5).
+
+* ``router`` (under ``/v1``): a user's choice to make their ratings public; set by that user's
+  own token only.
+* ``admin_router`` (under ``/v1/admin``): public item-item similarity sources and their
+  neighbour lists; read-only views of the public users and the consent audit trail.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
+                          require_user_access)
+from app.api.errors import Forbidden
+from app.api.params import DatasetP, ItemP, UserP
+from app.auth import Principal
+from app.schemas.common import Page
+from app.schemas.public_data import (REVOKE_NOTE, ConsentEventOut, NeighbourBatchIn, NeighbourBatchOut,
+                                     NeighboursOut, PublicRatingsIn, PublicRatingsOut, PublicUserOut,
+                                     SimilaritySourceIn, SimilaritySourceOut)
+from app.services import public_data as svc
+
+__all__ = ["router", "admin_router"]
+
+router = APIRouter(tags=["privileged"])
+admin_router = APIRouter(tags=["admin"])
+
+SourceP = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$",
+                              description="Similarity source name, unique per data set.")]
+
+CONSENT_DOC = (
+    "Only the user's own user token may change this choice: service and admin tokens get 403, so "
+    "nobody can make a user's ratings public on their behalf. While `public` is true, the user's "
+    "ratings of this data set are public data for DP-CMF trainings (rows of the public matrix) and "
+    "are left out of every private statistic. Every change is recorded in an audit trail (who, "
+    "when, to what). " + REVOKE_NOTE
+)
+
+
+def _require_own_user(principal: Principal, user_id: str) -> None:
+    """403 unless the caller is the user themself (a user token whose subject is ``user_id``)."""
+    if principal.kind != "user":
+        raise Forbidden(
+            "only the user's own token may make their ratings public or private: the choice is the "
+            f"user's alone, so {principal.kind} tokens cannot set it", code="own_user_required")
+    if principal.subject != user_id:
+        raise Forbidden("the token may not set another user's choice", code="wrong_subject")
+
+
+# ---------------------------------------------------------------------------- consent (user)
+@router.put("/datasets/{dataset}/users/{user_id}/public-ratings", response_model=PublicRatingsOut,
+            summary="Make my ratings public (or private again); own user token only",
+            description=CONSENT_DOC)
+def put_public_ratings(dataset: DatasetP, user_id: UserP, body: PublicRatingsIn, principal: CurrentPrincipal,
+                       session: SessionDep) -> PublicRatingsOut:
+    _require_own_user(principal, user_id)
+    out = svc.set_public_ratings(session, dataset=dataset, user_id=user_id, public=body.public,
+                                 actor=f"user:{principal.subject}")
+    session.commit()
+    return out
+
+
+@router.get("/datasets/{dataset}/users/{user_id}/public-ratings", response_model=PublicRatingsOut,
+            summary="Whether my ratings are public (false when never set)")
+def get_public_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
+                       session: SessionDep) -> PublicRatingsOut:
+    require_user_access(principal, user_id)
+    return svc.get_public_ratings(session, dataset=dataset, user_id=user_id)
+
+
+# ---------------------------------------------------------------------------- admin: public users
+@admin_router.get("/datasets/{dataset}/public-users", response_model=Page[PublicUserOut],
+                  summary="Users whose ratings are public (by their own choice)")
+def list_public_users(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+                      limit: LimitQ = 100) -> Page[PublicUserOut]:
+    return svc.public_users_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+@admin_router.get("/datasets/{dataset}/public-ratings/events", response_model=Page[ConsentEventOut],
+                  summary="Audit trail of public-ratings choices (oldest first)")
+def list_consent_events(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+                        limit: LimitQ = 100,
+                        user_id: Annotated[str | None, Query(max_length=128, description="Only this user.")] = None,
+                        ) -> Page[ConsentEventOut]:
+    return svc.consent_events_page(session, dataset=dataset, offset=offset, limit=limit, user_id=user_id)
+
+
+# ---------------------------------------------------------------------------- admin: similarities
+@admin_router.put("/datasets/{dataset}/similarity-sources/{source}", response_model=SimilaritySourceOut,
+                  responses={201: {"model": SimilaritySourceOut, "description": "Created"}},
+                  summary="Create a public similarity source (or update its provenance)",
+                  description="The source must declare that it is public (`declared_public: true`) and give a "
+                  "non-empty `provenance` (URL or citation); 422 otherwise. Similarities computed from this "
+                  "service's ratings are private data and must not be uploaded.")
+def put_similarity_source(dataset: DatasetP, source: SourceP, body: SimilaritySourceIn, admin: AdminPrincipal,
+                          session: SessionDep, response: Response) -> SimilaritySourceOut:
+    out, created = svc.put_similarity_source(session, dataset=dataset, name=source, provenance=body.provenance,
+                                             declared_public=body.declared_public, actor=f"admin:{admin.subject}")
+    session.commit()
+    response.status_code = 201 if created else 200
+    return out
+
+
+@admin_router.get("/datasets/{dataset}/similarity-sources", response_model=Page[SimilaritySourceOut],
+                  summary="Public similarity sources")
+def list_similarity_sources(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
+                            limit: LimitQ = 100) -> Page[SimilaritySourceOut]:
+    return svc.similarity_sources_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+@admin_router.get("/datasets/{dataset}/similarity-sources/{source}", response_model=SimilaritySourceOut,
+                  summary="One similarity source with its counts")
+def get_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincipal,
+                          session: SessionDep) -> SimilaritySourceOut:
+    return svc.get_similarity_source(session, dataset=dataset, name=source)
+
+
+@admin_router.delete("/datasets/{dataset}/similarity-sources/{source}", status_code=204,
+                     summary="Delete a similarity source and its neighbour lists")
+def delete_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincipal, session: SessionDep) -> Response:
+    svc.delete_similarity_source(session, dataset=dataset, name=source)
+    session.commit()
+    return Response(status_code=204)
+
+
+@admin_router.post("/datasets/{dataset}/similarity-sources/{source}/neighbours", response_model=NeighbourBatchOut,
+                   summary="Replace items' top-K neighbour lists, all or nothing")
+def post_neighbours(dataset: DatasetP, source: SourceP, body: NeighbourBatchIn, _: AdminPrincipal,
+                    session: SessionDep, settings: SettingsDep) -> NeighbourBatchOut:
+    rows = [(r.item_id, [(n.item_id, n.score) for n in r.neighbours]) for r in body.rows]
+    out = svc.replace_neighbours(session, dataset=dataset, source=source, rows=rows, max_rows=settings.max_batch_size)
+    session.commit()
+    return out
+
+
+@admin_router.get("/datasets/{dataset}/similarity-sources/{source}/neighbours/{item_id}",
+                  response_model=NeighboursOut, summary="One item's neighbour list in a source")
+def get_neighbours(dataset: DatasetP, source: SourceP, item_id: ItemP, _: AdminPrincipal,
+                   session: SessionDep) -> NeighboursOut:
+    return svc.item_neighbours(session, dataset=dataset, source=source, item_id=item_id)

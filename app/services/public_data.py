@@ -1,0 +1,412 @@
+"""Public data for DP-CMF (issue 5): item metadata tokens, public item-item similarities and
+public users (who opted in to making their ratings public).
+
+Public sources must never be derived from private users' data. The product enforces what it can:
+
+* a similarity source must declare that it is public (``declared_public`` true, checked by the
+  schema and by the database) and say where it comes from (non-empty ``provenance``);
+* a user's public flag is set by that user's own token only (checked by the API); every change is
+  appended to an audit trail and bumps the data set's ``ratings_version``;
+* training removes public users' rows from the private ratings before any private statistic
+  (:func:`app.core.dpcmf.split_public_users`).
+
+Metadata tokens (:func:`item_tokens`) come from an item's public ``categories`` and ``features``:
+
+* each category ``c`` -> ``"category:c"``;
+* a string feature ``k: v`` -> ``"k:v"``; a list of strings ``k: [a, b]`` -> ``"k:a"``, ``"k:b"``;
+* a boolean feature ``k: true`` -> ``"k"`` (false gives nothing);
+* numbers are ignored (bucket them into a string feature, e.g. ``"decade": "1990s"``).
+
+Values are stripped of surrounding white space and otherwise kept as given (case-sensitive);
+empty strings give nothing. Tokens carried by fewer than :data:`MIN_TOKEN_ITEMS` items are dropped
+(a token on one item ties that item to nothing).
+
+Functions never commit; the caller does. Invalid input raises an ``APIError`` before anything
+is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app.api.errors import NotFound, PayloadTooLarge, Unprocessable
+from app.core.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
+from app.core.ratings import Ratings
+from app.db.models import (Dataset, Item, ItemSimilarity, PublicRatingConsent, PublicRatingConsentEvent,
+                           SimilaritySource, User, bump_ratings_version, utcnow)
+from app.schemas.common import MAX_BATCH_ROWS, Page
+from app.schemas.public_data import (MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH, ConsentEventOut, Neighbour,
+                                     NeighbourBatchOut, NeighbourRowError, NeighboursOut, PublicRatingsOut,
+                                     PublicUserOut, SimilaritySourceOut)
+from app.services.ingest import ensure_user_rows, get_dataset, item_row_ids
+from app.services.training_inputs import item_index, load_triplets, ratings_from_triplets
+
+__all__ = [
+    "MIN_TOKEN_ITEMS",
+    "item_tokens",
+    "put_similarity_source",
+    "get_similarity_source",
+    "similarity_sources_page",
+    "delete_similarity_source",
+    "replace_neighbours",
+    "item_neighbours",
+    "set_public_ratings",
+    "get_public_ratings",
+    "public_users_page",
+    "consent_events_page",
+    "public_user_ids",
+    "load_ratings_and_public",
+]
+
+MIN_TOKEN_ITEMS = 2
+_CHUNK = 1000  # ids per IN (...) list / rows per INSERT
+
+NeighbourList = Sequence[tuple[str, float]]
+
+
+# ---------------------------------------------------------------------------- metadata tokens
+def item_tokens(categories: Iterable[Any] | None, features: dict[str, Any] | None) -> list[str]:
+    """The public metadata tokens of one item (tokenisation in the module docstring), sorted."""
+    tokens: set[str] = set()
+
+    def add(key: str, value: Any) -> None:
+        if isinstance(value, str) and value.strip():
+            tokens.add(f"{key}:{value.strip()}")
+
+    for c in categories or ():
+        add("category", c)
+    for key, value in (features or {}).items():
+        key = str(key).strip()
+        if not key:
+            continue
+        if isinstance(value, bool):
+            if value:
+                tokens.add(key)
+        elif isinstance(value, list):
+            for v in value:
+                add(key, v)
+        else:
+            add(key, value)  # numbers (and anything else) are ignored
+    return sorted(tokens)
+
+
+# ---------------------------------------------------------------------------- similarity sources
+def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False) -> SimilaritySource:
+    stmt = select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id, SimilaritySource.name == name)
+    src = session.scalar(stmt.with_for_update() if lock else stmt)
+    if src is None:
+        raise NotFound(f"unknown similarity source {name!r} in data set {ds.name!r}",
+                       code="unknown_similarity_source", details={"source": name})
+    return src
+
+
+def _source_out(session: Session, src: SimilaritySource) -> SimilaritySourceOut:
+    n_pairs, n_items = session.execute(
+        select(func.count(), func.count(func.distinct(ItemSimilarity.item_id))).where(ItemSimilarity.source_id == src.id)
+    ).one()
+    return SimilaritySourceOut(name=src.name, provenance=src.provenance, declared_public=bool(src.declared_public),
+                               created_by=src.created_by, created_at=src.created_at, updated_at=src.updated_at,
+                               n_items=int(n_items), n_pairs=int(n_pairs))
+
+
+def put_similarity_source(session: Session, *, dataset: str, name: str, provenance: str,
+                          declared_public: bool, actor: str) -> tuple[SimilaritySourceOut, bool]:
+    """Create a source or update its provenance; return (the source, whether it was created).
+
+    422 unless ``declared_public`` is true and ``provenance`` is non-empty.
+    """
+    provenance = (provenance or "").strip()
+    if declared_public is not True:
+        raise Unprocessable("a similarity source must declare that it is public (declared_public: true): "
+                            "similarities derived from private users' ratings are not allowed",
+                            code="not_declared_public")
+    if not provenance:
+        raise Unprocessable("a similarity source needs a provenance (URL or citation)", code="provenance_required")
+    ds = get_dataset(session, dataset)
+    src = session.scalar(select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id,
+                                                        SimilaritySource.name == name).with_for_update())
+    created = src is None
+    if created:
+        src = SimilaritySource(dataset_id=ds.id, name=name, provenance=provenance, declared_public=True,
+                               created_by=actor)
+        session.add(src)
+    elif src.provenance != provenance:
+        src.provenance = provenance
+        src.updated_at = utcnow()
+    session.flush()
+    return _source_out(session, src), created
+
+
+def get_similarity_source(session: Session, *, dataset: str, name: str) -> SimilaritySourceOut:
+    """One source with its counts (404 when unknown)."""
+    return _source_out(session, _source_row(session, get_dataset(session, dataset), name))
+
+
+def similarity_sources_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[SimilaritySourceOut]:
+    """One page of a data set's similarity sources, by name."""
+    ds = get_dataset(session, dataset)
+    where = SimilaritySource.dataset_id == ds.id
+    total = session.scalar(select(func.count()).select_from(SimilaritySource).where(where)) or 0
+    rows = session.scalars(select(SimilaritySource).where(where).order_by(SimilaritySource.name)
+                           .offset(offset).limit(limit)).all()
+    return Page[SimilaritySourceOut].build([_source_out(session, r) for r in rows], total=int(total),
+                                           offset=offset, limit=limit)
+
+
+def delete_similarity_source(session: Session, *, dataset: str, name: str) -> int:
+    """Delete a source and its neighbour lists; return the pairs removed."""
+    ds = get_dataset(session, dataset)
+    src = _source_row(session, ds, name, lock=True)
+    removed = session.execute(delete(ItemSimilarity).where(ItemSimilarity.source_id == src.id)).rowcount or 0
+    session.delete(src)
+    session.flush()
+    if removed:
+        bump_ratings_version(session, ds.id, n=1)
+    return int(removed)
+
+
+def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(seq), size):
+        yield seq[start:start + size]
+
+
+def _check_sizes(rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None) -> None:
+    n_pairs = sum(len(n) for _, n in rows)
+    if max_rows is not None and len(rows) > max_rows:
+        raise PayloadTooLarge(f"an upload holds at most {max_rows} rows; got {len(rows)}", code="batch_too_large",
+                              details={"max_rows": max_rows, "rows": len(rows)})
+    if max_rows is not None and n_pairs > MAX_PAIRS_PER_BATCH:
+        raise PayloadTooLarge(f"an upload holds at most {MAX_PAIRS_PER_BATCH} pairs; got {n_pairs}",
+                              code="batch_too_large", details={"max_pairs": MAX_PAIRS_PER_BATCH, "pairs": n_pairs})
+
+
+def _row_error(item: str, neighbours: NeighbourList, item_map: dict[str, int], first: int, k: int) -> str | None:
+    """Why row ``k`` (item ``item`` with ``neighbours``) is invalid, or None."""
+    if first != k:
+        return f"item repeated; first at row {first}"
+    if item not in item_map:
+        return f"unknown item {item!r}"
+    if len(neighbours) > MAX_NEIGHBOURS:
+        return f"{len(neighbours)} neighbours; at most {MAX_NEIGHBOURS} per item"
+    seen: set[str] = set()
+    for other, score in neighbours:
+        if other == item:
+            return "an item cannot be its own neighbour"
+        if other in seen:
+            return f"neighbour {other!r} repeated"
+        seen.add(other)
+        if other not in item_map:
+            return f"unknown neighbour {other!r}"
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            return f"score of neighbour {other!r} must be a finite number"
+    return None
+
+
+def _validate_rows(rows: Sequence[tuple[str, NeighbourList]], item_map: dict[str, int]) -> None:
+    """422 with per-row errors (nothing written) when any row is invalid."""
+    first: dict[str, int] = {}
+    errors: list[NeighbourRowError] = []
+    for k, (item, neighbours) in enumerate(rows):
+        msg = _row_error(item, neighbours, item_map, first.setdefault(item, k), k)
+        if msg is not None:
+            errors.append(NeighbourRowError(index=k, item_id=item, error=msg))
+    if errors:
+        raise Unprocessable(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
+                            code="invalid_rows",
+                            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
+
+
+def replace_neighbours(session: Session, *, dataset: str, source: str,
+                       rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None = MAX_BATCH_ROWS) -> NeighbourBatchOut:
+    """Replace the neighbour lists of the items in ``rows`` (item id, [(neighbour id, score)]), all or nothing.
+
+    Idempotent: each row replaces that item's whole top-K list in ``source`` (an empty list clears
+    it). ``max_rows`` caps the upload (413; None: no cap, for the CLI). 422 with per-row errors when
+    any row is invalid. Bumps the data set's ``ratings_version``.
+    """
+    ds = get_dataset(session, dataset)
+    src = _source_row(session, ds, source, lock=True)  # serialises uploads to one source
+    _check_sizes(rows, max_rows)
+    ids = sorted({item for item, _ in rows} | {other for _, n in rows for other, _ in n})
+    item_map = item_row_ids(session, ds, ids)
+    _validate_rows(rows, item_map)
+    owners = [item_map[item] for item, _ in rows]
+    removed = 0
+    for part in _chunks(owners):
+        removed += session.execute(delete(ItemSimilarity).where(
+            ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))).rowcount or 0
+    pairs = [{"source_id": src.id, "item_id": item_map[item], "neighbour_id": item_map[other], "score": float(score)}
+             for item, neighbours in rows for other, score in neighbours]
+    for part in _chunks(pairs):
+        session.execute(ItemSimilarity.__table__.insert(), list(part))
+    src.updated_at = utcnow()
+    bump_ratings_version(session, ds.id, n=1)
+    session.flush()
+    return NeighbourBatchOut(source=source, items=len(rows), pairs_written=len(pairs), pairs_removed=int(removed))
+
+
+def item_neighbours(session: Session, *, dataset: str, source: str, item_id: str) -> NeighboursOut:
+    """One item's stored neighbour list in ``source``, best score first (404 unknown item)."""
+    ds = get_dataset(session, dataset)
+    src = _source_row(session, ds, source)
+    iid = item_row_ids(session, ds, [item_id]).get(item_id)
+    if iid is None:
+        raise NotFound(f"unknown item {item_id!r}", code="unknown_item", details={"item_id": item_id})
+    rows = session.execute(
+        select(Item.external_id, ItemSimilarity.score).join(Item, Item.id == ItemSimilarity.neighbour_id)
+        .where(ItemSimilarity.source_id == src.id, ItemSimilarity.item_id == iid)
+        .order_by(ItemSimilarity.score.desc(), Item.external_id)
+    ).all()
+    return NeighboursOut(source=source, item_id=item_id,
+                         neighbours=[Neighbour(item_id=e, score=float(s)) for e, s in rows])
+
+
+# ---------------------------------------------------------------------------- public users
+def _consent_out(ds: Dataset, user_id: str, row: PublicRatingConsent | None, changed: bool) -> PublicRatingsOut:
+    return PublicRatingsOut(dataset=ds.name, user_id=user_id, public=bool(row.public) if row else False,
+                            changed=changed, updated_at=row.updated_at if row else None)
+
+
+def set_public_ratings(session: Session, *, dataset: str, user_id: str, public: bool, actor: str) -> PublicRatingsOut:
+    """Record the user's choice; a change is audited and bumps ``ratings_version``.
+
+    The caller has checked that ``actor`` is the user themself (their own token).
+    """
+    ds = get_dataset(session, dataset)
+    now = utcnow()
+    uid = ensure_user_rows(session, [user_id], now)[user_id]
+    session.scalar(select(User.id).where(User.id == uid).with_for_update())  # serialises this user's changes
+    row = session.get(PublicRatingConsent, (ds.id, uid), with_for_update=True)
+    if row is not None and bool(row.public) == bool(public):
+        return _consent_out(ds, user_id, row, changed=False)
+    if row is None:
+        row = PublicRatingConsent(dataset_id=ds.id, user_id=uid, public=bool(public), updated_at=now)
+        session.add(row)
+    else:
+        row.public, row.updated_at = bool(public), now
+    session.add(PublicRatingConsentEvent(dataset_id=ds.id, user_id=uid, public=bool(public), actor=actor, created_at=now))
+    bump_ratings_version(session, ds.id, n=1)
+    session.flush()
+    return _consent_out(ds, user_id, row, changed=True)
+
+
+def get_public_ratings(session: Session, *, dataset: str, user_id: str) -> PublicRatingsOut:
+    """The user's current choice (false when never set)."""
+    ds = get_dataset(session, dataset)
+    row = session.scalar(select(PublicRatingConsent).join(User, User.id == PublicRatingConsent.user_id)
+                         .where(PublicRatingConsent.dataset_id == ds.id, User.external_id == user_id))
+    return _consent_out(ds, user_id, row, changed=False)
+
+
+def public_users_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[PublicUserOut]:
+    """Users whose ratings of ``dataset`` are public now (by their own choice), by user id."""
+    ds = get_dataset(session, dataset)
+    base = (select(User.external_id, PublicRatingConsent.updated_at).join(User, User.id == PublicRatingConsent.user_id)
+            .where(PublicRatingConsent.dataset_id == ds.id, PublicRatingConsent.public.is_(True)))
+    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
+    rows = session.execute(base.order_by(User.external_id).offset(offset).limit(limit)).all()
+    items = [PublicUserOut(user_id=e, public=True, updated_at=t) for e, t in rows]
+    return Page[PublicUserOut].build(items, total=int(total), offset=offset, limit=limit)
+
+
+def consent_events_page(session: Session, *, dataset: str, offset: int, limit: int,
+                        user_id: str | None = None) -> Page[ConsentEventOut]:
+    """The consent audit trail (oldest first), optionally for one user."""
+    ds = get_dataset(session, dataset)
+    E = PublicRatingConsentEvent
+    base = select(E.id, User.external_id, E.public, E.actor, E.created_at).join(User, User.id == E.user_id).where(
+        E.dataset_id == ds.id)
+    if user_id is not None:
+        base = base.where(User.external_id == user_id)
+    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
+    rows = session.execute(base.order_by(E.id).offset(offset).limit(limit)).all()
+    items = [ConsentEventOut(id=i, user_id=u, public=bool(p), actor=a, created_at=t) for i, u, p, a, t in rows]
+    return Page[ConsentEventOut].build(items, total=int(total), offset=offset, limit=limit)
+
+
+def public_user_ids(session: Session, ds: Dataset) -> np.ndarray:
+    """Database ids of the users whose ratings of ``ds`` are public now (sorted)."""
+    ids = session.scalars(select(PublicRatingConsent.user_id).where(
+        PublicRatingConsent.dataset_id == ds.id, PublicRatingConsent.public.is_(True)))
+    return np.sort(np.fromiter(ids, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------- training inputs
+def _metadata(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource:
+    rows = session.execute(select(Item.id, Item.categories, Item.features).where(Item.dataset_id == ds.id)).all()
+    by_id = {i: item_tokens(c, f) for i, c, f in rows}
+    return metadata_source([by_id.get(i, ()) for i in item_db.tolist()], min_items=MIN_TOKEN_ITEMS)
+
+
+def _similarity_block(item_pos: np.ndarray, neighbour_pos: np.ndarray, scores: np.ndarray,
+                      n_items: int) -> sp.csr_matrix:
+    """One source's neighbour lists as S rows, each row also holding its own item.
+
+    Row j lists j's neighbours with their scores and j itself with the row's largest |score|
+    (an item is at least as similar to itself as to its nearest neighbour): without that entry
+    the row would fit w_f to the neighbours only and never reach v_j, so an item with no
+    private ratings would get nothing from its own list (stored lists never hold self pairs).
+    """
+    owners = np.unique(item_pos)
+    top = np.zeros(n_items)
+    np.maximum.at(top, item_pos, np.abs(scores))
+    block = similarity_source(np.concatenate([item_pos, owners]), np.concatenate([neighbour_pos, owners]),
+                              np.concatenate([scores, top[owners]]), n_items)
+    return block.matrix
+
+
+def _similarities(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource | None:
+    """Every declared-public source's lists stacked (one row per (source, item)); None when empty."""
+    rows = session.execute(
+        select(SimilaritySource.name, ItemSimilarity.item_id, ItemSimilarity.neighbour_id, ItemSimilarity.score)
+        .join(SimilaritySource, SimilaritySource.id == ItemSimilarity.source_id)
+        .where(SimilaritySource.dataset_id == ds.id, SimilaritySource.declared_public.is_(True))
+    ).all()
+    grouped: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    for name, i, k, score in rows:
+        grouped[name].append((i, k, score))
+    blocks, labels = [], []
+    for name in sorted(grouped):
+        arr = np.array(grouped[name], dtype=np.float64)
+        i, k = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+        pos_i, pos_k = np.searchsorted(item_db, i), np.searchsorted(item_db, k)
+        if np.any(pos_i >= len(item_db)) or np.any(pos_k >= len(item_db)) \
+                or not (np.array_equal(item_db[pos_i], i) and np.array_equal(item_db[pos_k], k)):
+            raise RuntimeError("similarities reference items outside their data set")
+        block = _similarity_block(pos_i, pos_k, arr[:, 2], len(item_db))
+        blocks.append(block)
+        owners = np.unique(pos_i)
+        labels += [f"{name}:{e}" for e in np.asarray(item_db)[owners].tolist()]
+    if not blocks:
+        return None
+    return PublicSource("similarities", sp.vstack(blocks, format="csr"), tuple(labels))
+
+
+def _split_public_users(session: Session, ds: Dataset, ratings: Ratings) -> tuple[Ratings, PublicSource | None]:
+    """(private ratings without public users' rows, their rows as the public_users source or None)."""
+    public_ids = np.intersect1d(public_user_ids(session, ds), np.asarray(ratings.user_ids, dtype=np.int64))
+    if len(public_ids) == 0:
+        return ratings, None
+    return split_public_users(ratings, public_ids)
+
+
+def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
+    """DP-CMF's inputs: (private ratings, {"public": PublicData}).
+
+    The private ratings leave out every public user's rows (their users too), so no private
+    statistic contains them; items are every item of ``ds`` in :func:`item_index` order and the
+    public sources' columns follow it. Sources with no entries are left out.
+    """
+    item_db, item_ext = item_index(session, ds)
+    ratings = ratings_from_triplets(item_db, item_ext, *load_triplets(session, ds))
+    private, users = _split_public_users(session, ds, ratings)
+    sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db), users]
+    kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
+    return private, {"public": PublicData(kept)}
