@@ -1,5 +1,5 @@
-"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv, issue-token,
-budget, openapi."""
+"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv,
+import-similarities, issue-token, budget, openapi."""
 
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
-def _rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, float]]:
+def _rows(path: Path, delimiter: str, header: bool,
+          columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
     with _open_text(path) as fh:
         reader = csv.reader(fh, delimiter=delimiter)
         if header:
@@ -138,11 +139,11 @@ def _rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, 
             if not row:
                 continue
             if len(row) < 3:
-                raise SystemExit(f"{path}:{line_no}: expected user,item,rating")
+                raise SystemExit(f"{path}:{line_no}: expected {columns}")
             try:
                 value = float(row[2])
             except ValueError:
-                raise SystemExit(f"{path}:{line_no}: rating is not a number") from None
+                raise SystemExit(f"{path}:{line_no}: {columns.rsplit(',', 1)[-1]} is not a number") from None
             yield row[0].strip(), row[1].strip(), value
 
 
@@ -185,6 +186,28 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
         flush()
     bar.close()
     print(json.dumps({"dataset": args.dataset, "rows": total}))
+    return 0
+
+
+def cmd_import_similarities(args: argparse.Namespace) -> int:
+    """Create/update a public similarity source and replace the top-K lists of the items in a CSV
+    (item_id,neighbour_id,score), all or nothing."""
+    from app.services import ingest, public_data
+
+    path = Path(args.path)
+    if not path.exists():
+        raise SystemExit(f"no such file: {path}")
+    lists: dict[str, list[tuple[str, float]]] = {}
+    for item, neighbour, score in _rows(path, args.delimiter, not args.no_header, "item_id,neighbour_id,score"):
+        lists.setdefault(item, []).append((neighbour, score))
+    with ingest.sessionmaker_for(_settings())() as session:
+        source, _ = public_data.put_similarity_source(
+            session, dataset=args.dataset, name=args.source, provenance=args.provenance,
+            declared_public=args.declare_public, actor=f"cli:{os.environ.get('USER', 'unknown')}")
+        out = public_data.replace_neighbours(session, dataset=args.dataset, source=args.source,
+                                             rows=list(lists.items()), max_rows=None)
+        session.commit()
+    print(json.dumps({"dataset": args.dataset, **out.model_dump(), "provenance": source.provenance}))
     return 0
 
 
@@ -267,6 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk", type=int, default=10_000)
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_import_csv)
+
+    s = sub.add_parser("import-similarities",
+                       help="replace items' top-K lists of a PUBLIC similarity source from a CSV "
+                       "(item_id,neighbour_id,score), all or nothing")
+    s.add_argument("path")
+    s.add_argument("--dataset", default="default")
+    s.add_argument("--source", required=True, help="source name (created when new)")
+    s.add_argument("--provenance", required=True, help="where the similarities come from (URL or citation)")
+    s.add_argument("--declare-public", action="store_true",
+                   help="required: declare that the similarities are public, not derived from private ratings")
+    s.add_argument("--delimiter", default=",")
+    s.add_argument("--no-header", action="store_true")
+    s.set_defaults(func=cmd_import_similarities)
 
     s = sub.add_parser("issue-token", help="print a signed bearer token")
     g = s.add_mutually_exclusive_group(required=True)

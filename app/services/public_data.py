@@ -28,6 +28,7 @@ is written.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 MIN_TOKEN_ITEMS = 2
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 _CHUNK = 1000  # ids per IN (...) list / rows per INSERT
 
 NeighbourList = Sequence[tuple[str, float]]
@@ -123,6 +125,9 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     422 unless ``declared_public`` is true and ``provenance`` is non-empty.
     """
     provenance = (provenance or "").strip()
+    if not SOURCE_NAME.match(name):
+        raise Unprocessable("a source name has 1-64 characters of [A-Za-z0-9_-]", code="invalid_source_name",
+                            details={"source": name})
     if declared_public is not True:
         raise Unprocessable("a similarity source must declare that it is public (declared_public: true): "
                             "similarities derived from private users' ratings are not allowed",
