@@ -125,7 +125,7 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     422 unless ``declared_public`` is true and ``provenance`` is non-empty.
     """
     provenance = (provenance or "").strip()
-    if not SOURCE_NAME.match(name):
+    if not SOURCE_NAME.fullmatch(name):
         raise Unprocessable("a source name has 1-64 characters of [A-Za-z0-9_-]", code="invalid_source_name",
                             details={"source": name})
     if declared_public is not True:
