@@ -32,7 +32,9 @@ the run is DPALS bit for bit.
 
 Implicit feedback (``implicit=True``): iALS unobserved weights on both halves. The private one is
 w0·UᵀU, which is DPALS's gravity term λ0·K̃ (``reg_gravity`` = w0, released with noise and PSD
-projection, charged in the event); the public one is ``public_unobserved_weight`` = w0_F (exact).
+projection, charged in the event); the public one is ``public_unobserved_weight`` = w0_F (exact),
+applied to every source. Categorical metadata uses w0_F in both variants (Remark 3.1); public
+ratings and similarity scores use it only in the implicit variant.
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ class DPCMFConfig(dpals.DPALSConfig):
 
     ``alpha_*`` weigh each source against the private data (α_s; 0 switches a source off);
     ``reg_feature`` is λ_F, the ridge of the feature rows and of the items trained from public data
-    only; ``public_unobserved_weight`` is w0_F (iALS weight of S's unobserved entries).
+    only; ``public_unobserved_weight`` is w0_F, the iALS weight of S's unobserved entries, applied
+    to the categorical metadata always (paper Remark 3.1) and to every source when ``implicit``.
     """
 
     alpha_metadata: float = 0.0
@@ -264,29 +267,34 @@ def event_parameters(config: DPCMFConfig) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class _Block:
+    """One active source as used in the loss: its S (public users centred), α_s and w0 (0 or w0_F)."""
+
+    matrix: sp.csr_matrix
+    alpha: float
+    unobserved_weight: float
+
+
 @dataclass
 class _PublicSide:
-    """The exact public half of the loss: W, the item terms B_j, d_j, G and the tail items' V.
+    """The exact public half of the loss: W, the item terms B_j, d_j, G and the tail items' V."""
 
-    Rows of all active sources are stacked into one matrix S (n_rows x n_items) with a weight
-    α per row; public users' rows are centred like private users' (m̃ and their own offset).
-    """
-
-    matrix: sp.csr_matrix  # stacked S, entries as used in the loss
-    row_alpha: np.ndarray  # α_s of each row (> 0)
+    blocks: list[_Block]
     config: DPCMFConfig
     tail_factors: np.ndarray = field(init=False)
-    feature_plan: Any = field(init=False)
+    feature_plans: list = field(init=False)
     item_plan: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        s = self.matrix
-        n_items = s.shape[1]
-        self.feature_plan = make_plan(s.indptr, s.indices, s.data, n_items)
-        csc = s.tocsc()
-        csc.sort_indices()
-        weights = self.row_alpha[csc.indices]
-        self.item_plan = make_plan(csc.indptr, csc.indices, csc.data, s.shape[0], weights)
+        n_items = self.blocks[0].matrix.shape[1]
+        self.feature_plans = [make_plan(b.matrix.indptr, b.matrix.indices, b.matrix.data, n_items) for b in self.blocks]
+        stacked = sp.vstack([b.matrix for b in self.blocks], format="csc")
+        stacked.sort_indices()
+        row_alpha = np.concatenate([np.full(b.matrix.shape[0], b.alpha) for b in self.blocks])
+        # items x rows, each entry weighted by its row's α: Σ_f α_f w_f w_fᵀ and Σ_f α_f S_fj w_f
+        self.item_plan = make_plan(stacked.indptr, stacked.indices, stacked.data, stacked.shape[0],
+                                   row_alpha[stacked.indices])
         self.tail_factors = np.zeros((n_items, self.config.rank))
 
     @property
@@ -294,21 +302,27 @@ class _PublicSide:
         """Items with at least one public entry."""
         return self.item_plan.counts > 0
 
-    def feature_factors(self, item_factors: np.ndarray) -> np.ndarray:
-        """W: w_f = (Σ_{Ω_f} v vᵀ + w0_F VᵀV + (λ_F/α_f) I)⁻¹ Σ_{Ω_f} S_fj v_j (paper eq. (3))."""
-        w0 = self.config.public_unobserved_weight
-        shared = w0 * item_factors.T @ item_factors if w0 > 0 else None
-        ridge = self.config.reg_feature / self.row_alpha
-        return solve_side(self.feature_plan, item_factors, ridge, shared, gram_dtype=np.float64)
+    def feature_factors(self, item_factors: np.ndarray) -> list[np.ndarray]:
+        """W_s: w_f = (Σ_{Ω_f} v vᵀ + w0 VᵀV + (λ_F/α_s) I)⁻¹ Σ_{Ω_f} S_fj v_j (paper eq. (3))."""
+        gram = item_factors.T @ item_factors
+        out = []
+        for block, plan in zip(self.blocks, self.feature_plans):
+            shared = block.unobserved_weight * gram if block.unobserved_weight > 0 else None
+            ridge = np.full(plan.n_rows, self.config.reg_feature / block.alpha)
+            out.append(solve_side(plan, item_factors, ridge, shared, gram_dtype=np.float64))
+        return out
 
-    def item_terms(self, feature_factors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(B_j for all items, d_j for all items, G or None): α-weighted public statistics."""
-        n_items, rank = self.matrix.shape[1], self.config.rank
+    def item_terms(self, feature_factors: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(B_j, d_j for all items, G = Σ_s w0_s α_s W_sᵀW_s or None): the α-weighted public statistics."""
+        n_items, rank = self.covered.shape[0], self.config.rank
         grams, rhs = np.zeros((n_items, rank, rank)), np.zeros((n_items, rank))
-        for rows, gram, b in iter_grams(self.item_plan, feature_factors):
+        for rows, gram, b in iter_grams(self.item_plan, np.vstack(feature_factors)):
             grams[rows], rhs[rows] = gram, b
-        w0 = self.config.public_unobserved_weight
-        shared = w0 * (feature_factors * self.row_alpha[:, None]).T @ feature_factors if w0 > 0 else None
+        shared = None
+        for block, w in zip(self.blocks, feature_factors):
+            if block.unobserved_weight > 0:
+                term = block.unobserved_weight * block.alpha * (w.T @ w)
+                shared = term if shared is None else shared + term
         return grams, rhs, shared
 
     def step(self, frequent: np.ndarray, frequent_factors: np.ndarray) -> dpals.PublicItemTerms:
@@ -362,17 +376,16 @@ def _centred_public_users(matrix: sp.csr_matrix, config: DPCMFConfig, global_mea
     return out
 
 
-def _stack(sources: list[PublicSource], config: DPCMFConfig, global_mean: float) -> tuple[sp.csr_matrix, np.ndarray]:
-    blocks, alphas = [], []
+def _blocks(sources: list[PublicSource], config: DPCMFConfig, global_mean: float) -> list[_Block]:
+    """The loss's blocks; w0_F applies to categorical metadata always (Remark 3.1), to all if implicit."""
+    blocks = []
     for source in sources:
         matrix = source.matrix
         if source.name == "public_users":
             matrix = _centred_public_users(matrix, config, global_mean)
-        blocks.append(matrix)
-        alphas.append(np.full(source.n_rows, config.alpha(source.name)))
-    stacked = sp.vstack(blocks, format="csr")
-    stacked.sort_indices()
-    return stacked, np.concatenate(alphas)
+        iALS = config.implicit or source.name == "metadata"
+        blocks.append(_Block(matrix, config.alpha(source.name), config.public_unobserved_weight if iALS else 0.0))
+    return blocks
 
 
 def train_dpcmf(
@@ -396,7 +409,7 @@ def train_dpcmf(
 
     def public_terms(prep: dpals.Preprocessed, frequent_factors: np.ndarray) -> dpals.PublicItemTerms:
         if not side:  # built once the DP mean (used to centre public users) is released
-            side.append(_PublicSide(*_stack(sources, config, prep.global_mean), config))
+            side.append(_PublicSide(_blocks(sources, config, prep.global_mean), config))
         return side[0].step(prep.frequent, frequent_factors)
 
     fit = dpals.fit_dpals(
