@@ -367,7 +367,7 @@ def _similarity_block(item_pos: np.ndarray, neighbour_pos: np.ndarray, scores: n
     return block.matrix
 
 
-def _similarities(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource | None:
+def _similarities(session: Session, ds: Dataset, item_db: np.ndarray, item_ext: np.ndarray) -> PublicSource | None:
     """Every declared-public source's lists stacked (one row per (source, item)); None when empty."""
     rows = session.execute(
         select(SimilaritySource.name, ItemSimilarity.item_id, ItemSimilarity.neighbour_id, ItemSimilarity.score)
@@ -388,7 +388,7 @@ def _similarities(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicS
         block = _similarity_block(pos_i, pos_k, arr[:, 2], len(item_db))
         blocks.append(block)
         owners = np.unique(pos_i)
-        labels += [f"{name}:{e}" for e in np.asarray(item_db)[owners].tolist()]
+        labels += [f"{name}:{e}" for e in item_ext[owners].tolist()]
     if not blocks:
         return None
     return PublicSource("similarities", sp.vstack(blocks, format="csr"), tuple(labels))
@@ -412,6 +412,6 @@ def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dic
     item_db, item_ext = item_index(session, ds)
     ratings = ratings_from_triplets(item_db, item_ext, *load_triplets(session, ds))
     private, users = _split_public_users(session, ds, ratings)
-    sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db), users]
+    sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
     kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
     return private, {"public": PublicData(kept)}
