@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from app.api.errors import PayloadTooLarge
-from tests.api.conftest import Env, add_items
+from tests.api.conftest import SMALL_DPALS, Env, add_items, seed_ratings
 
 R = "/v1/datasets/default"
 A = "/v1/admin/datasets/default"
@@ -191,6 +191,34 @@ def test_item_tokens() -> None:
                                                    "score": 4.5, "award": True, "remake": False, " ": "y"})
     assert tokens == ["author:X", "award", "category:Comedy", "category:Drama", "tags:a", "tags:b"]
     assert item_tokens(None, None) == []
+
+
+# ---------------------------------------------------------------------------- training over HTTP
+def test_dpcmf_over_http_uses_public_data_and_recommends_a_cold_item(sqlite_env: Env) -> None:
+    from app.services.training import run_training
+
+    env = sqlite_env
+    seed_ratings(env)  # i0..i23 with categories "even"/"odd"
+    r = env.client.put(f"{R}/items/new", headers=env.ingest_service, json={"title": "New", "categories": ["even"]})
+    assert r.status_code == 200
+    assert _consent(env, "u5", True).status_code == 200
+    env.client.put(f"{A}/similarity-sources/wiki", json=SOURCE, headers=env.admin)
+    env.client.post(f"{A}/similarity-sources/wiki/neighbours", headers=env.admin,
+                    json=_rows(("new", [("i0", 0.9), ("i2", 0.8)])))
+    hyper = {**SMALL_DPALS, "alpha_metadata": 1.0, "alpha_similarities": 1.0, "alpha_public_users": 1.0}
+    r = env.client.post(f"{A}/trainings", headers=env.admin,
+                        json={"algorithm": "dpcmf", "epsilon": 5.0, "hyperparameters": hyper})
+    assert r.status_code == 202, r.text
+    assert run_training(r.json()["run_id"], url=env.settings.database_url, settings=env.settings) == "succeeded"
+    info = env.client.get(f"{R}/model").json()
+    assert info["algorithm"] == "dpcmf"
+    used = {s["name"]: s["rows"] for s in info["privacy"]["public_sources"]}
+    assert used == {"metadata": 2, "similarities": 1, "public_users": 1}
+    recs = env.client.get(f"{R}/users/u2/recommendations", params={"n": 50}, headers=env.auth("u2")).json()
+    assert not recs["fallback"] and "new" in [x["item_id"] for x in recs["items"]]
+    r = env.client.post(f"{A}/trainings", headers=env.admin,
+                        json={"algorithm": "dpcmf", "epsilon": 1.0, "hyperparameters": {"alpha_metadata": -1}})
+    assert r.status_code == 422
 
 
 # ---------------------------------------------------------------------------- CLI
