@@ -15,6 +15,7 @@ from importlib.metadata import version as _package_version
 from typing import Any, Callable, Mapping, Sequence
 
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -29,6 +30,11 @@ __all__ = [
     "epsilon_pld",
     "calibrate_scale",
     "count_gaussian_releases",
+    "pure_dp",
+    "randomized_response",
+    "randomized_response_epsilon",
+    "discrete_laplace",
+    "discrete_laplace_rdp",
     "event_to_json",
     "event_from_json",
 ]
@@ -74,15 +80,119 @@ def compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
     return dp_event.ComposedDpEvent(list(events))
 
 
+# ---------------------------------------------------------------------------- pure-DP events
+# The one-bit family (randomized response, discrete Laplace) is pure ε-DP. The library's RDP
+# accountant has no discrete Laplace, and both accountants refuse RandomizedResponseDpEvent under
+# add/remove. Two facts make them accountable next to the Gaussian events of the other algorithms:
+#  * Any pure ε-DP pair of output distributions is a post-processing of the binary
+#    randomized-response pair (Kairouz, Oh, Viswanath 2015, Thm 2.4), whose privacy loss is ±ε
+#    with P(+ε) = e^ε/(1+e^ε), whatever the neighbouring relation. DiscreteLaplaceDpEvent(ε, 1)
+#    has exactly this privacy-loss distribution (loss a(|x−1|−|x|) = ±a, P(x <= 0) = 1/(1+e^−a)),
+#    so it is the event of "some ε-DP mechanism" (:func:`pure_dp`), and a binary
+#    RandomizedResponseDpEvent is charged as that pair.
+#  * The RDP of DLap(a) with integer sensitivity Δ has a closed form (:func:`discrete_laplace_rdp`).
+# The relation each run actually protects is stated in its event parameters.
+def randomized_response_epsilon(noise_parameter: float, num_buckets: int) -> float:
+    """Pure ε of RR over ``num_buckets`` buckets that re-draws uniformly w.p. ``noise_parameter``.
+
+    ε = log((1 − q + q/m)/(q/m)); for m = 2 the flip probability is q/2 and ε = log((1−q/2)/(q/2)).
+    """
+    q, m = float(noise_parameter), int(num_buckets)
+    if not 0 <= q <= 1 or m < 2:
+        raise ValueError("randomized response needs 0 <= noise_parameter <= 1 and >= 2 buckets")
+    return math.inf if q == 0 else math.log((1.0 - q + q / m) / (q / m))
+
+
+def randomized_response(epsilon: float) -> dp_event.RandomizedResponseDpEvent:
+    """Binary randomized response flipping each bit w.p. p = 1/(1+e^ε) (noise parameter 2p)."""
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    tail = math.exp(-epsilon)  # 2/(1+e^ε) without overflow (0 for ε > ~745: no noise at all)
+    return dp_event.RandomizedResponseDpEvent(noise_parameter=2.0 * tail / (1.0 + tail), num_buckets=2)
+
+
+def discrete_laplace(noise_parameter: float, sensitivity: int) -> dp_event.DiscreteLaplaceDpEvent:
+    """DLap(a) noise (pmf ∝ e^{−a|x|}) on an integer statistic of L1 sensitivity ``sensitivity``."""
+    if not math.isfinite(noise_parameter) or noise_parameter <= 0:
+        raise ValueError(f"noise parameter must be finite and > 0, got {noise_parameter!r}")
+    if not isinstance(sensitivity, int) or sensitivity < 1:
+        raise ValueError(f"sensitivity must be an integer >= 1, got {sensitivity!r}")
+    return dp_event.DiscreteLaplaceDpEvent(noise_parameter=float(noise_parameter), sensitivity=sensitivity)
+
+
+def pure_dp(epsilon: float) -> dp_event.DiscreteLaplaceDpEvent:
+    """The worst-case pair of an ε-DP mechanism (privacy loss ±ε), see the note above."""
+    return discrete_laplace(epsilon, 1)
+
+
+def discrete_laplace_rdp(noise_parameter: float, sensitivity: int, orders: Sequence[float]) -> list[float]:
+    """Exact RDP of DLap(a) with integer sensitivity Δ (symmetric, so one direction suffices).
+
+    P = DLap(a), Q = P shifted by Δ; loss L(x) = a(|x−Δ| − |x|) is aΔ on x <= 0, −aΔ on x >= Δ and
+    a(Δ − 2x) in between. With t = α − 1 and pmf tanh(a/2)e^{−a|x|}:
+    E_P[e^{tL}] = e^{taΔ}/(1+e^{−a}) + e^{−taΔ}e^{−aΔ}/(1+e^{−a})
+                  + tanh(a/2) e^{taΔ} Σ_{x=1}^{Δ−1} e^{−a(1+2t)x}     (a geometric sum),
+    and RDP(α) = log(E_P[e^{tL}])/t.
+    """
+    a, d = float(noise_parameter), int(sensitivity)
+    log_norm = -math.log1p(math.exp(-a))  # log 1/(1+e^{-a})
+    log_tanh = math.log(math.tanh(a / 2.0))
+    out = []
+    for order in orders:
+        t = float(order) - 1.0
+        if t == 0.0:  # KL <= the pure-DP bound aΔ (order 1 is not among the accountant's orders)
+            out.append(a * d)
+            continue
+        r = a * (1.0 + 2.0 * t)  # geometric ratio e^{-r}
+        terms = [t * a * d + log_norm, -t * a * d - a * d + log_norm]
+        if d > 1:  # Σ_{x=1}^{d-1} e^{-r x} = e^{-r}(1 − e^{-r(d−1)})/(1 − e^{-r})
+            terms.append(log_tanh + t * a * d - r + math.log(-math.expm1(-r * (d - 1))) - math.log(-math.expm1(-r)))
+        out.append(float(_logsumexp(terms)) / t)
+    return out
+
+
+def _logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """The library's RDP accountant plus discrete Laplace and binary RR (as pure-ε pairs)."""
+
+    def _maybe_compose(self, event, count, do_compose):  # type: ignore[override]
+        event = _as_pure_pair(event)
+        if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
+            if do_compose:
+                self._rdp += count * np.asarray(
+                    discrete_laplace_rdp(event.noise_parameter, event.sensitivity, self._orders))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+class _PldAccountant(pld_privacy_accountant.PLDAccountant):
+    """The library's PLD accountant with binary RR charged as its pure-ε pair (DLap(ε, 1))."""
+
+    def _maybe_compose(self, event, count, do_compose):  # type: ignore[override]
+        return super()._maybe_compose(_as_pure_pair(event), count, do_compose)
+
+
+def _as_pure_pair(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """A binary-RR event as its pure-ε pair; RR without noise is non-private."""
+    if not isinstance(event, dp_event.RandomizedResponseDpEvent):
+        return event
+    eps = randomized_response_epsilon(event.noise_parameter, event.num_buckets)
+    return dp_event.NonPrivateDpEvent() if math.isinf(eps) else pure_dp(eps)
+
+
 def _rdp_accountant() -> rdp_privacy_accountant.RdpAccountant:
-    return rdp_privacy_accountant.RdpAccountant(
+    return _RdpAccountant(
         orders=list(_RDP_ORDERS),
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     )
 
 
 def _pld_accountant() -> pld_privacy_accountant.PLDAccountant:
-    return pld_privacy_accountant.PLDAccountant(
+    return _PldAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=_PLD_DISCRETISATION,
     )

@@ -1,0 +1,103 @@
+"""Link functions and numerically stable one-bit log-likelihoods (Davenport et al. 2014; Li et al. §3.2).
+
+A vote y ∈ {±1} on entry x has P(y = +1) = h(x), with h(x) = 1/(1+e^{−x}) (logistic) or Φ(x)
+(probit, noise scale σ = 1 as in the paper's experiments). Both noises are symmetric, so
+1 − h(x) = h(−x) and the per-entry loss is f(yx) with f(t) = −log h(t).
+Randomised votes (flip w.p. p, Li et al. eq. (3) with p1 = p2 = p) follow c(x) = h(x)(1−2p) + p,
+again symmetric: 1 − c(x) = c(−x), so the debiased loss is −log c(yx).
+Everything is computed in log space (logaddexp, log_ndtr) so that |x| up to ~1e3 is safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import log_ndtr
+
+__all__ = ["LINKS", "log_h", "prob_up", "loss", "dloss", "huber_dloss", "huber_loss",
+           "gradient_bound", "curvature_bound"]
+
+LINKS = ("logistic", "probit")
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _check_link(link: str) -> None:
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {LINKS}, got {link!r}")
+
+
+def log_h(t: np.ndarray, link: str) -> np.ndarray:
+    """log h(t)."""
+    _check_link(link)
+    t = np.asarray(t, dtype=np.float64)
+    return -np.logaddexp(0.0, -t) if link == "logistic" else log_ndtr(t)
+
+
+def _log_dh(t: np.ndarray, link: str) -> np.ndarray:
+    """log h'(t): logistic σ(t)σ(−t), probit φ(t)."""
+    t = np.asarray(t, dtype=np.float64)
+    if link == "logistic":
+        return -np.logaddexp(0.0, -t) - np.logaddexp(0.0, t)
+    return -0.5 * t * t - _LOG_SQRT_2PI
+
+
+def _log_c(t: np.ndarray, link: str, flip: float) -> np.ndarray:
+    """log c(t), c = p + (1 − 2p) h (p = 0: log h)."""
+    if flip == 0.0:
+        return log_h(t, link)
+    return np.logaddexp(math.log(flip), math.log1p(-2.0 * flip) + log_h(t, link))
+
+
+def _check_flip(flip: float) -> float:
+    flip = float(flip)
+    if not 0.0 <= flip < 0.5:
+        raise ValueError(f"flip probability must lie in [0, 1/2), got {flip!r}")
+    return flip
+
+
+def prob_up(x: np.ndarray, link: str) -> np.ndarray:
+    """P(thumbs up) = h(x)."""
+    return np.exp(log_h(x, link))
+
+
+def loss(x: np.ndarray, y: np.ndarray, link: str, flip: float = 0.0) -> np.ndarray:
+    """Per-entry negative log-likelihood −log c(yx) (Li et al. eq. (2)/(4))."""
+    _check_link(link)
+    return -_log_c(np.asarray(y) * np.asarray(x, dtype=np.float64), link, _check_flip(flip))
+
+
+def dloss(x: np.ndarray, y: np.ndarray, link: str, flip: float = 0.0) -> np.ndarray:
+    """d/dx of :func:`loss`: −y (1−2p) h'(yx) / c(yx)."""
+    _check_link(link)
+    flip = _check_flip(flip)
+    y = np.asarray(y, dtype=np.float64)
+    t = y * np.asarray(x, dtype=np.float64)
+    return -y * np.exp(math.log1p(-2.0 * flip) + _log_dh(t, link) - _log_c(t, link, flip))
+
+
+def huber_loss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndarray:
+    """f(yx) for yx >= −α, its tangent line below: convex, |f'| <= :func:`gradient_bound`."""
+    y = np.asarray(y, dtype=np.float64)
+    t = y * np.asarray(x, dtype=np.float64)
+    f0 = float(loss(-alpha, 1.0, link))
+    slope = float(dloss(-alpha, 1.0, link))
+    return np.where(t >= -alpha, loss(np.maximum(t, -alpha), 1.0, link), f0 + slope * (t + alpha))
+
+
+def huber_dloss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndarray:
+    """d/dx of :func:`huber_loss`: y·f'(max(yx, −α))."""
+    y = np.asarray(y, dtype=np.float64)
+    t = y * np.asarray(x, dtype=np.float64)
+    return y * dloss(np.maximum(t, -alpha), 1.0, link)
+
+
+def gradient_bound(link: str, alpha: float) -> float:
+    """ζ = sup_t |f'_α(t)| = |f'(−α)| (|f'| decreases in t for both links): σ(α) or φ(α)/Φ(−α)."""
+    return float(abs(dloss(-float(alpha), 1.0, link)))
+
+
+def curvature_bound(link: str) -> float:
+    """λ_h = sup_t f''(t): 1/4 for the logistic link, 1 for probit (0 < f'' < 1 for −log Φ)."""
+    _check_link(link)
+    return 0.25 if link == "logistic" else 1.0

@@ -1,0 +1,271 @@
+"""One-bit DP matrix completion: configuration, privacy events and calibration (Li et al.; algorithms.md §4).
+
+Units and relations
+-------------------
+*Entry level* (the paper's ε): one vote. For GraP, ObjP and OutP the entry relation is "replace
+one vote by another" (its position and value may change; adding or removing a vote is covered
+too). *User level* (charged to the ledger): all of one user's votes, at most k = ``votes_per_user``
+of them after a data-independent cap (k uniformly random votes per user, seeded). The set of user
+rows and item columns is public (it sizes the d1×d2 matrix); which items a user voted on is not.
+For InP the protected relation is weaker: local randomized response hides vote *values* only
+(replace-a-vote-value); which items a user voted on, and that she voted, are not hidden.
+
+Per-mechanism guarantee (derivations next to the code that implements them, train.py):
+
+=========  ===========================================  =============================================
+mechanism  entry level                                   user level (the event charged)
+=========  ===========================================  =============================================
+inp        RR: ε0-LDP per vote value (p = 1/(1+e^ε0))    k-fold composition of binary RR(ε0)
+grap       K steps, each DLap on the clamped, grid-      DLap with L1 sensitivity k·2C/g per step, K
+           snapped gradient of ALL d1×d2 entries:        steps (Laplace scale 2kCK/ε in value units)
+           entry L1 sensitivity 2C, scale 2CK/ε
+objp       pure ε (KST 2012 Thm 1 with Laplace-type      group privacy: pure kε, charged as the worst-
+           noise, ridge and Huberised loss)              case pure-DP pair (accounting.pure_dp)
+outp       Gaussian, L2 sensitivity 2ζ/λ + 2ρ            Gaussian, L2 sensitivity 2·sqrt(k)·ζ/λ + 2ρ
+=========  ===========================================  =============================================
+
+``epsilon`` is the entry-level ε of inp, grap and objp; ``noise_multiplier`` (noise std / user-level
+L2 sensitivity) is outp's knob. :func:`calibrate` sets the relevant one so that the user-level
+event meets a target (ε, δ) by the RDP accountant (app.core.accounting, which also accounts the
+pure-DP events). With ``pre_randomised`` the votes were randomised once at ingestion with
+``local_epsilon`` (that local guarantee is charged once, by the service, with
+:func:`local_randomisation_event`); training then adds nothing and its event is NoOpDpEvent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+
+from app.core import accounting
+from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
+
+__all__ = ["MECHANISMS", "MAX_ENTRIES", "OneBitConfig", "flip_probability", "randomize_votes",
+           "local_randomisation_event", "onebit_event", "calibrate", "public_config", "event_parameters",
+           "grap_noise_parameter", "grap_laplace_scale", "objp_noise", "outp_sensitivity"]
+
+MECHANISMS = ("inp", "grap", "objp", "outp")
+MAX_ENTRIES = 4_000_000  # d1·d2 limit: dense d1×d2 float64 iterates (~32 MB each)
+
+
+def flip_probability(epsilon0: float) -> float:
+    """p = 1/(1+e^ε0): binary RR with this flip probability is ε0-DP (Li et al. Thm 1, p1 = p2)."""
+    if not isinstance(epsilon0, (int, float)) or not math.isfinite(epsilon0) or epsilon0 <= 0:
+        raise ValueError(f"the local epsilon must be a finite number > 0, got {epsilon0!r}")
+    tail = math.exp(-float(epsilon0))
+    return tail / (1.0 + tail)
+
+
+def randomize_votes(votes: np.ndarray, epsilon0: float, rng: np.random.Generator) -> np.ndarray:
+    """Flip each ±1 vote independently w.p. :func:`flip_probability` (int8 in and out)."""
+    votes = np.asarray(votes)
+    if votes.size and not np.all((votes == 1) | (votes == -1)):
+        raise ValueError("votes must be +1 or -1")
+    flips = rng.random(votes.shape) < flip_probability(epsilon0)
+    return np.where(flips, -votes, votes).astype(np.int8)
+
+
+def local_randomisation_event(epsilon0: float, votes_per_user: int) -> dp_event.DpEvent:
+    """User-level local guarantee: k = ``votes_per_user`` independent binary RR(ε0) draws.
+
+    Protects vote values only (replace-a-vote-value); the ingestion path must cap each user at k
+    randomised votes for this event to hold.
+    """
+    flip_probability(epsilon0)
+    _check_positive_int("votes_per_user", votes_per_user)
+    return dp_event.SelfComposedDpEvent(accounting.randomized_response(float(epsilon0)), int(votes_per_user))
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OneBitConfig:
+    """Hyper-parameters; every field but ``seed`` is published with the model.
+
+    ``tau`` None: α·sqrt(d1·d2) (the paper's τ = α·sqrt(d1·d2·r) with r = 1), from the public
+    matrix size. ``step_size`` None: 1/λ_h (1/4-smooth logistic, 1-smooth probit per entry).
+    """
+
+    mechanism: str = "inp"
+    link: str = "logistic"
+    rank: int = 8  # published embedding rank (truncated SVD of the private estimate)
+    tau: float | None = None
+    alpha: float = 1.0
+    votes_per_user: int = 100  # k
+    n_steps: int = 50  # K: fixed projected-gradient steps (inp, grap)
+    step_size: float | None = None
+    clamp: float = 0.5  # C (grap)
+    grid_steps: int = 100  # C/g for grap; ζ/g for objp's dithered noise
+    ridge: float = 0.1  # λ of objp/outp (objp raises it to λ_h/(e^{ε/2} − 1) when needed)
+    solver_tolerance: float = 1e-6  # ρ: proven ‖X_T − X*‖_F for objp/outp
+    epsilon: float = 1.0  # entry-level ε per vote (inp: ε0, grap, objp)
+    noise_multiplier: float = 1.0  # outp: Gaussian std / user-level L2 sensitivity
+    pre_randomised: bool = False
+    local_epsilon: float | None = None
+    user_reg: float = 1.0  # ridge of the privileged per-user fit
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
+        if self.link not in LINKS:
+            raise ValueError(f"link must be one of {LINKS}, got {self.link!r}")
+        for name in ("rank", "votes_per_user", "n_steps", "grid_steps"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("alpha", "clamp", "ridge", "solver_tolerance", "epsilon", "noise_multiplier", "user_reg"):
+            _check_positive(name, getattr(self, name))
+        for name in ("tau", "step_size"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if self.pre_randomised != (self.local_epsilon is not None):
+            raise ValueError("pre_randomised votes need their local_epsilon (and only they have one)")
+        if self.pre_randomised and self.mechanism != "inp":
+            raise ValueError("pre-randomised votes are trained with mechanism 'inp' (post-processing)")
+        if self.local_epsilon is not None:
+            flip_probability(self.local_epsilon)
+
+    def radius(self, n_users: int, n_items: int) -> float:
+        """τ, from the config or the public matrix size."""
+        return float(self.tau) if self.tau is not None else self.alpha * math.sqrt(n_users * n_items)
+
+    def step(self) -> float:
+        return float(self.step_size) if self.step_size is not None else 1.0 / curvature_bound(self.link)
+
+    def flip(self) -> float:
+        """The flip probability the solver debiases for (0 for grap/objp/outp)."""
+        if self.mechanism != "inp":
+            return 0.0
+        return flip_probability(self.local_epsilon if self.pre_randomised else self.epsilon)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OneBitConfig":
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown one-bit parameters: {sorted(unknown)}")
+        return cls(**data)
+
+
+def public_config(config: OneBitConfig) -> dict[str, Any]:
+    """The config as published: everything but the seed."""
+    data = config.to_dict()
+    del data["seed"]
+    return data
+
+
+# ---------------------------------------------------------------------------- GraP
+def grap_noise_parameter(config: OneBitConfig) -> float:
+    """a of DLap(a) in grid units: per step ε/K over an entry L1 sensitivity of 2·(C/g) grid steps."""
+    return config.epsilon / (config.n_steps * 2 * config.grid_steps)
+
+
+def grap_laplace_scale(config: OneBitConfig) -> float:
+    """The noise scale in value units, g/a = 2CK/ε (entry level; the user level multiplies by k)."""
+    return (config.clamp / config.grid_steps) / grap_noise_parameter(config)
+
+
+# ---------------------------------------------------------------------------- ObjP
+def objp_noise(config: OneBitConfig) -> tuple[float, float, float]:
+    """(noise scale s, dither grid g, ridge λ) giving entry-level ε = 2(ζ+g)/s + log(1 + λ_h/λ) <= ε.
+
+    Half of ε goes to the noise term (s = 4(ζ+g)/ε), half to the Jacobian term
+    (λ >= λ_h/(e^{ε/2} − 1)); see train.objp_estimate for the derivation.
+    """
+    zeta = gradient_bound(config.link, config.alpha)
+    grid = zeta / config.grid_steps
+    scale = 4.0 * (zeta + grid) / config.epsilon
+    ridge = max(config.ridge, curvature_bound(config.link) / math.expm1(config.epsilon / 2.0))
+    return scale, grid, ridge
+
+
+def objp_entry_epsilon(config: OneBitConfig) -> float:
+    """The entry-level ε actually achieved by :func:`objp_noise` (<= config.epsilon)."""
+    scale, grid, ridge = objp_noise(config)
+    zeta = gradient_bound(config.link, config.alpha)
+    return 2.0 * (zeta + grid) / scale + math.log1p(curvature_bound(config.link) / ridge)
+
+
+# ---------------------------------------------------------------------------- OutP
+def outp_sensitivity(config: OneBitConfig, votes_per_user: int | None = None) -> float:
+    """L2 sensitivity of the released minimiser: 2·sqrt(k)·ζ/λ + 2ρ (k = 1: entry level)."""
+    k = config.votes_per_user if votes_per_user is None else votes_per_user
+    zeta = gradient_bound(config.link, config.alpha)
+    return 2.0 * math.sqrt(k) * zeta / config.ridge + 2.0 * config.solver_tolerance
+
+
+# ---------------------------------------------------------------------------- events
+def onebit_event(config: OneBitConfig, n_items: int | None = None) -> dp_event.DpEvent:
+    """The USER-level event of one training run, from the config alone (n_items is not needed)."""
+    del n_items
+    k = config.votes_per_user
+    if config.mechanism == "inp":
+        if config.pre_randomised:
+            return dp_event.NoOpDpEvent()
+        return local_randomisation_event(config.epsilon, k)
+    if config.mechanism == "grap":
+        step = accounting.discrete_laplace(grap_noise_parameter(config), k * 2 * config.grid_steps)
+        return dp_event.SelfComposedDpEvent(step, config.n_steps)
+    if config.mechanism == "objp":
+        return accounting.pure_dp(k * config.epsilon)
+    return accounting.gaussian(config.noise_multiplier)
+
+
+def calibrate(target_epsilon: float, delta: float, config: OneBitConfig, n_items: int | None = None) -> OneBitConfig:
+    """``config`` with its privacy knob set so the user-level event is (target ε, δ)-DP (RDP accountant).
+
+    Pre-randomised InP is unchanged: its cost was charged at ingestion.
+    """
+    accounting.validate_privacy_target(target_epsilon, delta)
+    if config.pre_randomised:
+        return config
+    if config.mechanism == "outp":
+        z = accounting.calibrate_scale(lambda s: onebit_event(replace(config, noise_multiplier=s)), target_epsilon, delta)
+        return replace(config, noise_multiplier=z)
+    inverse = accounting.calibrate_scale(lambda s: onebit_event(replace(config, epsilon=1.0 / s)), target_epsilon, delta)
+    return replace(config, epsilon=1.0 / inverse)
+
+
+def event_parameters(config: OneBitConfig) -> dict[str, Any]:
+    """What gives the run's event its meaning: level, relation, k, C, ε per vote and per user."""
+    k = config.votes_per_user
+    common = {"algorithm": "onebit", "mechanism": config.mechanism, "link": config.link, "level": "user",
+              "votes_per_user": k, "user_rows_public": True}
+    if config.mechanism == "inp":
+        eps0 = config.local_epsilon if config.pre_randomised else config.epsilon
+        return {**common, "neighbouring_relation": "replace_vote_values",
+                "protects": "vote values only; which items a user voted on is not hidden",
+                "randomised_at": "ingestion" if config.pre_randomised else "training",
+                "flip_probability": flip_probability(eps0), "epsilon_entry": eps0, "epsilon_user_pure": k * eps0,
+                "charged_here": not config.pre_randomised}
+    relation = {"neighbouring_relation": "replace_one_users_votes",
+                "protects": "one user's votes (items voted on and values), up to k of them"}
+    if config.mechanism == "grap":
+        return {**common, **relation, "clamp": config.clamp, "n_steps": config.n_steps,
+                "grid": config.clamp / config.grid_steps, "entry_l1_sensitivity": 2 * config.clamp,
+                "laplace_scale_entry": grap_laplace_scale(config),
+                "laplace_scale_user": k * grap_laplace_scale(config),
+                "epsilon_entry": config.epsilon, "epsilon_user_pure": k * config.epsilon}
+    if config.mechanism == "objp":
+        scale, grid, ridge = objp_noise(config)
+        return {**common, **relation, "noise_scale": scale, "dither_grid": grid, "ridge": ridge,
+                "gradient_bound": gradient_bound(config.link, config.alpha),
+                "curvature_bound": curvature_bound(config.link),
+                "epsilon_entry": objp_entry_epsilon(config), "epsilon_user_pure": k * config.epsilon,
+                "user_level_by": "group privacy"}
+    return {**common, **relation, "ridge": config.ridge, "solver_tolerance": config.solver_tolerance,
+            "l2_sensitivity_entry": outp_sensitivity(config, 1), "l2_sensitivity_user": outp_sensitivity(config),
+            "noise_multiplier": config.noise_multiplier}
