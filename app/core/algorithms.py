@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import dpals, dpcmf, dpfw, foldin
+from app.core import dpals, dpcmf, dpfw, foldin, onebit
 from app.core.artifact import load_model, save_model
 
 __all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
@@ -125,7 +125,29 @@ DPCMF = Algorithm(
     data="ratings+public",
 )
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF)}
+# ---------------------------------------------------------------------------- one-bit (votes)
+def _onebit_config(params: dict[str, Any], rating_range: tuple[float, float]) -> onebit.OneBitConfig:
+    if "rating_range" in params:
+        raise ValueError("one-bit completion trains on +1/-1 votes and takes no rating_range")
+    return onebit.OneBitConfig.from_dict(params)
+
+
+ONEBIT = Algorithm(
+    name="onebit",
+    config_from_params=_onebit_config,
+    config_from_dict=onebit.OneBitConfig.from_dict,
+    public_config=onebit.public_config,
+    calibrate=onebit.calibrate,
+    event=onebit.onebit_event,
+    event_parameters=onebit.event_parameters,
+    train=onebit.train_onebit,
+    save=onebit.save_onebit,
+    load=lambda path, sha: onebit.load_onebit(path, sha),
+    recommend=onebit.recommend_onebit,
+    data="votes",
+)
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF, ONEBIT)}
 
 
 def get_algorithm(name: str) -> Algorithm:
