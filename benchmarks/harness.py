@@ -57,6 +57,7 @@ SUITES: dict[str, str] = {
     "ingest": "benchmarks.ingest",
     "serve": "benchmarks.serve",
     "dpfw": "benchmarks.dpfw",
+    "cmf": "benchmarks.cmf",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
