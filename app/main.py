@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from app.api import admin, health, ingest, privileged, public
 from app.api import public_data
+from app.api import votes as votes_api
 from app.api.errors import ERROR_RESPONSES, PayloadTooLarge, install_error_handlers, render
 from app.api.health import __version__
 from app.api.openapi_yaml import to_yaml
@@ -192,6 +193,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router, prefix="/v1/admin")
     app.include_router(public_data.router, prefix="/v1")
     app.include_router(public_data.admin_router, prefix="/v1/admin")
+    app.include_router(votes_api.router, prefix="/v1")
+    app.include_router(votes_api.admin_router, prefix="/v1/admin")
     return app
 
 

@@ -1,0 +1,96 @@
+"""Vote routes: thumbs up/down ingestion (single, batch, delete), the user's own votes, and the
+admin vote settings (randomised response at ingestion)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
+                          require_ingest_access, require_user_access)
+from app.api.errors import PayloadTooLarge
+from app.api.params import DatasetP, ItemP, UserP
+from app.schemas.common import Page
+from app.schemas.votes import (VoteBatchIn, VoteBatchOut, VoteDeletedOut, VoteIn, VoteOut, VoteSettingsIn,
+                               VoteSettingsOut, VoteWriteOut)
+from app.services import votes as svc
+
+router = APIRouter()
+admin_router = APIRouter(tags=["admin"])
+
+VOTE_DESCRIPTION = (
+    "A vote is the integer 1 (thumbs up) or -1 (thumbs down). On a data set that randomises at "
+    "ingestion (see the admin vote settings) the vote is randomised once on arrival (flipped with "
+    "probability 1/(1+e^epsilon0)) and only the randomised bit is stored, never the raw vote; a "
+    "client may randomise itself and send `randomised: true` with the data set's `local_epsilon`. "
+    "A (user, item) that already holds a randomised bit keeps it (`status: unchanged`), and each "
+    "user may be given at most `votes_per_user_cap` randomised bits ever (409 beyond). On a raw "
+    "data set votes are idempotent upserts."
+)
+
+
+@router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],
+            summary="Store one vote (thumbs up/down)", description=VOTE_DESCRIPTION)
+def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, principal: CurrentPrincipal,
+             session: SessionDep) -> VoteWriteOut:
+    require_ingest_access(principal, user_id)
+    out = svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
+    session.commit()
+    return out
+
+
+@router.post("/datasets/{dataset}/votes/batch", response_model=VoteBatchOut, tags=["ingest"],
+             summary="Store up to 10,000 votes, all or nothing, with a result per row",
+             description=VOTE_DESCRIPTION)
+def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPrincipal, session: SessionDep,
+                     settings: SettingsDep) -> VoteBatchOut:
+    if len(body.votes) > settings.max_batch_size:
+        raise PayloadTooLarge(
+            f"a batch holds at most {settings.max_batch_size} rows; got {len(body.votes)}",
+            code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": len(body.votes)})
+    for user in {r.user_id for r in body.votes}:
+        require_ingest_access(principal, user)
+    out = svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
+    session.commit()
+    return out
+
+
+@router.delete("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteDeletedOut,
+               tags=["ingest"], summary="Delete one vote", description=svc.DELETE_NOTE)
+def delete_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, principal: CurrentPrincipal,
+                session: SessionDep) -> VoteDeletedOut:
+    require_ingest_access(principal, user_id)
+    n = svc.delete_vote(session, dataset=dataset, user_id=user_id, item_id=item_id)
+    session.commit()
+    return VoteDeletedOut(deleted=n, note=svc.DELETE_NOTE)
+
+
+@router.get("/datasets/{dataset}/users/{user_id}/votes", response_model=Page[VoteOut], tags=["privileged"],
+            summary="The user's own stored votes (randomised bits on a randomising data set)")
+def list_user_votes(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal, session: SessionDep,
+                    offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[VoteOut]:
+    require_user_access(principal, user_id)
+    return svc.list_user_votes(session, dataset=dataset, user_id=user_id, offset=offset, limit=limit)
+
+
+@admin_router.get("/datasets/{dataset}/vote-settings", response_model=VoteSettingsOut,
+                  summary="Vote settings: randomisation at ingestion and the per-user cap")
+def get_vote_settings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> VoteSettingsOut:
+    return svc.get_vote_settings(session, dataset=dataset)
+
+
+@admin_router.put(
+    "/datasets/{dataset}/vote-settings", response_model=VoteSettingsOut,
+    summary="Set epsilon0 of randomised response at ingestion (null: raw votes) and the per-user cap",
+    description=(
+        "Only while the data set holds no vote and never gave out a randomised bit (409 "
+        "`votes_exist` afterwards). Turning randomisation on needs `votes_per_user_cap` and records "
+        "the local guarantee (cap x epsilon0 per user, randomised response) in the ledger once, "
+        "checked against the budget cap (409 `budget_exceeded`); later trainings on the bits are "
+        "post-processing. A guarantee recorded earlier stays charged (the ledger is append-only)."),
+)
+def put_vote_settings(dataset: DatasetP, body: VoteSettingsIn, admin: AdminPrincipal,
+                      session: SessionDep) -> VoteSettingsOut:
+    out = svc.set_vote_settings(session, dataset=dataset, local_epsilon=body.local_epsilon,
+                                votes_per_user_cap=body.votes_per_user_cap, actor=f"admin:{admin.subject}")
+    session.commit()
+    return out

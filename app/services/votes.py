@@ -1,0 +1,462 @@
+"""Votes (thumbs up/down): settings, ingestion with randomised response, listing, training input.
+
+A data set either stores **raw** votes (``vote_local_epsilon`` NULL: idempotent upserts, like
+ratings) or **randomises at ingestion** (local DP, issue 6, algorithms.md §4 InP):
+
+* each vote is randomised exactly once on arrival, flipped with p = 1/(1+e^ε0) by
+  ``app.core.onebit.randomize_votes`` from a generator seeded per request with 128 bits from the
+  OS CSPRNG (``secrets``), or by the client, which then declares ε0 (it must equal the data set's);
+* only the bit, ε0 and who randomised are stored, never the raw vote; the raw values live in
+  this request's memory only and are never logged or returned;
+* a (user, item) that already holds a bit is neither re-randomised nor replaced ("unchanged"):
+  re-randomising the same vote would let repeated submissions average the noise away;
+* each user may be given at most ``votes_per_user_cap`` = k bits, ever (``VoteAllowance``; a
+  delete gives nothing back, since a later vote is a fresh randomisation), so the local guarantee
+  is k·ε0 per user; it is recorded in the ledger once, when the settings are made
+  (``set_vote_settings``), and every training on the bits is post-processing of it.
+
+Randomised response hides vote *values* only: which items a user voted on is not hidden (the
+neighbouring relation of the local entry says so). Functions never commit; the caller does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.api.errors import Conflict, NotFound, Unprocessable
+from app.core.ratings import Ratings
+from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
+from app.db.session import is_postgres
+from app.schemas.common import Page
+from app.schemas.votes import (VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
+                               VoteWriteOut)
+from app.services.ingest import ensure_user_rows, item_row_ids
+from app.services.training_inputs import load_ratings
+
+__all__ = [
+    "LOCAL_RELATION",
+    "get_vote_settings",
+    "set_vote_settings",
+    "upsert_vote",
+    "upsert_votes_batch",
+    "import_votes",
+    "delete_vote",
+    "list_user_votes",
+    "user_votes_arrays",
+    "load_votes",
+    "votes_training_params",
+]
+
+LOCAL_RELATION = (
+    "replace the values of one user's votes (at most votes_per_user_cap of them): which items a "
+    "user voted on is NOT hidden by randomised response"
+)
+DELETE_NOTE = (
+    "The vote is gone. On a data set that randomises at ingestion the user's allowance of "
+    "randomised votes is not given back: a new vote for this item is a fresh randomisation."
+)
+
+
+# ----------------------------------------------------------------------------- data set access
+def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset:
+    """The data set ``name`` (404), optionally row-locked on PostgreSQL.
+
+    ``lock="share"`` (ingestion): FOR KEY SHARE, compatible with other ingests (and with their
+    ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
+    written under settings that are being changed. SQLite serialises writers anyway.
+    """
+    stmt = select(Dataset).where(Dataset.name == name)
+    if lock is not None and is_postgres(session):
+        stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
+    ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
+    if ds is None:
+        raise NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+    return ds
+
+
+def _randomising(ds: Dataset) -> bool:
+    return ds.vote_local_epsilon is not None
+
+
+def _insert(session: Session, table: Any) -> Any:
+    return (postgresql if is_postgres(session) else sqlite).insert(table)
+
+
+# ----------------------------------------------------------------------------- settings
+def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
+    acct = ledger.account_for(session, ds.id)
+    return session.scalar(select(LedgerEntry).where(LedgerEntry.account_id == acct.id, LedgerEntry.kind == "local")
+                          .order_by(LedgerEntry.seq.desc()).limit(1))
+
+
+def _settings_out(session: Session, ds: Dataset) -> VoteSettingsOut:
+    from app.core.onebit import flip_probability
+
+    eps0, cap = ds.vote_local_epsilon, ds.votes_per_user_cap
+    n_votes = session.scalar(select(func.count()).select_from(Vote).where(Vote.dataset_id == ds.id)) or 0
+    entry = _local_entry(session, ds) if eps0 is not None else None
+    return VoteSettingsOut(
+        dataset=ds.name, local_epsilon=eps0, votes_per_user_cap=cap, randomised_at_ingestion=eps0 is not None,
+        flip_probability=None if eps0 is None else flip_probability(eps0),
+        user_level_epsilon=None if eps0 is None or cap is None else cap * eps0,
+        n_votes=int(n_votes), local_ledger_seq=None if entry is None else entry.seq,
+    )
+
+
+def get_vote_settings(session: Session, *, dataset: str) -> VoteSettingsOut:
+    """The data set's vote settings and vote count."""
+    return _settings_out(session, _dataset(session, dataset))
+
+
+def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
+    """Parameters that give the local entry's event its meaning."""
+    from app.core.onebit import flip_probability
+
+    return {
+        "mechanism": "randomised_response",
+        "applied": "once per vote at ingestion (server, CSPRNG) or by the client, never repeated",
+        "level": "user",
+        "local_epsilon": float(epsilon0),
+        "votes_per_user_cap": int(cap),
+        "flip_probability": flip_probability(epsilon0),
+        "user_level_epsilon": int(cap) * float(epsilon0),
+        "neighbouring_relation": LOCAL_RELATION,
+        "post_processing": "every training on the stored bits (charged 0)",
+    }
+
+
+def _votes_ever_given(session: Session, ds: Dataset) -> bool:
+    """Whether the data set holds a vote or ever gave out a randomised bit."""
+    vote = session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1))
+    given = session.scalar(select(VoteAllowance.user_id).where(
+        VoteAllowance.dataset_id == ds.id, VoteAllowance.randomised_votes > 0).limit(1))
+    return vote is not None or given is not None
+
+
+def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | None,
+                      votes_per_user_cap: int | None, actor: str) -> VoteSettingsOut:
+    """Set ε0 (None: raw votes) and the per-user cap. Does not commit.
+
+    Refused with 409 once the data set holds a vote or ever randomised one (a stored bit is never
+    re-randomised, and raw and randomised bits must not mix). Turning randomisation on records
+    the local guarantee (k-fold randomised response, user level k·ε0) in the ledger, cap-checked
+    like a training (409 ``budget_exceeded``). Setting the current values again changes nothing.
+    The ledger is append-only: a guarantee recorded by an earlier setting stays charged.
+    """
+    if local_epsilon is not None and votes_per_user_cap is None:
+        raise Unprocessable("randomisation at ingestion needs votes_per_user_cap", code="cap_required")
+    ds = _dataset(session, dataset, lock="update")
+    ledger.lock_account(session, ds.id)  # settings and budget changes serialise
+    if (ds.vote_local_epsilon, ds.votes_per_user_cap) == (local_epsilon, votes_per_user_cap):
+        return _settings_out(session, ds)
+    if _votes_ever_given(session, ds):
+        raise Conflict(
+            f"data set {ds.name!r} already holds votes: its vote settings can no longer change "
+            "(stored bits are never re-randomised, and raw and randomised votes must not mix)",
+            code="votes_exist",
+            details={"dataset": ds.name, "local_epsilon": ds.vote_local_epsilon,
+                     "votes_per_user_cap": ds.votes_per_user_cap})
+    if local_epsilon is not None:
+        from app.core.onebit import local_randomisation_event
+
+        assert votes_per_user_cap is not None
+        event = local_randomisation_event(float(local_epsilon), int(votes_per_user_cap))
+        ledger.record_local_guarantee(session, dataset=ds, event=event, actor=actor,
+                                      parameters=local_parameters(local_epsilon, votes_per_user_cap),
+                                      reason="votes randomised at ingestion")
+    ds.vote_local_epsilon = None if local_epsilon is None else float(local_epsilon)
+    ds.votes_per_user_cap = votes_per_user_cap
+    session.flush()
+    return _settings_out(session, ds)
+
+
+# ----------------------------------------------------------------------------- ingestion
+@dataclass
+class _Batch:
+    """Validated rows resolved to database ids."""
+
+    users: list[str]
+    items: list[str]
+    uids: list[int]
+    iids: list[int]
+    rows: Sequence[VoteIn]
+
+
+def _row_error(ds: Dataset, row: VoteIn, item: str, known: bool) -> tuple[str, str] | None:
+    """(code, message) of an invalid row, or None."""
+    if not known:
+        return "unknown_item", f"unknown item {item!r} in data set {ds.name!r}"
+    if row.randomised and not _randomising(ds):
+        return ("randomised_not_accepted",
+                f"data set {ds.name!r} stores raw votes; a client-randomised vote is not accepted")
+    if row.randomised and row.local_epsilon != ds.vote_local_epsilon:
+        return ("local_epsilon_mismatch",
+                f"the vote was randomised with epsilon0 {row.local_epsilon!r}; data set {ds.name!r} "
+                f"requires exactly {ds.vote_local_epsilon!r}")
+    return None
+
+
+def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
+              rows: Sequence[VoteIn]) -> dict[str, int]:
+    """Item ids of the rows; 422 ``invalid_rows`` with per-row errors (nothing written) otherwise."""
+    item_map = item_row_ids(session, ds, list(items))
+    errors: list[VoteRowResult] = []
+    seen: dict[tuple[str, str], int] = {}
+    for k, (u, i, row) in enumerate(zip(users, items, rows)):
+        first = seen.setdefault((u, i), k)
+        problem = _row_error(ds, row, i, i in item_map)
+        if problem is None and first != k:
+            problem = ("duplicate", f"duplicate (user, item) pair; first at row {first}")
+        if problem is not None:
+            errors.append(VoteRowResult(index=k, user_id=u, item_id=i, status="error", error=problem[1]))
+    if errors:
+        raise Unprocessable(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
+                            code="invalid_rows",
+                            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
+    return item_map
+
+
+def _lock_users(session: Session, uids: Sequence[int]) -> None:
+    """Serialise writers per user (cap checks): row locks in id order (no deadlocks)."""
+    if is_postgres(session) and uids:
+        session.execute(select(User.id).where(User.id.in_(sorted(set(uids)))).order_by(User.id)
+                        .with_for_update(key_share=True))
+
+
+def _existing(session: Session, ds: Dataset, uids: Sequence[int]) -> dict[tuple[int, int], Vote]:
+    """The data set's stored votes of these users, keyed by (user, item) row ids."""
+    rows = session.scalars(select(Vote).where(Vote.dataset_id == ds.id, Vote.user_id.in_(sorted(set(uids)))))
+    return {(v.user_id, v.item_id): v for v in rows}
+
+
+def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> Conflict:
+    what = "randomised votes ever given (deletes give none back)" if randomised else "stored votes"
+    return Conflict(
+        f"{len(over)} user(s) would exceed the cap of {ds.votes_per_user_cap} {what} in data set "
+        f"{ds.name!r}; nothing was written",
+        code="vote_cap_exceeded",
+        details={"votes_per_user_cap": ds.votes_per_user_cap, "counted": what,
+                 "users": [{"user_id": u, "current": c, "new": n} for u, (c, n) in sorted(over.items())[:1000]]})
+
+
+def _check_cap(ds: Dataset, current: dict[int, int], new: dict[int, int], names: dict[int, str],
+               randomised: bool) -> None:
+    cap = ds.votes_per_user_cap
+    if cap is None:
+        return
+    over = {names[u]: (current.get(u, 0), n) for u, n in new.items() if current.get(u, 0) + n > cap}
+    if over:
+        raise _cap_refusal(ds, over, randomised)
+
+
+def _count_new(pairs: Sequence[tuple[int, int]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for u, _ in pairs:
+        out[u] = out.get(u, 0) + 1
+    return out
+
+
+def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[str]:
+    """Upsert raw votes; statuses created/updated."""
+    existing = _existing(session, ds, b.uids)
+    pairs = list(zip(b.uids, b.iids))
+    fresh = [p for p in pairs if p not in existing]
+    current = _count_new(list(existing))
+    _check_cap(ds, current, _count_new(fresh), dict(zip(b.uids, b.users)), randomised=False)
+    now = utcnow()
+    values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
+               "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
+              for (u, i), r in zip(pairs, b.rows)]
+    for start in range(0, len(values), 1000):
+        stmt = _insert(session, Vote.__table__).values(values[start:start + 1000])
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=["dataset_id", "user_id", "item_id"],
+            set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at}))
+    return ["updated" if p in existing else "created" for p in pairs]
+
+
+def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, list[str]]:
+    """The bits to store for ``rows`` and who randomised each: the server randomises the raw
+    votes once, here, with a fresh CSPRNG-seeded generator; client bits are kept as sent."""
+    from app.core.onebit import randomize_votes
+
+    raw = np.fromiter((r.vote for r in rows), dtype=np.int8, count=len(rows))
+    by_client = np.fromiter((r.randomised for r in rows), dtype=bool, count=len(rows))
+    bits = raw.copy()
+    server = ~by_client
+    if server.any():
+        rng = np.random.default_rng(secrets.randbits(128))
+        bits[server] = randomize_votes(raw[server], float(ds.vote_local_epsilon), rng)
+    raw[:] = 0  # the raw votes are not kept beyond this point
+    return bits, ["client" if c else "server" for c in by_client]
+
+
+def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[str]:
+    """Store a randomised bit for each new (user, item); existing bits stay ("unchanged")."""
+    existing = _existing(session, ds, b.uids)
+    pairs = list(zip(b.uids, b.iids))
+    new_k = [k for k, p in enumerate(pairs) if p not in existing]
+    allowances = {a.user_id: a for a in session.scalars(select(VoteAllowance).where(
+        VoteAllowance.dataset_id == ds.id, VoteAllowance.user_id.in_(sorted(set(b.uids)))))}
+    new_per_user = _count_new([pairs[k] for k in new_k])
+    current = {u: a.randomised_votes for u, a in allowances.items()}
+    _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users)), randomised=True)
+    if new_k:
+        bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
+        now = utcnow()
+        session.execute(Vote.__table__.insert(), [
+            {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
+             "randomised": True, "local_epsilon": float(ds.vote_local_epsilon), "randomised_by": who,
+             "created_at": now, "updated_at": now}
+            for k, bit, who in zip(new_k, bits.tolist(), by)])
+        _give_allowance(session, ds, allowances, new_per_user)
+    fresh = set(new_k)
+    return ["created" if k in fresh else "unchanged" for k in range(len(pairs))]
+
+
+def _give_allowance(session: Session, ds: Dataset, allowances: dict[int, VoteAllowance],
+                    new_per_user: dict[int, int]) -> None:
+    for uid, n in new_per_user.items():
+        row = allowances.get(uid)
+        if row is None:
+            session.add(VoteAllowance(dataset_id=ds.id, user_id=uid, randomised_votes=n))
+        else:
+            row.randomised_votes += n
+    session.flush()
+
+
+def _write(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
+           rows: Sequence[VoteIn]) -> list[str]:
+    """Validate then write; status per row. All or nothing (the caller rolls back on error)."""
+    item_map = _validate(session, ds, users, items, rows)
+    user_map = ensure_user_rows(session, list(users), utcnow())
+    uids = [user_map[u] for u in users]
+    _lock_users(session, uids)
+    batch = _Batch(users=list(users), items=list(items), uids=uids, iids=[item_map[i] for i in items], rows=rows)
+    status = (_write_randomised if _randomising(ds) else _write_raw)(session, ds, batch)
+    changed = sum(s != "unchanged" for s in status)
+    if changed:
+        bump_ratings_version(session, ds.id, n=changed)
+    return status
+
+
+def _stored(session: Session, ds: Dataset, user_id: str, item_id: str) -> Vote:
+    vote = session.scalar(select(Vote).join(User, User.id == Vote.user_id).join(Item, Item.id == Vote.item_id)
+                          .where(Vote.dataset_id == ds.id, User.external_id == user_id, Item.external_id == item_id)
+                          .execution_options(populate_existing=True))
+    if vote is None:
+        raise NotFound("no such vote", code="unknown_vote", details={"user_id": user_id, "item_id": item_id})
+    return vote
+
+
+def upsert_vote(session: Session, *, dataset: str, user_id: str, item_id: str, body: VoteIn) -> VoteWriteOut:
+    """Store one vote (see the module docstring); 404 unknown item, 422 bad declaration, 409 cap."""
+    ds = _dataset(session, dataset, lock="share")
+    if not item_row_ids(session, ds, [item_id]):
+        raise NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
+                       details={"item_id": item_id})
+    problem = _row_error(ds, body, item_id, True)
+    if problem is not None:
+        raise Unprocessable(problem[1], code=problem[0], details={"item_id": item_id})
+    status = _write(session, ds, [user_id], [item_id], [body])[0]
+    vote = _stored(session, ds, user_id, item_id)
+    return VoteWriteOut(user_id=user_id, item_id=item_id, status=status, stored_vote=vote.value,
+                        randomised=vote.randomised, randomised_by=vote.randomised_by,
+                        local_epsilon=vote.local_epsilon)
+
+
+def upsert_votes_batch(session: Session, *, dataset: str, rows: Sequence[VoteRow]) -> VoteBatchOut:
+    """Store a batch all or nothing, with a status per row."""
+    ds = _dataset(session, dataset, lock="share")
+    users = [r.user_id for r in rows]
+    items = [r.item_id for r in rows]
+    status = _write(session, ds, users, items, rows)
+    results = [VoteRowResult(index=k, user_id=u, item_id=i, status=s)
+               for k, (u, i, s) in enumerate(zip(users, items, status))]
+    return VoteBatchOut(created=status.count("created"), updated=status.count("updated"),
+                        unchanged=status.count("unchanged"), results=results)
+
+
+def import_votes(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, int]]) -> dict[str, int]:
+    """Bulk import (CLI) of raw ``(user, item, ±1)`` votes through the same path as the API
+    (randomised on arrival on a randomising data set). A repeated pair in ``rows`` is refused."""
+    votes = [VoteRow(user_id=str(u), item_id=str(i), vote=int(v)) for u, i, v in rows]
+    out = upsert_votes_batch(session, dataset=dataset, rows=votes)
+    return {"created": out.created, "updated": out.updated, "unchanged": out.unchanged}
+
+
+def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
+    """Delete one vote (404 when absent). The randomised-vote allowance is not given back."""
+    ds = _dataset(session, dataset, lock="share")
+    vote = _stored(session, ds, user_id, item_id)
+    session.execute(delete(Vote).where(Vote.id == vote.id))
+    bump_ratings_version(session, ds.id, n=1)
+    return 1
+
+
+# ----------------------------------------------------------------------------- reading
+def user_votes_arrays(session: Session, *, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
+    """The one user's own stored bits in a data set: (external item ids, ±1). Privileged."""
+    rows = session.execute(
+        select(Item.external_id, Vote.value).join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
+        .where(Vote.dataset_id == dataset_id, User.external_id == user_id)
+    ).all()
+    return [r[0] for r in rows], [float(r[1]) for r in rows]
+
+
+def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int, limit: int) -> Page[VoteOut]:
+    """One page of the user's own stored bits, ordered by item id."""
+    ds = _dataset(session, dataset)
+    base = (select(Item.external_id, Vote.value, Vote.randomised, Vote.randomised_by, Vote.local_epsilon,
+                   Vote.updated_at)
+            .join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
+            .where(Vote.dataset_id == ds.id, User.external_id == user_id))
+    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
+    rows = session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
+    items = [VoteOut(item_id=e, vote=int(v), randomised=bool(r), randomised_by=by, local_epsilon=eps, updated_at=t)
+             for e, v, r, by, eps, t in rows]
+    return Page[VoteOut].build(items, total=int(total), offset=offset, limit=limit)
+
+
+# ----------------------------------------------------------------------------- training
+def load_votes(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
+    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue)."""
+    return load_ratings(session, ds, table="votes"), {}
+
+
+_FORCED = ("pre_randomised", "local_epsilon")
+
+
+def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[str, Any]:
+    """The caller's hyper-parameters for a votes algorithm with what the data set decides.
+
+    Randomising data set: ``pre_randomised=True, local_epsilon=ε0`` are forced (callers cannot
+    choose them) and ``votes_per_user`` defaults to the data set's cap. Raw data set:
+    ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
+    """
+    from app.platform_errors import InvalidRequest
+
+    out = dict(params or {})
+    chosen = [k for k in _FORCED if k in out]
+    if _randomising(ds):
+        if chosen:
+            raise InvalidRequest(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
+                                 f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
+        out.update(pre_randomised=True, local_epsilon=float(ds.vote_local_epsilon))
+        if ds.votes_per_user_cap is not None:
+            out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
+        return out
+    if out.get("pre_randomised") or out.get("local_epsilon") is not None:
+        raise InvalidRequest(f"data set {ds.name!r} stores raw votes: pre_randomised / local_epsilon "
+                             "cannot be set (turn on randomisation at ingestion in the vote settings)")
+    if ds.votes_per_user_cap is not None:
+        out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
+    return out

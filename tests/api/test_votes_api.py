@@ -1,0 +1,281 @@
+"""Votes through HTTP on SQLite and PostgreSQL: raw upserts, randomised response at ingestion
+(raw votes never stored, never re-randomised, per-user cap), client randomisation, vote settings
+and their ledger entry, validation and auth."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import inspect, select, text
+
+from app import ledger
+from app.core.onebit import flip_probability
+from app.db.models import Dataset, LedgerEntry, Vote, VoteAllowance
+from tests.api.conftest import Env, add_items
+
+R = "/v1/datasets/default"
+SETTINGS = "/v1/admin/datasets/default/vote-settings"
+LN3 = math.log(3.0)  # flip probability 1/(1+3) = 0.25
+
+
+def _put(env: Env, user: str, item: str, body: dict, headers=None):
+    return env.client.put(f"{R}/users/{user}/votes/{item}", json=body, headers=headers or env.auth(user))
+
+
+def _settings(env: Env, eps0: float | None, cap: int | None):
+    return env.client.put(SETTINGS, json={"local_epsilon": eps0, "votes_per_user_cap": cap}, headers=env.admin)
+
+
+def _stored(env: Env) -> list[Vote]:
+    with env.session() as s:
+        return list(s.scalars(select(Vote).order_by(Vote.id)))
+
+
+def _ratings_version(env: Env) -> int:
+    with env.session() as s:
+        return s.scalar(select(Dataset.ratings_version).where(Dataset.name == "default"))
+
+
+def _table_counts(env: Env) -> dict[str, int]:
+    with env.session() as s:
+        names = inspect(s.get_bind()).get_table_names()
+        return {t: int(s.execute(text(f'SELECT count(*) FROM "{t}"')).scalar_one()) for t in names}
+
+
+# ----------------------------------------------------------------------------- raw data sets
+def test_raw_votes_are_idempotent_upserts(env: Env) -> None:
+    add_items(env, 3)
+    v0 = _ratings_version(env)
+    r = _put(env, "alice", "i0", {"vote": 1})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"user_id": "alice", "item_id": "i0", "status": "created", "stored_vote": 1,
+                        "randomised": False, "randomised_by": None, "local_epsilon": None}
+    assert _put(env, "alice", "i0", {"vote": 1}).json()["status"] == "updated"
+    assert _put(env, "alice", "i0", {"vote": -1}).json()["stored_vote"] == -1
+    assert _ratings_version(env) >= v0 + 3
+    page = env.client.get(f"{R}/users/alice/votes", headers=env.auth("alice")).json()
+    assert page["total"] == 1 and page["items"][0]["vote"] == -1 and page["items"][0]["randomised"] is False
+    # a client-randomised vote has no meaning on a raw data set
+    r = _put(env, "alice", "i1", {"vote": 1, "randomised": True, "local_epsilon": 1.0})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "randomised_not_accepted"
+    assert env.count("votes") == 1
+    r = env.client.delete(f"{R}/users/alice/votes/i0", headers=env.auth("alice"))
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+    assert env.client.delete(f"{R}/users/alice/votes/i0", headers=env.auth("alice")).status_code == 404
+    assert env.count("votes") == 0
+
+
+BAD_VOTES = [
+    '{"vote": true}', '{"vote": false}', '{"vote": 1.0}', '{"vote": -1.0}', '{"vote": 0}', '{"vote": 2}',
+    '{"vote": -2}', '{"vote": "1"}', '{"vote": null}', '{}', '{"vote": 1, "extra": 1}',
+    '{"vote": 1, "local_epsilon": 1.0}', '{"vote": 1, "randomised": true}',
+    '{"vote": 1, "randomised": "true", "local_epsilon": 1.0}', '{"vote": 1, "randomised": true, "local_epsilon": NaN}',
+    '{"vote": 1, "randomised": true, "local_epsilon": -1}', '{"vote": NaN}', '{"vote": 1, "randomised": 1}',
+]
+
+
+def test_bad_votes_refused_nothing_written(env: Env) -> None:
+    add_items(env, 1)
+    assert _settings(env, LN3, 5).status_code == 200
+    before = _table_counts(env)
+    for payload in BAD_VOTES:
+        r = env.client.put(f"{R}/users/alice/votes/i0", content=payload,
+                           headers={**env.auth("alice"), "Content-Type": "application/json"})
+        assert r.status_code == 422, (payload, r.text)
+        assert r.json()["error"]["message"]
+    assert _table_counts(env) == before
+
+
+def test_batch_validation_is_all_or_nothing(env: Env) -> None:
+    add_items(env, 2)
+    rows = [{"user_id": "a", "item_id": "i0", "vote": 1}, {"user_id": "a", "item_id": "zzz", "vote": 1},
+            {"user_id": "b", "item_id": "i1", "vote": -1, "randomised": True, "local_epsilon": 1.0},
+            {"user_id": "a", "item_id": "i0", "vote": -1}]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["code"] == "invalid_rows" and err["details"]["n_invalid"] == 3
+    assert [x["index"] for x in err["details"]["rows"]] == [1, 2, 3]
+    assert env.count("votes") == 0 and env.count("users") == 0
+    r = env.client.post(f"{R}/votes/batch", json={"votes": [{"user_id": "a", "item_id": "i0", "vote": 0}]},
+                        headers=env.ingest_service)
+    assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"][:3] == ["body", "votes", 0]
+    assert env.client.post(f"{R}/votes/batch", json={"votes": []}, headers=env.ingest_service).status_code == 422
+
+
+def test_oversized_vote_batch_is_413(sqlite_env: Env) -> None:
+    env = sqlite_env
+    add_items(env, 1)
+    rows = [{"user_id": f"u{k}", "item_id": "i0", "vote": 1} for k in range(10_001)]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "batch_too_large"
+    assert env.count("votes") == 0
+
+
+def test_unknown_dataset_and_item(env: Env) -> None:
+    add_items(env, 1)
+    r = env.client.put("/v1/datasets/nope/users/alice/votes/i0", json={"vote": 1}, headers=env.auth("alice"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_dataset"
+    r = _put(env, "alice", "nope", {"vote": 1})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_item"
+    assert env.count("votes") == 0 and env.count("users") == 0
+
+
+def test_vote_auth_matrix(sqlite_env: Env) -> None:
+    env = sqlite_env
+    add_items(env, 1)
+    url = f"{R}/users/alice/votes/i0"
+    assert env.client.put(url, json={"vote": 1}).status_code == 401
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("bob")).status_code == 403
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("svc", "service", ("act_for_users",))).status_code == 403
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("svc", "service", ("ingest",))).status_code == 200
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("alice")).status_code == 200
+    listing = f"{R}/users/alice/votes"
+    assert env.client.get(listing).status_code == 401
+    assert env.client.get(listing, headers=env.auth("bob")).status_code == 403
+    assert env.client.get(listing, headers=env.auth("svc", "service", ("ingest",))).status_code == 403
+    assert env.client.get(listing, headers=env.auth("svc", "service", ("act_for_users",))).status_code == 200
+    batch = {"votes": [{"user_id": "alice", "item_id": "i0", "vote": -1}]}
+    assert env.client.post(f"{R}/votes/batch", json=batch, headers=env.auth("bob")).status_code == 403
+    assert env.client.post(f"{R}/votes/batch", json=batch, headers=env.auth("alice")).status_code == 200
+    assert env.client.delete(url, headers=env.auth("bob")).status_code == 403
+    assert env.client.get(SETTINGS, headers=env.auth("alice")).status_code == 403
+    assert env.client.put(SETTINGS, json={"local_epsilon": 1.0, "votes_per_user_cap": 5},
+                          headers=env.ingest_service).status_code == 403
+    assert env.count("votes") == 1
+
+
+# ----------------------------------------------------------------------------- randomised response
+def test_raw_votes_never_persisted_with_randomisation_on(env: Env) -> None:
+    """2,000 thumbs-up from 400 users: only randomised bits are stored, about 25% flipped to -1.
+
+    The server seeds its generator from the OS CSPRNG, so no fixed seed exists: the flip count
+    is Binomial(2000, 0.25) (mean 500, sd 19.4) and the test accepts 5 sd either side (the
+    chance of a false failure is below 1e-6)."""
+    n_users, n_items = 400, 5  # user level 5 ln 3 = 5.5 fits the default budget cap of 10
+    add_items(env, n_items)
+    assert _settings(env, LN3, n_items).status_code == 200
+    before = _table_counts(env)
+    v0 = _ratings_version(env)
+    rows = [{"user_id": f"u{u}", "item_id": f"i{i}", "vote": 1} for u in range(n_users) for i in range(n_items)]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
+    assert r.status_code == 200, r.text
+    assert r.json()["created"] == len(rows)
+    stored = _stored(env)
+    assert len(stored) == len(rows)
+    assert all(v.randomised and v.randomised_by == "server" and v.local_epsilon == LN3 for v in stored)
+    assert {v.value for v in stored} <= {-1, 1}
+    n, p = len(rows), flip_probability(LN3)
+    assert p == pytest.approx(0.25)
+    flipped = sum(v.value == -1 for v in stored)
+    assert abs(flipped - n * p) <= 5 * math.sqrt(n * p * (1 - p)), flipped
+    # nothing else could hold a raw vote: only votes, users and allowances grew, by exactly this much
+    after = _table_counts(env)
+    grown = {t: after[t] - before[t] for t in after if after[t] != before[t]}
+    assert grown == {"votes": n, "users": n_users, "vote_allowances": n_users}
+    with env.session() as s:
+        assert {a.randomised_votes for a in s.scalars(select(VoteAllowance))} == {n_items}
+    assert _ratings_version(env) == v0 + n
+    # the user's own listing shows the stored bits, never the raw ones
+    page = env.client.get(f"{R}/users/u0/votes", headers=env.auth("u0")).json()
+    mine = {v.item_id: v.value for v in stored if v.user_id == stored[0].user_id}
+    assert [x["vote"] for x in page["items"]] == [mine[x] for x in sorted(mine)] or page["total"] == n_items
+
+
+def test_a_vote_is_never_rerandomised_and_the_cap_holds(env: Env) -> None:
+    add_items(env, 5)
+    assert _settings(env, 1.0, 3).status_code == 200
+    first = _put(env, "alice", "i0", {"vote": 1}).json()
+    assert first["status"] == "created" and first["randomised_by"] == "server"
+    v = _ratings_version(env)
+    for k in range(12):  # resubmissions (either way) never touch the stored bit
+        again = _put(env, "alice", "i0", {"vote": 1 if k % 2 else -1}).json()
+        assert again["status"] == "unchanged" and again["stored_vote"] == first["stored_vote"]
+    assert _ratings_version(env) == v  # nothing changed: no retraining trigger
+    assert [x.value for x in _stored(env)] == [first["stored_vote"]]
+    assert _put(env, "alice", "i1", {"vote": -1}).status_code == 200
+    assert _put(env, "alice", "i2", {"vote": -1}).status_code == 200
+    r = _put(env, "alice", "i3", {"vote": 1})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "vote_cap_exceeded"
+    assert r.json()["error"]["details"]["users"] == [{"user_id": "alice", "current": 3, "new": 1}]
+    assert env.count("votes") == 3
+    # a delete never gives the allowance back: voting on i0 again would be a fresh randomisation
+    assert env.client.delete(f"{R}/users/alice/votes/i0", headers=env.auth("alice")).status_code == 200
+    assert _put(env, "alice", "i0", {"vote": 1}).status_code == 409
+    assert env.count("votes") == 2
+    # a batch with one user over the cap writes nothing at all
+    rows = [{"user_id": "bob", "item_id": "i0", "vote": 1}, {"user_id": "alice", "item_id": "i4", "vote": 1}]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
+    assert r.status_code == 409 and env.count("votes") == 2
+    with env.session() as s:
+        assert s.scalars(select(VoteAllowance.randomised_votes)).all() == [3]
+    # a batch mixing an existing pair (unchanged) and new ones
+    rows = [{"user_id": "alice", "item_id": "i1", "vote": 1}, {"user_id": "bob", "item_id": "i0", "vote": 1}]
+    body = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service).json()
+    assert (body["created"], body["unchanged"], body["updated"]) == (1, 1, 0)
+    assert [x["status"] for x in body["results"]] == ["unchanged", "created"]
+
+
+def test_client_randomised_votes_are_stored_as_sent(env: Env) -> None:
+    add_items(env, 10)
+    assert _settings(env, LN3, 9).status_code == 200  # user level 9 ln 3 < 10
+    sent = [1, -1, -1, 1, 1, -1, 1, -1, -1]
+    rows = [{"user_id": "carol", "item_id": f"i{k}", "vote": v, "randomised": True, "local_epsilon": LN3}
+            for k, v in enumerate(sent)]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.auth("carol"))
+    assert r.status_code == 200, r.text
+    stored = _stored(env)
+    assert [v.value for v in stored] == sent and {v.randomised_by for v in stored} == {"client"}
+    # the declaration must match the data set's epsilon0 exactly
+    r = _put(env, "dave", "i0", {"vote": 1, "randomised": True, "local_epsilon": 1.0})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "local_epsilon_mismatch"
+    assert env.count("votes") == len(sent)
+
+
+# ----------------------------------------------------------------------------- settings and ledger
+def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
+    add_items(env, 2)
+    r = env.client.get(SETTINGS, headers=env.admin)
+    assert r.status_code == 200 and r.json()["randomised_at_ingestion"] is False
+    r = env.client.put(SETTINGS, json={"local_epsilon": 1.0}, headers=env.admin)
+    assert r.status_code == 422  # a cap is required
+    out = _settings(env, 0.5, 4).json()
+    assert out["randomised_at_ingestion"] and out["user_level_epsilon"] == pytest.approx(2.0)
+    assert out["flip_probability"] == pytest.approx(1 / (1 + math.exp(0.5)))
+    assert _settings(env, 0.5, 4).json()["local_ledger_seq"] == out["local_ledger_seq"]  # same values: no new entry
+    entries = env.client.get("/v1/admin/datasets/default/ledger", headers=env.admin).json()["items"]
+    local = [e for e in entries if e["kind"] == "local"]
+    assert len(local) == 1 and local[0]["seq"] == out["local_ledger_seq"]
+    params = local[0]["parameters"]
+    assert params["local_epsilon"] == 0.5 and params["votes_per_user_cap"] == 4 and params["level"] == "user"
+    assert "NOT hidden" in params["neighbouring_relation"]
+    assert local[0]["event"] is not None and local[0]["epsilon"] > 0
+    budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
+    assert budget["spent_epsilon_rdp"] == pytest.approx(local[0]["spent_epsilon_rdp"])
+    assert budget["spent_epsilon_rdp"] >= local[0]["epsilon"] > 0
+    with env.session() as s:
+        ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
+        acct = ledger.account_for(s, ds.id)
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+        assert ledger.spent(s, acct, recompute=True).epsilon_rdp == pytest.approx(budget["spent_epsilon_rdp"], abs=1e-6)
+    # once a vote exists the settings are frozen
+    assert _put(env, "alice", "i0", {"vote": 1}).status_code == 200
+    r = _settings(env, 0.5, 5)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "votes_exist"
+    assert _settings(env, None, None).status_code == 409
+    # ... even after the vote is deleted (a randomised bit was given out)
+    env.client.delete(f"{R}/users/alice/votes/i0", headers=env.auth("alice"))
+    assert _settings(env, None, None).status_code == 409
+
+
+def test_vote_settings_over_the_budget_are_refused(env: Env) -> None:
+    r = _settings(env, 2.0, 100)  # user level 200 > the default cap of 10
+    assert r.status_code == 409
+    err = r.json()["error"]
+    assert err["code"] == "budget_exceeded"
+    assert err["details"]["epsilon_cap"] == 10.0 and err["details"]["requested_epsilon"] > 10.0
+    assert "prior_spent_epsilon" in err["details"]
+    assert env.client.get(SETTINGS, headers=env.admin).json()["randomised_at_ingestion"] is False
+    with env.session() as s:
+        assert s.scalar(select(LedgerEntry.id).where(LedgerEntry.kind == "local")) is None
