@@ -43,6 +43,7 @@ def seeded(db_url):
     create_dataset(db_url, cap=3 * EPSILON)
     seed_ratings(db_url, "default", synthetic_ratings(n_users=600, n_ratings=6000))
     model_store.clear_cache()
+    recommend.invalidate_catalog()  # items are edited below without the ingest service
     with session_scope(db_url) as s:
         ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
         for item in s.scalars(select(Item).where(Item.dataset_id == ds.id)):
