@@ -352,13 +352,21 @@ def _item_out(item: Item) -> ItemOut:
 
 
 def upsert_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -> ItemOut:
-    """Create or replace an item's title, categories, features and active flag."""
+    """Create or replace an item's title, categories, features and active flag.
+
+    A new item, or new categories/features (DP-CMF's public metadata), bumps ``ratings_version``
+    so that scheduled retraining notices it.
+    """
     ds = get_dataset(session, dataset)
     now = _now()
     values = {"title": data.title, "categories": list(data.categories), "features": dict(data.features),
               "active": data.active, "updated_at": now}
+    before = session.execute(select(Item.categories, Item.features).where(
+        Item.dataset_id == ds.id, Item.external_id == item_id)).first()
     stmt = _insert(session, Item.__table__).values(dataset_id=ds.id, external_id=item_id, created_at=now, **values)
     session.execute(stmt.on_conflict_do_update(index_elements=["dataset_id", "external_id"], set_=values))
+    if before is None or (list(before[0] or []), dict(before[1] or {})) != (values["categories"], values["features"]):
+        bump_ratings_version(session, ds.id, n=1)
     from app.services import recommend
 
     recommend.invalidate_catalog(ds.name)

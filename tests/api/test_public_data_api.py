@@ -184,6 +184,18 @@ def test_upload_size_caps(sqlite_env: Env) -> None:
                                            rows=[("i0", [("i1", 1.0)] * (public_data.MAX_PAIRS_PER_BATCH + 1))])
 
 
+def test_new_items_and_new_metadata_bump_ratings_version(sqlite_env: Env) -> None:
+    env = sqlite_env
+    url = f"{R}/items/x"
+    v0 = _ratings_version(env)
+    assert env.client.put(url, json={"categories": ["Drama"]}, headers=env.ingest_service).status_code == 200
+    assert _ratings_version(env) == v0 + 1  # new item
+    env.client.put(url, json={"categories": ["Drama"], "title": "X"}, headers=env.ingest_service)
+    assert _ratings_version(env) == v0 + 1  # the title is not training data
+    env.client.put(url, json={"categories": ["Drama"], "features": {"author": "Y"}}, headers=env.ingest_service)
+    assert _ratings_version(env) == v0 + 2
+
+
 def test_item_tokens() -> None:
     from app.services.public_data import item_tokens
 
