@@ -91,7 +91,9 @@ class LedgerEntryOut(_Open):
 class TrainingIn(StrictModel):
     algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$",
                            description='Training algorithm: "dpals" (default) or "dpfw" (private Frank-Wolfe).')
-    epsilon: FiniteFloat | None = Field(default=None, gt=0, description="Epsilon for this run.")
+    epsilon: FiniteFloat | None = Field(default=None, gt=0, description=(
+        "Epsilon for this run. Give this or `epsilon_fraction`; omit both only for a run that costs "
+        "nothing (onebit on votes randomised at ingestion: post-processing, charged 0)."))
     epsilon_fraction: FiniteFloat | None = Field(
         default=None, gt=0, le=1, description="Or: this fraction of the remaining budget.")
     hyperparameters: dict[str, Any] = Field(default_factory=dict,
@@ -101,7 +103,9 @@ class TrainingIn(StrictModel):
 
     @model_validator(mode="after")
     def _one_budget(self) -> "TrainingIn":
-        if (self.epsilon is None) == (self.epsilon_fraction is None):
+        # Neither is accepted here; the service then requires a run that costs nothing (onebit on
+        # votes randomised at ingestion) and answers 422 otherwise.
+        if self.epsilon is not None and self.epsilon_fraction is not None:
             raise ValueError("give exactly one of epsilon or epsilon_fraction")
         return self
 

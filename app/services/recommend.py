@@ -266,8 +266,16 @@ def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
 
 def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
-    """Top-N for one user from the active model plus this user's own ratings only."""
+    """Top-N for one user from the active model plus this user's own ratings only (own stored
+    votes for a model trained on votes: one-bit, scores = P(thumbs up))."""
     cache, item_ids, values = _active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    algorithm = get_algorithm(cache.algorithm)
+    noun = "ratings"
+    if algorithm.data == "votes":
+        from app.services.votes import user_votes_arrays
+
+        noun = "votes"
+        item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
     s = _Active(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
     dataset_id = cache.dataset_id
@@ -289,13 +297,13 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
 
     usable = int(np.count_nonzero(model.trained_mask[rated_idx])) if len(rated_idx) else 0
     if usable == 0:
-        reason = "user has no ratings" if not item_ids else "none of the user's rated items is in the trained set"
+        reason = f"user has no {noun}" if not item_ids else f"none of the user's {noun} is for an item in the trained set"
         idx, scores = _popular_idx(s, query.n, allowed)
         return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
                                   fallback=True, fallback_reason=f"dp_popular: {reason}",
                                   items=_scored(s, idx, scores))
     unfiltered = not cat.inactive and query.categories is None and not query.exclude
-    recommend = get_algorithm(model.algorithm).recommend  # fold-in or replay: the user's rows only
+    recommend = algorithm.recommend  # fold-in, replay or one-bit fit: the user's rows only
     idx, scores = recommend(model, rated_idx, rated_vals, query.n,
                             allowed_idx=None if unfiltered else np.flatnonzero(allowed))
     return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,

@@ -36,7 +36,7 @@ from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm
-from app.db.models import Dataset, Item, Rating, TrainingRun, utcnow
+from app.db.models import Dataset, Item, Rating, TrainingRun, Vote, utcnow
 from app.db.session import is_postgres, session_scope
 from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
 from app.services.budget import get_dataset
@@ -82,6 +82,16 @@ def _base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] |
         raise InvalidRequest(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
+def _data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Hyper-parameters with what the data set decides for the algorithm's data kind (votes:
+    randomisation at ingestion forces ``pre_randomised`` / ``local_epsilon``)."""
+    if algo.data != "votes":
+        return hyperparameters
+    from app.services.votes import votes_training_params
+
+    return votes_training_params(ds, hyperparameters)
+
+
 def _n_items(session: Session, ds: Dataset) -> int:
     """The public catalogue size (every item of the data set, as training loads them)."""
     return int(session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0)
@@ -103,14 +113,18 @@ def start_training(
     """Create a queued run and reserve its privacy cost (in the caller's transaction).
 
     Exactly one of ``epsilon`` (this run's target) or ``epsilon_fraction`` (of the remaining
-    budget, in (0, 1]) is given. Raises InvalidRequest / BudgetExceeded; does not commit.
-    After committing, call :func:`enqueue_run` with the run id.
+    budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
+    ``onebit`` on votes randomised at ingestion, whose guarantee the ledger already holds); it
+    is still reserved and committed, with a zero-cost event, so the ledger lists every run.
+    Raises InvalidRequest / BudgetExceeded; does not commit. After committing, call
+    :func:`enqueue_run` with the run id.
     """
     try:
         algo = get_algorithm(algorithm)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
-    if (epsilon is None) == (epsilon_fraction is None):
+    free_run = epsilon is None and epsilon_fraction is None
+    if epsilon is not None and epsilon_fraction is not None:
         raise InvalidRequest("give exactly one of epsilon or epsilon_fraction")
     if epsilon is not None and (
         not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < MIN_EPSILON
@@ -130,7 +144,7 @@ def start_training(
         )
         if existing is not None:
             return existing
-    if epsilon is None:
+    if epsilon is None and not free_run:
         prior = ledger.spent(session, acct).epsilon_rdp
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
@@ -143,13 +157,19 @@ def start_training(
                 epsilon_cap=acct.epsilon_cap,
                 delta=acct.delta,
             )
-    base = _base_config(algo, ds, hyperparameters)
+    base = _base_config(algo, ds, _data_params(algo, ds, hyperparameters))
     n_items = _n_items(session, ds)
-    try:
-        config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
-    except ValueError as exc:
-        raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
+    if free_run:
+        config, epsilon = base, 0.0
+    else:
+        try:
+            config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
+        except ValueError as exc:
+            raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
     event = algo.event(config, n_items)
+    if free_run and _eps_rdp(event, acct.delta) != 0.0:
+        raise InvalidRequest("give exactly one of epsilon or epsilon_fraction (only a run that costs "
+                             "nothing, e.g. onebit on votes randomised at ingestion, may omit both)")
     run = TrainingRun(
         dataset_id=ds.id,
         algorithm=algorithm,
@@ -472,7 +492,7 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
         ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={
             "artifact_sha256": sha,
             "released": ["item_factors", "item_counts", "global_mean", "frequent_items", "metrics"],
-            "post_processing": "per-user scoring from the published model and the user's own ratings; not charged",
+            "post_processing": "per-user scoring from the published model and the user's own ratings or votes; not charged",
         })
         version = model_store.publish_version(
             s, dataset=ds, run=run, model=model, artifact_path=artifact, sha256=sha,
@@ -537,6 +557,15 @@ def scheduled_retrain(*, url: str | None = None, settings: Settings | None = Non
     return outcomes
 
 
+def _retrain_algorithm(session: Session, ds: Dataset) -> str | None:
+    """What scheduled retraining runs: DPALS on ratings; one-bit on a data set with votes only."""
+    if session.scalar(select(Rating.id).where(Rating.dataset_id == ds.id).limit(1)) is not None:
+        return "dpals"
+    if session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1)) is not None:
+        return "onebit"
+    return None
+
+
 def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, int | None]:
     with session_scope(url) as s:
         ds = get_dataset(s, name)
@@ -550,11 +579,14 @@ def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, i
         last = s.scalar(select(TrainingRun).where(TrainingRun.dataset_id == ds.id).order_by(TrainingRun.id.desc()).limit(1))
         if last is not None and last.ratings_version >= ds.ratings_version:
             return "skipped:unchanged", None
-        if s.scalar(select(Rating.id).where(Rating.dataset_id == ds.id).limit(1)) is None:
+        algorithm = _retrain_algorithm(s, ds)
+        if algorithm is None:
             return "skipped:no-ratings", None
+        free = algorithm == "onebit" and ds.vote_local_epsilon is not None  # post-processing of stored bits
         try:
             run = start_training(
-                s, dataset=name, epsilon=settings.retrain_epsilon, actor="scheduler", trigger="schedule"
+                s, dataset=name, algorithm=algorithm, epsilon=None if free else settings.retrain_epsilon,
+                actor="scheduler", trigger="schedule",
             )
         except BudgetExceeded as exc:
             s.rollback()

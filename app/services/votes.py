@@ -438,9 +438,11 @@ _FORCED = ("pre_randomised", "local_epsilon")
 def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[str, Any]:
     """The caller's hyper-parameters for a votes algorithm with what the data set decides.
 
-    Randomising data set: ``pre_randomised=True, local_epsilon=ε0`` are forced (callers cannot
-    choose them) and ``votes_per_user`` defaults to the data set's cap. Raw data set:
-    ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
+    Randomising data set: for InP (the default mechanism) ``pre_randomised=True,
+    local_epsilon=ε0`` are forced (callers cannot choose them): the run flips nothing and is
+    post-processing of the local guarantee (charged 0). Another mechanism trains on the stored
+    bits as data and is charged its own event. ``votes_per_user`` defaults to the data set's cap.
+    Raw data set: ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
     """
     from app.platform_errors import InvalidRequest
 
@@ -450,7 +452,8 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
         if chosen:
             raise InvalidRequest(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
                                  f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
-        out.update(pre_randomised=True, local_epsilon=float(ds.vote_local_epsilon))
+        if out.get("mechanism", "inp") == "inp":
+            out.update(pre_randomised=True, local_epsilon=float(ds.vote_local_epsilon))
         if ds.votes_per_user_cap is not None:
             out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
         return out

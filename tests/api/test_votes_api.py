@@ -279,3 +279,35 @@ def test_vote_settings_over_the_budget_are_refused(env: Env) -> None:
     assert env.client.get(SETTINGS, headers=env.admin).json()["randomised_at_ingestion"] is False
     with env.session() as s:
         assert s.scalar(select(LedgerEntry.id).where(LedgerEntry.kind == "local")) is None
+
+
+def test_votes_to_onebit_model_to_recommendations_over_http(env: Env) -> None:
+    """Settings -> randomised votes -> onebit run without epsilon (post-processing, charged 0)
+    -> privileged probabilities for a voter, the DP-popular fallback for a non-voter."""
+    from app.services.training import run_training
+
+    add_items(env, 12)
+    assert _settings(env, 2.0, 4).status_code == 200
+    rows = [{"user_id": f"u{u}", "item_id": f"i{(u + k) % 12}", "vote": 1 if (u + k) % 2 == 0 else -1}
+            for u in range(40) for k in range(4)]
+    assert env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service).status_code == 200
+    spent = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()["spent_epsilon_rdp"]
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
+                        json={"algorithm": "onebit", "hyperparameters": {"rank": 2, "n_steps": 10}})
+    assert r.status_code == 202, r.text
+    run_id = r.json()["run_id"]
+    assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
+    run = env.client.get(f"/v1/admin/trainings/{run_id}", headers=env.admin).json()
+    assert run["epsilon_charged"] == 0.0 and run["config"]["pre_randomised"] is True
+    assert env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()["spent_epsilon_rdp"] == spent
+    kinds = [e["kind"] for e in env.client.get("/v1/admin/datasets/default/ledger", headers=env.admin).json()["items"]]
+    assert kinds == ["open", "local", "reservation", "commit"]
+    out = env.client.get(f"{R}/users/u0/recommendations?n=5", headers=env.auth("u0")).json()
+    assert out["algorithm"] == "onebit" and not out["fallback"] and len(out["items"]) == 5
+    assert all(0.0 <= it["score"] <= 1.0 for it in out["items"])
+    assert env.client.get(f"{R}/users/u0/recommendations", headers=env.auth("u1")).status_code == 403
+    out = env.client.get(f"{R}/users/nobody/recommendations?n=3", headers=env.auth("nobody")).json()
+    assert out["fallback"] and out["fallback_reason"] == "dp_popular: user has no votes"
+    # a charged algorithm still needs its epsilon
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin, json={"algorithm": "dpals"})
+    assert r.status_code == 422

@@ -1,0 +1,167 @@
+"""Votes -> one-bit training -> published model -> privileged scores, on SQLite and PostgreSQL.
+
+Votes randomised at ingestion: the ledger holds the local guarantee once and an InP run on the
+stored bits is post-processing (a zero-cost reservation and commit). Raw votes: GraP charges its
+user-level event. Serving fits the user from her own stored votes; a non-voter gets the fallback.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from app import ledger, model_store
+from app.core import onebit
+from app.core.accounting import epsilon_rdp, event_from_json
+from app.db.models import LedgerEntry, TrainingRun
+from app.db.session import session_scope
+from app.platform_errors import InvalidRequest
+from app.schemas.serving import RecommendationQuery
+from app.schemas.votes import VoteIn, VoteRow
+from app.services import budget, recommend, training, votes
+from tests.integration.platform_helpers import create_dataset
+
+N_USERS, N_ITEMS, PER_USER = 120, 24, 12
+HYPER = {"rank": 2, "n_steps": 30}
+
+
+def _seed(url: str, *, eps0: float | None, cap: int | None = PER_USER) -> None:
+    """Two taste groups (even users like even items); every user votes on PER_USER items."""
+    from app.db.models import Item
+    from app.services.budget import get_dataset
+
+    with session_scope(url) as s:
+        ds = get_dataset(s, "default")
+        s.add_all([Item(dataset_id=ds.id, external_id=f"i{k}", title=f"Item {k}", categories=["demo"], features={})
+                   for k in range(N_ITEMS)])
+        s.flush()
+        votes.set_vote_settings(s, dataset="default", local_epsilon=eps0, votes_per_user_cap=cap, actor="admin")
+    rng = np.random.default_rng(0)
+    rows = [VoteRow(user_id=f"u{u}", item_id=f"i{i}", vote=1 if (u % 2) == (i % 2) else -1)
+            for u in range(N_USERS) for i in rng.choice(N_ITEMS, size=PER_USER, replace=False)]
+    with session_scope(url) as s:
+        votes.upsert_votes_batch(s, dataset="default", rows=rows)
+    model_store.clear_cache()
+
+
+def _start(url: str, **kw) -> int:
+    args = dict(dataset="default", algorithm="onebit", hyperparameters=dict(HYPER), actor="admin")
+    args.update(kw)
+    with session_scope(url) as s:
+        return training.start_training(s, **args).id
+
+
+def _entries(url: str) -> list[tuple[str, int | None, float | None, dict]]:
+    with session_scope(url) as s:
+        return [(e.kind, e.run_id, e.epsilon, e.event) for e in s.query(LedgerEntry).order_by(LedgerEntry.seq)]
+
+
+def test_randomised_votes_train_for_free_and_serve_voters(db_url, settings):
+    url = db_url
+    create_dataset(url, cap=30.0)
+    _seed(url, eps0=2.0)  # user level 12 x 2 = 24 <= 30
+    with pytest.raises(InvalidRequest, match="cannot be chosen"):
+        _start(url, hyperparameters={**HYPER, "pre_randomised": False})
+    run_id = _start(url)  # no epsilon: post-processing of the bits stored at ingestion
+    with session_scope(url) as s:
+        run = s.get(TrainingRun, run_id)
+        assert run.config["pre_randomised"] is True and run.config["local_epsilon"] == 2.0
+        assert run.config["votes_per_user"] == PER_USER and run.epsilon_charged == 0.0
+        spent_before = ledger.spent(s, ledger.account_for(s, run.dataset_id)).epsilon_rdp
+    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    kinds = _entries(url)
+    assert [k for k, *_ in kinds] == ["open", "local", "reservation", "commit"]
+    local, reservation = kinds[1], kinds[2]
+    assert isinstance(event_from_json(reservation[3]), dp_event.NoOpDpEvent) and reservation[2] == 0.0
+    assert local[2] == pytest.approx(epsilon_rdp(onebit.local_randomisation_event(2.0, PER_USER), 1e-6))
+    with session_scope(url) as s:
+        acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
+        assert ledger.spent(s, acct).epsilon_rdp == pytest.approx(spent_before) == pytest.approx(local[2])
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+        row, model = model_store.get_active_model(s, "default")
+        assert row.algorithm == "onebit" and row.epsilon == 0.0 and isinstance(model, onebit.OneBitModel)
+        _check_voter_scores(s, model)
+        out = recommend.recommend_for_user(s, dataset="default", user_id="stranger", query=RecommendationQuery(n=5))
+        assert out.fallback and out.fallback_reason == "dp_popular: user has no votes" and len(out.items) == 5
+        assert len(recommend.popular(s, dataset="default", n=3).items) == 3
+        assert len(recommend.similar(s, dataset="default", item_id="i0", n=3).items) == 3
+        page = recommend.embeddings_page(s, dataset="default", offset=0, limit=5)
+        assert page.rank == model.rank and len(page.items[0].vector) == model.rank
+
+
+def _check_voter_scores(s, model) -> None:
+    """Scores are P(thumbs up) from the user's own stored bits, voted items excluded; the even
+    group's top items are mostly even (a loose check: the bits are noisy)."""
+    agree = []
+    for user in ("u0", "u1", "u2", "u3"):
+        out = recommend.recommend_for_user(s, dataset="default", user_id=user, query=RecommendationQuery(n=6))
+        assert not out.fallback and out.algorithm == "onebit" and len(out.items) == 6
+        assert all(0.0 <= it.score <= 1.0 for it in out.items)
+        items, values = votes.user_votes_arrays(s, dataset_id=model_store.get_active_version(s, "default").dataset_id,
+                                                user_id=user)
+        assert not set(items) & {it.item_id for it in out.items}
+        positions = {str(i): k for k, i in enumerate(model.item_ids.tolist())}
+        idx, scores = onebit.recommend_onebit(model, np.array([positions[i] for i in items]), np.asarray(values), 6)
+        assert [it.score for it in out.items] == pytest.approx(scores.tolist())
+        agree += [int(it.item_id[1:]) % 2 == int(user[1:]) % 2 for it in out.items]
+    assert np.mean(agree) >= 0.6
+
+
+def test_raw_votes_grap_is_charged_its_user_level_event(db_url, settings):
+    url = db_url
+    create_dataset(url, cap=10.0)
+    _seed(url, eps0=None)
+    with pytest.raises(InvalidRequest, match="raw votes"):
+        _start(url, epsilon=2.0, hyperparameters={**HYPER, "pre_randomised": True, "local_epsilon": 1.0})
+    with pytest.raises(InvalidRequest, match="exactly one"):
+        _start(url)  # a charged run needs its epsilon
+    run_id = _start(url, epsilon=3.0, hyperparameters={**HYPER, "mechanism": "grap", "n_steps": 5})
+    with session_scope(url) as s:
+        res = ledger.reservation_for(s, run_id)
+        config = onebit.OneBitConfig.from_dict({**s.get(TrainingRun, run_id).config, "seed": 0})
+        assert res.parameters["level"] == "user" and res.parameters["votes_per_user"] == PER_USER
+        assert 0 < res.epsilon <= 3.0 + 1e-9
+        assert res.epsilon == pytest.approx(epsilon_rdp(onebit.onebit_event(config), 1e-6))
+    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    with session_scope(url) as s:
+        out = recommend.recommend_for_user(s, dataset="default", user_id="u5", query=RecommendationQuery(n=4))
+        assert not out.fallback and all(0.0 <= it.score <= 1.0 for it in out.items)
+
+
+def test_other_mechanisms_on_randomised_bits_are_charged(db_url):
+    create_dataset(db_url, cap=30.0)
+    _seed(db_url, eps0=2.0)
+    run_id = _start(db_url, epsilon=2.0, hyperparameters={**HYPER, "mechanism": "grap", "n_steps": 5})
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, run_id)
+        assert run.config["pre_randomised"] is False and run.epsilon_charged > 0
+
+
+def test_too_large_vote_matrix_fails_clearly_and_refunds(db_url, settings, monkeypatch):
+    create_dataset(db_url, cap=30.0)
+    _seed(db_url, eps0=None)
+    monkeypatch.setattr("app.core.onebit.train.MAX_ENTRIES", N_USERS * N_ITEMS - 1)
+    run_id = _start(db_url, epsilon=1.0)
+    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, run_id)
+        assert "limit" in run.error and "users x items" in run.error and run.refunded
+        assert ledger.spent(s, ledger.account_for(s, run.dataset_id)).epsilon_rdp == 0.0
+
+
+def test_scheduled_retraining_sees_votes(db_url, settings):
+    create_dataset(db_url, cap=30.0)
+    sched = lambda: training.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    assert sched() == "skipped:no-ratings"
+    _seed(db_url, eps0=2.0)
+    outcome = sched()
+    assert outcome.startswith("started:")
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, int(outcome.split(":")[1]))
+        assert run.algorithm == "onebit" and run.epsilon_charged == 0.0 and run.trigger == "schedule"
+    assert training.run_training(run.id, url=db_url, settings=settings) == "succeeded"
+    assert sched() == "skipped:unchanged"
+    with session_scope(db_url) as s:  # a new vote moves the data-changed counter
+        votes.upsert_vote(s, dataset="default", user_id="newcomer", item_id="i1", body=VoteIn(vote=1))
+    assert sched().startswith("started:")
