@@ -39,6 +39,8 @@ class BudgetOut(_Open):
     runs: dict[str, int] = Field(description="Training runs by status.")
     n_entries: int = 0
     n_charged_runs: int = 0
+    n_local_guarantees: int = Field(default=0, description=(
+        "Local guarantees in the ledger (votes randomised at ingestion), composed into the spend."))
 
 
 class DatasetIn(StrictModel):

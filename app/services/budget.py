@@ -40,6 +40,7 @@ class BudgetView:
     runs: dict[str, int] = field(default_factory=dict)
     n_entries: int = 0
     n_charged_runs: int = 0
+    n_local_guarantees: int = 0  # ledger entries of kind "local" (randomisation at ingestion)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +109,8 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
         ).all()
     )
     n_entries = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0
+    n_local = session.scalar(select(func.count()).select_from(LedgerEntry).where(
+        LedgerEntry.account_id == acct.id, LedgerEntry.kind == "local")) or 0
     return BudgetView(
         dataset=ds.name,
         epsilon_cap=acct.epsilon_cap,
@@ -118,7 +121,8 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
         remaining_epsilon=ledger.remaining(acct.epsilon_cap, rep.epsilon_rdp),
         runs={k: int(counts.get(k, 0)) for k in ("queued", "running", "succeeded", "failed")},
         n_entries=int(n_entries),
-        n_charged_runs=rep.n_events,
+        n_charged_runs=rep.n_events - int(n_local),
+        n_local_guarantees=int(n_local),
     )
 
 

@@ -254,6 +254,7 @@ def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
     budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
     assert budget["spent_epsilon_rdp"] == pytest.approx(local[0]["spent_epsilon_rdp"])
     assert budget["spent_epsilon_rdp"] >= local[0]["epsilon"] > 0
+    assert budget["n_local_guarantees"] == 1 and budget["n_charged_runs"] == 0
     with env.session() as s:
         ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
         acct = ledger.account_for(s, ds.id)

@@ -165,3 +165,52 @@ def test_scheduled_retraining_sees_votes(db_url, settings):
     with session_scope(db_url) as s:  # a new vote moves the data-changed counter
         votes.upsert_vote(s, dataset="default", user_id="newcomer", item_id="i1", body=VoteIn(vote=1))
     assert sched().startswith("started:")
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
+    """Eight writers at once: one (user, item) gets exactly one bit; a user never passes the cap."""
+    import threading
+
+    from sqlalchemy import select
+
+    from app.api.errors import Conflict
+    from app.db.models import User, Vote, VoteAllowance
+
+    create_dataset(db_url, cap=30.0)
+    _seed(db_url, eps0=2.0)  # cap PER_USER = 12
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def race(calls: list[tuple[str, str]]) -> list[str]:
+        barrier = threading.Barrier(len(calls))
+        outcomes.clear()
+
+        def vote(user: str, item: str) -> None:
+            barrier.wait()
+            try:
+                with session_scope(db_url) as s:
+                    status = votes.upsert_vote(s, dataset="default", user_id=user, item_id=item,
+                                               body=VoteIn(vote=1)).status
+            except Conflict as exc:
+                status = exc.code
+            with lock:
+                outcomes.append(status)
+
+        threads = [threading.Thread(target=vote, args=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(outcomes)
+
+    assert race([("same", "i0")] * 8) == ["created"] + ["unchanged"] * 7
+    with session_scope(db_url) as s:  # fill "racer" to 10 of 12, then race 8 new items for 2 slots
+        votes.upsert_votes_batch(s, dataset="default", rows=[
+            VoteRow(user_id="racer", item_id=f"i{k}", vote=1) for k in range(10, 20)])
+    assert race([("racer", f"i{k}") for k in range(8)]) == ["created"] * 2 + ["vote_cap_exceeded"] * 6
+    with session_scope(db_url) as s:
+        for user, n in (("same", 1), ("racer", PER_USER)):
+            uid = s.scalar(select(User.id).where(User.external_id == user))
+            assert s.query(Vote).filter(Vote.user_id == uid).count() == n
+            assert s.scalar(select(VoteAllowance.randomised_votes).where(VoteAllowance.user_id == uid)) == n
