@@ -1,4 +1,4 @@
-"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv,
+"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv, import-votes,
 import-similarities, issue-token, budget, openapi."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 import csv
 import gzip
 import io
+import itertools
 import json
 import os
 import shutil
@@ -189,6 +190,41 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vote_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, int]]:
+    """(user, item, vote) rows of a CSV; the vote must read exactly 1, +1 or -1."""
+    with _open_text(path) as fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        if header:
+            next(reader, None)
+        for line_no, row in enumerate(reader, start=2 if header else 1):
+            if not row:
+                continue
+            vote = {"1": 1, "+1": 1, "-1": -1}.get(row[2].strip()) if len(row) >= 3 else None
+            if vote is None:
+                raise SystemExit(f"{path}:{line_no}: expected user,item,vote with vote 1 or -1; nothing more was written")
+            yield row[0].strip(), row[1].strip(), vote
+
+
+def cmd_import_votes(args: argparse.Namespace) -> int:
+    """Store votes from a CSV (user,item,vote) through the ingestion path: on a data set that
+    randomises at ingestion each vote is randomised once on arrival and only the bit is kept."""
+    from app.services import ingest, votes
+
+    path = Path(args.path)
+    if not path.exists():
+        raise SystemExit(f"no such file: {path}")
+    maker = ingest.sessionmaker_for(_settings())
+    totals = {"created": 0, "updated": 0, "unchanged": 0}
+    rows = _vote_rows(path, args.delimiter, not args.no_header)
+    while chunk := list(itertools.islice(rows, args.chunk)):
+        with maker() as session:
+            out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
+            session.commit()
+        totals = {key: totals[key] + out[key] for key in totals}
+    print(json.dumps({"dataset": args.dataset, **totals}))
+    return 0
+
+
 def cmd_import_similarities(args: argparse.Namespace) -> int:
     """Create/update a public similarity source and replace the top-K lists of the items in a CSV
     (item_id,neighbour_id,score), all or nothing."""
@@ -290,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk", type=int, default=10_000)
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_import_csv)
+
+    s = sub.add_parser("import-votes", help="store thumbs up/down votes from a CSV (user,item,vote with vote "
+                       "1 or -1), randomised on arrival where the data set says so; chunks are all or nothing")
+    s.add_argument("path")
+    s.add_argument("--dataset", default="default")
+    s.add_argument("--delimiter", default=",")
+    s.add_argument("--no-header", action="store_true")
+    s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 10_001), metavar="1..10000")
+    s.set_defaults(func=cmd_import_votes)
 
     s = sub.add_parser("import-similarities",
                        help="replace items' top-K lists of a PUBLIC similarity source from a CSV "

@@ -312,3 +312,42 @@ def test_votes_to_onebit_model_to_recommendations_over_http(env: Env) -> None:
     # a charged algorithm still needs its epsilon
     r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin, json={"algorithm": "dpals"})
     assert r.status_code == 422
+
+
+def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -> None:
+    """`privrec import-votes` goes through the ingestion path: only randomised bits are stored."""
+    import json
+
+    from app import cli
+    from app.config import reset_settings_cache
+    from app.db.session import dispose_engines, session_scope
+    from app.services import ingest, votes
+    from app.schemas.ingest import ItemIn
+
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    monkeypatch.setenv("SECRET_KEY", "cli-tests-secret-0123456789abcdef-xyz")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    reset_settings_cache()
+    try:
+        assert cli.main(["migrate"]) == 0
+        with session_scope() as s:
+            for k in range(4):
+                ingest.upsert_item(s, dataset="default", item_id=f"i{k}", data=ItemIn())
+            votes.set_vote_settings(s, dataset="default", local_epsilon=LN3, votes_per_user_cap=4, actor="test")
+        path = tmp_path / "votes.csv"
+        path.write_text("user,item,vote\n" + "".join(f"u{u},i{k},1\n" for u in range(30) for k in range(4)))
+        capsys.readouterr()
+        assert cli.main(["import-votes", str(path), "--chunk", "50"]) == 0
+        assert json.loads(capsys.readouterr().out)["created"] == 120
+        with session_scope() as s:
+            stored = list(s.scalars(select(Vote)))
+        assert len(stored) == 120 and all(v.randomised and v.randomised_by == "server" for v in stored)
+        bad = tmp_path / "bad.csv"
+        bad.write_text("user,item,vote\nz,i0,1\nz,i1,1.0\n")
+        with pytest.raises(SystemExit, match="vote 1 or -1"):
+            cli.main(["import-votes", str(bad)])
+        with session_scope() as s:
+            assert s.scalar(select(text("count(*)")).select_from(Vote)) == 120
+    finally:
+        dispose_engines()
+        reset_settings_cache()
