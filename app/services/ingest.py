@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.errors import NotFound, Unprocessable
-from app.db.models import Dataset, Item, Rating, User, bump_ratings_version
+from app.db.models import Dataset, Item, Rating, User, Vote, bump_ratings_version
 from app.schemas.common import Page
 from app.schemas.ingest import (ItemIn, ItemOut, RatingBatchOut, RatingOut, RatingRow, RatingWriteOut,
                                 RowResult)
@@ -309,12 +309,16 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
 
 
 def delete_user(session: Session, *, user_id: str) -> int:
-    """Delete a user and every rating of theirs in every data set; return the ratings removed."""
+    """Delete a user and every rating of theirs in every data set; return the ratings removed.
+    Their votes and vote allowances go with the user row (foreign-key cascade)."""
     uid = _user_row_id(session, user_id)
     if uid is None:
         raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})
     per_ds = session.execute(
         select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)
+    ).all()
+    per_ds += session.execute(  # votes: removed by the cascade, counted for retraining
+        select(Vote.dataset_id, func.count()).where(Vote.user_id == uid).group_by(Vote.dataset_id)
     ).all()
     removed = session.execute(delete(Rating).where(Rating.user_id == uid)).rowcount or 0
     session.execute(delete(User).where(User.id == uid))

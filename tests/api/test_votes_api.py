@@ -351,3 +351,15 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     finally:
         dispose_engines()
         reset_settings_cache()
+
+
+def test_deleting_a_user_removes_their_votes_and_moves_the_counter(env: Env) -> None:
+    add_items(env, 2)
+    assert _settings(env, 1.0, 2).status_code == 200
+    for item in ("i0", "i1"):
+        assert _put(env, "erin", item, {"vote": 1}).status_code == 200
+    assert _put(env, "frank", "i0", {"vote": -1}).status_code == 200
+    v = _ratings_version(env)
+    assert env.client.delete("/v1/users/erin", headers=env.auth("erin")).status_code == 200
+    assert env.count("votes") == 1 and env.count("vote_allowances") == 1
+    assert _ratings_version(env) == v + 2
