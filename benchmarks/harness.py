@@ -57,6 +57,7 @@ SUITES: dict[str, str] = {
     "ingest": "benchmarks.ingest",
     "serve": "benchmarks.serve",
     "dpfw": "benchmarks.dpfw",
+    "onebit": "benchmarks.onebit",
     "cmf": "benchmarks.cmf",
 }
 

@@ -83,12 +83,22 @@ def project_nuclear(y: np.ndarray, tau: float, rank_hint: int = 8) -> np.ndarray
 
 
 def truncated_svd(y: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Top-``rank`` singular triplets, largest first (full SVD for small matrices)."""
+    """Approximate top-``rank`` singular triplets, largest first (full SVD for small matrices).
+
+    Randomised range finder with power iterations (Halko, Martinsson, Tropp 2011, Alg. 4.4) and a
+    fixed seed; used only where any deterministic map is post-processing (InP, GraP, publishing).
+    """
     rank = max(1, min(rank, min(y.shape)))
     if min(y.shape) <= _FULL_SVD_MAX_DIM or rank >= min(y.shape) - 1:
         u, s, vt = np.linalg.svd(y, full_matrices=False)
         return u[:, :rank], s[:rank], vt[:rank]
-    return _top_svd(y, rank)
+    sketch = np.random.default_rng(0).normal(size=(y.shape[1], rank + 10))
+    q, _ = np.linalg.qr(y @ sketch)
+    for _ in range(4):
+        q, _ = np.linalg.qr(y.T @ q)
+        q, _ = np.linalg.qr(y @ q)
+    u, s, vt = np.linalg.svd(q.T @ y, full_matrices=False)
+    return (q @ u)[:, :rank], s[:rank], vt[:rank]
 
 
 def project_feasible(y: np.ndarray, tau: float, alpha: float, rank_hint: int = 8) -> np.ndarray:
