@@ -295,7 +295,6 @@ def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, l
     if server.any():
         rng = np.random.default_rng(secrets.randbits(128))
         bits[server] = randomize_votes(raw[server], float(ds.vote_local_epsilon), rng)
-    raw[:] = 0  # the raw votes are not kept beyond this point
     return bits, ["client" if c else "server" for c in by_client]
 
 
