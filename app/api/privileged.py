@@ -19,9 +19,11 @@ router = APIRouter(tags=["privileged"])
 
 RECO_DESCRIPTION = (
     "Scores every item of the active model for this user from the published item embeddings "
-    "plus this user's own ratings only (closed-form least squares), excludes already rated "
-    "items, the `exclude` list and items outside `categories`, and returns the top `n` with the "
-    "model version. A user with no usable ratings receives the DP-popular fallback "
+    "plus this user's own data only: their ratings (closed-form least squares; DPFW replays the "
+    "published steps) or, for a one-bit model, their own stored votes (regularised logistic "
+    "regression; scores are P(thumbs up)). Excludes items the user already rated or voted on, "
+    "the `exclude` list and items outside `categories`, and returns the top `n` with the "
+    "model version. A user with no usable ratings or votes receives the DP-popular fallback "
     "(`fallback: true`). Per-user scoring is post-processing of the public model and is not "
     "charged to the privacy budget."
 )

@@ -92,7 +92,8 @@ class LedgerEntryOut(_Open):
 
 class TrainingIn(StrictModel):
     algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$",
-                           description='Training algorithm: "dpals" (default) or "dpfw" (private Frank-Wolfe).')
+                           description='Training algorithm: "dpals" (default), "dpfw" (private Frank-Wolfe), '
+                                       '"dpcmf" (DPALS with public item data) or "onebit" (thumbs up/down).')
     epsilon: FiniteFloat | None = Field(default=None, gt=0, description=(
         "Epsilon for this run. Give this or `epsilon_fraction`; omit both only for a run that costs "
         "nothing (onebit on votes randomised at ingestion: post-processing, charged 0)."))
