@@ -149,6 +149,50 @@ def test_objp_neighbour_gradient_and_jacobian_bounds_numerically():
         assert abs(d1 - d2) <= math.log1p(lam / ridge) + 1e-6
 
 
+def test_objp_event_is_pure_part_then_output_gaussian():
+    config = OneBitConfig(mechanism="objp", votes_per_user=7, epsilon=0.5, solver_tolerance=1e-5,
+                          objp_output_noise_multiplier=40.0)
+    event = onebit_event(config)
+    assert event == dp_event.ComposedDpEvent([accounting.pure_dp(7 * 0.5), dp_event.GaussianDpEvent(40.0)])
+    params = event_parameters(config)
+    assert params["output_l2_sensitivity"] == pytest.approx(2e-5)
+    assert params["output_noise_std"] == pytest.approx(40.0 * 2e-5)
+    assert params["output_noise_multiplier"] == 40.0 and params["solver_tolerance"] == 1e-5
+    # the Gaussian part costs something on top of the pure part
+    pure = accounting.epsilon_rdp(accounting.pure_dp(3.5), 1e-6)
+    assert accounting.epsilon_rdp(event, 1e-6) > pure + 0.05
+
+
+def test_objp_release_adds_gaussian_noise_of_the_stated_std():
+    """X̂ − X_T over 60×50 entries: sample std within 5 standard errors (~1.3% each) of z_out·2ρ."""
+    _, votes = _votes(60, 50, 0.3)
+    config = OneBitConfig(mechanism="objp", votes_per_user=50, epsilon=2.0, solver_tolerance=1e-3,
+                          objp_output_noise_multiplier=3.0, tau=20.0)
+    data = onebit_train.prepare_votes(votes, 50, np.random.default_rng(0))
+    released, steps, release = onebit_train.objp_estimate(data, config, np.random.default_rng(11))
+    minimiser, steps2 = onebit_train.objp_minimiser(data, config, np.random.default_rng(11))  # same B draw
+    assert steps == steps2 and release.std == pytest.approx(3.0 * 2e-3) and release.multiplier == 3.0
+    diff = (released - minimiser).ravel()
+    assert np.all(diff != 0)  # every entry is noised
+    assert abs(float(np.std(diff)) / release.std - 1) < 5 / math.sqrt(2 * diff.size)
+    assert abs(float(np.mean(diff))) < 5 * release.std / math.sqrt(diff.size)
+    model = train_onebit(votes, config)
+    assert model.event == onebit_event(config)
+    assert model.metadata["output_noise_std_drawn"] == pytest.approx(release.std)
+
+
+def test_objp_calibration_round_trip_for_the_composed_event():
+    config = OneBitConfig(mechanism="objp", votes_per_user=20, objp_output_noise_multiplier=10.0)
+    tuned = calibrate(3.0, 1e-6, config)
+    assert tuned.objp_output_noise_multiplier == 10.0
+    eps = accounting.epsilon_rdp(onebit_event(tuned), 1e-6)
+    assert 2.95 < eps <= 3.0 * (1 + 1e-9)
+    # the Gaussian's share is taken from the pure part: k·ε alone is well below the target
+    assert 20 * tuned.epsilon < 3.0 - 0.3
+    with pytest.raises(ValueError, match="output noise"):
+        calibrate(0.3, 1e-6, config)  # Gaussian(10) alone costs ~0.43 at δ = 1e-6
+
+
 def test_strongly_convex_solver_reaches_the_proven_tolerance():
     _, votes = _votes(12, 9, 0.5)
     config = OneBitConfig(mechanism="outp", ridge=0.2, solver_tolerance=1e-4, tau=5.0)

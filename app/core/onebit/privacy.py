@@ -19,13 +19,20 @@ inp        RR: ε0-LDP per vote value (p = 1/(1+e^ε0))    k-fold composition of
 grap       K steps, each DLap on the clamped, grid-      DLap with L1 sensitivity k·2C/g per step, K
            snapped gradient of ALL d1×d2 entries:        steps (Laplace scale 2kCK/ε in value units)
            entry L1 sensitivity 2C, scale 2CK/ε
-objp       pure ε (KST 2012 Thm 1 with Laplace-type      group privacy: pure kε, charged as the worst-
-           noise, ridge and Huberised loss)              case pure-DP pair (accounting.pure_dp)
+objp       pure ε (KST 2012 Thm 1 with Laplace-type      Composed[pure kε pair (group privacy,
+           noise, ridge and Huberised loss) for the      accounting.pure_dp), Gaussian(z_out)]: the
+           exact minimiser X*; the release X_T + Z,      Gaussian's sensitivity stays 2ρ (X_T and X'_T
+           ‖X_T − X*‖_F <= ρ, Z ~ N(0, (2ρ z_out)²)      lie within ρ of the same coupled X*)
+           adds Gaussian(z_out) with L2 sensitivity 2ρ
+           (approximate minima perturbation)
 outp       Gaussian, L2 sensitivity 2ζ/λ + 2ρ            Gaussian, L2 sensitivity 2·sqrt(k)·ζ/λ + 2ρ
 =========  ===========================================  =============================================
 
-``epsilon`` is the entry-level ε of inp, grap and objp; ``noise_multiplier`` (noise std / user-level
-L2 sensitivity) is outp's knob. :func:`calibrate` sets the relevant one so that the user-level
+``epsilon`` is the entry-level ε of inp, grap and objp (for objp: of its pure part);
+``noise_multiplier`` (noise std / user-level L2 sensitivity) is outp's knob. ObjP's output noise
+multiplier ``objp_output_noise_multiplier`` (z_out, default 100: about 0.04 of ε at δ = 1e-6, and
+noise of std 2ρ·z_out = 2e-4 per entry at ρ = 1e-6) is fixed, and only ``epsilon`` is calibrated
+for the composed event. :func:`calibrate` sets the relevant knob so that the user-level
 event meets a target (ε, δ) by the RDP accountant (app.core.accounting, which also accounts the
 pure-DP events). With ``pre_randomised`` the votes were randomised once at ingestion with
 ``local_epsilon`` (that local guarantee is charged once, by the service, with
@@ -46,7 +53,8 @@ from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 
 __all__ = ["MECHANISMS", "MAX_ENTRIES", "OneBitConfig", "flip_probability", "randomize_votes",
            "local_randomisation_event", "onebit_event", "calibrate", "public_config", "event_parameters",
-           "grap_noise_parameter", "grap_laplace_scale", "objp_noise", "outp_sensitivity"]
+           "grap_noise_parameter", "grap_laplace_scale", "objp_noise", "objp_output_sensitivity",
+           "objp_output_std", "objp_event", "outp_sensitivity"]
 
 MECHANISMS = ("inp", "grap", "objp", "outp")
 MAX_ENTRIES = 4_000_000  # d1·d2 limit: dense d1×d2 float64 iterates (~32 MB each)
@@ -112,6 +120,7 @@ class OneBitConfig:
     solver_tolerance: float = 1e-6  # ρ: proven ‖X_T − X*‖_F for objp/outp
     epsilon: float = 1.0  # entry-level ε per vote (inp: ε0, grap, objp)
     noise_multiplier: float = 1.0  # outp: Gaussian std / user-level L2 sensitivity
+    objp_output_noise_multiplier: float = 100.0  # z_out: objp's output noise std / 2ρ (not calibrated)
     pre_randomised: bool = False
     local_epsilon: float | None = None
     user_reg: float = 1.0  # ridge of the privileged per-user fit
@@ -124,7 +133,8 @@ class OneBitConfig:
             raise ValueError(f"link must be one of {LINKS}, got {self.link!r}")
         for name in ("rank", "votes_per_user", "n_steps", "grid_steps"):
             _check_positive_int(name, getattr(self, name))
-        for name in ("alpha", "clamp", "ridge", "solver_tolerance", "epsilon", "noise_multiplier", "user_reg"):
+        for name in ("alpha", "clamp", "ridge", "solver_tolerance", "epsilon", "noise_multiplier",
+                     "objp_output_noise_multiplier", "user_reg"):
             _check_positive(name, getattr(self, name))
         for name in ("tau", "step_size"):
             if getattr(self, name) is not None:
@@ -199,6 +209,26 @@ def objp_entry_epsilon(config: OneBitConfig) -> float:
     return 2.0 * (zeta + grid) / scale + math.log1p(curvature_bound(config.link) / ridge)
 
 
+def objp_output_sensitivity(config: OneBitConfig) -> float:
+    """Δ = 2ρ: L2 distance of the two near-minimisers under the objective-perturbation coupling.
+
+    For any two data sets D, D' and noises B, B' with the same exact minimiser X*, the solver's
+    outputs satisfy ‖X_T − X*‖_F <= ρ and ‖X'_T − X*‖_F <= ρ, so ‖X_T − X'_T‖_F <= 2ρ. This holds
+    for every pair of data sets, so it is the same at the entry and at the user level.
+    """
+    return 2.0 * config.solver_tolerance
+
+
+def objp_output_std(config: OneBitConfig) -> float:
+    """σ = z_out·Δ = z_out·2ρ: std of the Gaussian added to every entry of X_T."""
+    return config.objp_output_noise_multiplier * objp_output_sensitivity(config)
+
+
+def objp_event(pure_epsilon: float, output_noise_multiplier: float) -> dp_event.DpEvent:
+    """ObjP's event: the pure-ε pair of the exact minimiser, then the Gaussian output noise."""
+    return accounting.compose([accounting.pure_dp(pure_epsilon), accounting.gaussian(output_noise_multiplier)])
+
+
 # ---------------------------------------------------------------------------- OutP
 def outp_sensitivity(config: OneBitConfig, votes_per_user: int | None = None) -> float:
     """L2 sensitivity of the released minimiser: 2·sqrt(k)·ζ/λ + 2ρ (k = 1: entry level)."""
@@ -220,18 +250,25 @@ def onebit_event(config: OneBitConfig, n_items: int | None = None) -> dp_event.D
         step = accounting.discrete_laplace(grap_noise_parameter(config), k * 2 * config.grid_steps)
         return dp_event.SelfComposedDpEvent(step, config.n_steps)
     if config.mechanism == "objp":
-        return accounting.pure_dp(k * config.epsilon)
+        return objp_event(k * config.epsilon, config.objp_output_noise_multiplier)
     return accounting.gaussian(config.noise_multiplier)
 
 
 def calibrate(target_epsilon: float, delta: float, config: OneBitConfig, n_items: int | None = None) -> OneBitConfig:
     """``config`` with its privacy knob set so the user-level event is (target ε, δ)-DP (RDP accountant).
 
-    Pre-randomised InP is unchanged: its cost was charged at ingestion.
+    Pre-randomised InP is unchanged: its cost was charged at ingestion. ObjP keeps its output
+    noise multiplier and calibrates ``epsilon`` for the composed event (ValueError when the
+    Gaussian part alone already exceeds the target).
     """
     accounting.validate_privacy_target(target_epsilon, delta)
     if config.pre_randomised:
         return config
+    if config.mechanism == "objp":
+        floor = accounting.epsilon_rdp(accounting.gaussian(config.objp_output_noise_multiplier), delta)
+        if floor >= target_epsilon:
+            raise ValueError(f"objp's output noise (multiplier {config.objp_output_noise_multiplier}) alone costs "
+                             f"epsilon {floor:.4g} >= the target {target_epsilon}; raise objp_output_noise_multiplier")
     if config.mechanism == "outp":
         z = accounting.calibrate_scale(lambda s: onebit_event(replace(config, noise_multiplier=s)), target_epsilon, delta)
         return replace(config, noise_multiplier=z)
@@ -264,8 +301,14 @@ def event_parameters(config: OneBitConfig) -> dict[str, Any]:
         return {**common, **relation, "noise_scale": scale, "dither_grid": grid, "ridge": ridge,
                 "gradient_bound": gradient_bound(config.link, config.alpha),
                 "curvature_bound": curvature_bound(config.link),
-                "epsilon_entry": objp_entry_epsilon(config), "epsilon_user_pure": k * config.epsilon,
-                "user_level_by": "group privacy"}
+                "epsilon_entry_pure_part": objp_entry_epsilon(config),
+                "epsilon_user_pure_part": k * config.epsilon,
+                "user_level_by": "group privacy (pure part); output noise sensitivity 2*rho at every level",
+                "solver_tolerance": config.solver_tolerance,
+                "output_l2_sensitivity": objp_output_sensitivity(config),
+                "output_noise_multiplier": config.objp_output_noise_multiplier,
+                "output_noise_std": objp_output_std(config),
+                "charged_as": "ComposedDpEvent([pure k*epsilon pair, GaussianDpEvent(output_noise_multiplier)])"}
     return {**common, **relation, "ridge": config.ridge, "solver_tolerance": config.solver_tolerance,
             "l2_sensitivity_entry": outp_sensitivity(config, 1), "l2_sensitivity_user": outp_sensitivity(config),
             "noise_multiplier": config.noise_multiplier}

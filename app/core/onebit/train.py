@@ -23,7 +23,7 @@ from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_se
 from app.core.dpals import per_user_sample
 from app.core.foldin import candidate_items, top_n
 from app.core.laplace import discrete_laplace_noise, dithered_laplace_noise, snap_to_grid
-from app.core.onebit import links, solver
+from app.core.onebit import links, privacy, solver
 from app.core.onebit.privacy import (
     MAX_ENTRIES, OneBitConfig, flip_probability, grap_noise_parameter, objp_noise, onebit_event,
     outp_sensitivity, public_config, event_parameters, randomize_votes,
@@ -32,7 +32,8 @@ from app.core.ratings import Ratings
 
 __all__ = ["OneBitModel", "Votes", "prepare_votes", "train_onebit", "train_with_estimate", "fit_nonprivate",
            "fit_user", "user_scores", "recommend_onebit", "save_onebit", "load_onebit",
-           "inp_estimate", "grap_estimate", "objp_estimate", "outp_minimiser"]
+           "inp_estimate", "grap_estimate", "objp_minimiser", "objp_release", "objp_estimate", "outp_minimiser",
+           "GaussianRelease"]
 
 FORMAT_VERSION = 1
 Progress = Callable[[float, str], None]
@@ -132,22 +133,20 @@ def grap_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -
     return estimate, count[0]
 
 
-def objp_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """ObjP, sound version (Kifer, Smith, Thakurta 2012, Thm 1; Chaudhuri et al. 2011 §3.2).
+def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """ObjP's perturbed objective, minimised to a proven ρ (private; :func:`objp_estimate` releases it).
 
-    X̂ = argmin_{‖X‖_* <= τ} Σ_Ω f_α(y_ij X_ij) + (λ/2)‖X‖_F² + ⟨B, X⟩, B i.i.d. on ALL entries.
-    Conditions: f_α (the link's loss, continued linearly below −α) is convex with
-    |f_α'| <= ζ = |f'(−α)| and 0 <= f_α'' <= λ_h; each vote's Hessian is rank one (a single
-    entry); the domain is closed and convex; the regulariser is λ-strongly convex. Then
-    X ↦ B(X) is injective and the density of X̂ is p_B(B(X))·|det ∇B(X)|. Replacing one vote
-    changes B(X) by a vector with at most two non-zero entries of size <= ζ (L1 <= 2ζ) and the
-    Jacobian determinant by a factor in [1/(1+λ_h/λ), 1+λ_h/λ]. With B_ij = g(K + U) (dithered
-    DLap, laplace.dithered_laplace_noise) the density ratio is <= exp((2ζ + g)/s) <= exp(2(ζ+g)/s).
-    Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ), split in halves by privacy.objp_noise. User level:
-    group privacy over k votes (pure kε). The minimiser is computed to a proven Frobenius
-    distance ρ (solver.minimise_strongly_convex); the released estimate is then post-processed.
-    This is pure DP for the exact minimiser; the ρ-approximation is a data-independent
-    perturbation of size <= ρ of an ε-DP output, stated, not separately charged (ρ = 1e-6).
+    X* = argmin_{‖X‖_* <= τ} Σ_Ω f_α(y_ij X_ij) + (λ/2)‖X‖_F² + ⟨B, X⟩, B i.i.d. on ALL entries
+    (Kifer, Smith, Thakurta 2012, Thm 1; Chaudhuri et al. 2011 §3.2). Conditions: f_α (the
+    link's loss, continued linearly below −α) is convex with |f_α'| <= ζ = |f'(−α)| and
+    0 <= f_α'' <= λ_h; each vote's Hessian is rank one (a single entry); the domain is closed and
+    convex; the regulariser is λ-strongly convex. Then X ↦ B(X) is injective and the density of
+    X* is p_B(B(X))·|det ∇B(X)|. Replacing one vote changes B(X) by a vector with at most two
+    non-zero entries of size <= ζ (L1 <= 2ζ) and the Jacobian determinant by a factor in
+    [1/(1+λ_h/λ), 1+λ_h/λ]. With B_ij = g(K + U) (dithered DLap, laplace.dithered_laplace_noise)
+    the density ratio is <= exp((2ζ + g)/s) <= exp(2(ζ+g)/s). Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ),
+    split in halves by privacy.objp_noise; user level: group privacy over k votes (pure kε).
+    Returns (X_T, T) with ‖X_T − X*‖_F <= ρ for every data set (solver.minimise_strongly_convex).
     """
     scale, grid, ridge = objp_noise(config)
     noise = dithered_laplace_noise(rng, scale, grid, data.shape)
@@ -159,6 +158,48 @@ def objp_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -
     return solver.minimise_strongly_convex(
         gradient, data.shape, tau=config.radius(*data.shape), smooth=links.curvature_bound(config.link) + ridge,
         strong=ridge, tolerance=config.solver_tolerance, rank_hint=config.rank)
+
+
+@dataclass(frozen=True)
+class GaussianRelease:
+    """What one Gaussian output release did: L2 sensitivity it assumed, multiplier, std drawn with."""
+
+    sensitivity: float
+    multiplier: float
+    std: float
+
+
+def objp_release(minimiser: np.ndarray, config: OneBitConfig,
+                 rng: np.random.Generator) -> tuple[np.ndarray, GaussianRelease]:
+    """X_T + Z, Z ~ N(0, σ²) on every entry, σ = z_out·2ρ (approximate minima perturbation)."""
+    sensitivity = privacy.objp_output_sensitivity(config)
+    multiplier = config.objp_output_noise_multiplier
+    std = multiplier * sensitivity
+    return minimiser + rng.normal(0.0, std, minimiser.shape), GaussianRelease(sensitivity, multiplier, std)
+
+
+def objp_estimate(data: Votes, config: OneBitConfig,
+                  rng: np.random.Generator) -> tuple[np.ndarray, int, GaussianRelease]:
+    """ObjP, sound for an approximate minimiser: release X_T + Z (approximate minima perturbation,
+    Iyengar et al. 2019).
+
+    Floating point gives only X_T with ‖X_T − X*‖_F <= ρ, and X_T itself is not covered by the
+    objective-perturbation proof. View the run as the adaptive composition of
+    M1: X* (pure ε per vote, kε per user, :func:`objp_minimiser`), and
+    M2: given X* = x, release X_T + Z. For ANY data sets D, D' and any noises B, B' with
+    X*(D, B) = X*(D', B') = x, ‖X_T(D, B) − x‖_F <= ρ and ‖X_T(D', B') − x‖_F <= ρ, so M2's outputs
+    on D and D' are mixtures of N(μ, σ²I) with all means within 2ρ of each other; by joint
+    convexity of hockey-stick divergences (and quasi-convexity of Rényi divergences) M2 is
+    dominated by the Gaussian mechanism with L2 sensitivity Δ = 2ρ: GaussianDpEvent(z_out) with
+    σ = z_out·Δ. The bound uses no property of the neighbouring relation, so at the user level
+    (D, D' differing in one user's k votes, coupled so that the exact minimisers coincide) the
+    Gaussian part is unchanged while M1 becomes pure kε. The release is a post-processing of
+    (X*, X_T + Z); the event is ComposedDpEvent([pure kε pair, GaussianDpEvent(z_out)]).
+    Returns (X_T + Z, solver steps T, the Gaussian release made).
+    """
+    minimiser, n_steps = objp_minimiser(data, config, rng)
+    released, release = objp_release(minimiser, config, rng)
+    return released, n_steps, release
 
 
 def outp_minimiser(data: Votes, config: OneBitConfig) -> tuple[np.ndarray, int]:
@@ -195,8 +236,11 @@ def _private_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generato
         step = accounting.discrete_laplace(grap_noise_parameter(config), config.votes_per_user * 2 * config.grid_steps)
         return estimate, dp_event.SelfComposedDpEvent(step, n), {"n_releases": n}
     if config.mechanism == "objp":
-        estimate, n = objp_estimate(data, config, rng)
-        return estimate, onebit_event(config), {"solver_steps": n}
+        estimate, n, release = objp_estimate(data, config, rng)
+        if release.sensitivity != privacy.objp_output_sensitivity(config):
+            raise RuntimeError("objp's output noise was not scaled to its proven sensitivity 2*rho")
+        event = privacy.objp_event(config.votes_per_user * config.epsilon, release.multiplier)
+        return estimate, event, {"solver_steps": n, "output_noise_std_drawn": release.std}
     minimiser, n = outp_minimiser(data, config)
     return outp_release(minimiser, config, rng), onebit_event(config), {"solver_steps": n}
 
