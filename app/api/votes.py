@@ -3,12 +3,15 @@ admin vote settings (randomised response at ingestion)."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from fastapi import APIRouter
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
                           require_ingest_access, require_user_access)
-from app.api.errors import PayloadTooLarge
+from app.api.errors import Forbidden, PayloadTooLarge
 from app.api.params import DatasetP, ItemP, UserP
+from app.auth import Principal
 from app.schemas.common import Page
 from app.schemas.votes import (VoteBatchIn, VoteBatchOut, VoteDeletedOut, VoteIn, VoteOut, VoteSettingsIn,
                                VoteSettingsOut, VoteWriteOut)
@@ -21,11 +24,25 @@ VOTE_DESCRIPTION = (
     "A vote is the integer 1 (thumbs up) or -1 (thumbs down). On a data set that randomises at "
     "ingestion (see the admin vote settings) the vote is randomised once on arrival (flipped with "
     "probability 1/(1+e^epsilon0)) and only the randomised bit is stored, never the raw vote; a "
-    "client may randomise itself and send `randomised: true` with the data set's `local_epsilon`. "
+    "client may randomise itself and send `randomised: true` with the data set's `local_epsilon` "
+    "(with the user's own token only: a service token gets 403 and sends raw votes). "
     "A (user, item) that already holds a randomised bit keeps it (`status: unchanged`), and each "
     "user may be given at most `votes_per_user_cap` randomised bits ever (409 beyond). On a raw "
     "data set votes are idempotent upserts."
 )
+
+
+def _require_own_device_for_client_bits(principal: Principal, rows: Sequence[VoteIn]) -> None:
+    """403 when a non-user token declares client-side randomisation.
+
+    A bit declared as randomised by the client is stored as is and later trained on for free
+    (post-processing of the local guarantee), so only the user's own device, holding the user's
+    own token, may make that declaration; a service forwarding votes sends them raw and the
+    server randomises them.
+    """
+    if principal.kind != "user" and any(r.randomised for r in rows):
+        raise Forbidden("only the user's own token may send a client-randomised vote; "
+                        "services send raw votes and the server randomises them", code="client_randomisation_forbidden")
 
 
 @router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],
@@ -33,6 +50,7 @@ VOTE_DESCRIPTION = (
 def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, principal: CurrentPrincipal,
              session: SessionDep) -> VoteWriteOut:
     require_ingest_access(principal, user_id)
+    _require_own_device_for_client_bits(principal, [body])
     out = svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
     session.commit()
     return out
@@ -49,6 +67,7 @@ def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPri
             code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": len(body.votes)})
     for user in {r.user_id for r in body.votes}:
         require_ingest_access(principal, user)
+    _require_own_device_for_client_bits(principal, body.votes)
     out = svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
     session.commit()
     return out

@@ -398,12 +398,15 @@ class VoteAllowance(Base):
 
     Deleting a randomised vote does not give the allowance back: a later vote would be a fresh
     randomisation, so the user-level guarantee (cap x epsilon0) counts every bit ever stored.
+    Deleting the *user* does not either: the row is keyed by ``user_key`` =
+    sha256(data set id, external user id) rather than the users row, so a user deleted and
+    re-created under the same id cannot collect fresh randomisations of the same votes.
     """
 
     __tablename__ = "vote_allowances"
 
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    user_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     randomised_votes: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (CheckConstraint("randomised_votes >= 0", name="non_negative"),)

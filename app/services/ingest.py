@@ -310,7 +310,8 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
 
 def delete_user(session: Session, *, user_id: str) -> int:
     """Delete a user and every rating of theirs in every data set; return the ratings removed.
-    Their votes and vote allowances go with the user row (foreign-key cascade)."""
+    Their votes go with the user row (foreign-key cascade); their randomised-vote allowance stays
+    (keyed by a hash of the data set and external id), so re-creating the user gives no fresh bits."""
     uid = _user_row_id(session, user_id)
     if uid is None:
         raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})

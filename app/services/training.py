@@ -436,6 +436,10 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]):
     algo = get_algorithm(info["algorithm"])
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
+        if info["config"].get("pre_randomised"):  # a free run must read randomised bits only
+            from app.services.votes import check_pre_randomised
+
+            check_pre_randomised(s, ds, info["config"].get("local_epsilon"))
         version = ds.ratings_version
         ratings, extra_inputs = load_training_inputs(s, ds, algo)
         s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))

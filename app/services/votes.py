@@ -21,12 +21,13 @@ neighbouring relation of the local entry says so). Functions never commit; the c
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -136,7 +137,7 @@ def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
 def _votes_ever_given(session: Session, ds: Dataset) -> bool:
     """Whether the data set holds a vote or ever gave out a randomised bit."""
     vote = session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1))
-    given = session.scalar(select(VoteAllowance.user_id).where(
+    given = session.scalar(select(VoteAllowance.user_key).where(
         VoteAllowance.dataset_id == ds.id, VoteAllowance.randomised_votes > 0).limit(1))
     return vote is not None or given is not None
 
@@ -303,8 +304,10 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[str]:
     existing = _existing(session, ds, b.uids)
     pairs = list(zip(b.uids, b.iids))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
-    allowances = {a.user_id: a for a in session.scalars(select(VoteAllowance).where(
-        VoteAllowance.dataset_id == ds.id, VoteAllowance.user_id.in_(sorted(set(b.uids)))))}
+    keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users)}
+    by_key = {a.user_key: a for a in session.scalars(select(VoteAllowance).where(
+        VoteAllowance.dataset_id == ds.id, VoteAllowance.user_key.in_(sorted(set(keys.values())))))}
+    allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
     _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users)), randomised=True)
@@ -316,17 +319,23 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[str]:
              "randomised": True, "local_epsilon": float(ds.vote_local_epsilon), "randomised_by": who,
              "created_at": now, "updated_at": now}
             for k, bit, who in zip(new_k, bits.tolist(), by)])
-        _give_allowance(session, ds, allowances, new_per_user)
+        _give_allowance(session, ds, allowances, new_per_user, keys)
     fresh = set(new_k)
     return ["created" if k in fresh else "unchanged" for k in range(len(pairs))]
 
 
+def allowance_key(dataset_id: int, external_user_id: str) -> str:
+    """The allowance row's key: sha256 of (data set id, external user id), so that it outlives the
+    users row (a deleted and re-created user keeps their count) without storing the id itself."""
+    return hashlib.sha256(f"{int(dataset_id)}\x00{external_user_id}".encode()).hexdigest()
+
+
 def _give_allowance(session: Session, ds: Dataset, allowances: dict[int, VoteAllowance],
-                    new_per_user: dict[int, int]) -> None:
+                    new_per_user: dict[int, int], keys: dict[int, str]) -> None:
     for uid, n in new_per_user.items():
         row = allowances.get(uid)
         if row is None:
-            session.add(VoteAllowance(dataset_id=ds.id, user_id=uid, randomised_votes=n))
+            session.add(VoteAllowance(dataset_id=ds.id, user_key=keys[uid], randomised_votes=n))
         else:
             row.randomised_votes += n
     session.flush()
@@ -426,6 +435,25 @@ def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int
 
 
 # ----------------------------------------------------------------------------- training
+def check_pre_randomised(session: Session, ds: Dataset, local_epsilon: float | None) -> None:
+    """Refuse (RuntimeError: the run fails and is refunded) to train a free, pre-randomised run
+    unless the data set still randomises with exactly ``local_epsilon`` and every stored bit was
+    randomised with it. The data set row is locked (FOR KEY SHARE on PostgreSQL, as ingestion
+    does) so the vote settings cannot change until the training data is read in this transaction.
+    Without this, settings turned off after the run was queued would let raw votes be trained
+    on for free.
+    """
+    ds = _dataset(session, ds.name, lock="share")
+    if local_epsilon is None or ds.vote_local_epsilon != float(local_epsilon):
+        raise RuntimeError(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
+                           "a pre-randomised (free) run cannot train on its votes")
+    unrandomised = session.scalar(select(func.count()).select_from(Vote).where(
+        Vote.dataset_id == ds.id, or_(Vote.randomised.is_(False), Vote.local_epsilon != float(local_epsilon))))
+    if unrandomised:
+        raise RuntimeError(f"data set {ds.name!r} holds {unrandomised} votes not randomised with epsilon0 "
+                           f"{local_epsilon}: a pre-randomised (free) run cannot train on them")
+
+
 def load_votes(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
     """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue)."""
     return load_ratings(session, ds, table="votes"), {}

@@ -43,6 +43,11 @@ def test_only_the_users_own_token_sets_the_public_flag_and_every_change_is_audit
     assert _consent(env, "alice", True, {}).status_code == 401
     assert env.count("public_rating_consent_events") == 0 and env.count("public_rating_consents") == 0
     assert _ratings_version(env) == v0
+    # consent needs a JSON boolean: truthy look-alikes are refused, not coerced to true
+    for truthy in (1, "yes", "true", "on", "t", 1.0):
+        r = env.client.put(f"{R}/users/alice/public-ratings", json={"public": truthy}, headers=env.auth("alice"))
+        assert r.status_code == 422, (truthy, r.text)
+    assert env.count("public_rating_consents") == 0
 
     r = _consent(env, "alice", True)
     assert r.status_code == 200, r.text

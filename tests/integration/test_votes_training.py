@@ -14,7 +14,7 @@ from dp_accounting import dp_event
 from app import ledger, model_store
 from app.core import onebit
 from app.core.accounting import epsilon_rdp, event_from_json
-from app.db.models import LedgerEntry, TrainingRun
+from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
 from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
@@ -138,6 +138,32 @@ def test_other_mechanisms_on_randomised_bits_are_charged(db_url):
         assert run.config["pre_randomised"] is False and run.epsilon_charged > 0
 
 
+def test_a_free_run_refuses_votes_stored_after_randomisation_was_turned_off(db_url, settings):
+    """Queue a free (pre-randomised) run, turn randomisation off while no vote exists yet, then
+    ingest raw votes: the run must fail (and be refunded), never train raw votes for free."""
+    from app.db.models import Item
+    from app.services.budget import get_dataset
+
+    create_dataset(db_url, cap=30.0)
+    with session_scope(db_url) as s:
+        ds = get_dataset(s, "default")
+        s.add_all([Item(dataset_id=ds.id, external_id=f"i{k}", categories=[], features={}) for k in range(N_ITEMS)])
+        s.flush()
+        votes.set_vote_settings(s, dataset="default", local_epsilon=2.0, votes_per_user_cap=PER_USER, actor="admin")
+    run_id = _start(db_url)
+    with session_scope(db_url) as s:
+        assert s.get(TrainingRun, run_id).config["pre_randomised"] is True
+        votes.set_vote_settings(s, dataset="default", local_epsilon=None, votes_per_user_cap=PER_USER, actor="admin")
+    with session_scope(db_url) as s:
+        votes.upsert_votes_batch(s, dataset="default", rows=[
+            VoteRow(user_id=f"u{u}", item_id=f"i{i}", vote=1) for u in range(20) for i in range(3)])
+    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, run_id)
+        assert "no longer randomises" in run.error and run.refunded
+        assert s.query(ModelVersion).count() == 0  # nothing was published
+
+
 def test_too_large_vote_matrix_fails_clearly_and_refunds(db_url, settings, monkeypatch):
     create_dataset(db_url, cap=30.0)
     _seed(db_url, eps0=None)
@@ -175,7 +201,7 @@ def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
     from sqlalchemy import select
 
     from app.api.errors import Conflict
-    from app.db.models import User, Vote, VoteAllowance
+    from app.db.models import Dataset, User, Vote, VoteAllowance
 
     create_dataset(db_url, cap=30.0)
     _seed(db_url, eps0=2.0)  # cap PER_USER = 12
@@ -213,4 +239,5 @@ def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
         for user, n in (("same", 1), ("racer", PER_USER)):
             uid = s.scalar(select(User.id).where(User.external_id == user))
             assert s.query(Vote).filter(Vote.user_id == uid).count() == n
-            assert s.scalar(select(VoteAllowance.randomised_votes).where(VoteAllowance.user_id == uid)) == n
+            key = votes.allowance_key(s.scalar(select(Dataset.id).where(Dataset.name == "default")), user)
+            assert s.scalar(select(VoteAllowance.randomised_votes).where(VoteAllowance.user_key == key)) == n
