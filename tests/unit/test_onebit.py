@@ -13,10 +13,22 @@ from app.core import accounting
 from app.core.artifact import ArtifactError
 from app.core.laplace import discrete_laplace_noise
 from app.core.onebit import (
-    OneBitConfig, calibrate, event_parameters, fit_user, flip_probability, load_onebit,
-    local_randomisation_event, onebit_event, randomize_votes, recommend_onebit, save_onebit, train_onebit,
+    OneBitConfig,
+    calibrate,
+    event_parameters,
+    fit_user,
+    flip_probability,
+    links,
+    load_onebit,
+    local_randomisation_event,
+    onebit_event,
+    privacy,
+    randomize_votes,
+    recommend_onebit,
+    save_onebit,
+    solver,
+    train_onebit,
 )
-from app.core.onebit import links, privacy, solver
 from app.core.onebit import train as onebit_train
 from app.core.ratings import Ratings
 
@@ -162,9 +174,11 @@ def test_objp_neighbour_gradient_and_jacobian_bounds_numerically():
         g2[i2, j2] = links.huber_dloss(x[i2, j2], y2, "logistic", 1.0)
         assert np.abs(g - g2).sum() <= 2 * zeta + 1e-12
         base = rng.uniform(0, lam, shape.__len__() and 12)
-        hess = lambda e, yy: base + np.eye(12)[e] * (  # noqa: E731
-            (links.huber_dloss(x.ravel()[e] + 1e-6, yy, "logistic", 1.0)
-             - links.huber_dloss(x.ravel()[e] - 1e-6, yy, "logistic", 1.0)) / 2e-6)
+        def hess(e, yy, base=base, x=x):
+            step = (links.huber_dloss(x.ravel()[e] + 1e-6, yy, "logistic", 1.0)
+                    - links.huber_dloss(x.ravel()[e] - 1e-6, yy, "logistic", 1.0)) / 2e-6
+            return base + np.eye(12)[e] * step
+
         d1 = np.sum(np.log(hess(i * 3 + j, y) + ridge))
         d2 = np.sum(np.log(hess(i2 * 3 + j2, y2) + ridge))
         assert abs(d1 - d2) <= math.log1p(lam / ridge) + 1e-6
@@ -311,7 +325,7 @@ def test_training_refuses_bad_votes_and_oversized_matrices():
     _, votes = _votes()
     with pytest.raises(ValueError, match="votes must be"):
         train_onebit(votes.with_values(np.full(votes.nnz, 0.5)), OneBitConfig())
-    n = int(math.isqrt(privacy.MAX_ENTRIES)) + 1
+    n = math.isqrt(privacy.MAX_ENTRIES) + 1
     big = Ratings.from_indices(np.array([0]), np.array([0]), np.array([1.0]), user_ids=np.arange(n), item_ids=np.arange(n))
     with pytest.raises(ValueError, match="limit"):
         train_onebit(big, OneBitConfig())

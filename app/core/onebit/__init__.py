@@ -5,11 +5,25 @@ privacy: config, user-level events, calibration; train: mechanisms, model, privi
 """
 
 from app.core.onebit.privacy import (
-    MAX_ENTRIES, MECHANISMS, OneBitConfig, calibrate, event_parameters, flip_probability,
-    local_randomisation_event, onebit_event, public_config, randomize_votes,
+    MAX_ENTRIES,
+    MECHANISMS,
+    OneBitConfig,
+    calibrate,
+    event_parameters,
+    flip_probability,
+    local_randomisation_event,
+    onebit_event,
+    public_config,
+    randomize_votes,
 )
 from app.core.onebit.train import (
-    OneBitModel, fit_user, load_onebit, recommend_onebit, save_onebit, train_onebit, train_with_estimate,
+    OneBitModel,
+    fit_user,
+    load_onebit,
+    recommend_onebit,
+    save_onebit,
+    train_onebit,
+    train_with_estimate,
     user_scores,
 )
 

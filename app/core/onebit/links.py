@@ -15,8 +15,17 @@ import math
 import numpy as np
 from scipy.special import log_ndtr
 
-__all__ = ["LINKS", "log_h", "prob_up", "loss", "dloss", "huber_dloss", "huber_loss",
-           "gradient_bound", "curvature_bound"]
+__all__ = [
+    "LINKS",
+    "curvature_bound",
+    "dloss",
+    "gradient_bound",
+    "huber_dloss",
+    "huber_loss",
+    "log_h",
+    "loss",
+    "prob_up",
+]
 
 LINKS = ("logistic", "probit")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)

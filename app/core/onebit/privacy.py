@@ -51,10 +51,25 @@ from dp_accounting import dp_event
 from app.core import accounting
 from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 
-__all__ = ["MECHANISMS", "MAX_ENTRIES", "OneBitConfig", "flip_probability", "randomize_votes",
-           "local_randomisation_event", "onebit_event", "calibrate", "public_config", "event_parameters",
-           "grap_noise_parameter", "grap_laplace_scale", "objp_noise", "objp_output_sensitivity",
-           "objp_output_std", "objp_event", "outp_sensitivity"]
+__all__ = [
+    "MAX_ENTRIES",
+    "MECHANISMS",
+    "OneBitConfig",
+    "calibrate",
+    "event_parameters",
+    "flip_probability",
+    "grap_laplace_scale",
+    "grap_noise_parameter",
+    "local_randomisation_event",
+    "objp_event",
+    "objp_noise",
+    "objp_output_sensitivity",
+    "objp_output_std",
+    "onebit_event",
+    "outp_sensitivity",
+    "public_config",
+    "randomize_votes",
+]
 
 MECHANISMS = ("inp", "grap", "objp", "outp")
 MAX_ENTRIES = 4_000_000  # d1·d2 limit: dense d1×d2 float64 iterates (~32 MB each)
@@ -163,7 +178,7 @@ class OneBitConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OneBitConfig":
+    def from_dict(cls, data: dict[str, Any]) -> OneBitConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown one-bit parameters: {sorted(unknown)}")

@@ -19,13 +19,20 @@ Two kinds of solver:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from scipy.sparse.linalg import svds
 
-__all__ = ["l1_threshold", "project_nuclear", "project_feasible", "contraction_steps",
-           "projected_gradient", "minimise_strongly_convex", "truncated_svd"]
+__all__ = [
+    "contraction_steps",
+    "l1_threshold",
+    "minimise_strongly_convex",
+    "project_feasible",
+    "project_nuclear",
+    "projected_gradient",
+    "truncated_svd",
+]
 
 Gradient = Callable[[np.ndarray], np.ndarray]
 _FULL_SVD_MAX_DIM = 256
@@ -127,7 +134,7 @@ def contraction_steps(tau: float, smooth: float, strong: float, tolerance: float
     if tolerance >= tau:
         return 0
     q = (smooth - strong) / (smooth + strong)
-    return 0 if q == 0 else int(math.ceil(math.log(tolerance / tau) / math.log(q)))
+    return 0 if q == 0 else math.ceil(math.log(tolerance / tau) / math.log(q))
 
 
 def minimise_strongly_convex(gradient: Gradient, shape: tuple[int, int], *, tau: float, smooth: float,

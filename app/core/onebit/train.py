@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
@@ -22,18 +23,46 @@ from app.core import accounting
 from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
 from app.core.dpals import per_user_sample
 from app.core.foldin import candidate_items, top_n
-from app.core.laplace import discrete_laplace_noise, dithered_laplace_noise, snap_to_grid
+from app.core.laplace import (
+    discrete_laplace_noise,
+    dithered_laplace_noise,
+    snap_to_grid,
+)
 from app.core.onebit import links, privacy, solver
 from app.core.onebit.privacy import (
-    MAX_ENTRIES, OneBitConfig, flip_probability, grap_noise_parameter, objp_noise, onebit_event,
-    outp_sensitivity, public_config, event_parameters, randomize_votes,
+    MAX_ENTRIES,
+    OneBitConfig,
+    event_parameters,
+    flip_probability,
+    grap_noise_parameter,
+    objp_noise,
+    onebit_event,
+    outp_sensitivity,
+    public_config,
+    randomize_votes,
 )
 from app.core.ratings import Ratings
 
-__all__ = ["OneBitModel", "Votes", "prepare_votes", "train_onebit", "train_with_estimate", "fit_nonprivate",
-           "fit_user", "user_scores", "recommend_onebit", "save_onebit", "load_onebit",
-           "inp_estimate", "grap_estimate", "objp_minimiser", "objp_release", "objp_estimate", "outp_minimiser",
-           "GaussianRelease"]
+__all__ = [
+    "GaussianRelease",
+    "OneBitModel",
+    "Votes",
+    "fit_nonprivate",
+    "fit_user",
+    "grap_estimate",
+    "inp_estimate",
+    "load_onebit",
+    "objp_estimate",
+    "objp_minimiser",
+    "objp_release",
+    "outp_minimiser",
+    "prepare_votes",
+    "recommend_onebit",
+    "save_onebit",
+    "train_onebit",
+    "train_with_estimate",
+    "user_scores",
+]
 
 FORMAT_VERSION = 1
 Progress = Callable[[float, str], None]
