@@ -130,22 +130,27 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
-def _rows(path: Path, delimiter: str, header: bool,
-          columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
+def _csv_lines(path: Path, delimiter: str, header: bool) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of every non-empty data line of a (possibly gzipped) CSV."""
     with _open_text(path) as fh:
         reader = csv.reader(fh, delimiter=delimiter)
         if header:
             next(reader, None)
         for line_no, row in enumerate(reader, start=2 if header else 1):
-            if not row:
-                continue
-            if len(row) < 3:
-                raise SystemExit(f"{path}:{line_no}: expected {columns}")
-            try:
-                value = float(row[2])
-            except ValueError:
-                raise SystemExit(f"{path}:{line_no}: {columns.rsplit(',', 1)[-1]} is not a number") from None
-            yield row[0].strip(), row[1].strip(), value
+            if row:
+                yield line_no, row
+
+
+def _rows(path: Path, delimiter: str, header: bool,
+          columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
+    for line_no, row in _csv_lines(path, delimiter, header):
+        if len(row) < 3:
+            raise SystemExit(f"{path}:{line_no}: expected {columns}")
+        try:
+            value = float(row[2])
+        except ValueError:
+            raise SystemExit(f"{path}:{line_no}: {columns.rsplit(',', 1)[-1]} is not a number") from None
+        yield row[0].strip(), row[1].strip(), value
 
 
 def cmd_import_csv(args: argparse.Namespace) -> int:
@@ -192,17 +197,11 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
 
 def _vote_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, int]]:
     """(user, item, vote) rows of a CSV; the vote must read exactly 1, +1 or -1."""
-    with _open_text(path) as fh:
-        reader = csv.reader(fh, delimiter=delimiter)
-        if header:
-            next(reader, None)
-        for line_no, row in enumerate(reader, start=2 if header else 1):
-            if not row:
-                continue
-            vote = {"1": 1, "+1": 1, "-1": -1}.get(row[2].strip()) if len(row) >= 3 else None
-            if vote is None:
-                raise SystemExit(f"{path}:{line_no}: expected user,item,vote with vote 1 or -1; nothing more was written")
-            yield row[0].strip(), row[1].strip(), vote
+    for line_no, row in _csv_lines(path, delimiter, header):
+        vote = {"1": 1, "+1": 1, "-1": -1}.get(row[2].strip()) if len(row) >= 3 else None
+        if vote is None:
+            raise SystemExit(f"{path}:{line_no}: expected user,item,vote with vote 1 or -1; nothing more was written")
+        yield row[0].strip(), row[1].strip(), vote
 
 
 def cmd_import_votes(args: argparse.Namespace) -> int:

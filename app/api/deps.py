@@ -14,7 +14,7 @@ import anyio.to_thread
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.api.errors import Forbidden, Unauthorized
+from app.api.errors import Forbidden, PayloadTooLarge, Unauthorized
 from app.auth import Principal, TokenError, decode_token
 from app.config import Settings
 from app.schemas.common import MAX_OFFSET
@@ -112,6 +112,14 @@ def require_user_access(principal: Principal, user_id: str) -> None:
     """403 unless the caller is ``user_id`` or a service allowed to act for users."""
     if not principal.may_act_for(user_id):
         raise Forbidden("the token may not act for this user", code="wrong_subject")
+
+
+def require_batch_within(n_rows: int, settings: Settings) -> None:
+    """413 ``batch_too_large`` when a batch holds more rows than ``settings.max_batch_size``."""
+    if n_rows > settings.max_batch_size:
+        raise PayloadTooLarge(
+            f"a batch holds at most {settings.max_batch_size} rows; got {n_rows}",
+            code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": n_rows})
 
 
 def require_ingest_access(principal: Principal, user_id: str) -> None:

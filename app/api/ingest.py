@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import (CurrentPrincipal, SessionDep, SettingsDep, require_ingest_access,
+from app.api.deps import (CurrentPrincipal, SessionDep, SettingsDep, require_batch_within, require_ingest_access,
                           require_item_writer)
-from app.api.errors import PayloadTooLarge
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.ingest import (DeletedOut, ItemIn, ItemOut, RatingBatchIn, RatingBatchOut,
                                 RatingIn, RatingWriteOut)
@@ -36,10 +35,7 @@ def put_rating(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: RatingIn
              summary="Upsert up to 10,000 ratings, all or nothing, with a result per row")
 def post_ratings_batch(dataset: DatasetP, body: RatingBatchIn, principal: CurrentPrincipal,
                        session: SessionDep, settings: SettingsDep) -> RatingBatchOut:
-    if len(body.ratings) > settings.max_batch_size:
-        raise PayloadTooLarge(
-            f"a batch holds at most {settings.max_batch_size} rows; got {len(body.ratings)}",
-            code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": len(body.ratings)})
+    require_batch_within(len(body.ratings), settings)
     for user in {r.user_id for r in body.ratings}:
         require_ingest_access(principal, user)
     out = svc.upsert_ratings_batch(session, dataset=dataset, rows=body.ratings)

@@ -8,8 +8,8 @@ from typing import Sequence
 from fastapi import APIRouter
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
-                          require_ingest_access, require_user_access)
-from app.api.errors import Forbidden, PayloadTooLarge
+                          require_batch_within, require_ingest_access, require_user_access)
+from app.api.errors import Forbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.schemas.common import Page
@@ -61,10 +61,7 @@ def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, pr
              description=VOTE_DESCRIPTION)
 def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPrincipal, session: SessionDep,
                      settings: SettingsDep) -> VoteBatchOut:
-    if len(body.votes) > settings.max_batch_size:
-        raise PayloadTooLarge(
-            f"a batch holds at most {settings.max_batch_size} rows; got {len(body.votes)}",
-            code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": len(body.votes)})
+    require_batch_within(len(body.votes), settings)
     for user in {r.user_id for r in body.votes}:
         require_ingest_access(principal, user)
     _require_own_device_for_client_bits(principal, body.votes)
