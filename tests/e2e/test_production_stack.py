@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 import redis
 
 from tests.api.conftest import SMALL_DPALS, create_pg_database, require_postgres
-from tests.e2e.conftest import PRIVREC, base_env, free_port, wait_http, wait_run
+from tests.e2e.conftest import PRIVREC, Proc, base_env, free_port, wait_http, wait_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -31,7 +34,23 @@ def require_redis() -> None:
         pytest.skip(f"Redis is not reachable at {REDIS_URL}")
 
 
-def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None:
+@dataclass
+class Stack:
+    """`privrec migrate` + `privrec api` + one real Celery worker on a fresh PostgreSQL database."""
+
+    base: str
+    env: dict[str, str]
+    cwd: Path
+    procs: list[Proc]
+
+    def token(self, *args: str) -> dict[str, str]:
+        out = subprocess.run([PRIVREC, "issue-token", *args], env=self.env, capture_output=True, text=True,
+                             check=True, cwd=self.cwd)
+        return {"Authorization": f"Bearer {out.stdout.strip()}"}
+
+
+@contextmanager
+def production_stack(spawn, tmp_path: Path) -> Iterator[Stack]:
     require_postgres()
     require_redis()
     redis.Redis.from_url(REDIS_URL).delete("privrec")  # a stale queue from an aborted run
@@ -45,12 +64,14 @@ def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None
         worker = spawn([PRIVREC, "worker", "--concurrency", "1", "--hostname", f"e2e-{port}@%h"], env, "worker")
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health", api)
+        yield Stack(base=base, env=env, cwd=tmp_path, procs=[api, worker])
+    finally:
+        drop()
 
-        def token(*args: str) -> dict[str, str]:
-            out = subprocess.run([PRIVREC, "issue-token", *args], env=env, capture_output=True, text=True,
-                                 check=True, cwd=tmp_path)
-            return {"Authorization": f"Bearer {out.stdout.strip()}"}
 
+def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None:
+    with production_stack(spawn, tmp_path) as stack:
+        base, env, token, (api, worker) = stack.base, stack.env, stack.token, stack.procs
         admin, svc = token("--admin"), token("--service", "frontend", "--scope", "ingest")
         with httpx.Client(base_url=base, timeout=30) as c:
             assert c.get("/ready").json()["checks"] == {"database": "ok"}
@@ -93,5 +114,51 @@ def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None
             assert budget["runs"]["succeeded"] == 2 and budget["spent_epsilon_rdp"] <= budget["epsilon_cap"]
             out = subprocess.run([PRIVREC, "budget"], env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
             assert '"spent_epsilon_rdp"' in out.stdout
-    finally:
-        drop()
+
+
+def test_votes_and_public_data_train_on_the_worker(spawn, tmp_path: Path) -> None:
+    """Votes randomised on arrival -> a free InP one-bit run on the Celery worker -> a voter's
+    P(thumbs up) scores; then a DP-CMF run whose metadata-only item is recommended (cold start)."""
+    with production_stack(spawn, tmp_path) as stack:
+        admin, svc = stack.token("--admin"), stack.token("--service", "frontend", "--scope", "ingest")
+        with httpx.Client(base_url=stack.base, timeout=30) as c:
+            for k in range(20):
+                r = c.put(f"/v1/datasets/default/items/m{k}", headers=svc,
+                          json={"title": f"Movie {k}", "categories": ["even" if k % 2 == 0 else "odd"]})
+                assert r.status_code == 200, r.text
+            r = c.put("/v1/admin/datasets/default/vote-settings", headers=admin,
+                      json={"local_epsilon": 1.0, "votes_per_user_cap": 4})
+            assert r.status_code == 200, r.text
+            rng = np.random.default_rng(2)
+            rows = [{"user_id": f"v{u}", "item_id": f"m{i}", "vote": 1 if (u + i) % 2 == 0 else -1}
+                    for u in range(150) for i in rng.choice(19, size=4, replace=False)]
+            r = c.post("/v1/datasets/default/votes/batch", json={"votes": rows}, headers=svc)
+            assert r.status_code == 200 and r.json()["created"] == len(rows)
+
+            r = c.post("/v1/admin/datasets/default/trainings", headers=admin,
+                       json={"algorithm": "onebit", "hyperparameters": {"rank": 2, "n_steps": 20}})
+            assert r.status_code == 202, r.text
+            run = wait_run(c, r.json()["run_id"], admin, stack.procs)
+            assert run["status"] == "succeeded", (run, stack.procs[1].tail())
+            reco = c.get("/v1/datasets/default/users/v0/recommendations", params={"n": 3},
+                         headers=stack.token("--user", "v0")).json()
+            assert reco["algorithm"] == "onebit" and reco["fallback"] is False
+            assert all(0.0 <= x["score"] <= 1.0 for x in reco["items"])
+            kinds = [e["kind"] for e in c.get("/v1/admin/datasets/default/ledger", headers=admin).json()["items"]]
+            assert kinds.count("local") == 1
+
+            # DP-CMF: m19 has metadata but no rating; it is recommended from its genre alone
+            ratings = [{"user_id": f"p{u}", "item_id": f"m{i}", "rating": 5.0 if (u + i) % 2 == 0 else 1.0}
+                       for u in range(120) for i in rng.choice(19, size=10, replace=False)]
+            assert c.post("/v1/datasets/default/ratings/batch", json={"ratings": ratings}, headers=svc).status_code == 200
+            hyper = {**SMALL_DPALS, "frequent_fraction": 0.9, "alpha_metadata": 5.0}
+            r = c.post("/v1/admin/datasets/default/trainings", headers=admin,
+                       json={"algorithm": "dpcmf", "epsilon": 2.0, "hyperparameters": hyper})
+            assert r.status_code == 202, r.text
+            run = wait_run(c, r.json()["run_id"], admin, stack.procs)
+            assert run["status"] == "succeeded", (run, stack.procs[1].tail())
+            info = c.get("/v1/datasets/default/model").json()
+            assert info["algorithm"] == "dpcmf"
+            reco = c.get("/v1/datasets/default/users/p1/recommendations", params={"n": 19},
+                         headers=stack.token("--user", "p1")).json()
+            assert "m19" in [x["item_id"] for x in reco["items"]]
