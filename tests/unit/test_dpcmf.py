@@ -15,6 +15,7 @@ from app.core.dpcmf import (
     DPCMFConfig,
     PublicData,
     PublicSource,
+    _blocks,
     calibrate,
     dpcmf_event,
     event_parameters,
@@ -221,6 +222,20 @@ def test_public_users_left_in_the_private_ratings_raise():
     _, source = split_public_users(ratings, [1, 2])
     with pytest.raises(ValueError, match="removed"):
         train_dpcmf(ratings, _config(alpha_public_users=1.0), public=PublicData((source,)))
+
+
+def test_public_users_rows_are_centred_by_the_dp_mean_only():
+    """S_fj = r_fj − m̃: each public user keeps her bias and nothing is clipped (public rows)."""
+    ratings = _ratings()
+    private, source = split_public_users(ratings, [2, 4])
+    config = _config(alpha_public_users=1.0, clip_rating=1.0)
+    model = train_dpcmf(private, config, public=PublicData((source,)))
+    (block,) = _blocks([source], config, model.global_mean)
+    assert np.allclose(block.matrix.toarray()[source.matrix.toarray() > 0],
+                       source.matrix.data - model.global_mean)
+    assert np.abs(block.matrix.data).max() > config.clip_rating
+    with pytest.raises(ValueError, match="range"):
+        _blocks([PublicSource("public_users", source.matrix * 2.0)], config, model.global_mean)
 
 
 # ---------------------------------------------------------------------------- cold start
