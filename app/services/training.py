@@ -36,7 +36,7 @@ from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm
-from app.db.models import Dataset, Item, Rating, TrainingRun, Vote, utcnow
+from app.db.models import Dataset, Item, ModelVersion, Rating, TrainingRun, Vote, utcnow
 from app.db.session import is_postgres, session_scope
 from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
 from app.services.budget import get_dataset
@@ -547,7 +547,8 @@ def requeue_stale_queued(
 
 def scheduled_retrain(*, url: str | None = None, settings: Settings | None = None, enqueue: bool = True) -> dict[str, str]:
     """Periodic retraining of every data set. Per data set the outcome is one of
-    'started:<run id>', 'skipped:busy', 'skipped:unchanged', 'skipped:no-ratings', 'skipped:budget'."""
+    'started:<run id>', 'skipped:busy', 'skipped:unchanged', 'skipped:no-ratings', 'skipped:budget',
+    'skipped:invalid'."""
     s_ = settings or get_settings()
     url = url or s_.database_url
     outcomes: dict[str, str] = {}
@@ -561,12 +562,22 @@ def scheduled_retrain(*, url: str | None = None, settings: Settings | None = Non
     return outcomes
 
 
-def _retrain_algorithm(session: Session, ds: Dataset) -> str | None:
-    """What scheduled retraining runs: DPALS on ratings; one-bit on a data set with votes only."""
+_SERVICE_SET_KEYS = ("pre_randomised", "local_epsilon")  # forced by the data set, never passed back
+
+
+def _retrain_algorithm(session: Session, ds: Dataset) -> tuple[str, dict[str, Any]] | None:
+    """What scheduled retraining runs: the active model's algorithm with its published
+    hyper-parameters (re-calibrated to the retrain epsilon), so a DP-CMF or one-bit model is
+    not replaced by a DPALS one; without an active model, DPALS on ratings or one-bit on a
+    data set with votes only (defaults). None when there is no data."""
+    active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
+    if active is not None:
+        run = session.get(TrainingRun, active.run_id)
+        return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}
     if session.scalar(select(Rating.id).where(Rating.dataset_id == ds.id).limit(1)) is not None:
-        return "dpals"
+        return "dpals", {}
     if session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1)) is not None:
-        return "onebit"
+        return "onebit", {}
     return None
 
 
@@ -583,17 +594,23 @@ def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, i
         last = s.scalar(select(TrainingRun).where(TrainingRun.dataset_id == ds.id).order_by(TrainingRun.id.desc()).limit(1))
         if last is not None and last.ratings_version >= ds.ratings_version:
             return "skipped:unchanged", None
-        algorithm = _retrain_algorithm(s, ds)
-        if algorithm is None:
+        choice = _retrain_algorithm(s, ds)
+        if choice is None:
             return "skipped:no-ratings", None
-        free = algorithm == "onebit" and ds.vote_local_epsilon is not None  # post-processing of stored bits
+        algorithm, hyperparameters = choice
+        free = (algorithm == "onebit" and ds.vote_local_epsilon is not None
+                and hyperparameters.get("mechanism", "inp") == "inp")  # post-processing of stored bits
         try:
             run = start_training(
                 s, dataset=name, algorithm=algorithm, epsilon=None if free else settings.retrain_epsilon,
-                actor="scheduler", trigger="schedule",
+                hyperparameters=hyperparameters, actor="scheduler", trigger="schedule",
             )
         except BudgetExceeded as exc:
             s.rollback()
             log.info("scheduled retraining of %r skipped: %s", name, exc.message)
             return "skipped:budget", None
+        except InvalidRequest as exc:  # e.g. the active model's hyper-parameters no longer apply
+            s.rollback()
+            log.warning("scheduled retraining of %r skipped: %s", name, exc.message)
+            return "skipped:invalid", None
         return f"started:{run.id}", run.id

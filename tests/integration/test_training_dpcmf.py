@@ -166,3 +166,23 @@ def test_dpals_on_the_same_data_cannot_recommend_cold_items(seeded, settings):
     with session_scope(seeded) as s:
         out = recommend.recommend_for_user(s, dataset="default", user_id="u3", query=RecommendationQuery(n=100))
         assert not {"cold_meta", "cold_sim"} & {x.item_id for x in out.items}
+
+
+def test_scheduled_retraining_keeps_the_active_algorithm_and_its_public_hyperparameters(seeded, settings):
+    """A DP-CMF model is retrained as DP-CMF (same α), re-calibrated to the retrain epsilon,
+    not replaced by a DPALS model; without an active model the default is DPALS."""
+    sched = lambda: training.scheduled_retrain(url=seeded, settings=settings, enqueue=False)["default"]  # noqa: E731
+    assert training.run_training(_start(seeded, "dpcmf", CMF_HYPER), url=seeded, settings=settings) == "succeeded"
+    with session_scope(seeded) as s:
+        from app.db.models import bump_ratings_version
+
+        bump_ratings_version(s, s.scalar(select(Dataset.id).where(Dataset.name == "default")))
+    out = sched()
+    assert out.startswith("started:"), out
+    with session_scope(seeded) as s:
+        from app.db.models import TrainingRun
+
+        run = s.get(TrainingRun, int(out.split(":")[1]))
+        assert run.algorithm == "dpcmf" and run.trigger == "schedule"
+        assert {k: run.config[k] for k in CMF_HYPER} == CMF_HYPER
+        assert run.requested_epsilon == settings.retrain_epsilon
