@@ -456,7 +456,7 @@ class PublicItemTerms:
     shared: np.ndarray | None = None  # (r, r), added to every trained item
 
 
-PublicTermsHook = Callable[[Preprocessed, np.ndarray], "PublicItemTerms | None"]
+PublicTermsHook = Callable[[PublicState, np.ndarray], "PublicItemTerms | None"]
 
 
 def _item_step(
@@ -614,9 +614,10 @@ def fit_dpals(
 ) -> DPALSFit:
     """Run DPALS; check the releases made against the reserved event.
 
-    ``public_terms(prep, V_frequent)``, called before every item step, may return exact public
-    terms for that step (DP-CMF). It sees only released quantities; the noise draws, their order
-    and the event are the same with or without it.
+    ``public_terms(released, V_frequent)``, called before every item step, may return exact public
+    terms for that step (DP-CMF). It is handed only released quantities (the DP mean, the DP
+    counts, the frequent set and the released V), never the private plans; the noise draws,
+    their order and the event are the same with or without it.
     """
     _validate_for_training(ratings, config)
     rng = np.random.default_rng(config.seed) if rng is None else rng
@@ -624,9 +625,10 @@ def fit_dpals(
     prep = preprocess(ratings, config, releaser, rng)
     user_reg = user_regularisation(config)
     item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
+    released = PublicState(global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent)
     for step in range(config.n_steps):
         user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
-        public = None if public_terms is None else public_terms(prep, item_factors)
+        public = None if public_terms is None else public_terms(released, item_factors)
         item_factors = _item_step(prep, user_factors, config, releaser, public)
         del user_factors
         if progress:

@@ -412,10 +412,10 @@ def train_dpcmf(
     _check_public_users_removed(ratings, sources)
     side: list[_PublicSide] = []
 
-    def public_terms(prep: dpals.Preprocessed, frequent_factors: np.ndarray) -> dpals.PublicItemTerms:
+    def public_terms(released: dpals.PublicState, frequent_factors: np.ndarray) -> dpals.PublicItemTerms:
         if not side:  # built once the DP mean (used to centre public users) is released
-            side.append(_PublicSide(_blocks(sources, config, prep.global_mean), config))
-        return side[0].step(prep.frequent, frequent_factors)
+            side.append(_PublicSide(_blocks(sources, config, released.global_mean), config))
+        return side[0].step(released.frequent, frequent_factors)
 
     fit = dpals.fit_dpals(
         ratings, config.dpals, progress=progress, rng=rng, public_terms=public_terms if sources else None
