@@ -222,6 +222,22 @@ def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
     return _charged_events(entries, refunded)
 
 
+def charged_relations(session: Session, account_id: int) -> list[str]:
+    """The distinct neighbouring relations of the entries that cost budget (non-zero, not refunded).
+
+    The ledger composes every charged event into one spend; that figure protects users only in
+    the weakest of these senses (e.g. randomised response hides vote values, not which items a
+    user voted on), which the budget view shows next to it.
+    """
+    entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
+    refunded = {e.run_id for e in entries if e.kind == "refund"}
+    return sorted({
+        str(e.parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
+        for e in entries
+        if (e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded)) and (e.epsilon or 0.0) > 0
+    })
+
+
 @dataclass(frozen=True)
 class SpentReport:
     """Composed spend of an account (exact floats; round for display with round_up)."""

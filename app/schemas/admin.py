@@ -41,6 +41,11 @@ class BudgetOut(_Open):
     n_charged_runs: int = 0
     n_local_guarantees: int = Field(default=0, description=(
         "Local guarantees in the ledger (votes randomised at ingestion), composed into the spend."))
+    neighbouring_relations: list[str] = Field(default_factory=list, description=(
+        "The neighbouring relations of the entries that cost budget. The composed spend protects a "
+        "user only in the weakest of them: e.g. `replace_vote_values` (randomised response) hides "
+        "vote values but not which items a user voted on; `add_or_remove_one` covers all of a "
+        "user's data."))
 
 
 class DatasetIn(StrictModel):

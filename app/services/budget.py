@@ -41,6 +41,7 @@ class BudgetView:
     n_entries: int = 0
     n_charged_runs: int = 0
     n_local_guarantees: int = 0  # ledger entries of kind "local" (randomisation at ingestion)
+    neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +124,7 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
         n_entries=int(n_entries),
         n_charged_runs=rep.n_events - int(n_local),
         n_local_guarantees=int(n_local),
+        neighbouring_relations=ledger.charged_relations(session, acct.id),
     )
 
 

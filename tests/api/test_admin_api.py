@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
+from app.core.accounting import NEIGHBOURING_RELATION
 
 A = "/v1/admin/datasets/default"
 
@@ -19,6 +20,7 @@ def test_budget_and_ledger_after_a_run(env: Env) -> None:
     assert b1["spent_epsilon_pld"] <= b1["spent_epsilon_rdp"] + 1e-3
     assert b1["remaining_epsilon"] <= b1["epsilon_cap"] - b1["spent_epsilon_rdp"] + 1e-9
     assert b1["runs"]["succeeded"] == 1
+    assert b0["neighbouring_relations"] == [] and b1["neighbouring_relations"] == [NEIGHBOURING_RELATION]
     ledger = env.client.get(f"{A}/ledger", headers=env.admin, params={"limit": 100}).json()
     kinds = [e["kind"] for e in ledger["items"]]
     assert kinds[0] == "open" and "reservation" in kinds and ledger["total"] == len(kinds)

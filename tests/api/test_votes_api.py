@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from app import ledger
+from app.services import votes as votes_service
 from app.core.onebit import flip_probability
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance
 from tests.api.conftest import Env, add_items
@@ -262,6 +263,8 @@ def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
     assert budget["spent_epsilon_rdp"] == pytest.approx(local[0]["spent_epsilon_rdp"])
     assert budget["spent_epsilon_rdp"] >= local[0]["epsilon"] > 0
     assert budget["n_local_guarantees"] == 1 and budget["n_charged_runs"] == 0
+    # the dashboard says in which sense the spend protects users: RR hides values, not membership
+    assert budget["neighbouring_relations"] == [votes_service.LOCAL_RELATION]
     with env.session() as s:
         ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
         acct = ledger.account_for(s, ds.id)
