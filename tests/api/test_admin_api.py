@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 from app.core.accounting import NEIGHBOURING_RELATION
+from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 
 A = "/v1/admin/datasets/default"
 
