@@ -176,6 +176,32 @@ def test_too_large_vote_matrix_fails_clearly_and_refunds(db_url, settings, monke
         assert ledger.spent(s, ledger.account_for(s, run.dataset_id)).epsilon_rdp == 0.0
 
 
+def test_user_rows_pads_for_add_remove_and_refuses_more_voters(db_url, settings):
+    """GraP with user_rows above the voter count trains and publishes user_rows and the add/remove
+    relation; user_rows below it fails with a count-free message and is refunded."""
+    create_dataset(db_url, cap=30.0)
+    _seed(db_url, eps0=None)
+    grap = {**HYPER, "mechanism": "grap", "n_steps": 3}
+    ok = _start(db_url, epsilon=2.0, hyperparameters={**grap, "user_rows": N_USERS + 30})
+    with session_scope(db_url) as s:
+        params = ledger.reservation_for(s, ok).parameters
+        assert params["user_rows"] == N_USERS + 30 and params["neighbouring_relation"] == "add_remove_one_user"
+    assert training.run_training(ok, url=db_url, settings=settings) == "succeeded"
+    with session_scope(db_url) as s:
+        _, model = model_store.get_active_model(s, "default")
+        assert model.config["user_rows"] == N_USERS + 30 and model.metadata["user_rows"] == N_USERS + 30
+        assert model.metadata["voter_count_public"] is False
+        spent = ledger.spent(s, ledger.account_for(s, budget.get_dataset(s, "default").id)).epsilon_rdp
+    bad = _start(db_url, epsilon=2.0, hyperparameters={**grap, "user_rows": N_USERS - 20})
+    assert training.run_training(bad, url=db_url, settings=settings) == "failed"
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, bad)
+        assert "more voters than user_rows" in run.error and str(N_USERS) not in run.error and run.refunded
+        acct = ledger.account_for(s, run.dataset_id)
+        assert ledger.spent(s, acct).epsilon_rdp == pytest.approx(spent)
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+
+
 def test_scheduled_retraining_sees_votes(db_url, settings):
     create_dataset(db_url, cap=30.0)
     sched = lambda: training.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731

@@ -349,3 +349,87 @@ def test_fit_user_recovers_preferences_and_recommend_excludes_rated():
     assert np.all((scores > 0) & (scores < 1))
     with pytest.raises(ValueError):
         fit_user(model, np.array([1, 1]), np.array([1.0, -1.0]))
+
+
+# ---------------------------------------------------------------------------- privacy review fixes
+def test_user_rows_pads_the_matrix_and_fixes_tau():
+    _, votes = _votes(n_users=30)
+    config = OneBitConfig(mechanism="grap", user_rows=50)
+    data = onebit_train.prepare_votes(votes, 10, np.random.default_rng(0), config.user_rows)
+    assert data.shape == (50, 20) and len(np.unique(data.user_row)) == 30
+    assert np.array_equal(np.sort(np.unique(data.rows)), np.sort(np.unique(data.user_row[votes.coo()[0]])))
+    assert config.radius(30, 20) == config.radius(7, 20) == pytest.approx(math.sqrt(50 * 20))
+    assert OneBitConfig().radius(30, 20) == pytest.approx(math.sqrt(30 * 20))
+    for bad in (0, 1, 2.5, True):
+        with pytest.raises(ValueError, match="user_rows"):
+            OneBitConfig(user_rows=bad)
+
+
+@pytest.mark.parametrize("mechanism", ["grap", "objp", "outp"])
+def test_user_rows_hides_the_number_of_voters(mechanism):
+    """With user_rows, nothing published depends on how many users voted (shape, τ, solver steps);
+    more voters than user_rows is refused without a count; no votes at all trains."""
+    config = OneBitConfig(mechanism=mechanism, rank=2, votes_per_user=10, n_steps=3, epsilon=2.0, user_rows=40,
+                          solver_tolerance=1e-2)
+    published = []
+    for n_users in (12, 35):
+        _, votes = _votes(n_users=n_users)
+        model, recon = onebit_train.train_with_estimate(votes, config)
+        assert recon.shape == (n_users, 20) and model.item_factors.shape == (20, 2)
+        published.append({k: v for k, v in model.metadata.items() if k != "output_noise_std_drawn"})
+    assert published[0] == published[1]
+    params = event_parameters(config)
+    assert params["user_rows"] == 40 and params["neighbouring_relation"] == "add_remove_one_user"
+    assert params["voter_count_public"] is False and "more voters than user_rows" in params["relation"]
+    assert published[0]["user_rows"] == 40 and model.config["user_rows"] == 40
+    _, many = _votes(n_users=41)
+    with pytest.raises(ValueError, match="more voters than user_rows") as err:
+        train_onebit(many, config)
+    assert "41" not in str(err.value)
+    empty = Ratings.from_indices(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), user_ids=np.arange(0),
+                                 item_ids=np.arange(20))
+    assert np.all(np.isfinite(train_onebit(empty, config).item_factors))
+
+
+def test_without_user_rows_the_relation_says_the_voter_count_is_public():
+    for mechanism in ("grap", "objp", "outp"):
+        params = event_parameters(OneBitConfig(mechanism=mechanism))
+        assert params["user_rows"] is None and params["user_rows_public"] and params["voter_count_public"]
+        assert params["neighbouring_relation"] == "replace_one_users_votes"
+        assert params["relation"] == ("replace one user's votes; the number of voters is public "
+                                      "(set user_rows for add/remove)")
+    inp = event_parameters(OneBitConfig(mechanism="inp", user_rows=10))
+    assert inp["neighbouring_relation"] == "replace_vote_values" and inp["user_rows"] == 10
+
+
+@pytest.mark.parametrize("user_rows", [None, 60])
+def test_progress_and_errors_carry_no_data_derived_numbers(user_rows):
+    messages = []
+    for n_users, frac in ((17, 0.3), (43, 0.6)):
+        _, votes = _votes(n_users=n_users, frac=frac, seed=n_users)
+        seen: list[tuple[float, str]] = []
+        train_onebit(votes, OneBitConfig(mechanism="grap", n_steps=2, votes_per_user=7, user_rows=user_rows),
+                     progress=lambda f, m, seen=seen: seen.append((f, m)))
+        messages.append(seen)
+    assert messages[0] == messages[1] and messages[0]
+    n = math.isqrt(privacy.MAX_ENTRIES) + 7
+    big = Ratings.from_indices(np.array([0]), np.array([0]), np.array([1.0]), user_ids=np.arange(n),
+                               item_ids=np.arange(n))
+    with pytest.raises(ValueError, match="limit") as err:
+        train_onebit(big, OneBitConfig(user_rows=None if user_rows is None else n))
+    assert str(n) not in str(err.value) and str(n * n) not in str(err.value)
+
+
+def test_truncated_projection_is_certified_from_the_residual():
+    """Top singular values carry all but ~1e-18 of ‖Y‖²: sqrt(‖Y‖² − Σs²) cancels to noise, the
+    residual does not; the projection must match the full-SVD one, whose tail survives."""
+    rng = np.random.default_rng(0)
+    n = 300
+    u, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    v, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    s = np.concatenate([np.full(8, 1e4), np.full(n - 8, 1e-5)])
+    y = (u * s) @ v.T
+    tau = 8e4 - 4e-5  # θ from the top 8 alone would be 5e-6 < 1e-5: the tail is shrunk, not cut
+    exact = solver._full_projection(y, tau)
+    assert np.linalg.norm(exact - solver._shrink(u[:, :8], s[:8], v.T[:8], 5e-6)) > 1e-6
+    assert np.linalg.norm(solver.project_nuclear(y, tau, rank_hint=8) - exact) < 1e-7

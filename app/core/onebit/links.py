@@ -86,7 +86,17 @@ def dloss(x: np.ndarray, y: np.ndarray, link: str, flip: float = 0.0) -> np.ndar
 
 
 def huber_loss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndarray:
-    """f(yx) for yx >= −α, its tangent line below: convex, |f'| <= :func:`gradient_bound`."""
+    """f(yx) for yx >= −α, its tangent line below: convex, |f'| <= :func:`gradient_bound`.
+
+    f_α is C¹ but not C² at t = −α (f'' jumps from f''(−α) to 0). Objective perturbation only
+    needs what this gives: f_α' is monotone and λ_h-Lipschitz, so the map X ↦ B(X) solving the
+    first-order condition is Lipschitz and injective, hence differentiable almost everywhere
+    (Rademacher), and the area formula gives the density of X* as p_B(B(X))·|det ∇B(X)| for
+    almost every X. The non-differentiable set {X : y_ij X_ij = −α for some (i, j) ∈ Ω} is a
+    finite union of hyperplanes (Lebesgue-null), and off it every vote's curvature lies in
+    [0, λ_h], so the Jacobian ratio bound of train.objp_minimiser holds almost everywhere, which
+    suffices for the probability of every event. A C² blend would move ζ or λ_h, so none is made.
+    """
     y = np.asarray(y, dtype=np.float64)
     t = y * np.asarray(x, dtype=np.float64)
     f0 = float(loss(-alpha, 1.0, link))

@@ -5,8 +5,19 @@ Units and relations
 *Entry level* (the paper's ε): one vote. For GraP, ObjP and OutP the entry relation is "replace
 one vote by another" (its position and value may change; adding or removing a vote is covered
 too). *User level* (charged to the ledger): all of one user's votes, at most k = ``votes_per_user``
-of them after a data-independent cap (k uniformly random votes per user, seeded). The set of user
-rows and item columns is public (it sizes the d1×d2 matrix); which items a user voted on is not.
+of them after a data-independent cap (k uniformly random votes per user, seeded). The item
+columns are public (the catalogue); which items a user voted on is not. The number of user rows d1
+sizes the matrix, the default τ = α·sqrt(d1·d2) and hence ObjP/OutP's published solver step count:
+
+* ``user_rows`` None: d1 = the number of voters, which is therefore PUBLIC; the user-level
+  relation is "replace one user's votes" (her row stays, its ≤ k votes change arbitrarily).
+* ``user_rows`` = N (public): the voters are placed in uniformly random distinct rows of an
+  N-row matrix, the rest left empty, and τ uses N. Removing a user is then replacing her ≤ k
+  votes by none in a row chosen independently of the data (couple the other users' rows and
+  caps; the output law is a mixture of k-vote neighbours, and hockey-stick and Rényi
+  divergences are jointly (quasi-)convex), so the same k-vote sensitivities give the guarantee
+  under add/remove-one-user. A run with more than N voters is refused (ValueError), which
+  reveals one bit: "more voters than user_rows".
 For InP the protected relation is weaker: local randomized response hides vote *values* only
 (replace-a-vote-value); which items a user voted on, and that she voted, are not hidden.
 
@@ -118,7 +129,9 @@ class OneBitConfig:
     """Hyper-parameters; every field but ``seed`` is published with the model.
 
     ``tau`` None: α·sqrt(d1·d2) (the paper's τ = α·sqrt(d1·d2·r) with r = 1), from the public
-    matrix size. ``step_size`` None: 1/λ_h (1/4-smooth logistic, 1-smooth probit per entry).
+    matrix size (d1 = ``user_rows`` when set). ``step_size`` None: 1/λ_h (1/4-smooth logistic,
+    1-smooth probit per entry). ``user_rows``: the public row count the votes are padded to (add/
+    remove-one-user privacy; module docstring); None: d1 = the number of voters, made public.
     """
 
     mechanism: str = "inp"
@@ -139,6 +152,7 @@ class OneBitConfig:
     pre_randomised: bool = False
     local_epsilon: float | None = None
     user_reg: float = 1.0  # ridge of the privileged per-user fit
+    user_rows: int | None = None  # public d1 (padding); None: d1 = number of voters (public)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -154,6 +168,10 @@ class OneBitConfig:
         for name in ("tau", "step_size"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        if self.user_rows is not None:
+            _check_positive_int("user_rows", self.user_rows)
+            if self.user_rows < 2:
+                raise ValueError(f"user_rows must be at least 2, got {self.user_rows!r}")
         if self.pre_randomised != (self.local_epsilon is not None):
             raise ValueError("pre_randomised votes need their local_epsilon (and only they have one)")
         if self.pre_randomised and self.mechanism != "inp":
@@ -162,8 +180,11 @@ class OneBitConfig:
             flip_probability(self.local_epsilon)
 
     def radius(self, n_users: int, n_items: int) -> float:
-        """τ, from the config or the public matrix size."""
-        return float(self.tau) if self.tau is not None else self.alpha * math.sqrt(n_users * n_items)
+        """τ, from the config or the public matrix size (``user_rows`` rows when set, else ``n_users``)."""
+        if self.tau is not None:
+            return float(self.tau)
+        rows = self.user_rows if self.user_rows is not None else n_users
+        return self.alpha * math.sqrt(rows * n_items)
 
     def step(self) -> float:
         return float(self.step_size) if self.step_size is not None else 1.0 / curvature_bound(self.link)
@@ -291,11 +312,25 @@ def calibrate(target_epsilon: float, delta: float, config: OneBitConfig, n_items
     return replace(config, epsilon=1.0 / inverse)
 
 
+def _user_relation(config: OneBitConfig) -> dict[str, str]:
+    """The user-level relation of grap/objp/outp: add/remove with ``user_rows``, else replace."""
+    if config.user_rows is None:
+        return {"neighbouring_relation": "replace_one_users_votes",
+                "relation": "replace one user's votes; the number of voters is public (set user_rows for add/remove)",
+                "protects": "one user's votes (items voted on and values), up to k of them"}
+    return {"neighbouring_relation": "add_remove_one_user",
+            "relation": (f"add or remove one user (up to k votes); votes padded to user_rows = {config.user_rows} "
+                         "public rows; a run with more voters is refused, revealing one bit: "
+                         "more voters than user_rows"),
+            "protects": "one user's votes and whether she voted at all, up to k votes"}
+
+
 def event_parameters(config: OneBitConfig) -> dict[str, Any]:
     """What gives the run's event its meaning: level, relation, k, C, ε per vote and per user."""
     k = config.votes_per_user
     common = {"algorithm": "onebit", "mechanism": config.mechanism, "link": config.link, "level": "user",
-              "votes_per_user": k, "user_rows_public": True}
+              "votes_per_user": k, "user_rows": config.user_rows, "user_rows_public": True,
+              "voter_count_public": config.user_rows is None}
     if config.mechanism == "inp":
         eps0 = config.local_epsilon if config.pre_randomised else config.epsilon
         return {**common, "neighbouring_relation": "replace_vote_values",
@@ -303,8 +338,7 @@ def event_parameters(config: OneBitConfig) -> dict[str, Any]:
                 "randomised_at": "ingestion" if config.pre_randomised else "training",
                 "flip_probability": flip_probability(eps0), "epsilon_entry": eps0, "epsilon_user_pure": k * eps0,
                 "charged_here": not config.pre_randomised}
-    relation = {"neighbouring_relation": "replace_one_users_votes",
-                "protects": "one user's votes (items voted on and values), up to k of them"}
+    relation = _user_relation(config)
     if config.mechanism == "grap":
         return {**common, **relation, "clamp": config.clamp, "n_steps": config.n_steps,
                 "grid": config.clamp / config.grid_steps, "entry_l1_sensitivity": 2 * config.clamp,

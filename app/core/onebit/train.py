@@ -70,12 +70,17 @@ Progress = Callable[[float, str], None]
 
 @dataclass(frozen=True)
 class Votes:
-    """Observed votes Ω (private): rows, columns, ±1 values, and the public matrix shape."""
+    """Observed votes Ω (private): rows, columns, ±1 values, and the public matrix shape.
+
+    ``user_row`` (private, evaluation only): the matrix row of each input user when the votes were
+    padded to ``user_rows`` rows; None when row i is input user i.
+    """
 
     rows: np.ndarray
     cols: np.ndarray
     values: np.ndarray
     shape: tuple[int, int]
+    user_row: np.ndarray | None = None
 
     def sparse_gradient(self, entry_grad: np.ndarray) -> np.ndarray:
         """A dense d1×d2 matrix with ``entry_grad`` on Ω and 0 elsewhere."""
@@ -84,26 +89,51 @@ class Votes:
         return out
 
 
-def _check_size(n_users: int, n_items: int) -> None:
-    if n_users * n_items > MAX_ENTRIES:
-        raise ValueError(f"one-bit completion works on dense {n_users}x{n_items} matrices; the limit is "
-                         f"{MAX_ENTRIES:,} entries (users x items)")
-    if n_users < 2 or n_items < 2:
+def _check_size(n_rows: int, n_items: int) -> None:
+    """Refuse matrices over MAX_ENTRIES or under 2×2. Messages name the limit only, never a size
+    (the row count is the number of voters when ``user_rows`` is None)."""
+    if n_rows * n_items > MAX_ENTRIES:
+        raise ValueError(f"one-bit completion works on dense matrices; the limit is {MAX_ENTRIES:,} entries "
+                         "(users x items)")
+    if n_rows < 2 or n_items < 2:
         raise ValueError("one-bit completion needs at least two users and two items")
 
 
-def prepare_votes(votes: Ratings, k: int | None, rng: np.random.Generator) -> Votes:
-    """Validate ±1 votes and the size limit; keep k uniformly random votes per user (None: all)."""
-    _check_size(votes.n_users, votes.n_items)
+def _pad_rows(rows: np.ndarray, n_users: int, user_rows: int,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Place the n voters in uniformly random distinct rows of a ``user_rows``-row matrix.
+
+    The placement is independent of the votes, so removing a user equals emptying her row with
+    the others' rows coupled (privacy module docstring). More voters than ``user_rows`` is
+    refused; the refusal reveals one bit, "more voters than user_rows", and no count.
+    Returns (the votes' new rows, each input user's row).
+    """
+    if n_users > user_rows:
+        raise ValueError("more voters than user_rows: raise user_rows (this refusal reveals only that bit)")
+    user_row = rng.permutation(user_rows)[:n_users]
+    return user_row[rows], user_row
+
+
+def prepare_votes(votes: Ratings, k: int | None, rng: np.random.Generator, user_rows: int | None = None) -> Votes:
+    """Validate ±1 votes and the size limit; keep k uniformly random votes per user (None: all).
+
+    ``user_rows`` set: pad to exactly that many rows (:func:`_pad_rows`); no votes at all is then a
+    valid input. None: d1 = the number of users (public), and a matrix without votes is refused.
+    """
+    _check_size(votes.n_users if user_rows is None else user_rows, votes.n_items)
     rows, cols, values = votes.coo()
-    if votes.nnz == 0:
-        raise ValueError("cannot train on an empty vote matrix")
+    if user_rows is None and votes.nnz == 0:
+        raise ValueError("cannot train without votes")
     if not np.all((values == 1.0) | (values == -1.0)):
         raise ValueError("votes must be +1 or -1")
     if k is not None:
         keep = per_user_sample(votes, k, rng)
         rows, cols, values = rows[keep], cols[keep], values[keep]
-    return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(votes.n_users, votes.n_items))
+    if user_rows is None:
+        return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(votes.n_users, votes.n_items))
+    rows, user_row = _pad_rows(rows, votes.n_users, user_rows, rng)
+    return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(user_rows, votes.n_items),
+                 user_row=user_row)
 
 
 # ---------------------------------------------------------------------------- mechanisms
@@ -172,8 +202,8 @@ def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) 
     convex; the regulariser is λ-strongly convex. Then X ↦ B(X) is injective and the density of
     X* is p_B(B(X))·|det ∇B(X)|. Replacing one vote changes B(X) by a vector with at most two
     non-zero entries of size <= ζ (L1 <= 2ζ) and the Jacobian determinant by a factor in
-    [1/(1+λ_h/λ), 1+λ_h/λ]. With B_ij = g(K + U) (dithered DLap, laplace.dithered_laplace_noise)
-    the density ratio is <= exp((2ζ + g)/s) <= exp(2(ζ+g)/s). Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ),
+    [1/(1+λ_h/λ), 1+λ_h/λ] (almost everywhere: f_α is only C¹ at −α, see links.huber_loss).
+    With B_ij = g(K + U) (dithered DLap, laplace.dithered_laplace_noise) the density ratio is <= exp((2ζ + 2g)/s) = exp(2(ζ+g)/s). Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ),
     split in halves by privacy.objp_noise; user level: group privacy over k votes (pure kε).
     Returns (X_T, T) with ‖X_T − X*‖_F <= ρ for every data set (solver.minimise_strongly_convex).
     """
@@ -236,7 +266,7 @@ def outp_minimiser(data: Votes, config: OneBitConfig) -> tuple[np.ndarray, int]:
 
     F_D(X) = Σ_Ω f_α(y X) + (λ/2)‖X‖² over the nuclear ball is λ-strongly convex. For neighbours
     D, D' with F_D' = F_D + g, optimality of X = X*_D, X' = X*_D' gives
-    λ‖X − X'‖² <= ⟨∇g(X), X' − X⟩ <= ‖∇g(X)‖_F ‖X − X'‖ (Chaudhuri et al. 2011, Lemma 7, which holds
+    λ‖X − X'‖² <= ⟨∇g(X), X − X'⟩ <= ‖∇g(X)‖_F ‖X − X'‖ (Chaudhuri et al. 2011, Lemma 7, which holds
     over a convex domain through the first-order conditions). Replacing one user's ≤ k votes
     (distinct entries) gives ‖∇g‖_F <= 2·sqrt(k)·ζ, hence ‖X − X'‖_F <= 2·sqrt(k)·ζ/λ; the solver's
     ρ adds 2ρ (privacy.outp_sensitivity).
@@ -329,11 +359,12 @@ def publish(estimate: np.ndarray, config: OneBitConfig) -> tuple[np.ndarray, np.
 
 def train_with_estimate(votes: Ratings, config: OneBitConfig, *, progress: Progress | None = None,
                         rng: np.random.Generator | None = None) -> tuple[OneBitModel, np.ndarray]:
-    """:func:`train_onebit` plus the rank-r reconstruction (private; for evaluation only)."""
+    """:func:`train_onebit` plus the rank-r reconstruction (private; for evaluation only), one
+    row per input user. Progress messages carry no number derived from the votes."""
     rng = np.random.default_rng(config.seed) if rng is None else rng
-    data = prepare_votes(votes, config.votes_per_user, rng)
-    if progress:
-        progress(0.05, f"one-bit {config.mechanism}: {len(data.rows)} votes after the per-user cap")
+    data = prepare_votes(votes, config.votes_per_user, rng, config.user_rows)
+    if progress:  # stage text from the public config only: no count derived from the votes
+        progress(0.05, f"one-bit {config.mechanism}: votes capped per user")
     estimate, event, facts = _private_estimate(data, config, rng)
     if event != onebit_event(config):
         raise RuntimeError("the releases made differ from the reserved privacy event")
@@ -345,12 +376,19 @@ def train_with_estimate(votes: Ratings, config: OneBitConfig, *, progress: Progr
                         config=public_config(config), event=event, metadata=metadata)
     if progress:
         progress(1.0, "done")
+    if data.user_row is not None:  # back to input-user order (evaluation only)
+        reconstruction = reconstruction[data.user_row]
     return model, reconstruction
 
 
 def train_onebit(votes: Ratings, config: OneBitConfig, *, progress: Progress | None = None,
                  rng: np.random.Generator | None = None) -> OneBitModel:
-    """Train one mechanism on ±1 votes; the model's event is the user-level event (checked)."""
+    """Train one mechanism on ±1 votes; the model's event is the user-level event (checked).
+
+    With ``config.user_rows`` set the votes are padded to that many rows (add/remove-one-user
+    relation) and a run with more voters raises ValueError, revealing one bit: "more voters than
+    user_rows".
+    """
     return train_with_estimate(votes, config, progress=progress, rng=rng)[0]
 
 
