@@ -450,7 +450,7 @@ def check_pre_randomised(session: Session, ds: Dataset, local_epsilon: float | N
     unrandomised = session.scalar(select(func.count()).select_from(Vote).where(
         Vote.dataset_id == ds.id, or_(Vote.randomised.is_(False), Vote.local_epsilon != float(local_epsilon))))
     if unrandomised:
-        raise RuntimeError(f"data set {ds.name!r} holds {unrandomised} votes not randomised with epsilon0 "
+        raise RuntimeError(f"data set {ds.name!r} holds votes not randomised with epsilon0 "
                            f"{local_epsilon}: a pre-randomised (free) run cannot train on them")
 
 
