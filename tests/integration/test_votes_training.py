@@ -216,7 +216,12 @@ def test_scheduled_retraining_sees_votes(db_url, settings):
     assert sched() == "skipped:unchanged"
     with session_scope(db_url) as s:  # a new vote moves the data-changed counter
         votes.upsert_vote(s, dataset="default", user_id="newcomer", item_id="i1", body=VoteIn(vote=1))
-    assert sched().startswith("started:")
+    outcome = sched()  # retrains the active one-bit model's algorithm and hyper-parameters, still free
+    assert outcome.startswith("started:")
+    with session_scope(db_url) as s:
+        again = s.get(TrainingRun, int(outcome.split(":")[1]))
+        assert again.algorithm == "onebit" and again.epsilon_charged == 0.0
+        assert again.config["pre_randomised"] is True and again.config["local_epsilon"] == 2.0
 
 
 @pytest.mark.timeout(120)
