@@ -22,11 +22,13 @@ def model_rmse(
     *,
     clip: tuple[float, float] | None = None,
 ) -> float:
-    """Test RMSE; users re-projected from ``history``; untrained items -> the user's mean."""
+    """Test RMSE of the served prediction m̃ + b_u + b̃_j + u·v_j, users re-projected from
+    ``history``; untrained items (v_j = 0) get the baseline m̃ + b_u + b̃_j, as the service does."""
     users = fold_in_users(model, history)
-    rows, _, _ = test.coo()
-    predictions = factor_predictions(test, users, model.item_factors) + user_offsets(model, history)[rows]
-    return rating_rmse(test, predictions, train=history, trained_mask=model.trained_mask, clip=clip)
+    rows, cols, _ = test.coo()
+    offsets = user_offsets(model, history)[rows] + model.item_biases[cols]
+    predictions = factor_predictions(test, users, model.item_factors) + offsets
+    return rating_rmse(test, predictions, train=history, clip=clip)
 
 
 def model_ranking(model: PublicModel, heldout: HeldoutSet, k: int = 20) -> dict:
@@ -36,7 +38,7 @@ def model_ranking(model: PublicModel, heldout: HeldoutSet, k: int = 20) -> dict:
     factors, mask = model.item_factors, model.trained_mask
 
     def scores(rows: np.ndarray) -> np.ndarray:
-        block = offsets[rows, None] + users[rows] @ factors.T
+        block = offsets[rows, None] + model.item_biases + users[rows] @ factors.T
         block[:, ~mask] = -np.inf  # untrained items are ranked last
         return block
 

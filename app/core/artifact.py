@@ -27,8 +27,9 @@ __all__ = [
     "_digest", "storable_ids", "_write_atomically",
 ]
 
-FORMAT_VERSION = 1
-_ARRAYS = ("item_ids", "item_factors", "trained_mask", "item_counts")
+FORMAT_VERSION = 2  # 2 adds item_biases; version 1 artifacts load with zero biases
+_ARRAYS_V1 = ("item_ids", "item_factors", "trained_mask", "item_counts")
+_ARRAYS = (*_ARRAYS_V1, "item_biases")
 
 
 class ArtifactError(ValueError):
@@ -59,6 +60,7 @@ def _model_arrays(model: PublicModel) -> dict[str, np.ndarray]:
         "item_factors": np.asarray(model.item_factors, dtype=np.float64),
         "trained_mask": np.asarray(model.trained_mask, dtype=bool),
         "item_counts": np.asarray(model.item_counts, dtype=np.float64),
+        "item_biases": np.asarray(model.item_biases, dtype=np.float64),
     }
 
 
@@ -136,10 +138,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
 def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> PublicModel:
     """Load and verify an artifact written by :func:`save_model`."""
     data, stored = read_sealed(path, expected_sha256=expected_sha256)
-    if stored.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"unsupported artifact format {stored.get('format_version')!r}")
-    if set(data) != set(_ARRAYS):
-        raise ArtifactError(f"artifact {path} holds arrays {sorted(data)}, expected {list(_ARRAYS)}")
+    version = stored.get("format_version")
+    expected = {1: _ARRAYS_V1, FORMAT_VERSION: _ARRAYS}.get(version)
+    if expected is None:
+        raise ArtifactError(f"unsupported artifact format {version!r}")
+    if set(data) != set(expected):
+        raise ArtifactError(f"artifact {path} holds arrays {sorted(data)}, expected {list(expected)}")
     event = stored["event"]
     return PublicModel(
         algorithm=stored["algorithm"],
@@ -152,4 +156,5 @@ def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = No
         config=stored["config"],
         event=None if event is None else accounting.event_from_json(event),
         metadata=stored["metadata"],
+        item_biases=data.get("item_biases"),
     )

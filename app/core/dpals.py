@@ -13,6 +13,8 @@ item counts c̃ (1st)   per-item counts of ≤ k sampled       sqrt(k): ≤ k di
                        ratings per user                    each
 DP mean: sum           Σ (r − mid) over the same sample    k·h, h = (hi − lo)/2
 DP mean: count         number of sampled ratings           k
+item bias sums S̃       Σ clip(r − m̃ − b_u, ±Γ_b) per item  sqrt(k)·Γ_b: ≤ k distinct items,
+                       over the same sample                each term |·| ≤ Γ_b
 item counts (re-count) Σ_i c_ij on the bounded data        sqrt(Σ_j c_ij²) = sqrt(B)
 K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F = ‖u‖² ≤ Γ_u²
 {Ã_j}                  Σ_i c_ij u_i u_iᵀ, all trained j    sqrt(Σ_j c_ij²)·Γ_u² = sqrt(B)·Γ_u²
@@ -66,6 +68,7 @@ __all__ = [
 ]
 
 CONTRIBUTION_MODES = ("uniform", "tail", "adaptive_weights")
+OBJECTIVES = ("rating", "ranking")
 MEAN_MODES = ("dp", "public")
 Progress = Callable[[float, str], None]
 
@@ -81,6 +84,9 @@ class DPALSConfig:
     """
 
     rating_range: tuple[float, float] = (1.0, 5.0)
+    objective: str = "rating"  # "ranking": implicit positives (r >= positive_threshold), Recall@k
+    positive_threshold: float | None = None  # ranking: None = lo + 0.75 (hi − lo)
+    popularity_prior: float = 0.0  # ranking: γ of the item prior γ·log c̃_j / log max c̃ (DP counts)
     rank: int = 16
     n_steps: int = 3  # T
     reg_item: float = 640.0  # λ
@@ -103,6 +109,12 @@ class DPALSConfig:
     mean_noise_ratio: float = 2.0  # DP mean (sum and count): z·ratio
     user_centering: bool = True  # centre each user by her own shrunken mean (privileged)
     user_bias_shrinkage: float = 10.0
+    item_bias: bool = True  # release DP item biases b̃_j; factors then fit the residuals
+    clip_bias: float = 1.0  # Γ_b: per-rating residual clip of the item-bias sums (rating units)
+    bias_noise_ratio: float = 2.0  # item-bias sums: z·ratio
+    item_bias_shrinkage: float = 10.0  # s_b: pseudo-count pulling b̃_j towards 0 (data noise)
+    item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
+    noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     init_scale: float = 1.0
     seed: int = 0
 
@@ -121,12 +133,14 @@ class DPALSConfig:
         if self.weight_exponent > 0:
             raise ValueError("weight_exponent must be <= 0")
         positive = ("clip_user", "clip_rating", "noise_multiplier", "gram_noise_ratio",
-                    "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio")
+                    "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio", "clip_bias",
+                    "bias_noise_ratio", "item_bias_prior_std")
         for name in positive:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
-        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage"):
+        for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
+                     "item_bias_shrinkage", "noise_filter"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -134,6 +148,29 @@ class DPALSConfig:
             raise ValueError("reg_item must be > 0 (the noisy item systems need a ridge)")
         if self.public_mean is not None and not math.isfinite(self.public_mean):
             raise ValueError("public_mean must be finite")
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}")
+        if not (math.isfinite(self.popularity_prior) and self.popularity_prior >= 0):
+            raise ValueError("popularity_prior must be finite and >= 0")
+        if self.objective == "rating":
+            if self.popularity_prior:
+                raise ValueError("popularity_prior applies to the ranking objective only")
+            return
+        lo, hi = self.rating_range
+        if self.positive_threshold is not None and not lo <= self.positive_threshold <= hi:
+            raise ValueError("positive_threshold must lie inside rating_range")
+        if self.mean_mode != "public" or self.item_bias or self.user_centering:
+            raise ValueError("the ranking objective trains on positives only: it needs mean_mode 'public', "
+                             "item_bias false and user_centering false")
+
+    @property
+    def threshold(self) -> float:
+        """Ratings at or above it are the positives of the ranking objective."""
+        lo, hi = self.rating_range
+        return lo + 0.75 * (hi - lo) if self.positive_threshold is None else float(self.positive_threshold)
 
     # -------------------------------------------------------------- derived quantities
     @property
@@ -149,6 +186,7 @@ class DPALSConfig:
         return {
             "counts": z * self.count_noise_ratio,
             "mean": z * self.mean_noise_ratio,
+            "bias": z * self.bias_noise_ratio,
             "gravity": z * self.gravity_noise_ratio,
             "gram": z * self.gram_noise_ratio,
             "linear": z,
@@ -177,6 +215,8 @@ def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
     pre: list[dp_event.DpEvent] = [accounting.gaussian(z["counts"])]
     if config.mean_mode == "dp":
         pre += [accounting.gaussian(z["mean"]), accounting.gaussian(z["mean"])]
+    if config.item_bias:
+        pre.append(accounting.gaussian(z["bias"]))
     pre.append(accounting.gaussian(z["counts"]))
     step: list[dp_event.DpEvent] = []
     if config.reg_gravity > 0:
@@ -270,6 +310,7 @@ class Preprocessed:
     item_counts: np.ndarray  # first DP count release, floored at 1 (all items)
     frequent: np.ndarray  # indices of trained items (into the full item list)
     recounts: np.ndarray  # second DP count release on the bounded data (frequent items)
+    item_biases: np.ndarray  # DP item biases b̃_j (all items; zeros when item_bias is off)
     user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
 
@@ -334,6 +375,7 @@ class PublicState:
     global_mean: float
     item_counts: np.ndarray  # first DP count release, floored at 1 (all items)
     frequent: np.ndarray  # indices of the trained items
+    item_biases: np.ndarray  # DP item biases b̃_j (all items; zeros when item_bias is off)
 
 
 @dataclass(frozen=True)
@@ -358,15 +400,77 @@ def public_preprocessing(
     )
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(vals[sample], config, releaser)
+    biases = _item_biases(ratings, sample, mean, counts, config, releaser) + popularity_prior(counts, config)
     n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
     frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
-    return PublicState(global_mean=mean, item_counts=counts, frequent=frequent)
+    return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+
+
+def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
+    """Ranking objective's item prior γ·log c̃_j / log max c̃ from the released DP counts (free).
+
+    Scores are prior + u·v_j; where the noisy factors carry no signal (small ε) the filtered
+    v_j shrink to 0 and the ranking falls back to DP popularity instead of below it.
+    """
+    if config.objective != "ranking" or config.popularity_prior == 0:
+        return np.zeros(len(counts))
+    logs = np.log(np.maximum(counts, 1.0))
+    return config.popularity_prior * logs / max(float(logs.max()), 1e-12)
+
+
+def positives(ratings: Ratings, threshold: float) -> Ratings:
+    """The ranking objective's data: ratings >= ``threshold`` as implicit positives of value 1."""
+    rows, cols, vals = ratings.coo()
+    keep = vals >= threshold
+    return Ratings.from_indices(rows[keep], cols[keep], np.ones(int(keep.sum())),
+                                user_ids=ratings.user_ids, item_ids=ratings.item_ids)
+
+
+def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, config: DPALSConfig) -> np.ndarray:
+    """S_j = Σ_i clip(r_ij − m̃ − b_i, ±Γ_b) over the sampled ratings (≤ k per user, distinct items).
+
+    b_i is user i's own shrunken offset (a function of her ratings only), so removing her changes
+    at most k coordinates by at most Γ_b each: L2 sensitivity sqrt(k)·Γ_b.
+    """
+    rows, cols, vals = ratings.coo()
+    residual = vals - mean
+    offsets = user_regularisation(config).user_bias(
+        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
+    )
+    terms = np.clip(residual - offsets[rows], -config.clip_bias, config.clip_bias)
+    return np.bincount(cols[sample], weights=terms[sample], minlength=ratings.n_items).astype(np.float64)
+
+
+def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: float, config: DPALSConfig) -> np.ndarray:
+    """b̃_j = S̃_j / (c̃_j + s_b + σ_S² / (c̃_j τ_b²)): the posterior mean of a N(0, τ_b²) bias.
+
+    With S̃_j = c_j β_j + (data noise, variance ∝ c_j) + N(0, σ_S²), the released count c̃_j
+    standing in for c_j, the noise term's share of the denominator grows as c̃_j shrinks, so a
+    rarely rated item's bias is pulled to the baseline in proportion to its noise. Post-processing
+    of the released S̃ and c̃ only.
+    """
+    counts = np.maximum(counts, 1.0)
+    noise_pseudo_count = noise_std**2 / (counts * config.item_bias_prior_std**2)
+    return noisy_sums / (counts + config.item_bias_shrinkage + noise_pseudo_count)
+
+
+def _item_biases(
+    ratings: Ratings, sample: np.ndarray, mean: float, counts: np.ndarray, config: DPALSConfig,
+    releaser: GaussianReleaser,
+) -> np.ndarray:
+    """The DP item-bias release (zeros, and no release, when ``item_bias`` is off)."""
+    if not config.item_bias:
+        return np.zeros(ratings.n_items)
+    sensitivity = math.sqrt(config.contribution_bound) * config.clip_bias
+    multiplier = config.noise_multipliers()["bias"]
+    noisy = releaser.vector("item_bias_sums", item_bias_statistic(ratings, sample, mean, config), sensitivity, multiplier)
+    return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
 
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     rows, cols, vals = ratings.coo()
-    residual = vals - public.global_mean
+    residual = vals - public.global_mean - public.item_biases[cols]
     bias = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
@@ -398,6 +502,7 @@ def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser
         item_counts=public.item_counts,
         frequent=public.frequent,
         recounts=np.maximum(recounts, 1.0),
+        item_biases=public.item_biases,
         user_plan=bounded.user_plan,
         item_plan=bounded.item_plan,
     )
@@ -484,6 +589,7 @@ def _item_step(
     std_gram = releaser.record("item_grams", sqrt_b * gamma_u**2, z["gram"])
     std_linear = releaser.record("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"])
     ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
+    kappa = config.noise_filter * std_linear**2 / gamma_m**2
     item_factors = np.empty((n_items, rank))
     padded = np.vstack([user_factors, np.zeros((1, rank))])
     chunks = list(_item_chunks(prep.item_plan))
@@ -495,7 +601,7 @@ def _item_step(
         items, gram, b = _chunk_statistics(chunk, padded, rank)
         gram += symmetric_noise(child, gram.shape, std_gram)
         b += child.normal(0.0, std_linear, size=b.shape)
-        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items))
+        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa)
 
     parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items
     return item_factors
@@ -528,9 +634,13 @@ def _solve_projected(
     ridge: np.ndarray,
     gravity: np.ndarray | None,
     public: PublicItemTerms | None = None,
+    kappa: float = 0.0,
 ) -> np.ndarray:
-    """v_j = (Π_PSD(Ã_j) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch."""
+    """v_j = (Π_PSD(Ã_j) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch,
+    the private terms first passed through the noise filter :func:`wiener_filter` when κ > 0."""
     eigval, eigvec = project_psd(grams)
+    if kappa > 0:
+        eigval, rhs = wiener_filter(eigval, eigvec, rhs, kappa)
     if gravity is None and public is None:
         proj = np.einsum("nji,nj->ni", eigvec, rhs)
         return np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None]))
@@ -544,6 +654,24 @@ def _solve_projected(
             system += public.shared
     system += ridge[:, None, None] * np.eye(rhs.shape[1])
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
+
+
+def wiener_filter(
+    eigval: np.ndarray, eigvec: np.ndarray, rhs: np.ndarray, kappa: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Noise-aware attenuation of the projected private system (a, Q) and right-hand side b̃.
+
+    Model b̃ = A v + e + n with data noise e ~ N(0, σ_r² A) and release noise n ~ N(0, σ_b² I).
+    In A's eigenbasis the observation along q_k carries precision a_k² / (σ_r² a_k + σ_b²), so the
+    posterior of v combines (after scaling by σ_r²) the private system Q diag(a_k w_k) Qᵀ and the
+    right-hand side Q diag(w_k) Qᵀ b̃, with w_k = a_k / (a_k + κ), κ = σ_b² / σ_r². Directions whose
+    Gram mass is below κ are noise-dominated and fade out instead of growing to b̃ / λ: a rarely
+    rated item's vector goes to the baseline (0) in proportion to its noise. Post-processing of the
+    released Ã_j and b̃_j with public constants, so free.
+    """
+    weights = eigval / (eigval + kappa)
+    projected = np.einsum("nji,nj->ni", eigvec, rhs) * weights
+    return eigval * weights, np.einsum("nij,nj->ni", eigvec, projected)
 
 
 def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig, user_reg: UserRegularisation) -> np.ndarray:
@@ -620,12 +748,16 @@ def fit_dpals(
     their order and the event are the same with or without it.
     """
     _validate_for_training(ratings, config)
+    if config.objective == "ranking":
+        ratings = positives(ratings, config.threshold)
     rng = np.random.default_rng(config.seed) if rng is None else rng
     releaser = GaussianReleaser(rng)
     prep = preprocess(ratings, config, releaser, rng)
     user_reg = user_regularisation(config)
     item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
-    released = PublicState(global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent)
+    released = PublicState(
+        global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
+    )
     for step in range(config.n_steps):
         user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
         public = None if public_terms is None else public_terms(released, item_factors)
@@ -669,6 +801,7 @@ def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> Public
         trained_mask=trained,
         item_counts=prep.item_counts,
         global_mean=prep.global_mean,
+        item_biases=prep.item_biases,
         user_reg=user_reg,
         config=public_config(config),
         event=event,

@@ -3,8 +3,9 @@
 Joint DP (billboard model, algorithms.md §0): u_i is a function of the published model and
 user i's own data, and is returned only to user i, so computing it is post-processing of the
 public release and costs no privacy budget. The solve is the user step of training:
-    u = (V_Hᵀ V_H + ridge(c) I + λ0 VᵀV)⁻¹ V_Hᵀ (clip(r_H − m̃, ±Γ_M))        O(|H| r² + r³)
-with H the user's rated items that belong to the trained set.
+    u = (V_Hᵀ V_H + ridge(c) I + λ0 VᵀV)⁻¹ V_Hᵀ (clip(r_H − m̃ − b_u − b̃_H, ±Γ_M))   O(|H| r² + r³)
+with H the user's rated items that belong to the trained set, b̃ the DP item biases and b_u the
+user's own shrunken offset; the predicted rating of item j is m̃ + b_u + b̃_j + u·v_j.
 
 Also the non-private item-side helpers: similar items (cosine on V) and DP-popular items.
 """
@@ -19,7 +20,7 @@ from app.core.als import make_plan, solve_side
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
 
-__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
 
 
 @lru_cache(maxsize=8)
@@ -38,11 +39,24 @@ def _as_index_array(item_idx: np.ndarray, n_items: int) -> np.ndarray:
     return idx
 
 
-def user_offset(model: PublicModel, values: np.ndarray) -> float:
-    """m̃ + b_u: the DP mean plus the user's own (shrunken) offset, from all of her ratings."""
+def user_offset(model: PublicModel, values: np.ndarray, item_idx: np.ndarray | None = None) -> float:
+    """m̃ + b_u: the DP mean plus the user's own (shrunken) offset, from all of her ratings.
+
+    b_u is fitted to her residuals after the DP item biases b̃_j of the rated items ``item_idx``
+    (required when the model has item biases).
+    """
     values = np.asarray(values, dtype=np.float64).reshape(-1)
-    bias = model.user_reg.user_bias(np.sum(values - model.global_mean), len(values))
+    residual = values - model.global_mean - _rated_biases(model, item_idx, len(values))
+    bias = model.user_reg.user_bias(np.sum(residual), len(values))
     return float(model.global_mean + bias)
+
+
+def _rated_biases(model: PublicModel, item_idx: np.ndarray | None, n: int) -> np.ndarray:
+    if item_idx is None:
+        if np.any(model.item_biases):
+            raise ValueError("the model has item biases: pass the rated items' indices")
+        return np.zeros(n)
+    return model.item_biases[np.asarray(item_idx, dtype=np.int64).reshape(-1)]
 
 
 def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -53,12 +67,12 @@ def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.
         raise ValueError("item indices and values differ in length")
     if not np.all(np.isfinite(values)):
         raise ValueError("ratings contain NaN or infinite values")
-    offset = user_offset(model, values) if len(values) else model.global_mean
+    offset = user_offset(model, values, idx) if len(values) else model.global_mean
     keep = model.trained_mask[idx]
     idx, values = idx[keep], values[keep]
     if len(idx) == 0:
         return np.zeros(model.rank)
-    centred = _clip_centred(model, values - offset)
+    centred = _clip_centred(model, values - offset - model.item_biases[idx])
     x = model.item_factors[idx]
     system = x.T @ x + model.user_reg.ridge(np.array([len(idx)]))[0] * np.eye(model.rank)
     if model.user_reg.gravity:
@@ -73,8 +87,9 @@ def _clip_centred(model: PublicModel, centred: np.ndarray) -> np.ndarray:
 
 def user_offsets(model: PublicModel, ratings: Ratings) -> np.ndarray:
     """:func:`user_offset` for every row of ``ratings`` (global mean for users without ratings)."""
-    rows, _, values = ratings.coo()
-    sums = np.bincount(rows, weights=values - model.global_mean, minlength=ratings.n_users)
+    rows, cols, values = ratings.coo()
+    residual = values - model.global_mean - model.item_biases[cols]
+    sums = np.bincount(rows, weights=residual, minlength=ratings.n_users)
     return model.global_mean + model.user_reg.user_bias(sums, ratings.user_counts())
 
 
@@ -89,17 +104,23 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
     offsets = user_offsets(model, ratings)
     keep = model.trained_mask[cols]
     rows, cols = rows[keep], cols[keep]
-    centred = _clip_centred(model, values[keep] - offsets[rows])
+    centred = _clip_centred(model, values[keep] - offsets[rows] - model.item_biases[cols])
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
     plan = make_plan(indptr, cols, centred, model.n_items)
     gravity = _gravity_matrix(model) if model.user_reg.gravity else None
     return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity)
 
 
+def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
+    """offset + b̃_j + u·v_j for every item (offset defaults to m̃). Untrained items have v_j = 0,
+    so they get the baseline m̃ + b_u + b̃_j."""
+    base = model.global_mean if offset is None else offset
+    return base + model.item_biases + model.item_factors @ user_vector
+
+
 def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
-    """Predicted ratings offset + u·v_j (offset defaults to m̃); untrained items score −inf."""
-    scores = (model.global_mean if offset is None else offset) + model.item_factors @ user_vector
-    return np.where(model.trained_mask, scores, -np.inf)
+    """:func:`predict_ratings` for ranking: untrained items score −inf (ranked last)."""
+    return np.where(model.trained_mask, predict_ratings(model, user_vector, offset), -np.inf)
 
 
 def top_n(scores: np.ndarray, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,10 +150,23 @@ def recommend(
     ``allowed_idx`` (e.g. a category filter) restricts the candidates. Returns item indices
     and predicted ratings, best first; fewer than ``n`` when filtering leaves fewer.
     """
+    item_idx, values = objective_view(model, item_idx, values)
     user_vector = fold_in(model, item_idx, values)
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    scores = score_items(model, user_vector, user_offset(model, values) if len(values) else None)
+    scores = score_items(model, user_vector, user_offset(model, values, item_idx) if len(values) else None)
     return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))
+
+
+def objective_view(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The user's data as the model was trained on it: for the ranking objective only her
+    positives (ratings >= the public threshold) with value 1; ratings unchanged otherwise."""
+    item_idx = np.asarray(item_idx, dtype=np.int64).reshape(-1)
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if model.config.get("objective") != "ranking":
+        return item_idx, values
+    lo, hi = model.config["rating_range"]
+    threshold = model.config.get("positive_threshold")
+    keep = values >= (lo + 0.75 * (hi - lo) if threshold is None else threshold)
+    return item_idx[keep], np.ones(int(keep.sum()))
 
 
 def candidate_items(

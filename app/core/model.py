@@ -2,7 +2,7 @@
 
 A :class:`PublicModel` holds only differentially private (or, for the non-private baseline,
 explicitly non-private) quantities: item factors V, the DP global mean, DP item counts, the
-frequent (trained) item set, the configuration and the run's ``DpEvent``. It never holds a user
+frequent (trained) item set, DP item biases, the configuration and the run's ``DpEvent``. It never holds a user
 embedding or a rating.
 """
 
@@ -60,9 +60,14 @@ class PublicModel:
     config: dict[str, Any]
     event: dp_event.DpEvent | None  # None only for the non-private baseline
     metadata: dict[str, Any] = field(default_factory=dict)
+    item_biases: np.ndarray | None = None  # DP item biases b̃_j (None: zeros, no item bias)
 
     def __post_init__(self) -> None:
         n = len(self.item_ids)
+        if self.item_biases is None:
+            object.__setattr__(self, "item_biases", np.zeros(n))
+        if np.shape(self.item_biases) != (n,) or not np.all(np.isfinite(self.item_biases)):
+            raise ValueError("item_biases must hold one finite value per item")
         if self.item_factors.ndim != 2 or self.item_factors.shape[0] != n:
             raise ValueError("item_factors must have one row per item")
         if self.trained_mask.shape != (n,) or self.item_counts.shape != (n,):

@@ -19,6 +19,8 @@ from app.core.dpals import (
     clip_rows,
     count_statistic,
     dpals_event,
+    item_bias_statistic,
+    shrink_item_biases,
     mean_statistics,
     project_psd,
     solve_side,
@@ -92,13 +94,41 @@ def test_count_and_mean_sensitivities_under_adding_a_maximal_user():
 
 
 @pytest.mark.parametrize("centring", [False, True])
+def test_item_bias_sum_sensitivity_under_adding_a_maximal_user(centring: bool):
+    small, large, config = _pair("uniform", polarised=True)
+    config = replace(config, user_centering=centring, clip_bias=0.8)
+    sums = []
+    for data in (small, large):
+        sample = per_user_sample(data, K, np.random.default_rng(5))
+        sums.append(item_bias_statistic(data, sample, 3.0, config))
+    delta = np.linalg.norm(sums[1] - sums[0])
+    assert delta <= math.sqrt(K) * config.clip_bias + 1e-12
+    assert delta >= 0.9 * math.sqrt(K) * config.clip_bias  # polarised extremes nearly attain it
+
+
+def test_item_bias_shrinkage_pulls_noisy_rare_items_to_the_baseline():
+    config = DPALSConfig(item_bias_shrinkage=5.0, item_bias_prior_std=0.5)
+    counts = np.geomspace(1.0, 1e4, 50)
+    noise_std = 20.0
+    for draw in (1.0, 3.0):  # pure noise of 1 and 3 stds on every item
+        shrunk = shrink_item_biases(np.full(50, draw * noise_std), counts, noise_std, config)
+        # n + σ²/(nτ²) >= 2σ/τ: a noise-only bias never exceeds draw·τ_b/2, whatever the count
+        assert np.all(np.abs(shrunk) <= draw * config.item_bias_prior_std / 2 + 1e-12)
+        assert abs(shrunk[0]) < 0.01 * draw  # the rarest items stay at the baseline
+    signal = shrink_item_biases(0.4 * counts, counts, noise_std, config)  # true bias 0.4
+    assert signal[-1] == pytest.approx(0.4, abs=0.01)  # well-measured items keep their bias
+
+
+@pytest.mark.parametrize("centring", [False, True])
 @pytest.mark.parametrize("mode", ["uniform", "tail", "adaptive_weights"])
 def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
     small, large, config = _pair(mode, polarised=centring)
     config = replace(config, user_centering=centring)
     rng_state = np.random.default_rng(11)
     counts = np.maximum(rng_state.normal(20, 5, size=small.n_items), 1.0)
-    public = PublicState(global_mean=3.1, item_counts=counts, frequent=np.arange(0, small.n_items, 1)[:20])
+    biases = np.random.default_rng(12).normal(0, 0.3, size=small.n_items)  # released b̃ (public)
+    public = PublicState(global_mean=3.1, item_counts=counts, frequent=np.arange(0, small.n_items, 1)[:20],
+                         item_biases=biases)
     item_factors = np.random.default_rng(3).normal(0, 0.5, size=(20, config.rank))  # public V
     user_reg = user_regularisation(config)
     out = []
@@ -184,7 +214,9 @@ def test_event_fields_match_the_stated_multipliers():
     config = DPALSConfig(noise_multiplier=3.0, gram_noise_ratio=2.0, count_noise_ratio=1.5, mean_noise_ratio=4.0)
     event = dpals_event(config)
     pre = event.events[:-1]
-    assert [e.noise_multiplier for e in pre] == [4.5, 12.0, 12.0, 4.5]
+    assert [e.noise_multiplier for e in pre] == [4.5, 12.0, 12.0, 6.0, 4.5]  # counts, mean x2, biases, recounts
+    without_biases = dpals_event(replace(config, item_bias=False)).events[:-1]
+    assert [e.noise_multiplier for e in without_biases] == [4.5, 12.0, 12.0, 4.5]
     steps = event.events[-1]
     assert steps.count == config.n_steps
     assert [e.noise_multiplier for e in steps.event.events] == [6.0, 3.0]
