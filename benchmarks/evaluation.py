@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.core.foldin import fold_in_users, user_offsets
+from app.core.foldin import fold_in_users, is_ranking, user_offsets
 from app.core.metrics import factor_predictions, ranking_metrics, rating_rmse
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
@@ -39,7 +39,8 @@ def model_ranking(model: PublicModel, heldout: HeldoutSet, k: int = 20) -> dict:
 
     def scores(rows: np.ndarray) -> np.ndarray:
         block = offsets[rows, None] + model.item_biases + users[rows] @ factors.T
-        block[:, ~mask] = -np.inf  # untrained items are ranked last
+        if not is_ranking(model):
+            block[:, ~mask] = -np.inf  # untrained items are ranked last (a ranking model keeps its prior)
         return block
 
     return ranking_metrics(scores, heldout.target, heldout.query, k)

@@ -59,6 +59,7 @@ SUITES: dict[str, str] = {
     "dpfw": "benchmarks.dpfw",
     "onebit": "benchmarks.onebit",
     "cmf": "benchmarks.cmf",
+    "quality-defaults": "benchmarks.quality_defaults",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -15,10 +15,10 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import dpals, dpcmf, dpfw, foldin, onebit
+from app.core import defaults, dpals, dpcmf, dpfw, foldin, onebit
 from app.core.artifact import load_model, save_model
 
-__all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
+__all__ = ["Algorithm", "ALGORITHMS", "get_algorithm", "resolve_hyperparameters"]
 
 Recommend = Callable[..., tuple[np.ndarray, np.ndarray]]
 
@@ -148,6 +148,38 @@ ONEBIT = Algorithm(
 )
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF, ONEBIT)}
+
+# algorithms whose hyper-parameters the ε-aware rule (app.core.defaults) can fill in
+_DEFAULTED = ("dpals", "dpcmf")
+
+
+def resolve_hyperparameters(
+    name: str,
+    params: dict[str, Any],
+    *,
+    objective: str | None,
+    epsilon: float,
+    delta: float,
+    rating_range: tuple[float, float],
+    n_items: int,
+    max_users: int | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """(hyper-parameters to run, whether the ε-aware defaults were used).
+
+    With no hyper-parameters (``params`` empty) DPALS and DP-CMF get
+    :func:`app.core.defaults.default_hyperparameters` for the objective at (ε, δ), from public
+    facts only; given hyper-parameters are used as they are (an ``objective`` argument is added).
+    """
+    get_algorithm(name)
+    if objective is not None and name not in _DEFAULTED:
+        raise ValueError(f"{name} has no objective choice (objectives apply to {', '.join(_DEFAULTED)})")
+    if params or name not in _DEFAULTED:
+        return ({**params, "objective": objective} if objective else dict(params)), False
+    resolved = defaults.default_hyperparameters(
+        objective=objective or "rating", epsilon=epsilon, delta=delta, rating_range=rating_range,
+        n_items=n_items, max_users=max_users,
+    )
+    return resolved, True
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -400,7 +400,7 @@ def public_preprocessing(
     )
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(vals[sample], config, releaser)
-    biases = _item_biases(ratings, sample, mean, counts, config, releaser) + popularity_prior(counts, config)
+    biases = _item_biases(ratings, sample, mean, counts, config, releaser)
     n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
     frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
@@ -409,8 +409,9 @@ def public_preprocessing(
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
     """Ranking objective's item prior γ·log c̃_j / log max c̃ from the released DP counts (free).
 
-    Scores are prior + u·v_j; where the noisy factors carry no signal (small ε) the filtered
-    v_j shrink to 0 and the ranking falls back to DP popularity instead of below it.
+    Published as the ranking model's item biases: scores are prior + u·v_j (the user's fold-in
+    fits her positives, not the prior). Where the noisy factors carry no signal (small ε) the
+    filtered v_j shrink to 0 and the ranking falls back to DP popularity instead of below it.
     """
     if config.objective != "ranking" or config.popularity_prior == 0:
         return np.zeros(len(counts))
@@ -801,7 +802,7 @@ def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> Public
         trained_mask=trained,
         item_counts=prep.item_counts,
         global_mean=prep.global_mean,
-        item_biases=prep.item_biases,
+        item_biases=prep.item_biases + popularity_prior(prep.item_counts, config),
         user_reg=user_reg,
         config=public_config(config),
         event=event,

@@ -52,11 +52,22 @@ def user_offset(model: PublicModel, values: np.ndarray, item_idx: np.ndarray | N
 
 
 def _rated_biases(model: PublicModel, item_idx: np.ndarray | None, n: int) -> np.ndarray:
+    biases = centring_biases(model)
     if item_idx is None:
-        if np.any(model.item_biases):
+        if np.any(biases):
             raise ValueError("the model has item biases: pass the rated items' indices")
         return np.zeros(n)
-    return model.item_biases[np.asarray(item_idx, dtype=np.int64).reshape(-1)]
+    return biases[np.asarray(item_idx, dtype=np.int64).reshape(-1)]
+
+
+def is_ranking(model: PublicModel) -> bool:
+    return model.config.get("objective") == "ranking"
+
+
+def centring_biases(model: PublicModel) -> np.ndarray:
+    """The item biases a user's ratings are centred by before her solve: the DP biases of a
+    rating model; none for a ranking model, whose biases are a popularity prior added at scoring."""
+    return np.zeros(model.n_items) if is_ranking(model) else model.item_biases
 
 
 def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -72,7 +83,7 @@ def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.
     idx, values = idx[keep], values[keep]
     if len(idx) == 0:
         return np.zeros(model.rank)
-    centred = _clip_centred(model, values - offset - model.item_biases[idx])
+    centred = _clip_centred(model, values - offset - centring_biases(model)[idx])
     x = model.item_factors[idx]
     system = x.T @ x + model.user_reg.ridge(np.array([len(idx)]))[0] * np.eye(model.rank)
     if model.user_reg.gravity:
@@ -88,7 +99,7 @@ def _clip_centred(model: PublicModel, centred: np.ndarray) -> np.ndarray:
 def user_offsets(model: PublicModel, ratings: Ratings) -> np.ndarray:
     """:func:`user_offset` for every row of ``ratings`` (global mean for users without ratings)."""
     rows, cols, values = ratings.coo()
-    residual = values - model.global_mean - model.item_biases[cols]
+    residual = values - model.global_mean - centring_biases(model)[cols]
     sums = np.bincount(rows, weights=residual, minlength=ratings.n_users)
     return model.global_mean + model.user_reg.user_bias(sums, ratings.user_counts())
 
@@ -104,7 +115,7 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
     offsets = user_offsets(model, ratings)
     keep = model.trained_mask[cols]
     rows, cols = rows[keep], cols[keep]
-    centred = _clip_centred(model, values[keep] - offsets[rows] - model.item_biases[cols])
+    centred = _clip_centred(model, values[keep] - offsets[rows] - centring_biases(model)[cols])
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
     plan = make_plan(indptr, cols, centred, model.n_items)
     gravity = _gravity_matrix(model) if model.user_reg.gravity else None
@@ -119,8 +130,10 @@ def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float |
 
 
 def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
-    """:func:`predict_ratings` for ranking: untrained items score −inf (ranked last)."""
-    return np.where(model.trained_mask, predict_ratings(model, user_vector, offset), -np.inf)
+    """:func:`predict_ratings` for top-N. Under the rating objective untrained items score −inf
+    (ranked last); under the ranking objective they keep their popularity prior."""
+    scores = predict_ratings(model, user_vector, offset)
+    return scores if is_ranking(model) else np.where(model.trained_mask, scores, -np.inf)
 
 
 def top_n(scores: np.ndarray, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,198 @@
+"""quality-defaults: the service's default path next to the free baselines and a tuned grid.
+
+What an admin's training request without hyper-parameters runs — the registry's
+``resolve_hyperparameters`` (the ε-aware rule of ``app.core.defaults``), ``config_from_params``
+and ``calibrate`` — on three public data sets read from ``../shared/data`` at run time (research
+use only; never copied into the repo), both objectives, at the service's default δ = 1e-6:
+
+* rating objective: test RMSE (clipped to the scale, and unclipped: ``rmse_unclipped``) of the
+  served prediction m̃ + b_u + b̃_j + u·v_j, users re-projected from train + validation. Rows
+  ``training-mean`` and ``user-mean`` are the free baselines on the same split.
+* ranking objective: Recall@20 of held-out users folded in from their history; ``popularity``
+  ranks by the DP counts released by the same default run (free post-processing).
+* ``dpals-tuned``: the best of a validation grid of 24 configurations around the default
+  (rank, contribution bound and mode, clipping, ridge, frequent fraction, steps, filter), chosen
+  on validation with seed 0 and tested on every seed — a yardstick, not something the service
+  does (tuning on private data would cost budget).
+
+Splits: ML-1M canonical (80/10/10 and held-out users); ML-100K and Jester-1 seeded 80/10/10 and
+held-out users (positives: ratings at or above lo + 0.75 (hi − lo)).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from app.core.algorithms import get_algorithm, resolve_hyperparameters
+from app.core.datasets import load_dataset
+from app.core.metrics import rating_rmse
+from app.core.model import PublicModel
+from app.core.ratings import Ratings
+from app.core.splits import (HeldoutSplit, heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split,
+                             merge, random_split)
+from benchmarks.evaluation import model_ranking, model_rmse
+from benchmarks.harness import limit_threads, make_row, mean_std
+
+SUITE = "quality-defaults"
+DELTA = 1e-6
+EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+SEEDS = (0, 1, 2)
+DATASETS = ("ml-1m", "ml-100k", "jester-1")
+BLAS_THREADS = 2
+
+# one-factor variations around the default: 24 configurations spanning the named knobs
+_GRID: list[dict[str, Any]] = [
+    {}, {"rank": 4}, {"rank": 32}, {"contribution_bound": 60}, {"contribution_bound": 120},
+    {"contribution_mode": "adaptive_weights"}, {"contribution_mode": "tail"}, {"clip_rating_scale": 0.6},
+    {"clip_rating_scale": 1.5}, {"reg_item": 160.0}, {"reg_item": 2560.0}, {"frequent_fraction": 0.3},
+    {"frequent_fraction": 0.6}, {"n_steps_add": 1}, {"n_steps_add": -1}, {"noise_filter_scale": 0.1},
+    {"noise_filter_scale": 10.0}, {"reg_user_scale": 0.1}, {"reg_user_scale": 10.0},
+    {"bias_noise_ratio": 2.0}, {"item_reg_exponent": 0.5}, {"clip_user": 0.5},
+    {"gram_noise_ratio": 1.0}, {"gram_noise_ratio": 4.0},
+]
+
+
+def _vary(params: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """Apply one grid change to resolved default parameters (scales are relative)."""
+    out = dict(params)
+    for key, value in change.items():
+        if key == "clip_rating_scale":
+            out["clip_rating"] = params["clip_rating"] * value
+        elif key == "n_steps_add":
+            out["n_steps"] = max(1, params["n_steps"] + value)
+        elif key == "noise_filter_scale":
+            out["noise_filter"] = params["noise_filter"] * value
+        elif key == "reg_user_scale":
+            out["reg_user"] = params["reg_user"] * value
+        elif key == "contribution_mode" and params.get("objective") == "ranking" and value == "tail":
+            out[key] = "uniform"
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class _Data:
+    name: str
+    rating_range: tuple[float, float]
+    train: Ratings
+    valid: Ratings
+    test: Ratings
+    ranking: HeldoutSplit
+
+
+def _load(name: str) -> _Data:
+    if name == "ml-1m":
+        train, valid, test = load_ml1m_rating_split()
+        ranking = load_ml1m_ranking_split()
+        return _Data(name, (1.0, 5.0), train, valid, test, ranking)
+    data = load_dataset(name)
+    lo, hi = data.rating_range
+    train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=0)
+    n_held = max(20, data.ratings.n_users // 10)
+    ranking = heldout_users_split(data.ratings, n_held, n_held, seed=0, positive_threshold=lo + 0.75 * (hi - lo))
+    return _Data(name, data.rating_range, train, valid, test, ranking)
+
+
+def _train(train: Ratings, params: dict[str, Any], eps: float, rating_range: tuple[float, float], seed: int) -> PublicModel:
+    """Exactly the service's path: registry config, calibration to (ε, δ), training."""
+    algorithm = get_algorithm("dpals")
+    config = algorithm.config_from_params({**params, "seed": seed}, rating_range)
+    config = algorithm.calibrate(eps, DELTA, config, train.n_items)
+    return algorithm.train(train, config)
+
+
+def _defaults(objective: str, eps: float, data: _Data, train: Ratings) -> dict[str, Any]:
+    params, used = resolve_hyperparameters("dpals", {}, objective=objective, epsilon=eps, delta=DELTA,
+                                           rating_range=data.rating_range, n_items=train.n_items)
+    assert used
+    return params
+
+
+def _tuned(grid: list[dict[str, Any]], base: dict[str, Any], fit: Callable[[dict[str, Any], int], PublicModel],
+           valid_score: Callable[[PublicModel], float], higher_is_better: bool) -> dict[str, Any]:
+    scored = []
+    for change in grid:
+        params = _vary(base, change)
+        score = valid_score(fit(params, 0))
+        scored.append((score if higher_is_better else -score, len(scored), params))
+    return max(scored, key=lambda t: (t[0], -t[1]))[2]
+
+
+def _rating_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
+    history = merge(data.train, data.valid)
+    lo, hi = data.rating_range
+    empty = np.zeros(data.test.n_items, dtype=bool)
+    user_mean = rating_rmse(data.test, np.zeros(data.test.nnz), train=history, trained_mask=empty)
+    train_mean = rating_rmse(data.test, np.full(data.test.nnz, history.csr.data.mean()), train=history)
+    rows = [make_row(SUITE, f"{data.name}-rating", "training-mean", "rmse", train_mean),
+            make_row(SUITE, f"{data.name}-rating", "user-mean", "rmse", user_mean)]
+    for eps in epsilons:
+        base = _defaults("rating", eps, data, data.train)
+        fit = lambda p, seed: _train(data.train, p, eps, data.rating_range, seed)  # noqa: E731
+        tuned = _tuned(grid, base, fit, lambda m: model_rmse(m, data.train, data.valid, clip=(lo, hi)), False)
+        for name, params in (("dpals-default", base), ("dpals-tuned", tuned)):
+            clipped, unclipped, seconds = [], [], 0.0
+            for seed in seeds:
+                start = time.perf_counter()
+                model = fit(params, seed)
+                seconds += time.perf_counter() - start
+                clipped.append(model_rmse(model, history, data.test, clip=(lo, hi)))
+                unclipped.append(model_rmse(model, history, data.test))
+            for metric, values in (("rmse", clipped), ("rmse_unclipped", unclipped)):
+                mean, std = mean_std(values)
+                rows.append(make_row(SUITE, f"{data.name}-rating", name, metric, mean, epsilon=eps, delta=DELTA,
+                                     std=std, seeds=list(seeds), baseline=user_mean, seconds=seconds / len(seeds)))
+    return rows
+
+
+def _popularity_model(model: PublicModel) -> PublicModel:
+    """Rank by the run's DP counts alone (free post-processing of the same release)."""
+    return replace(model, item_factors=np.zeros_like(model.item_factors), item_biases=np.log(model.item_counts),
+                   trained_mask=np.ones(model.n_items, dtype=bool),
+                   config={**model.config, "objective": "ranking"})
+
+
+def _ranking_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
+    split = data.ranking
+    rows = []
+    # the split's train holds positives with value 1: the ranking objective's threshold is 1 there
+    ranking_range = (0.0, 1.0)
+    for eps in epsilons:
+        base = {**_defaults("ranking", eps, data, split.train), "positive_threshold": 1.0}
+        fit = lambda p, seed: _train(split.train, p, eps, ranking_range, seed)  # noqa: E731
+        tuned = _tuned(grid, base, fit, lambda m: model_ranking(m, split.valid, 20)["recall@20"], True)
+        popularity = []
+        for name, params in (("dpals-default", base), ("dpals-tuned", tuned)):
+            scores, seconds = [], 0.0
+            for seed in seeds:
+                start = time.perf_counter()
+                model = fit(params, seed)
+                seconds += time.perf_counter() - start
+                scores.append(model_ranking(model, split.test, 20)["recall@20"])
+                if name == "dpals-default":
+                    popularity.append(model_ranking(_popularity_model(model), split.test, 20)["recall@20"])
+            mean, std = mean_std(scores)
+            rows.append(make_row(SUITE, f"{data.name}-ranking", name, "recall@20", mean, epsilon=eps, delta=DELTA,
+                                 std=std, seeds=list(seeds), seconds=seconds / len(seeds)))
+        mean, std = mean_std(popularity)
+        rows.append(make_row(SUITE, f"{data.name}-ranking", "popularity", "recall@20", mean, epsilon=eps,
+                             delta=DELTA, std=std, seeds=list(seeds)))
+    return rows
+
+
+def run(quick: bool) -> list[dict]:
+    epsilons = (1.0, 20.0) if quick else EPSILONS
+    seeds = SEEDS[:1] if quick else SEEDS
+    grid = _GRID[:4] if quick else _GRID
+    names = DATASETS[1:2] if quick else DATASETS
+    rows: list[dict] = []
+    with limit_threads(BLAS_THREADS):
+        for name in names:
+            data = _load(name)
+            rows += _rating_rows(data, epsilons, seeds, grid) + _ranking_rows(data, epsilons, seeds, grid)
+    return rows
