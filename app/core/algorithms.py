@@ -171,6 +171,11 @@ def resolve_hyperparameters(
     facts only; given hyper-parameters are used as they are (an ``objective`` argument is added).
     """
     get_algorithm(name)
+    params = dict(params)
+    in_params = params.pop("objective", None)
+    if objective is not None and in_params is not None and in_params != objective:
+        raise ValueError("objective is given twice with different values")
+    objective = objective or in_params
     if objective is not None and name not in _DEFAULTED:
         raise ValueError(f"{name} has no objective choice (objectives apply to {', '.join(_DEFAULTED)})")
     if params or name not in _DEFAULTED:

@@ -127,7 +127,9 @@ def default_hyperparameters(
     if n_items < 0 or (max_users is not None and max_users < 1):
         raise ValueError("n_items must be >= 0 and max_users >= 1")
     if objective == "rating":
-        return _rating_defaults(epsilon, 0.5 * (hi - lo))
-    if objective == "ranking":
-        return _ranking_defaults(epsilon, n_items)
-    raise ValueError("objective must be 'rating' or 'ranking'")
+        params = _rating_defaults(epsilon, 0.5 * (hi - lo))
+    elif objective == "ranking":
+        params = _ranking_defaults(epsilon, n_items)
+    else:
+        raise ValueError("objective must be 'rating' or 'ranking'")
+    return {**params, "defaults_rule": RULE_VERSION}

@@ -116,6 +116,7 @@ class DPALSConfig:
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     init_scale: float = 1.0
+    defaults_rule: int | None = None  # set when the ε-aware rule (app.core.defaults) chose the values
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -104,8 +104,13 @@ class TrainingIn(StrictModel):
         "nothing (onebit on votes randomised at ingestion: post-processing, charged 0)."))
     epsilon_fraction: FiniteFloat | None = Field(
         default=None, gt=0, le=1, description="Or: this fraction of the remaining budget.")
-    hyperparameters: dict[str, Any] = Field(default_factory=dict,
-                                            description="Algorithm configuration overrides (e.g. rank, n_steps).")
+    objective: Literal["rating", "ranking"] | None = Field(default=None, description=(
+        'What the model optimises (dpals, dpcmf): "rating" (explicit ratings, RMSE; the default) or '
+        '"ranking" (top-N from positives: ratings at or above the public threshold, Recall@k).'))
+    hyperparameters: dict[str, Any] = Field(default_factory=dict, description=(
+        "Algorithm configuration (e.g. rank, n_steps). Empty: DPALS and DP-CMF use the ε-aware "
+        "defaults, a public rule of ε, δ, the objective, the rating range and the catalogue size "
+        "(re-derived at each scheduled retrain's ε)."))
     idempotency_key: str | None = Field(default=None, max_length=128,
                                         description="Repeating a request with the same key returns the same run.")
 

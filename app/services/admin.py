@@ -93,7 +93,7 @@ def start_training(session: Session, *, dataset: str, body: TrainingIn, actor: s
     run = training.start_training(
         session, dataset=dataset, algorithm=body.algorithm, epsilon=body.epsilon,
         epsilon_fraction=body.epsilon_fraction, hyperparameters=body.hyperparameters or None,
-        actor=actor, trigger="manual", idempotency_key=body.idempotency_key,
+        objective=body.objective, actor=actor, trigger="manual", idempotency_key=body.idempotency_key,
     )
     return int(run.id)
 

@@ -35,7 +35,7 @@ from app.config import Settings, get_settings
 from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
-from app.core.algorithms import Algorithm, get_algorithm
+from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
 from app.db.models import Dataset, Item, ModelVersion, Rating, TrainingRun, Vote, utcnow
 from app.db.session import is_postgres, session_scope
 from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
@@ -92,6 +92,21 @@ def _data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] |
     return votes_training_params(ds, hyperparameters)
 
 
+def _resolved_hyperparameters(
+    algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None, objective: str | None,
+    epsilon: float, delta: float, n_items: int,
+) -> dict[str, Any]:
+    """The caller's hyper-parameters, or the ε-aware defaults (public facts only) when none."""
+    try:
+        params, _ = resolve_hyperparameters(
+            algo.name, dict(hyperparameters or {}), objective=objective, epsilon=epsilon, delta=delta,
+            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items,
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    return params
+
+
 def _n_items(session: Session, ds: Dataset) -> int:
     """The public catalogue size (every item of the data set, as training loads them)."""
     return int(session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0)
@@ -106,6 +121,7 @@ def start_training(
     epsilon: float | None = None,
     epsilon_fraction: float | None = None,
     hyperparameters: dict[str, Any] | None = None,
+    objective: str | None = None,
     actor: str,
     trigger: str = "manual",
     idempotency_key: str | None = None,
@@ -157,8 +173,12 @@ def start_training(
                 epsilon_cap=acct.epsilon_cap,
                 delta=acct.delta,
             )
-    base = _base_config(algo, ds, _data_params(algo, ds, hyperparameters))
     n_items = _n_items(session, ds)
+    if not free_run:
+        hyperparameters = _resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
+    elif objective is not None:
+        raise InvalidRequest(f"{algo.name} has no objective choice")
+    base = _base_config(algo, ds, _data_params(algo, ds, hyperparameters))
     if free_run:
         config, epsilon = base, 0.0
     else:
@@ -565,19 +585,22 @@ def scheduled_retrain(*, url: str | None = None, settings: Settings | None = Non
 _SERVICE_SET_KEYS = ("pre_randomised", "local_epsilon")  # forced by the data set, never passed back
 
 
-def _retrain_algorithm(session: Session, ds: Dataset) -> tuple[str, dict[str, Any]] | None:
+def _retrain_algorithm(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], str | None] | None:
     """What scheduled retraining runs: the active model's algorithm with its published
     hyper-parameters (re-calibrated to the retrain epsilon), so a DP-CMF or one-bit model is
     not replaced by a DPALS one; without an active model, DPALS on ratings or one-bit on a
-    data set with votes only (defaults). None when there is no data."""
+    data set with votes only (defaults). A model trained on the ε-aware defaults is retrained on
+    the defaults re-derived at the retrain's ε (with its objective). None when there is no data."""
     active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
     if active is not None:
         run = session.get(TrainingRun, active.run_id)
-        return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}
+        if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
+            return active.algorithm, {}, run.config.get("objective")
+        return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}, None
     if session.scalar(select(Rating.id).where(Rating.dataset_id == ds.id).limit(1)) is not None:
-        return "dpals", {}
+        return "dpals", {}, None
     if session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1)) is not None:
-        return "onebit", {}
+        return "onebit", {}, None
     return None
 
 
@@ -597,13 +620,13 @@ def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, i
         choice = _retrain_algorithm(s, ds)
         if choice is None:
             return "skipped:no-ratings", None
-        algorithm, hyperparameters = choice
+        algorithm, hyperparameters, objective = choice
         free = (algorithm == "onebit" and ds.vote_local_epsilon is not None
                 and hyperparameters.get("mechanism", "inp") == "inp")  # post-processing of stored bits
         try:
             run = start_training(
                 s, dataset=name, algorithm=algorithm, epsilon=None if free else settings.retrain_epsilon,
-                hyperparameters=hyperparameters, actor="scheduler", trigger="schedule",
+                hyperparameters=hyperparameters, objective=objective, actor="scheduler", trigger="schedule",
             )
         except BudgetExceeded as exc:
             s.rollback()
