@@ -18,9 +18,10 @@ from dp_accounting import dp_event
 from app.core import defaults, dpals, dpcmf, dpfw, foldin, onebit
 from app.core.artifact import load_model, save_model
 
-__all__ = ["Algorithm", "ALGORITHMS", "get_algorithm", "resolve_hyperparameters"]
+__all__ = ["Algorithm", "ALGORITHMS", "SCORE_KINDS", "get_algorithm", "resolve_hyperparameters", "score_kind"]
 
 Recommend = Callable[..., tuple[np.ndarray, np.ndarray]]
+Score = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Algorithm:
     save: Callable[[Any, Path], tuple[Path, str]]
     load: Callable[[Path, str | None], Any]
     recommend: Recommend
+    score: Score  # every item's score for one user (the same solve as ``recommend``)
     data: str = "ratings"  # "ratings+public": ``train`` also takes ``public=`` (a dpcmf.PublicData)
 
 
@@ -69,6 +71,7 @@ DPALS = Algorithm(
     save=_dpals_save,
     load=lambda path, sha: load_model(path, expected_sha256=sha),
     recommend=foldin.recommend,
+    score=foldin.user_scores,
 )
 
 
@@ -103,6 +106,7 @@ DPFW = Algorithm(
     save=_dpfw_save,
     load=lambda path, sha: dpfw.load_frank_wolfe(path, expected_sha256=sha),
     recommend=dpfw.recommend_dpfw,
+    score=dpfw.replay_user,
 )
 
 # ---------------------------------------------------------------------------- DP-CMF
@@ -122,6 +126,7 @@ DPCMF = Algorithm(
     save=_dpals_save,
     load=lambda path, sha: load_model(path, expected_sha256=sha),
     recommend=foldin.recommend,
+    score=foldin.user_scores,
     data="ratings+public",
 )
 
@@ -144,10 +149,23 @@ ONEBIT = Algorithm(
     save=onebit.save_onebit,
     load=lambda path, sha: onebit.load_onebit(path, sha),
     recommend=onebit.recommend_onebit,
+    score=onebit.user_scores,
     data="votes",
 )
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF, ONEBIT)}
+
+SCORE_KINDS = ("predicted_rating", "ranking_score", "p_thumbs_up")
+
+
+def score_kind(name: str, model: Any) -> str:
+    """What ``score`` means for a model of algorithm ``name``: a predicted rating on the data
+    set's scale, a ranking score (higher is better, no scale), or P(thumbs up)."""
+    if get_algorithm(name).data == "votes":
+        return "p_thumbs_up"
+    config = getattr(model, "config", {}) or {}
+    return "ranking_score" if config.get("objective") == "ranking" else "predicted_rating"
+
 
 # algorithms whose hyper-parameters the ε-aware rule (app.core.defaults) can fill in
 _DEFAULTED = ("dpals", "dpcmf")

@@ -20,7 +20,7 @@ from app.core.als import make_plan, solve_side
 from app.core.model import PublicModel
 from app.core.ratings import Ratings
 
-__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items"]
 
 
 @lru_cache(maxsize=8)
@@ -147,6 +147,14 @@ def top_n(scores: np.ndarray, n: int, candidates: np.ndarray) -> tuple[np.ndarra
     order = np.argsort(-scores[candidates], kind="stable")
     chosen = candidates[order]
     return chosen, scores[chosen]
+
+
+def user_scores(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Scores of every item for one user: the predicted rating m̃ + b_u + b̃_j + u·v_j (rating
+    objective; untrained items get the baseline m̃ + b_u + b̃_j) or prior_j + u·v_j (ranking)."""
+    item_idx, values = objective_view(model, item_idx, values)
+    user_vector = fold_in(model, item_idx, values)
+    return predict_ratings(model, user_vector, user_offset(model, values, item_idx) if len(values) else None)
 
 
 def recommend(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from app.schemas.common import ExternalId, StrictModel
 
 __all__ = [
     "MAX_N",
+    "MAX_RANKED_ITEMS",
     "RecommendationQuery",
     "ScoredItem",
     "RecommendationsOut",
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 MAX_N = 1000
+MAX_RANKED_ITEMS = 500
 
 
 class RecommendationQuery(StrictModel):
@@ -32,18 +34,41 @@ class RecommendationQuery(StrictModel):
         description="Only items whose public categories intersect this list.")
     exclude: list[ExternalId] = Field(
         default_factory=list, max_length=10_000, description="Item ids never to return.")
+    items: list[ExternalId] | None = Field(
+        default=None, min_length=1, max_length=MAX_RANKED_ITEMS,
+        description=("Personalised ranking of a given list: return exactly these items (distinct ids "
+                     "of the active model), ranked for the user, each with its score; `n`, "
+                     "`categories` and `exclude` are then ignored. Unknown ids: 422 naming them."))
+
+    @field_validator("items")
+    @classmethod
+    def _distinct(cls, items: list[str] | None) -> list[str] | None:
+        if items is not None and len(set(items)) != len(items):
+            raise ValueError("items must be distinct")
+        return items
 
 
 class ScoredItem(BaseModel):
     item_id: str
-    score: float
+    score: float | None = Field(description=(
+        "The item's score for this user; its meaning is the response's `score_kind`. Null only in "
+        "a popularity fallback of a model that has no baseline score."))
     rank: int
+    baseline: bool = Field(default=False, description=(
+        "True when the item is outside the trained set: its score is the baseline prediction "
+        "(DP mean + the user's offset + the item's DP bias), with no personal factor term."))
+    dp_count: float | None = Field(default=None, description=(
+        "The item's DP-noisy count: given in a popularity fallback, whose order it decides."))
 
 
 class RecommendationsOut(BaseModel):
     user_id: str
     model_version: int | None = Field(description="Version of the published model used; null when none is published.")
     algorithm: str | None
+    score_kind: Literal["predicted_rating", "ranking_score", "p_thumbs_up"] = Field(description=(
+        "What `score` is: `predicted_rating` (on the data set's rating scale, always inside its "
+        "range), `ranking_score` (ranking objective: higher is better, no scale) or "
+        "`p_thumbs_up` (one-bit models: probability of a thumbs up)."))
     fallback: bool = Field(description="True when the DP-popular fallback was served instead of personal scores.")
     fallback_reason: str | None = None
     items: list[ScoredItem]

@@ -18,10 +18,10 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound
+from app.api.errors import NotFound, Unprocessable
 from app.core import foldin
-from app.core.algorithms import get_algorithm
-from app.db.models import Item, ModelVersion
+from app.core.algorithms import get_algorithm, score_kind
+from app.db.models import Dataset, Item, ModelVersion
 from app.schemas.serving import (EmbeddingRow, EmbeddingsPage, ModelInfoOut, PopularItem, PopularOut,
                                  RecommendationQuery, RecommendationsOut, ScoredItem, SimilarOut)
 from app.services.ingest import user_ratings_arrays
@@ -53,6 +53,7 @@ class _Serving:
     algorithm: str = ""
     npy: bytes | None = None
     masks: dict[Any, np.ndarray] = field(default_factory=dict)
+    rating_range: tuple[float, float] | None = None  # the data set's public scale
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,9 @@ def active(session: Session, dataset: str) -> _Active:
     cached = _serving.get(key)
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
+        ds = session.get(Dataset, row.dataset_id)
         cached = _Serving(model=model, positions=positions, version_id=row.id, dataset_id=row.dataset_id,
-                          algorithm=row.algorithm)
+                          algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))
         with _lock:
             if len(_serving) > 8:
                 _serving.clear()
@@ -188,9 +190,10 @@ def _mask(active_: _Active, key: Any, ids: frozenset[str]) -> np.ndarray:
     return mask
 
 
-def _scored(serving: _Active, idx: np.ndarray, scores: np.ndarray) -> list[ScoredItem]:
+def _scored(serving: _Active, idx: np.ndarray, scores: np.ndarray | None) -> list[ScoredItem]:
     ids = np.asarray(serving.model.item_ids)[idx].tolist()
-    return [ScoredItem(item_id=str(i), score=float(s), rank=k + 1) for k, (i, s) in enumerate(zip(ids, scores))]
+    values = [None] * len(ids) if scores is None else [float(x) for x in scores]
+    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))]
 
 
 def model_info(session: Session, *, dataset: str) -> ModelInfoOut:
@@ -266,8 +269,8 @@ def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
 
 def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
-    """Top-N for one user from the active model plus this user's own ratings only (own stored
-    votes for a model trained on votes: one-bit, scores = P(thumbs up))."""
+    """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
+    user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
     cache, item_ids, values = _active_with_ratings(session, dataset, user_id)  # 404s as `active`
     algorithm = get_algorithm(cache.algorithm)
     noun = "ratings"
@@ -278,33 +281,75 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
     s = _Active(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
-    dataset_id = cache.dataset_id
     rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
+    kind = score_kind(cache.algorithm, model)
+    usable = int(np.count_nonzero(model.trained_mask[rated_idx])) if len(rated_idx) else 0
+    reason = None
+    if usable == 0:
+        reason = f"user has no {noun}" if not item_ids else f"none of the user's {noun} is for an item in the trained set"
+    out = dict(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm, score_kind=kind)
+    if query.items is not None:
+        return RecommendationsOut(**out, fallback=False, fallback_reason=None,
+                                  items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
+    allowed = _allowed(session, s, dataset, query)
+    allowed[rated_idx] = False
+    if reason is not None:
+        idx, _ = _popular_idx(s, query.n, allowed)
+        scores = _baseline_scores(s, kind)
+        items = _scored(s, idx, None if scores is None else scores[idx])
+        counts = np.asarray(model.item_counts, dtype=np.float64)[idx]
+        items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, counts)]
+        return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
+    scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
+    if kind != "ranking_score":
+        allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
+    idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
+    return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=_scored(s, idx, top))
 
-    cat = _catalog(session, dataset_id, dataset)
+
+def _allowed(session: Session, s: _Active, dataset: str, query: RecommendationQuery) -> np.ndarray:
+    """Candidate mask: active items, in ``categories`` when given, not in ``exclude``."""
+    cat = _catalog(session, s.cache.dataset_id, dataset)
     allowed = ~_mask(s, ("inactive", cat.stamp), cat.inactive)
     if query.categories is not None:
-        in_cats = np.zeros(model.n_items, dtype=bool)
+        in_cats = np.zeros(s.model.n_items, dtype=bool)
         for c in query.categories:
             in_cats |= _mask(s, ("cat", c, cat.stamp), cat.by_category.get(c, frozenset()))
         allowed &= in_cats
     if query.exclude:
         ex = [s.positions[i] for i in query.exclude if i in s.positions]
         allowed[np.asarray(ex, dtype=np.int64)] = False
-    allowed[rated_idx] = False
+    return allowed
 
-    usable = int(np.count_nonzero(model.trained_mask[rated_idx])) if len(rated_idx) else 0
-    if usable == 0:
-        reason = f"user has no {noun}" if not item_ids else f"none of the user's {noun} is for an item in the trained set"
-        idx, scores = _popular_idx(s, query.n, allowed)
-        return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
-                                  fallback=True, fallback_reason=f"dp_popular: {reason}",
-                                  items=_scored(s, idx, scores))
-    unfiltered = not cat.inactive and query.categories is None and not query.exclude
-    recommend = algorithm.recommend  # fold-in, replay or one-bit fit: the user's rows only
-    idx, scores = recommend(model, rated_idx, rated_vals, query.n,
-                            allowed_idx=None if unfiltered else np.flatnonzero(allowed))
-    return RecommendationsOut(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
-                              fallback=False, fallback_reason=None, items=_scored(s, idx, scores))
+
+def _on_scale(s: _Active, kind: str, scores: np.ndarray) -> np.ndarray:
+    """Predicted ratings clipped into the data set's range (a safety net: the model's own
+    shrinkage keeps them on the scale, see quality-defaults' rmse_unclipped)."""
+    if kind != "predicted_rating" or s.cache.rating_range is None:
+        return scores
+    lo, hi = s.cache.rating_range
+    return np.clip(scores, lo, hi)
+
+
+def _baseline_scores(s: _Active, kind: str) -> np.ndarray | None:
+    """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
+    if not hasattr(s.model, "item_biases"):
+        return None
+    return _on_scale(s, kind, foldin.predict_ratings(s.model, np.zeros(s.model.rank)))
+
+
+def _ranked_list(s: _Active, algorithm: Any, kind: str, rated_idx: np.ndarray, rated_vals: np.ndarray,
+                 items: list[str]) -> list[ScoredItem]:
+    """Exactly ``items``, best first, each with its score (baseline-flagged outside the trained set)."""
+    unknown = [i for i in items if i not in s.positions]
+    if unknown:
+        raise Unprocessable(f"{len(unknown)} item id(s) are not in the active model", code="unknown_items",
+                            details={"unknown_items": unknown[:100]})
+    idx = np.asarray([s.positions[i] for i in items], dtype=np.int64)
+    scores = _on_scale(s, kind, algorithm.score(s.model, rated_idx, rated_vals))[idx]
+    order = np.argsort(-scores, kind="stable")
+    trained = s.model.trained_mask
+    return [ScoredItem(item_id=items[k], score=float(scores[k]), rank=r + 1, baseline=not bool(trained[idx[k]]))
+            for r, k in enumerate(order)]
