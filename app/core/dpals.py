@@ -671,7 +671,7 @@ def wiener_filter(
     rated item's vector goes to the baseline (0) in proportion to its noise. Post-processing of the
     released Ã_j and b̃_j with public constants, so free.
     """
-    weights = eigval / (eigval + kappa)
+    weights = np.divide(eigval, eigval + kappa, out=np.zeros_like(eigval), where=eigval > 0)
     projected = np.einsum("nji,nj->ni", eigvec, rhs) * weights
     return eigval * weights, np.einsum("nij,nj->ni", eigvec, projected)
 

@@ -1,0 +1,119 @@
+"""Scores users can rely on: predicted ratings on the scale, the objective chosen per request,
+the ε-aware defaults through the admin API, and personalised ranking of a given list."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import Env, seed_ratings, train_and_publish
+
+R = "/v1/datasets/default"
+
+
+def _scale(env: Env) -> tuple[float, float]:
+    rows = env.client.get("/v1/admin/datasets", headers=env.admin).json()
+    rows = rows["items"] if isinstance(rows, dict) else rows
+    ds = next(d for d in rows if d["name"] == "default")
+    return float(ds["rating_min"]), float(ds["rating_max"])
+
+
+def _train(env: Env, epsilon: float, **body) -> dict:
+    from app.services.training import run_training
+
+    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin, json={"epsilon": epsilon, **body})
+    assert r.status_code == 202, r.text
+    run_id = r.json()["run_id"]
+    assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
+    return env.client.get(f"/v1/admin/trainings/{run_id}", headers=env.admin).json()
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 5.0])
+def test_default_training_serves_predicted_ratings_inside_the_range(env: Env, epsilon: float) -> None:
+    seed_ratings(env)
+    run = _train(env, epsilon)  # no hyper-parameters: the ε-aware defaults
+    assert run["config"]["defaults_rule"] == 1 and run["config"]["objective"] == "rating"
+    lo, hi = _scale(env)
+    for user in ("u0", "u1", "u7", "newcomer"):
+        body = env.client.get(f"{R}/users/{user}/recommendations", params={"n": 24}, headers=env.auth(user)).json()
+        assert body["score_kind"] == "predicted_rating"
+        assert body["items"] and all(lo <= x["score"] <= hi for x in body["items"])
+
+
+def test_ranking_objective_scores_and_fallback_fields(env: Env) -> None:
+    seed_ratings(env)
+    run = _train(env, 2.0, objective="ranking")
+    assert run["config"]["objective"] == "ranking" and run["config"]["popularity_prior"] > 0
+    body = env.client.get(f"{R}/users/u0/recommendations", params={"n": 5}, headers=env.auth("u0")).json()
+    assert body["score_kind"] == "ranking_score" and body["fallback"] is False and len(body["items"]) == 5
+    fallback = env.client.get(f"{R}/users/newcomer/recommendations", params={"n": 5},
+                              headers=env.auth("newcomer")).json()
+    popular = env.client.get(f"{R}/popular", params={"n": 5}).json()
+    assert fallback["fallback"] is True
+    # the DP count has its own field, never the score
+    assert [x["dp_count"] for x in fallback["items"]] == [x["dp_count"] for x in popular["items"]]
+    assert all(x["score"] != x["dp_count"] for x in fallback["items"])
+
+
+def test_rating_fallback_scores_are_baseline_ratings_not_counts(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env)
+    body = env.client.get(f"{R}/users/newcomer/recommendations", params={"n": 5}, headers=env.auth("newcomer")).json()
+    assert body["fallback"] is True and body["score_kind"] == "predicted_rating"
+    lo, hi = _scale(env)
+    assert all(lo <= x["score"] <= hi and x["dp_count"] is not None for x in body["items"])
+
+
+def test_objective_is_refused_for_algorithms_without_one(env: Env) -> None:
+    seed_ratings(env)
+    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin,
+                        json={"epsilon": 1.0, "algorithm": "dpfw", "objective": "ranking"})
+    assert r.status_code == 422
+    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin,
+                        json={"epsilon": 1.0, "objective": "popularity"})
+    assert r.status_code == 422
+
+
+def test_personalised_ranking_of_a_given_list(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env)
+    rated = {r["item_id"] for r in env.client.get(f"{R}/users/u0/ratings", headers=env.auth("u0")).json()["items"]}
+    candidates = ["i3", "i0", "i5", "i2"]
+    candidates.append(sorted(rated - set(candidates))[0])  # a rated item is ranked too
+    r = env.client.post(f"{R}/users/u0/recommendations", headers=env.auth("u0"), json={"items": candidates, "n": 1})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert sorted(x["item_id"] for x in body["items"]) == sorted(candidates)  # exactly those, n ignored
+    scores = [x["score"] for x in body["items"]]
+    lo, hi = _scale(env)
+    assert scores == sorted(scores, reverse=True) and all(lo <= s <= hi for s in scores)
+    assert [x["rank"] for x in body["items"]] == list(range(1, len(candidates) + 1))
+    # the same scores as the top-N of the same user and model
+    top = env.client.get(f"{R}/users/u0/recommendations", params={"n": 24}, headers=env.auth("u0")).json()
+    top_scores = {x["item_id"]: x["score"] for x in top["items"]}
+    for x in body["items"]:
+        if x["item_id"] in top_scores:
+            assert x["score"] == pytest.approx(top_scores[x["item_id"]])
+    assert not any(x["baseline"] for x in body["items"])  # every item was trained
+
+
+def test_ranked_list_refuses_unknown_duplicate_and_oversized_lists(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env)
+    url = f"{R}/users/u0/recommendations"
+    r = env.client.post(url, headers=env.auth("u0"), json={"items": ["i1", "nope-1", "nope-2"]})
+    assert r.status_code == 422 and r.json()["error"]["details"]["unknown_items"] == ["nope-1", "nope-2"]
+    assert env.client.post(url, headers=env.auth("u0"), json={"items": ["i1", "i1"]}).status_code == 422
+    assert env.client.post(url, headers=env.auth("u0"), json={"items": [f"i{k}" for k in range(501)]}).status_code == 422
+    assert env.client.post(url, headers=env.auth("u0"), json={"items": []}).status_code == 422
+
+
+def test_items_outside_the_trained_set_get_the_flagged_baseline(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env, hyper={"rank": 4, "frequent_fraction": 0.5, "contribution_bound": 30, "reg_item": 5.0})
+    trained = {row["item_id"]: row["trained"]
+               for row in env.client.get(f"{R}/model/embeddings", params={"limit": 100}).json()["items"]}
+    candidates = sorted(trained)
+    body = env.client.post(f"{R}/users/u1/recommendations", headers=env.auth("u1"), json={"items": candidates}).json()
+    lo, hi = _scale(env)
+    assert {x["item_id"]: not x["baseline"] for x in body["items"]} == trained
+    assert any(x["baseline"] for x in body["items"]) and all(lo <= x["score"] <= hi for x in body["items"])

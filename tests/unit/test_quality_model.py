@@ -1,0 +1,122 @@
+"""The model refines a baseline: item biases, noise-aware shrinkage, the ranking objective's
+popularity prior, and ε-aware defaults that are a pure function of public inputs."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from app.core import defaults
+from app.core.algorithms import get_algorithm, resolve_hyperparameters
+from app.core.dpals import DPALSConfig, calibrate, train_dpals, wiener_filter
+from app.core.foldin import fold_in_users, user_scores
+from app.core.metrics import ranking_metrics
+from app.core.ratings import Ratings
+from app.core.splits import heldout_users_split
+
+
+def _popular_taste_data(seed: int = 0, n_users: int = 1500, n_items: int = 200) -> Ratings:
+    """Zipf popularity plus a weak two-group taste: popularity is a strong free baseline."""
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, n_items + 1) ** 0.9
+    group_items = rng.integers(0, 2, n_items)
+    users, items, values = [], [], []
+    for u in range(n_users):
+        g = u % 2
+        p = popularity * np.where(group_items == g, 1.5, 1.0)
+        chosen = rng.choice(n_items, size=20, replace=False, p=p / p.sum())
+        users += [u] * 20
+        items += chosen.tolist()
+        values += np.where(group_items[chosen] == g, 5.0, rng.integers(1, 6, 20)).tolist()
+    return Ratings.from_arrays(users, items, np.asarray(values, float), item_ids=np.arange(n_items))
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0])
+def test_ranking_at_small_epsilon_is_not_below_dp_popularity(epsilon: float):
+    data = _popular_taste_data()
+    split = heldout_users_split(data, 200, 200, seed=1)
+    params, used = resolve_hyperparameters("dpals", {}, objective="ranking", epsilon=epsilon, delta=1e-6,
+                                           rating_range=(0.0, 1.0), n_items=split.train.n_items)
+    assert used
+    algorithm = get_algorithm("dpals")
+    recalls, popular = [], []
+    for seed in range(3):
+        config = algorithm.config_from_params({**params, "positive_threshold": 1.0, "seed": seed}, (0.0, 1.0))
+        model = train_dpals(split.train, calibrate(epsilon, 1e-6, config))
+        users = fold_in_users(model, split.test.query)
+        scores = lambda rows: model.item_biases + users[rows] @ model.item_factors.T  # noqa: E731
+        recalls.append(ranking_metrics(scores, split.test.target, split.test.query, 20)["recall@20"])
+        counts = np.log(model.item_counts)
+        popular.append(ranking_metrics(lambda rows: np.tile(counts, (len(rows), 1)), split.test.target,
+                                       split.test.query, 20)["recall@20"])
+    assert np.mean(recalls) >= np.mean(popular) - np.std(popular) - 1e-9
+
+
+def test_predicted_ratings_stay_on_the_scale_without_clipping():
+    data = _popular_taste_data(n_users=800)
+    params, _ = resolve_hyperparameters("dpals", {}, objective=None, epsilon=1.0, delta=1e-6,
+                                        rating_range=(1.0, 5.0), n_items=data.n_items)
+    algorithm = get_algorithm("dpals")
+    model = train_dpals(data, calibrate(1.0, 1e-6, algorithm.config_from_params({**params, "seed": 3}, (1.0, 5.0))))
+    worst = []
+    for u in range(0, data.n_users, 37):
+        items, values = data.user_row(u)
+        worst.append(np.abs(user_scores(model, items, values) - 3.0).max())
+    assert max(worst) < 2.0 + 0.5  # unclipped predictions stay within half a star of the 1-5 scale
+
+
+def test_wiener_filter_fades_noise_dominated_directions():
+    eigval = np.array([[0.0, 0.1, 1.0, 100.0]])
+    eigvec = np.eye(4)[None]
+    rhs = np.ones((1, 4))
+    attenuated, filtered = wiener_filter(eigval, eigvec, rhs, kappa=1.0)
+    assert attenuated[0, 0] == 0 and filtered[0, 0] == 0  # no Gram mass: pure noise, dropped
+    assert np.all(np.diff(filtered[0]) > 0)
+    assert filtered[0, -1] == pytest.approx(100 / 101)  # well measured: nearly untouched
+    same, unchanged = wiener_filter(eigval, eigvec, rhs, kappa=0.0)
+    assert np.allclose(unchanged[0, 1:], 1.0)
+
+
+def test_defaults_are_a_pure_function_of_public_inputs():
+    signature = inspect.signature(defaults.default_hyperparameters)
+    assert set(signature.parameters) == {"objective", "epsilon", "delta", "rating_range", "n_items", "max_users"}
+    args = dict(objective="rating", epsilon=1.0, delta=1e-6, rating_range=(1.0, 5.0), n_items=3000)
+    assert defaults.default_hyperparameters(**args) == defaults.default_hyperparameters(**args)
+    # every default builds a valid config on both objectives and at every epsilon
+    for objective in ("rating", "ranking"):
+        for eps in (0.1, 0.5, 1, 2, 5, 10, 20, 50):
+            params = defaults.default_hyperparameters(**{**args, "objective": objective, "epsilon": eps})
+            DPALSConfig.from_dict({**params, "rating_range": (1.0, 5.0)})
+    # clipping follows the scale: a 1-10 scale is the 1-5 rule stretched
+    wide = defaults.default_hyperparameters(**{**args, "rating_range": (1.0, 10.0)})
+    narrow = defaults.default_hyperparameters(**args)
+    assert wide["clip_rating"] / narrow["clip_rating"] == pytest.approx(9 / 4)
+    with pytest.raises(ValueError):
+        defaults.default_hyperparameters(**{**args, "objective": "popularity"})
+
+
+def test_given_hyperparameters_are_used_as_they_are():
+    params, used = resolve_hyperparameters("dpals", {"rank": 3}, objective=None, epsilon=1.0, delta=1e-6,
+                                           rating_range=(1.0, 5.0), n_items=10)
+    assert params == {"rank": 3} and not used
+    with pytest.raises(ValueError):
+        resolve_hyperparameters("dpfw", {}, objective="ranking", epsilon=1.0, delta=1e-6,
+                                rating_range=(1.0, 5.0), n_items=10)
+    params, used = resolve_hyperparameters("onebit", {}, objective=None, epsilon=1.0, delta=1e-6,
+                                           rating_range=(1.0, 5.0), n_items=10)
+    assert params == {} and not used
+
+
+def test_ranking_objective_trains_on_positives_only():
+    data = _popular_taste_data(n_users=300)
+    params, _ = resolve_hyperparameters("dpals", {}, objective="ranking", epsilon=5.0, delta=1e-6,
+                                        rating_range=(1.0, 5.0), n_items=data.n_items)
+    config = get_algorithm("dpals").config_from_params({**params, "seed": 0}, (1.0, 5.0))
+    assert config.threshold == 4.0
+    low = data.select(data.coo()[2] < 4.0)  # only ratings below the threshold: no positive at all
+    model = train_dpals(low, calibrate(5.0, 1e-6, replace(config, frequent_fraction=1.0)))
+    # no signal survives the filter: the factors carry (almost) nothing next to the prior
+    assert np.abs(model.item_factors).max() < 0.5 * np.abs(model.item_biases).max() + 1e-12
