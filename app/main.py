@@ -16,7 +16,8 @@ from fastapi import FastAPI
 from app.api import admin, health, ingest, privileged, public
 from app.api import public_data
 from app.api import votes as votes_api
-from app.api.errors import ERROR_RESPONSES, PayloadTooLarge, install_error_handlers, render
+from app.api.contract import install_error_docs
+from app.api.errors import PayloadTooLarge, install_error_handlers, render
 from app.api.health import __version__
 from app.api.openapi_yaml import to_yaml
 from app.config import Settings, get_settings
@@ -177,7 +178,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         openapi_tags=TAGS,
-        responses=ERROR_RESPONSES,
         lifespan=lifespan,
     )
     app.state.settings = settings
@@ -195,6 +195,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(public_data.admin_router, prefix="/v1/admin")
     app.include_router(votes_api.router, prefix="/v1")
     app.include_router(votes_api.admin_router, prefix="/v1/admin")
+    install_error_docs(app)
     return app
 
 

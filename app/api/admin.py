@@ -15,7 +15,7 @@ from app.services import admin as svc
 
 router = APIRouter(tags=["admin"])
 
-IdP = Annotated[int, Path(ge=1, le=2**62)]
+IdP = Annotated[int, Path(ge=1, le=2**31 - 1, description="Numeric id (a 32-bit database key).")]
 
 
 @router.post("/datasets", response_model=DatasetOut, status_code=201,
