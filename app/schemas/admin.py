@@ -24,6 +24,7 @@ __all__ = [
     "TrainingAccepted",
     "TrainingRunOut",
     "ModelVersionOut",
+    "ProjectionOut",
 ]
 
 
@@ -155,3 +156,23 @@ class ModelVersionOut(_Open):
     version: int = Field(description="Version number within the data set: 1, 2, ...")
     algorithm: str
     active: bool
+
+
+class ProjectionOut(BaseModel):
+    """What one more run at `epsilon` would cost, composed by the ledger's accountant."""
+
+    dataset: str
+    algorithm: str = Field(description="The active model's algorithm (or the one asked for; DPALS without a model).")
+    hyperparameters: dict[str, Any] = Field(description="The public hyper-parameters the run would use.")
+    epsilon: float = Field(description="The run's target epsilon.")
+    delta: float
+    epsilon_cap: float
+    spent_epsilon_rdp: float = Field(description="Composed spend so far (RDP, rounded up).")
+    run_epsilon_rdp: float = Field(description="The run alone (RDP, rounded up).")
+    composed_epsilon_rdp: float = Field(description=(
+        "A run at `epsilon` composes to this total (RDP, rounded up): not `spent + epsilon`."))
+    composed_epsilon_pld: float = Field(description="The same total by the PLD accountant (reported beside).")
+    fits: bool = Field(description="Whether the composed total stays within the cap.")
+    affordable_runs: int | None = Field(description=(
+        "How many runs at `epsilon` the cap still allows (null: the run costs nothing)."))
+    affordable_runs_capped: bool = Field(description="True when the count was cut at 10,000.")
