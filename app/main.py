@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from app.api import admin, health, ingest, privileged, public
+from app.api import admin, dashboard, health, ingest, privileged, public
 from app.api import public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
@@ -161,6 +161,17 @@ def _shutdown(app: FastAPI) -> None:
         app.state.worker = None
 
 
+def _mount_dashboard(app: FastAPI) -> None:
+    """The admin dashboard page, its JSON routes and its static files (no build step)."""
+    from pathlib import Path
+
+    from fastapi.staticfiles import StaticFiles
+
+    app.include_router(dashboard.router)
+    app.mount("/dashboard/static", StaticFiles(directory=Path(__file__).resolve().parent / "static"),
+              name="dashboard-static")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app for ``settings`` (default: the process-wide validated settings)."""
     settings = settings or get_settings()
@@ -196,6 +207,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(votes_api.router, prefix="/v1")
     app.include_router(votes_api.admin_router, prefix="/v1/admin")
     install_error_docs(app)
+    _mount_dashboard(app)
     return app
 
 
