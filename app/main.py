@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from app.api import admin, dashboard, health, ingest, privileged, public
+from app.api import admin, dashboard, health, ingest, observability, privileged, public
 from app.api import public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
@@ -133,6 +133,9 @@ def _startup(app: FastAPI, settings: Settings) -> None:
     """Every mode: single-threaded BLAS. Embedded mode: migrate, seed demo data when empty,
     start the in-process worker."""
     _limit_blas_threads()
+    from app.api.observability import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     if not settings.embedded:
         return
     from app.db.migrate import upgrade_head
@@ -197,7 +200,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(ServerTiming)
+    app.add_middleware(observability.RequestContext)
     app.include_router(health.router)
+    app.include_router(observability.router)
     app.include_router(ingest.router, prefix="/v1")
     app.include_router(public.router, prefix="/v1")
     app.include_router(privileged.router, prefix="/v1")
