@@ -49,31 +49,34 @@ class Projection:
         return asdict(self)
 
 
-def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict[str, Any]]:
-    """The active model's algorithm and public hyper-parameters (what retraining would run),
-    or ``algorithm`` with its defaults; DPALS on an empty data set."""
+def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict[str, Any], str | None]:
+    """The active model's algorithm, public hyper-parameters and objective (what retraining
+    would run), or ``algorithm`` with its defaults; DPALS on an empty data set."""
     active = training._retrain_algorithm(session, ds)  # noqa: SLF001 - the same choice as the scheduler
     if algorithm is None:
-        return active or ("dpals", {})
+        return active or ("dpals", {}, None)
     if active is not None and active[0] == algorithm:
         return active
-    return algorithm, {}
+    return algorithm, {}, None
 
 
 def _event(session: Session, ds: Any, acct: Any, algorithm: str, params: dict[str, Any],
-           epsilon: float) -> dp_event.DpEvent:
-    """The run's event, built as :func:`app.services.training.start_training` builds it."""
+           objective: str | None, epsilon: float) -> tuple[dp_event.DpEvent, dict[str, Any]]:
+    """The run's event and hyper-parameters, built as
+    :func:`app.services.training.start_training` builds them (ε-aware defaults when none)."""
     try:
         algo = get_algorithm(algorithm)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
-    base = training._base_config(algo, ds, training._data_params(algo, ds, params))  # noqa: SLF001
     n_items = training._n_items(session, ds)  # noqa: SLF001 - the public catalogue size
+    params = training._resolved_hyperparameters(  # noqa: SLF001
+        algo, ds, params, objective, float(epsilon), acct.delta, n_items)
+    base = training._base_config(algo, ds, training._data_params(algo, ds, params))  # noqa: SLF001
     try:
         config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
     except ValueError as exc:
         raise InvalidRequest(f"cannot calibrate {algorithm} to epsilon {epsilon}: {exc}") from exc
-    return algo.event(config, n_items)
+    return algo.event(config, n_items), params
 
 
 def _total(history: list[dp_event.DpEvent], event: dp_event.DpEvent, k: int, delta: float) -> float:
@@ -104,8 +107,8 @@ def project_run(session: Session, *, dataset: str, epsilon: float, algorithm: st
         raise InvalidRequest(f"epsilon must be a finite number >= {training.MIN_EPSILON}")
     ds = get_dataset(session, dataset)
     acct = ledger.account_for(session, ds.id)
-    name, params = _choice(session, ds, algorithm)
-    event = _event(session, ds, acct, name, params, epsilon)
+    name, params, objective = _choice(session, ds, algorithm)
+    event, params = _event(session, ds, acct, name, params, objective, epsilon)
     history = ledger.active_events(session, acct.id)
     alone = epsilon_rdp(event, acct.delta)
     total = compose(history + [event])
