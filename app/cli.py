@@ -254,7 +254,10 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
     if args.admin:
         kind, subject, scopes = "admin", args.subject or "admin", []
     elif args.service:
-        kind, subject, scopes = "service", args.service, args.scope or []
+        if not args.scope:
+            raise SystemExit("privrec issue-token: a service token needs at least one --scope "
+                             "(act_for_users, ingest)")
+        kind, subject, scopes = "service", args.service, args.scope
     elif args.user:
         kind, subject, scopes = "user", args.user, []
     else:
@@ -351,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("issue-token", help="print a signed bearer token")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--user", help="user token: subject is this external user id")
-    g.add_argument("--service", help="service token named NAME (give --scope)")
+    g.add_argument("--service", help="service token named NAME (requires at least one --scope)")
     g.add_argument("--admin", action="store_true", help="admin token")
     s.add_argument("--scope", action="append", choices=["act_for_users", "ingest"])
     s.add_argument("--subject", help="subject of an admin token (default 'admin')")
@@ -371,12 +374,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.api.errors import APIError
     from app.platform_errors import PlatformError
 
+    from pydantic import ValidationError
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (APIError, PlatformError) as exc:
         detail = f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else ""
         raise SystemExit(f"privrec {args.command}: {exc.message}{detail}") from None
+    except ValidationError as exc:  # settings: one line, never the rejected value (e.g. a secret)
+        raise SystemExit(f"privrec {args.command}: configuration error: {_config_errors(exc)}") from None
+    except (OperationalError, InterfaceError) as exc:
+        raise SystemExit(f"privrec {args.command}: the database (DATABASE_URL) is unreachable or missing "
+                         f"({type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__})") from None
+
+
+def _config_errors(exc: "ValidationError") -> str:
+    """Every settings error as ``FIELD: message``, without the input values."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        field = ".".join(str(x) for x in err.get("loc", ())).upper()
+        parts.append(f"{field}: {err['msg']}" if field else err["msg"])
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65535)
     log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
 
     @property
     def embedded(self) -> bool:

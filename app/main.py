@@ -13,10 +13,11 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from app.api import admin, health, ingest, privileged, public
+from app.api import admin, dashboard, health, ingest, observability, privileged, public
 from app.api import public_data
 from app.api import votes as votes_api
-from app.api.errors import ERROR_RESPONSES, PayloadTooLarge, install_error_handlers, render
+from app.api.contract import install_error_docs
+from app.api.errors import PayloadTooLarge, install_error_handlers, render
 from app.api.health import __version__
 from app.api.openapi_yaml import to_yaml
 from app.config import Settings, get_settings
@@ -132,6 +133,9 @@ def _startup(app: FastAPI, settings: Settings) -> None:
     """Every mode: single-threaded BLAS. Embedded mode: migrate, seed demo data when empty,
     start the in-process worker."""
     _limit_blas_threads()
+    from app.api.observability import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     if not settings.embedded:
         return
     from app.db.migrate import upgrade_head
@@ -160,6 +164,17 @@ def _shutdown(app: FastAPI) -> None:
         app.state.worker = None
 
 
+def _mount_dashboard(app: FastAPI) -> None:
+    """The admin dashboard page, its JSON routes and its static files (no build step)."""
+    from pathlib import Path
+
+    from fastapi.staticfiles import StaticFiles
+
+    app.include_router(dashboard.router)
+    app.mount("/dashboard/static", StaticFiles(directory=Path(__file__).resolve().parent / "static"),
+              name="dashboard-static")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app for ``settings`` (default: the process-wide validated settings)."""
     settings = settings or get_settings()
@@ -177,7 +192,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         openapi_tags=TAGS,
-        responses=ERROR_RESPONSES,
         lifespan=lifespan,
     )
     app.state.settings = settings
@@ -186,7 +200,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(ServerTiming)
+    app.add_middleware(observability.RequestContext)
     app.include_router(health.router)
+    app.include_router(observability.router)
     app.include_router(ingest.router, prefix="/v1")
     app.include_router(public.router, prefix="/v1")
     app.include_router(privileged.router, prefix="/v1")
@@ -195,6 +211,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(public_data.admin_router, prefix="/v1/admin")
     app.include_router(votes_api.router, prefix="/v1")
     app.include_router(votes_api.admin_router, prefix="/v1/admin")
+    install_error_docs(app)
+    _mount_dashboard(app)
     return app
 
 

@@ -156,9 +156,11 @@ def publish_version(
     metrics: dict[str, Any],
 ) -> ModelVersion:
     """Insert the immutable version row and make it the active one. Does not commit."""
+    previous = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.dataset_id == dataset.id))
     row = ModelVersion(
         dataset_id=dataset.id,
         run_id=run.id,
+        version=int(previous or 0) + 1,
         algorithm=model.algorithm,
         artifact_path=str(artifact_path),
         sha256=sha256,
@@ -196,6 +198,7 @@ def version_dict(row: ModelVersion) -> dict[str, Any]:
     """JSON-safe public view of a version row."""
     return {
         "id": row.id,
+        "version": row.version,
         "run_id": row.run_id,
         "algorithm": row.algorithm,
         "sha256": row.sha256,

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
 from app.api.params import DatasetP
-from app.schemas.admin import (BudgetOut, CapChangeIn, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, TrainingAccepted,
+from app.schemas.admin import (MAX_EPSILON_CAP, BudgetOut, CapChangeIn, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, ProjectionOut,
+                               TrainingAccepted,
                                TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import admin as svc
 
 router = APIRouter(tags=["admin"])
 
-IdP = Annotated[int, Path(ge=1, le=2**62)]
+IdP = Annotated[int, Path(ge=1, le=2**31 - 1, description="Numeric id (a 32-bit database key).")]
 
 
 @router.post("/datasets", response_model=DatasetOut, status_code=201,
@@ -34,6 +35,18 @@ def list_datasets(_: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0, l
 @router.get("/datasets/{dataset}/budget", response_model=BudgetOut, summary="Privacy budget")
 def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> BudgetOut:
     return svc.budget_view(session, dataset=dataset)
+
+
+@router.get("/datasets/{dataset}/budget/projection", response_model=ProjectionOut,
+            summary="What a run at epsilon would compose to, and how many such runs are affordable",
+            description=("Composes the ledger's charged events with the event of one more run at `epsilon` "
+                         "(the active model's algorithm and public hyper-parameters unless `algorithm` is "
+                         "given), by the RDP accountant at the budget's delta, PLD beside it. Composition is "
+                         "not additive: `remaining_epsilon` does not answer this."))
+def get_projection(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
+                   epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP, description="The run's epsilon.")],
+                   algorithm: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9_\-]+$")] = None) -> ProjectionOut:
+    return ProjectionOut(**svc.projection(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm))
 
 
 @router.patch("/datasets/{dataset}/budget", response_model=BudgetOut,

@@ -34,6 +34,7 @@ __all__ = [
     "ErrorBody",
     "ErrorResponse",
     "ERROR_RESPONSES",
+    "errors",
     "install_error_handlers",
 ]
 
@@ -113,10 +114,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _doc("Unknown resource."),
     409: _doc("Conflict with the current state (e.g. privacy budget exhausted)."),
     413: _doc("Request too large (e.g. more than 10,000 rows in a batch)."),
-    422: _doc("Request validation failed; nothing was written."),
-    500: _doc("Unexpected server error."),
-    503: _doc("A dependency (database, model store) is not ready."),
+    422: _doc("Request validation failed; a write route wrote nothing."),
+    503: _doc("A dependency (database, model store) is not ready; retry later."),
 }
+"""Every error status the API documents. Routes document only those they can return
+(``app.api.contract.document_route_errors``); an unexpected failure (500) is a bug and is not documented."""
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` entries for the route-specific codes ``codes`` (e.g. ``errors(409)``)."""
+    return {code: ERROR_RESPONSES[code] for code in codes}
 
 
 def render(status: int, code: str, message: str, details: Any = None,
@@ -159,21 +166,50 @@ async def _platform_error(_: Request, exc: Exception) -> JSONResponse:
                   getattr(exc, "message", str(exc)), getattr(exc, "details", None))
 
 
-async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         ctx = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {})
         return render(400, "malformed_json", "request body is not valid JSON",
                       {"error": str(ctx.get("error", ""))})
-    return render(422, "validation_error", "request validation failed; nothing was written",
-                  _validation_details(exc))
+    message = "request validation failed"
+    if request.method not in READ_METHODS:
+        message += "; nothing was written"
+    return render(422, "validation_error", message, _validation_details(exc))
 
 
-async def _http_exception(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path, read off the app's OpenAPI paths
+    (Starlette names only the first matching route's methods in ``Allow``)."""
+    import re
+
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            methods |= {m.upper() for m in operations}
+    return sorted(methods)
+
+
+async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
     code = codes.get(exc.status_code, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
-    return render(exc.status_code, code, message, None, getattr(exc, "headers", None))
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return render(exc.status_code, code, message, None, headers or None)
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    # The driver's message can carry SQL parameters (private values): log the type only.
+    log.warning("database unavailable in %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return render(503, "database_unavailable", "the database is not reachable; retry later", None,
+                  {"Retry-After": "5"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -192,4 +228,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PlatformError, _platform_error)
     app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_exception)  # type: ignore[arg-type]
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(InterfaceError, _database_unavailable)
     app.add_exception_handler(Exception, _unexpected)
+

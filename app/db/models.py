@@ -222,6 +222,7 @@ class ModelVersion(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="RESTRICT"))
     run_id: Mapped[int] = mapped_column(ForeignKey("training_runs.id", ondelete="RESTRICT"), unique=True)
+    version: Mapped[int] = mapped_column(Integer)  # 1, 2, ... per data set (the id is global)
     algorithm: Mapped[str] = mapped_column(String(32))
     artifact_path: Mapped[str] = mapped_column(String(1024))
     sha256: Mapped[str] = mapped_column(String(64))
@@ -239,6 +240,7 @@ class ModelVersion(Base):
     run: Mapped[TrainingRun] = relationship()
 
     __table_args__ = (
+        UniqueConstraint("dataset_id", "version", name="uq_model_versions_dataset_id_version"),
         Index(
             "uq_model_versions_one_active",
             "dataset_id",

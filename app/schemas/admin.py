@@ -9,7 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.schemas.common import FiniteFloat, StrictModel
 
+MAX_EPSILON_CAP = 1_000.0
+"""Largest epsilon cap (and run epsilon) accepted: far above any meaningful guarantee, and small
+enough for the ledger's exact 6-decimal rounding."""
+
 __all__ = [
+    "MAX_EPSILON_CAP",
     "BudgetOut",
     "CapChangeIn",
     "DatasetIn",
@@ -19,6 +24,7 @@ __all__ = [
     "TrainingAccepted",
     "TrainingRunOut",
     "ModelVersionOut",
+    "ProjectionOut",
 ]
 
 
@@ -49,11 +55,13 @@ class BudgetOut(_Open):
 
 
 class DatasetIn(StrictModel):
+    """A new data set. ``rating_min`` must be below ``rating_max`` (422 otherwise)."""
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
     description: str | None = Field(default=None, max_length=1000)
     rating_min: FiniteFloat = Field(description="Lowest rating accepted (public).")
-    rating_max: FiniteFloat = Field(description="Highest rating accepted (public).")
-    epsilon_cap: FiniteFloat = Field(gt=0, description="Privacy budget cap for this data set.")
+    rating_max: FiniteFloat = Field(description="Highest rating accepted (public); must exceed `rating_min`.")
+    epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description="Privacy budget cap for this data set.")
     delta: FiniteFloat = Field(gt=0, lt=1, description="The budget's delta.")
 
     @model_validator(mode="after")
@@ -72,7 +80,10 @@ class DatasetOut(BaseModel):
 
 
 class CapChangeIn(StrictModel):
-    epsilon_cap: FiniteFloat = Field(gt=0, description="The new epsilon cap.")
+    """A new cap. Raising it needs a non-blank `reason` (422 otherwise); lowering it below what is
+    already spent is refused (409)."""
+
+    epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description="The new epsilon cap.")
     reason: str | None = Field(default=None, max_length=1000,
                                description="Required when raising the cap; stored in the audited ledger entry.")
 
@@ -96,10 +107,14 @@ class LedgerEntryOut(_Open):
 
 
 class TrainingIn(StrictModel):
+    """A training request: at most one of `epsilon` and `epsilon_fraction` (both: 422)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"not": {"required": ["epsilon", "epsilon_fraction"]}})
+
     algorithm: str = Field(default="dpals", max_length=32, pattern=r"^[a-z0-9_\-]+$",
                            description='Training algorithm: "dpals" (default), "dpfw" (private Frank-Wolfe), '
                                        '"dpcmf" (DPALS with public item data) or "onebit" (thumbs up/down).')
-    epsilon: FiniteFloat | None = Field(default=None, gt=0, description=(
+    epsilon: FiniteFloat | None = Field(default=None, gt=0, le=MAX_EPSILON_CAP, description=(
         "Epsilon for this run. Give this or `epsilon_fraction`; omit both only for a run that costs "
         "nothing (onebit on votes randomised at ingestion: post-processing, charged 0)."))
     epsilon_fraction: FiniteFloat | None = Field(
@@ -137,6 +152,27 @@ class TrainingRunOut(_Open):
 
 
 class ModelVersionOut(_Open):
-    id: int
+    id: int = Field(description="Global id (used in paths).")
+    version: int = Field(description="Version number within the data set: 1, 2, ...")
     algorithm: str
     active: bool
+
+
+class ProjectionOut(BaseModel):
+    """What one more run at `epsilon` would cost, composed by the ledger's accountant."""
+
+    dataset: str
+    algorithm: str = Field(description="The active model's algorithm (or the one asked for; DPALS without a model).")
+    hyperparameters: dict[str, Any] = Field(description="The public hyper-parameters the run would use.")
+    epsilon: float = Field(description="The run's target epsilon.")
+    delta: float
+    epsilon_cap: float
+    spent_epsilon_rdp: float = Field(description="Composed spend so far (RDP, rounded up).")
+    run_epsilon_rdp: float = Field(description="The run alone (RDP, rounded up).")
+    composed_epsilon_rdp: float = Field(description=(
+        "A run at `epsilon` composes to this total (RDP, rounded up): not `spent + epsilon`."))
+    composed_epsilon_pld: float = Field(description="The same total by the PLD accountant (reported beside).")
+    fits: bool = Field(description="Whether the composed total stays within the cap.")
+    affordable_runs: int | None = Field(description=(
+        "How many runs at `epsilon` the cap still allows (null: the run costs nothing)."))
+    affordable_runs_capped: bool = Field(description="True when the count was cut at 10,000.")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from datetime import datetime, timezone
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 __all__ = [
     "ExternalId",
     "FiniteFloat",
+    "ID_PATTERN",
+    "UtcDateTime",
     "MAX_PAGE_SIZE",
     "MAX_OFFSET",
     "MAX_BATCH_ROWS",
@@ -30,12 +34,25 @@ def _id_to_str(value: Any) -> Any:
     return value
 
 
+ID_PATTERN = r"^[A-Za-z0-9_.:@\-]+$"
+
 ExternalId = Annotated[
     str,
     BeforeValidator(_id_to_str),
-    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$"),
+    StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN),
+    # stated explicitly: pydantic drops the pattern from the schema next to a BeforeValidator
+    WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1, "maxLength": 128, "pattern": ID_PATTERN},
+                              {"type": "integer", "minimum": 0, "maximum": 10**18}]}),
 ]
 """An external user or item id: 1-128 characters of ``[A-Za-z0-9_.:@-]`` (JSON integers accepted)."""
+
+def _assume_utc(value: datetime) -> datetime:
+    """SQLite stores timestamps without their zone; every stored timestamp is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_assume_utc)]
+"""A timestamp serialised with its zone (UTC when the database returned a naive one)."""
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 """A JSON number (not a string) that is neither NaN nor infinite."""

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel
+from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel, UtcDateTime
 
 __all__ = [
     "RatingIn",
@@ -61,7 +61,7 @@ class RatingOut(BaseModel):
     user_id: str
     item_id: str
     rating: float
-    updated_at: datetime | None = None
+    updated_at: UtcDateTime | None = None
 
 
 class RatingWriteOut(RatingOut):

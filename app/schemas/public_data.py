@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
-from app.schemas.common import ExternalId, FiniteFloat, StrictModel
+from app.schemas.common import ExternalId, FiniteFloat, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_NEIGHBOURS",
@@ -55,8 +55,8 @@ class SimilaritySourceOut(BaseModel):
     provenance: str
     declared_public: bool
     created_by: str
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcDateTime
+    updated_at: UtcDateTime
     n_items: int = Field(description="Items with a neighbour list in this source.")
     n_pairs: int = Field(description="(item, neighbour) pairs stored.")
 
@@ -110,14 +110,14 @@ class PublicRatingsOut(BaseModel):
     user_id: str
     public: bool
     changed: bool = Field(description="Whether this request changed the stored choice (audited).")
-    updated_at: datetime | None
+    updated_at: UtcDateTime | None
     note: str = REVOKE_NOTE
 
 
 class PublicUserOut(BaseModel):
     user_id: str
     public: bool
-    updated_at: datetime
+    updated_at: UtcDateTime
 
 
 class ConsentEventOut(BaseModel):
@@ -125,4 +125,4 @@ class ConsentEventOut(BaseModel):
     user_id: str
     public: bool
     actor: str
-    created_at: datetime
+    created_at: UtcDateTime

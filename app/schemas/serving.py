@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from app.schemas.common import ExternalId, StrictModel
+from app.schemas.common import ExternalId, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_N",
@@ -82,7 +82,7 @@ class ModelInfoOut(BaseModel):
     delta: float | None
     epsilon_rdp: float | None = None
     epsilon_pld: float | None = None
-    trained_at: datetime | None
+    trained_at: UtcDateTime | None
     n_items: int
     n_trained_items: int
     rank: int

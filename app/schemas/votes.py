@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
-from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel
+from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_VOTES_PER_USER_CAP",
@@ -34,7 +34,8 @@ def _sign(value: int) -> int:
     return value
 
 
-VoteValue = Annotated[int, Field(strict=True, description="1 (thumbs up) or -1 (thumbs down); "
+VoteValue = Annotated[int, Field(strict=True, json_schema_extra={"enum": [1, -1]},
+                                 description="1 (thumbs up) or -1 (thumbs down); "
                                  "booleans, floats, strings and 0 are refused."), AfterValidator(_sign)]
 
 
@@ -109,7 +110,7 @@ class VoteOut(BaseModel):
     randomised: bool
     randomised_by: Literal["server", "client"] | None = None
     local_epsilon: float | None = None
-    updated_at: datetime | None = None
+    updated_at: UtcDateTime | None = None
 
 
 class VoteDeletedOut(BaseModel):

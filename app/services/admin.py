@@ -25,6 +25,8 @@ __all__ = [
     "runs_page",
     "versions_page",
     "activate",
+    "projection",
+    "chain_status",
 ]
 
 
@@ -133,3 +135,17 @@ def activate(session: Session, *, dataset: str, version_id: int, actor: str) -> 
 
     row = model_store.activate_version(session, dataset, version_id, actor=actor)
     return ModelVersionOut(**model_store.version_dict(row))
+
+
+def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> dict[str, Any]:
+    """What one more run at ``epsilon`` composes to and how many are affordable."""
+    from app.services import projection as proj
+
+    return proj.project_run(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm).to_dict()
+
+
+def chain_status(session: Session, *, dataset: str) -> dict[str, Any]:
+    """The hash chain's verification (every hash and every stored spend recomputed)."""
+    from app.services import budget
+
+    return budget.verify_ledger(session, dataset, recompute_spend=True)

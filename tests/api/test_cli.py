@@ -106,3 +106,32 @@ def test_multi_worker_listener_is_tcp_so_connections_get_nodelay() -> None:
         assert seen and seen[0] != 0
     finally:
         sock.close()
+
+
+def test_configuration_errors_are_one_line_without_the_secret(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("privrec"))
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "REDIS_URL", "DATABASE_URL")}
+    out = subprocess.run([exe, "issue-token", "--admin"], env={**env, "SECRET_KEY": "short-s3cr3t"},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "short-s3cr3t" not in out.stderr + out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1 and "SECRET_KEY" in out.stderr
+    out = subprocess.run([exe, "budget"], env={**env, "DATABASE_URL": "postgresql://u:pw@127.0.0.1:1/x"},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr and "pw" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "unreachable" in out.stderr
+
+
+def test_service_token_without_scope_is_refused(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("privrec"))
+    out = subprocess.run([exe, "issue-token", "--service", "frontend"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0 and "--scope" in out.stderr and "Traceback" not in out.stderr

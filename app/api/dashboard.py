@@ -1,0 +1,236 @@
+"""The admin dashboard (``/dashboard``): server-rendered HTML, one hand-written JS file and a
+server-rendered SVG chart; no build step.
+
+Sign-in exchanges an admin bearer token (sent once in a JSON body, never in a URL) for a session
+cookie: a JWT with audience ``privrec-dashboard`` (so it is no bearer token, and no bearer token
+is a session), ``HttpOnly``, ``SameSite=Strict``, carrying a random CSRF value that the page
+echoes in ``X-CSRF-Token`` on every write. The JSON routes under ``/dashboard/api`` call the same
+services as the admin API; nothing here reads private data beyond what the admin API shows.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import jwt
+from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep
+from app.api.errors import Forbidden, Unauthorized
+from app.api.params import DatasetP
+from app.auth import ISSUER, TokenError, decode_token
+from app.config import Settings
+from app.schemas.admin import MAX_EPSILON_CAP, TrainingIn
+from app.services import admin as svc
+
+__all__ = ["router", "COOKIE", "chart_svg"]
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
+
+COOKIE = "privrec_session"
+AUDIENCE = "privrec-dashboard"
+SESSION_TTL_S = 8 * 3600
+CHART_POINTS = 1000  # the chart draws the latest entries up to this many
+
+
+# ----------------------------------------------------------------------------- session
+def _issue_session(subject: str, settings: Settings, expires: int) -> tuple[str, str]:
+    csrf = secrets.token_urlsafe(24)
+    now = int(time.time())
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": subject, "iat": now, "exp": expires, "csrf": csrf}
+    return jwt.encode(claims, settings.secret_key, algorithm=settings.jwt_algorithm), csrf
+
+
+def _session_claims(request: Request, settings: Settings) -> dict[str, Any] | None:
+    raw = request.cookies.get(COOKIE)
+    if not raw:
+        return None
+    try:
+        return jwt.decode(raw, settings.secret_key, algorithms=[settings.jwt_algorithm], audience=AUDIENCE,
+                          issuer=ISSUER, options={"require": ["exp", "sub", "csrf", "aud"]})
+    except jwt.InvalidTokenError:
+        return None
+
+
+async def session_admin(request: Request, settings: SettingsDep) -> dict[str, Any]:
+    """401 without a valid session cookie."""
+    claims = _session_claims(request, settings)
+    if claims is None:
+        raise Unauthorized("sign in to the dashboard first", code="no_session")
+    return claims
+
+
+SessionAdmin = Annotated[dict[str, Any], Depends(session_admin)]
+
+
+async def csrf_admin(request: Request, claims: SessionAdmin) -> dict[str, Any]:
+    """Writes also need the session's CSRF value in ``X-CSRF-Token`` (403 otherwise)."""
+    sent = request.headers.get("x-csrf-token", "")
+    if not secrets.compare_digest(sent, str(claims["csrf"])):
+        raise Forbidden("missing or wrong CSRF token", code="csrf_failed")
+    return claims
+
+
+CsrfAdmin = Annotated[dict[str, Any], Depends(csrf_admin)]
+
+
+@router.post("/dashboard/session", status_code=204)
+def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_length=4096)]) -> Response:
+    """Exchange an admin bearer token for the session cookie (expires no later than the token)."""
+    try:
+        principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm)
+    except TokenError:
+        raise Unauthorized("invalid or expired token", code="invalid_token") from None
+    if not principal.is_admin:
+        raise Forbidden("the dashboard needs an admin token", code="admin_required")
+    token_exp = int(jwt.decode(token, options={"verify_signature": False})["exp"])
+    value, _ = _issue_session(principal.subject, settings, min(token_exp, int(time.time()) + SESSION_TTL_S))
+    response = Response(status_code=204)
+    response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/dashboard",
+                        secure=not settings.embedded, max_age=SESSION_TTL_S)
+    return response
+
+
+@router.post("/dashboard/logout", status_code=204)
+def sign_out(_: CsrfAdmin) -> Response:
+    response = Response(status_code=204)
+    response.delete_cookie(COOKIE, path="/dashboard")
+    return response
+
+
+# ----------------------------------------------------------------------------- page
+@router.get("/dashboard", response_class=HTMLResponse)
+def page(request: Request, settings: SettingsDep, session: SessionDep) -> HTMLResponse:
+    claims = _session_claims(request, settings)
+    if claims is None:
+        return templates.TemplateResponse(request, "login.html", {})
+    names = [d.name for d in svc.datasets_page(session, offset=0, limit=1000).items]
+    return templates.TemplateResponse(request, "dashboard.html", {
+        "csrf": claims["csrf"], "subject": claims["sub"], "datasets": names,
+        "dataset": request.query_params.get("dataset") if request.query_params.get("dataset") in names else
+        (names[0] if names else None)})
+
+
+# ----------------------------------------------------------------------------- chart
+KIND_COLOURS = {"open": "#888", "reservation": "#d9822b", "commit": "#0f9960", "refund": "#2b95d6",
+                "local": "#8f398f", "cap_change": "#db3737"}
+
+
+def chart_svg(entries: list[dict[str, Any]], width: int = 720, height: int = 240) -> str:
+    """Spend (RDP) after each ledger entry as a step line, the cap as a dashed step line, and one
+    marker per entry coloured by kind (reservation, commit, refund, local guarantee, cap change)."""
+    pad = 36
+    if not entries:
+        return f'<svg class="chart" width="{width}" height="{height}"></svg>'
+    top = max(max(float(e.get("epsilon_cap") or 0.0), float(e.get("spent_epsilon_rdp") or 0.0)) for e in entries) or 1.0
+    n = len(entries)
+
+    def x(i: int) -> float:
+        return pad + (width - 2 * pad) * (i / max(n - 1, 1))
+
+    def y(v: float) -> float:
+        return height - pad - (height - 2 * pad) * (v / top)
+
+    spend = " ".join(f"{x(i):.1f},{y(float(e['spent_epsilon_rdp'] or 0.0)):.1f}" for i, e in enumerate(entries))
+    cap = " ".join(f"{x(i):.1f},{y(float(e.get('epsilon_cap') or 0.0)):.1f}" for i, e in enumerate(entries))
+    marks = "".join(
+        f'<circle class="pt kind-{e["kind"]}" data-seq="{e["seq"]}" cx="{x(i):.1f}" '
+        f'cy="{y(float(e["spent_epsilon_rdp"] or 0.0)):.1f}" r="4" fill="{KIND_COLOURS.get(e["kind"], "#000")}">'
+        f'<title>#{e["seq"]} {e["kind"]}: spent {e["spent_epsilon_rdp"]}</title></circle>'
+        for i, e in enumerate(entries))
+    legend = "".join(
+        f'<g transform="translate({pad + 110 * k},{14})"><circle r="4" fill="{c}"/>'
+        f'<text x="8" y="4" font-size="11">{kind.replace("_", " ")}</text></g>'
+        for k, (kind, c) in enumerate(KIND_COLOURS.items()))
+    return (
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="privacy spend over ledger entries">'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#999"/>'
+        f'<text x="4" y="{y(top) + 4:.1f}" font-size="11">{top:g}</text>'
+        f'<text x="4" y="{height - pad + 4}" font-size="11">0</text>'
+        f'<polyline class="cap" points="{cap}" fill="none" stroke="#db3737" stroke-dasharray="4 3"/>'
+        f'<polyline class="spend" points="{spend}" fill="none" stroke="#137cbd" stroke-width="2"/>'
+        f'{marks}{legend}</svg>')
+
+
+# ----------------------------------------------------------------------------- JSON for the page
+@router.get("/dashboard/api/datasets/{dataset}/summary")
+def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
+            epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP)] = 1.0) -> dict[str, Any]:
+    """Budget, chain status, projection at ``epsilon`` and the spend chart."""
+    budget = svc.budget_view(session, dataset=dataset).model_dump(mode="json")
+    page = svc.ledger_page(session, dataset=dataset, offset=0, limit=1)
+    start = max(0, page.total - CHART_POINTS)
+    entries = [e.model_dump(mode="json") for e in
+               svc.ledger_page(session, dataset=dataset, offset=start, limit=CHART_POINTS).items]
+    try:
+        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon)
+        projection_error = None
+    except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. no algorithm applies yet)
+        projection, projection_error = None, getattr(exc, "message", type(exc).__name__)
+    return {"budget": budget, "chain": svc.chain_status(session, dataset=dataset), "projection": projection,
+            "projection_error": projection_error, "chart": {"points": len(entries), "svg": chart_svg(entries)}}
+
+
+@router.get("/dashboard/api/datasets/{dataset}/trainings")
+def trainings(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
+              limit: LimitQ = 20) -> dict[str, Any]:
+    return _newest_first(svc.runs_page(session, dataset=dataset, offset=0, limit=1).total,
+                         lambda o, n: svc.runs_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+
+
+@router.get("/dashboard/api/datasets/{dataset}/models")
+def models(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
+           limit: LimitQ = 20) -> dict[str, Any]:
+    return _newest_first(svc.versions_page(session, dataset=dataset, offset=0, limit=1).total,
+                         lambda o, n: svc.versions_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+
+
+@router.get("/dashboard/api/datasets/{dataset}/ledger")
+def ledger_table(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
+                 limit: LimitQ = 20) -> dict[str, Any]:
+    return _newest_first(svc.ledger_page(session, dataset=dataset, offset=0, limit=1).total,
+                         lambda o, n: svc.ledger_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+
+
+def _newest_first(total: int, fetch: Any, offset: int, limit: int) -> dict[str, Any]:
+    """Page ``offset`` of the newest-first listing, whatever order the service lists in."""
+    end = max(0, total - offset)
+    start = max(0, end - limit)
+    first = fetch(0, 1).items
+    last = fetch(max(total - 1, 0), 1).items
+    ascending = not first or not last or _key(first[0]) <= _key(last[0])
+    if ascending:
+        items = list(reversed(fetch(start, end - start).items)) if end > start else []
+    else:
+        items = fetch(offset, limit).items
+    return {"items": [i.model_dump(mode="json") for i in items], "total": total, "offset": offset, "limit": limit}
+
+
+def _key(item: Any) -> int:
+    return int(getattr(item, "seq", None) or getattr(item, "id", 0))
+
+
+@router.post("/dashboard/api/datasets/{dataset}/trainings", status_code=202)
+def start_training(dataset: DatasetP, body: TrainingIn, claims: CsrfAdmin, session: SessionDep,
+                   settings: SettingsDep) -> dict[str, Any]:
+    run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{claims['sub']}")
+    session.commit()
+    svc.enqueue(run_id, settings)
+    return {"run_id": run_id, "status": "queued"}
+
+
+@router.post("/dashboard/api/datasets/{dataset}/models/{version_id}/activate")
+def activate(dataset: DatasetP, version_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)], claims: CsrfAdmin,
+             session: SessionDep) -> dict[str, Any]:
+    out = svc.activate(session, dataset=dataset, version_id=int(version_id), actor=f"admin:{claims['sub']}")
+    session.commit()
+    return out.model_dump(mode="json")

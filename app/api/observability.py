@@ -1,0 +1,211 @@
+"""Operations: Prometheus metrics and structured JSON logs with a request id.
+
+* Every HTTP request gets an id (a safe incoming ``X-Request-ID`` or a fresh one), echoed in the
+  ``X-Request-ID`` response header and attached to every log line written while it runs.
+* Request counts and latency histograms are labelled by route *template* (never the raw path,
+  which can name users) and status. With ``PROMETHEUS_MULTIPROC_DIR`` set, every process
+  (uvicorn workers, Celery workers) writes to that directory and ``/metrics`` aggregates them.
+* Training runs by data set, algorithm and status, budget spent and cap per data set and the
+  broker queue depth are read at scrape time from the database and the broker, so they agree
+  across processes. No durations of training (they grow with the private data's size), no
+  ratings, no data-derived numbers.
+* ``GET /metrics`` needs an admin token: the numbers include private activity counts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from typing import Any, Iterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+
+from app.api.deps import AdminPrincipal
+
+__all__ = ["RequestContext", "JsonFormatter", "configure_logging", "router", "request_id"]
+
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+REQUESTS = Counter("privrec_http_requests_total", "HTTP requests by route template and status",
+                   ["method", "route", "status"])
+LATENCY = Histogram("privrec_http_request_duration_seconds", "Time inside the app per request",
+                    ["method", "route"], buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+
+access_log = logging.getLogger("privrec.access")
+
+
+def request_id() -> str | None:
+    """The id of the request being served (None outside requests)."""
+    return _request_id.get()
+
+
+class RequestContext:
+    """ASGI middleware: request id, access log line (route template, status, ms) and metrics."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope.get("headers", ())).get(b"x-request-id", b"").decode("latin-1")
+        rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+        token = _request_id.set(rid)
+        start = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = _template(scope)
+            REQUESTS.labels(scope["method"], route, str(status)).inc()
+            LATENCY.labels(scope["method"], route).observe(elapsed)
+            access_log.info("request", extra={"http": {"method": scope["method"], "route": route,
+                                                       "status": status, "ms": round(elapsed * 1000, 3)}})
+            _request_id.reset(token)
+
+
+_TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
+
+
+def _template(scope: dict) -> str:
+    """The full route template of the request (the matched route knows only its own part
+    below the router's prefix), from the app's OpenAPI paths; "unmatched" for unknown paths."""
+    route = getattr(scope.get("route"), "path", None)
+    app = scope.get("app")
+    if route is None or app is None:
+        return "unmatched"
+    patterns = _TEMPLATES.get(id(app))
+    if patterns is None:
+        patterns = _TEMPLATES[id(app)] = [
+            (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(t)) + "$"), t)
+            for t in app.openapi().get("paths", {})]
+    path = scope.get("path", "")
+    for pattern, template in patterns:
+        if template.endswith(route) and pattern.match(path):
+            return template
+    return route
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request id, structured extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = _request_id.get()
+        if rid:
+            out["request_id"] = rid
+        if isinstance(getattr(record, "http", None), dict):
+            out["http"] = record.http
+        if record.exc_info and record.exc_info[0] is not None:
+            out["exc_type"] = record.exc_info[0].__name__  # no message: it can carry SQL parameters
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Send the service's logs (``privrec.*``, ``app.*``, ``uvicorn.error``) as JSON lines to stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(message)s"))
+    for name in ("privrec", "app", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
+# ----------------------------------------------------------------------------- /metrics
+class _StateCollector:
+    """Gauges read from the database and the broker at scrape time."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from app.db.models import Dataset, TrainingRun
+        from app.services import budget
+
+        runs = GaugeMetricFamily("privrec_training_runs", "Training runs by data set, algorithm and status",
+                                 labels=["dataset", "algorithm", "status"])
+        spent = GaugeMetricFamily("privrec_budget_spent_epsilon", "Composed spend (RDP, rounded up)", labels=["dataset"])
+        cap = GaugeMetricFamily("privrec_budget_cap_epsilon", "Epsilon cap", labels=["dataset"])
+        with self.request.app.state.sessionmaker() as session:
+            rows = session.execute(
+                select(Dataset.name, TrainingRun.algorithm, TrainingRun.status, func.count())
+                .join(Dataset, Dataset.id == TrainingRun.dataset_id)
+                .group_by(Dataset.name, TrainingRun.algorithm, TrainingRun.status)).all()
+            for name, algorithm, status, n in rows:
+                runs.add_metric([name, algorithm, status], float(n))
+            for name in session.scalars(select(Dataset.name).order_by(Dataset.name)):
+                view = budget.get_budget(session, name)
+                spent.add_metric([name], view.spent_epsilon_rdp)
+                cap.add_metric([name], view.epsilon_cap)
+        yield runs
+        yield spent
+        yield cap
+        depth = _queue_depth(self.request.app.state.settings)
+        if depth is not None:
+            q = GaugeMetricFamily("privrec_broker_queue_depth", "Training tasks waiting in the broker", labels=["queue"])
+            q.add_metric(["privrec"], float(depth))
+            yield q
+
+
+def _queue_depth(settings: Any) -> int | None:
+    """Length of the Celery queue in Redis (None in the embedded mode or when unreachable)."""
+    if not settings.redis_url:
+        return None
+    import redis
+
+    from app.services.training import QUEUE
+
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
+        return int(client.llen(QUEUE))
+    except redis.RedisError:
+        return None
+
+
+def _registry(request: Request) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    else:  # one process: its own counters
+        for collector in (REQUESTS, LATENCY):
+            registry.register(collector)
+    registry.register(_StateCollector(request))
+    return registry
+
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/metrics")
+def metrics(request: Request, _: AdminPrincipal) -> Response:
+    """Prometheus text format (admin token only)."""
+    return Response(generate_latest(_registry(request)), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,146 @@
+// privrec dashboard: sign-in, budget, chart, trainings with live progress, models, ledger.
+// The admin token is sent once to /dashboard/session and never stored; writes carry the CSRF token.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const text = (v) => (v === null || v === undefined ? "" : String(v));
+const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+const dataset = () => document.body.dataset.dataset;
+
+async function api(path, options = {}) {
+  const headers = { "Content-Type": "application/json", ...(options.headers || {}) };
+  if (options.method && options.method !== "GET") headers["X-CSRF-Token"] = csrf();
+  const r = await fetch(path, { credentials: "same-origin", ...options, headers });
+  const body = r.status === 204 ? null : await r.json();
+  if (!r.ok) throw new Error((body && body.error && body.error.message) || r.statusText);
+  return body;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const c of cells) {
+    const td = document.createElement("td");
+    if (c instanceof Node) td.appendChild(c); else td.textContent = text(c);
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+// ------------------------------------------------------------------ sign-in
+const login = $("login");
+if (login) {
+  login.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const field = $("token");
+    try {
+      await api("/dashboard/session", { method: "POST", body: JSON.stringify({ token: field.value }) });
+      field.value = "";
+      window.location.reload();
+    } catch (e) { field.value = ""; $("login-error").textContent = e.message; }
+  });
+}
+
+// ------------------------------------------------------------------ dashboard
+const base = () => `/dashboard/api/datasets/${encodeURIComponent(dataset())}`;
+
+async function loadSummary() {
+  const eps = parseFloat($("proj-eps").value) || 1;
+  const s = await api(`${base()}/summary?epsilon=${eps}`);
+  const b = s.budget;
+  $("spent-rdp").textContent = b.spent_epsilon_rdp;
+  $("spent-pld").textContent = text(b.spent_epsilon_pld);
+  $("cap").textContent = b.epsilon_cap;
+  $("delta").textContent = b.delta;
+  $("relations").textContent = (b.neighbouring_relations || []).join(", ") || "none charged yet";
+  const c = s.chain;
+  $("chain").innerHTML = "";
+  const mark = document.createElement("span");
+  mark.className = c.ok ? "ok" : "bad";
+  mark.textContent = c.ok ? `verified (${c.n_entries} entries)` : `BROKEN at #${c.bad_seq}: ${c.reason}`;
+  $("chain").appendChild(mark);
+  const p = s.projection;
+  $("projection").textContent = p
+    ? `a ${p.algorithm} run at ε = ${p.epsilon} composes to ${p.composed_epsilon_rdp} (RDP; PLD ${p.composed_epsilon_pld}) of cap ${p.epsilon_cap}; ` +
+      (p.affordable_runs === null ? "such runs cost nothing" :
+        `runs of ε = ${p.epsilon} still affordable: ${p.affordable_runs}${p.affordable_runs_capped ? "+" : ""}`)
+    : `no projection: ${text(s.projection_error)}`;
+  $("chart").innerHTML = s.chart.svg;  // server-rendered SVG (numbers and fixed labels only)
+  $("chart").dataset.points = s.chart.points;
+}
+
+let polling = null;
+async function loadRuns() {
+  const page = await api(`${base()}/trainings?limit=10`);
+  const body = $("runs");
+  body.innerHTML = "";
+  let live = false;
+  for (const r of page.items) {
+    const bar = document.createElement("progress");
+    bar.max = 1; bar.value = r.progress;
+    const tr = row([r.id, r.algorithm + (r.objective ? ` (${r.objective})` : ""), r.requested_epsilon, r.status, bar, r.stage, r.created_at]);
+    tr.dataset.run = r.id; tr.dataset.status = r.status; tr.dataset.stage = text(r.stage);
+    body.appendChild(tr);
+    if (r.status === "queued" || r.status === "running") live = true;
+  }
+  if (live && !polling) polling = setInterval(refreshLive, 1000);
+  if (!live && polling) { clearInterval(polling); polling = null; loadSummary(); loadModels(); loadLedger(); }
+}
+
+async function refreshLive() { try { await loadRuns(); } catch (e) { /* next tick */ } }
+
+async function loadModels() {
+  const page = await api(`${base()}/models?limit=20`);
+  const body = $("versions");
+  body.innerHTML = "";
+  for (const m of page.items) {
+    let action = "active";
+    if (!m.active) {
+      action = document.createElement("button");
+      action.textContent = "Activate";
+      action.className = "activate";
+      action.addEventListener("click", async () => {
+        await api(`${base()}/models/${m.id}/activate`, { method: "POST" });
+        await loadModels();
+      });
+    }
+    const tr = row([m.version, m.id, m.algorithm, m.epsilon, m.epsilon_pld, m.delta, m.n_items, m.rank, m.created_at, action]);
+    tr.dataset.version = m.id;
+    body.appendChild(tr);
+  }
+  try {
+    const served = await fetch(`/v1/datasets/${encodeURIComponent(dataset())}/model`).then((r) => (r.ok ? r.json() : null));
+    $("served").textContent = served ? `${served.algorithm}, id ${served.version}` : "none";
+    $("served").dataset.version = served ? served.version : "";
+  } catch (e) { $("served").textContent = "unknown"; }
+}
+
+let ledgerOffset = 0;
+async function loadLedger() {
+  const page = await api(`${base()}/ledger?offset=${ledgerOffset}&limit=20`);
+  const body = $("entries");
+  body.innerHTML = "";
+  for (const e of page.items) {
+    body.appendChild(row([e.seq, e.kind, e.run_id, e.epsilon, e.spent_epsilon_rdp, e.epsilon_cap, e.actor, e.reason, e.created_at]));
+  }
+  $("ledger-page").textContent = `${page.total ? ledgerOffset + 1 : 0}–${ledgerOffset + page.items.length} of ${page.total} (newest first)`;
+  $("newer").disabled = ledgerOffset === 0;
+  $("older").disabled = ledgerOffset + page.items.length >= page.total;
+}
+
+if (dataset()) {
+  $("logout").addEventListener("click", async () => { await api("/dashboard/logout", { method: "POST" }); window.location.reload(); });
+  $("proj-eps").addEventListener("change", loadSummary);
+  $("newer").addEventListener("click", () => { ledgerOffset = Math.max(0, ledgerOffset - 20); loadLedger(); });
+  $("older").addEventListener("click", () => { ledgerOffset += 20; loadLedger(); });
+  $("train").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    $("train-msg").textContent = "";
+    const body = { epsilon: parseFloat($("train-eps").value) };
+    if ($("train-algo").value) body.algorithm = $("train-algo").value;
+    try {
+      await api(`${base()}/trainings`, { method: "POST", body: JSON.stringify(body) });
+      await loadRuns(); loadSummary(); loadLedger();
+    } catch (e) { $("train-msg").textContent = e.message; }
+  });
+  loadSummary(); loadRuns(); loadModels(); loadLedger();
+}

@@ -1,0 +1,44 @@
+"""Dashboard session: admin token -> HttpOnly SameSite=Strict cookie; the cookie is no bearer
+token and a bearer token is no session; writes need the CSRF value; non-admins are refused."""
+
+from __future__ import annotations
+
+import jwt
+
+from tests.api.conftest import Env
+
+
+def _sign_in(env: Env) -> str:
+    r = env.client.post("/dashboard/session", json={"token": env.token("root", "admin")})
+    assert r.status_code == 204, r.text
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    return jwt.decode(env.client.cookies.get("privrec_session"), options={"verify_signature": False})["csrf"]
+
+
+def test_sign_in_and_csrf(sqlite_env: Env) -> None:
+    c = sqlite_env.client
+    assert "login" in c.get("/dashboard").text
+    csrf = _sign_in(sqlite_env)
+    page = c.get("/dashboard").text
+    assert f'content="{csrf}"' in page and sqlite_env.token("root", "admin") not in page
+    assert c.get("/dashboard/api/datasets/default/summary").json()["chart"]["points"] == 1
+    assert c.post("/dashboard/api/datasets/default/trainings", json={"epsilon": 1}).status_code == 403
+    assert c.post("/dashboard/api/datasets/default/trainings", json={"epsilon": 1},
+                  headers={"X-CSRF-Token": "wrong"}).status_code == 403
+    cookie = c.cookies.get("privrec_session")
+    # the session cookie is not a bearer token for the API
+    assert c.get("/v1/admin/datasets", headers={"Authorization": f"Bearer {cookie}"}).status_code == 401
+    c.post("/dashboard/logout", headers={"X-CSRF-Token": csrf})
+    c.cookies.clear()
+    assert c.get("/dashboard/api/datasets/default/summary").status_code == 401
+
+
+def test_non_admin_and_bad_tokens_get_no_session(sqlite_env: Env) -> None:
+    c = sqlite_env.client
+    assert c.post("/dashboard/session", json={"token": sqlite_env.token("alice")}).status_code == 403
+    assert c.post("/dashboard/session", json={"token": "nope"}).status_code == 401
+    assert "set-cookie" not in c.post("/dashboard/session", json={"token": "nope"}).headers
+    # a bearer token in the cookie is no session
+    c.cookies.set("privrec_session", sqlite_env.token("root", "admin"), path="/dashboard")
+    assert c.get("/dashboard/api/datasets/default/summary").status_code == 401

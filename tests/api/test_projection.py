@@ -1,0 +1,41 @@
+"""The budget projection: a run at eps composes to y (not spent + eps) and k runs are affordable,
+checked against the ledger's behaviour on real training requests."""
+
+from __future__ import annotations
+
+from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
+
+
+def _project(env: Env, eps: float) -> dict:
+    r = env.client.get(f"/v1/admin/datasets/default/budget/projection?epsilon={eps}", headers=env.admin)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_projection_matches_what_the_ledger_then_charges(env: Env) -> None:
+    seed_ratings(env)
+    train_and_publish(env, epsilon=2.0)
+    p = _project(env, 2.0)
+    assert p["algorithm"] == "dpals" and p["hyperparameters"]["rank"] == SMALL_DPALS["rank"]
+    assert p["composed_epsilon_rdp"] < p["spent_epsilon_rdp"] + 2.0  # composition is sub-additive here
+    assert p["composed_epsilon_pld"] <= p["composed_epsilon_rdp"] + 1e-6
+    k = p["affordable_runs"]
+    assert k is not None and k >= 1 and p["fits"]
+    statuses = []
+    for _ in range(k + 1):
+        r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
+                            json={"epsilon": 2.0, "hyperparameters": p["hyperparameters"]})
+        statuses.append(r.status_code)
+        if len(statuses) == 1:
+            budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
+            assert abs(budget["spent_epsilon_rdp"] - p["composed_epsilon_rdp"]) <= 1e-6
+    assert statuses == [202] * k + [409]
+    assert _project(env, 2.0)["affordable_runs"] == 0 and not _project(env, 2.0)["fits"]
+
+
+def test_projection_refuses_bad_epsilon_and_unknown_data_set(sqlite_env: Env) -> None:
+    c, h = sqlite_env.client, sqlite_env.admin
+    assert c.get("/v1/admin/datasets/default/budget/projection?epsilon=0", headers=h).status_code == 422
+    assert c.get("/v1/admin/datasets/default/budget/projection?epsilon=1e300", headers=h).status_code == 422
+    assert c.get("/v1/admin/datasets/nope/budget/projection?epsilon=1", headers=h).status_code == 404
+    assert c.get("/v1/admin/datasets/default/budget/projection?epsilon=1").status_code == 401

@@ -1,0 +1,133 @@
+"""The dashboard in a real browser (Debian chromium + chromedriver via Selenium) against
+`privrec serve`: sign in, the chart has one point per ledger entry, start a training and watch it
+reach "published" without reloading, activate the older version and see the served model change.
+Screenshots go to tests/artifacts/screenshots (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import PRIVREC, ROOT, base_env, free_port, wait_http, wait_run
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("PRIVREC_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("PRIVREC_CHROMEDRIVER", shutil.which("chromedriver") or "/usr/bin/chromedriver")
+SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
+
+
+def _require_browser() -> None:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser missing under CI=true: {missing} (apt-get install chromium chromium-driver)")
+        pytest.skip(f"browser missing: {missing}")
+
+
+def _driver():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600",
+                "--disable-gpu"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except Exception as exc:  # noqa: BLE001 - element not there yet
+            last = exc
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}: {last!r}")
+
+
+def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
+    _require_browser()
+    from selenium.webdriver.common.by import By
+
+    port = free_port()
+    env = base_env(EMBEDDED_POLL_S="0.5")
+    proc = spawn([PRIVREC, "serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)], env, "serve")
+    base = f"http://127.0.0.1:{port}"
+    wait_http(f"{base}/health", proc, timeout=90)
+    token = subprocess.run([PRIVREC, "issue-token", "--admin"], env={**env, "DATABASE_URL": "sqlite://"},
+                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    admin = {"Authorization": f"Bearer {token}"}
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with httpx.Client(base_url=base, timeout=30) as client:
+        demo = client.get("/v1/admin/datasets/default/trainings", headers=admin).json()["items"][0]
+        assert wait_run(client, demo["id"], admin, [proc])["status"] == "succeeded"
+        first_version = client.get("/v1/datasets/default/model").json()["version"]
+        driver = _driver()
+        try:
+            driver.get(f"{base}/dashboard")
+            driver.find_element(By.ID, "token").send_keys(token)
+            driver.find_element(By.CSS_SELECTOR, "#login button").click()
+            _wait(lambda: driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt"), 30, "the chart")
+            assert token not in driver.current_url
+            assert driver.execute_script("return document.cookie") == ""  # HttpOnly: invisible to scripts
+            assert driver.execute_script("return window.localStorage.length") == 0
+            n_entries = client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"]
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) == n_entries
+            assert "verified" in driver.find_element(By.ID, "chain").text
+            _wait(lambda: "composes to" in driver.find_element(By.ID, "projection").text, 30, "the projection")
+            driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
+
+            # start a training from the page and watch it without reloading
+            marker = driver.execute_script("window.__noReload = 1; return window.__noReload")
+            eps = driver.find_element(By.ID, "train-eps")
+            eps.clear()
+            eps.send_keys("1")
+            driver.find_element(By.ID, "train-start").click()
+            new_run = _wait(lambda: [r for r in driver.find_elements(By.CSS_SELECTOR, "#runs tr")
+                                     if int(r.get_attribute("data-run")) > demo["id"]], 30, "the new run")[0]
+            run_id = int(new_run.get_attribute("data-run"))
+            stages: set[str] = set()
+
+            def published() -> bool:
+                row = driver.find_element(By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]')
+                stages.add(row.get_attribute("data-stage"))
+                return row.get_attribute("data-stage") == "published" and row.get_attribute("data-status") == "succeeded"
+
+            _wait(published, 240, "the run to be published")
+            assert driver.execute_script("return window.__noReload") == marker  # same page, no reload
+            assert len(stages) >= 2, stages
+            _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#versions tr")) == 2, 30, "two versions")
+            new_version = client.get("/v1/datasets/default/model").json()["version"]
+            assert new_version != first_version
+            _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) ==
+                  client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"], 30, "chart update")
+            driver.save_screenshot(str(SHOTS / "02-trained.png"))
+
+            # roll back to the demo's version
+            driver.find_element(By.CSS_SELECTOR, f'#versions tr[data-version="{first_version}"] button.activate').click()
+            _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(first_version),
+                  30, "the served model to change")
+            assert client.get("/v1/datasets/default/model").json()["version"] == first_version
+            driver.save_screenshot(str(SHOTS / "03-rolled-back.png"))
+
+            # a write without the CSRF header is refused even with the cookie
+            refused = driver.execute_script(
+                "return fetch('/dashboard/api/datasets/default/models/1/activate', {method: 'POST'})"
+                ".then(r => r.status)")
+            assert refused == 403
+        finally:
+            driver.quit()
+    assert token not in proc.log.read_text(errors="replace")
