@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65535)
     log_level: str = "INFO"
+    # Server-Timing response header (time spent in the app): a timing side channel, off by default.
+    server_timing: bool = False
 
     @property
     def embedded(self) -> bool:
