@@ -163,6 +163,7 @@ def run(quick: bool) -> list[dict]:
         port = _free_port()
         env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": "redis://127.0.0.1:6379/15", "SECRET_KEY": secret,
                "ARTIFACT_DIR": str(settings.artifact_dir), "LOG_LEVEL": "WARNING",
+               "SERVER_TIMING": "true",  # opt-in header: the server-side columns read it
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         workers = int(os.environ.get("BENCH_SERVE_WORKERS", "1"))
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)], env=env,
