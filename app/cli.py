@@ -173,8 +173,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
         nonlocal total
         with maker() as session:
             try:
-                result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk,
-                                               create_items=args.create_items)
+                result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
             except APIError as exc:
                 exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
                                f"before it were imported)")
@@ -192,6 +191,40 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
         flush()
     bar.close()
     print(json.dumps({"dataset": args.dataset, "rows": total}))
+    return 0
+
+
+def _item_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str | None, list[str]]]:
+    """(item id, title or None, categories) rows of ``item_id[,title[,cat1|cat2...]]``."""
+    for line_no, row in _csv_lines(path, delimiter, header):
+        item_id = row[0].strip()
+        if not item_id:
+            raise SystemExit(f"{path}:{line_no}: expected item_id[,title[,categories separated by |]]; "
+                             "nothing more was written")
+        title = (row[1].strip() or None) if len(row) > 1 else None
+        if title is not None and len(title) > 512:
+            raise SystemExit(f"{path}:{line_no}: titles have at most 512 characters; nothing more was written")
+        categories = [c.strip() for c in row[2].split("|") if c.strip()] if len(row) > 2 else []
+        yield item_id, title, categories
+
+
+def cmd_import_items(args: argparse.Namespace) -> int:
+    """Upsert public catalogue items from a CSV (item_id[,title[,categories separated by |]]):
+    the only bulk way to create items (ratings and votes imports refuse unknown items)."""
+    from app.services import ingest
+
+    path = Path(args.path)
+    if not path.exists():
+        raise SystemExit(f"no such file: {path}")
+    maker = ingest.sessionmaker_for(_settings())
+    totals = {"created": 0, "updated": 0}
+    rows = _item_rows(path, args.delimiter, not args.no_header)
+    while chunk := list(itertools.islice(rows, args.chunk)):
+        with maker() as session:
+            out = ingest.import_items(session, dataset=args.dataset, rows=chunk)
+            session.commit()
+        totals = {key: totals[key] + out[key] for key in totals}
+    print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
 
 
@@ -319,12 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("migrate", help="apply database migrations")
     s.set_defaults(func=cmd_migrate)
 
-    s = sub.add_parser("import-csv", help="upsert ratings from a CSV file (.csv or .csv.gz)")
+    s = sub.add_parser("import-items", help="upsert public catalogue items from a CSV "
+                                            "(item_id[,title[,categories separated by |]])")
     s.add_argument("path")
     s.add_argument("--dataset", default="default")
     s.add_argument("--delimiter", default=",")
     s.add_argument("--no-header", action="store_true")
-    s.add_argument("--create-items", action="store_true", help="create unknown items (untitled)")
+    s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 100_001), metavar="1..100000")
+    s.set_defaults(func=cmd_import_items)
+
+    s = sub.add_parser("import-csv", help="upsert ratings from a CSV file (.csv or .csv.gz); every item must "
+                                          "already be in the catalogue (import-items)")
+    s.add_argument("path")
+    s.add_argument("--dataset", default="default")
+    s.add_argument("--delimiter", default=",")
+    s.add_argument("--no-header", action="store_true")
     s.add_argument("--chunk", type=int, default=10_000)
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_import_csv)

@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=1, le=65535)
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "json"
+    # Server-Timing response header (time spent in the app): a timing side channel, off by default.
+    server_timing: bool = False
 
     @property
     def embedded(self) -> bool:

@@ -51,7 +51,10 @@ TAGS = [
 
 
 class ServerTiming:
-    """ASGI middleware adding ``Server-Timing: app;dur=<ms>`` (time spent inside the app)."""
+    """ASGI middleware adding ``Server-Timing: app;dur=<ms>`` (time spent inside the app).
+
+    Opt-in (``SERVER_TIMING=true``): a precise per-request duration is a timing side channel
+    (e.g. a fold-in's cost grows with the user's history), so it is off by default."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -199,7 +202,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.worker = None
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
-    app.add_middleware(ServerTiming)
+    if settings.server_timing:  # opt-in: response times can reveal data-dependent work
+        app.add_middleware(ServerTiming)
     app.add_middleware(observability.RequestContext)
     app.include_router(health.router)
     app.include_router(observability.router)

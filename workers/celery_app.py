@@ -5,17 +5,22 @@ Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A wor
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import threading
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
+from app.services import training
 from app.services.training import QUEUE
 
-__all__ = ["make_celery", "celery_app"]
+__all__ = ["make_celery", "celery_app", "worker_prefix", "start_maintenance"]
+
+log = logging.getLogger(__name__)
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -60,3 +65,58 @@ celery_app = make_celery()
 def _fresh_connections(**_: object) -> None:
     """Forked pool processes must not reuse the parent's database connections."""
     dispose_engines()
+
+
+def worker_prefix(hostname: str) -> str:
+    """The ``worker`` prefix of runs this Celery node holds (``workers.tasks.train_run``)."""
+    return f"celery:{hostname}:"
+
+
+class _Maintenance:
+    """The worker's own reaper and outbox drain, so neither waits for a beat: at start-up it
+    fails the runs this node's dead previous incarnation left ``running`` (at once) and any run
+    whose heartbeat went stale, and sends queued runs the broker never got; then it repeats the
+    stale-run reap and the drain every ``run_heartbeat_s``."""
+
+    def __init__(self, hostname: str, settings: Settings | None = None) -> None:
+        self.hostname, self.settings = hostname, settings or get_settings()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="privrec-maintenance", daemon=True)
+
+    def start(self) -> "_Maintenance":
+        out = training.worker_startup(worker_prefix(self.hostname), settings=self.settings)
+        log.info("worker start-up: reaped runs %s, sent queued runs %s", out["reaped"], out["sent"])
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(max(self.settings.run_heartbeat_s, 1.0)):
+            try:
+                training.reap_stale_runs(settings=self.settings)
+                training.drain_outbox(settings=self.settings)
+            except Exception:  # noqa: BLE001 - keep maintaining; the next round retries
+                log.warning("worker maintenance round failed", exc_info=True)
+
+
+_maintenance: list[_Maintenance] = []
+
+
+def start_maintenance(hostname: str, settings: Settings | None = None) -> _Maintenance:
+    """Run the start-up reap and drain now and keep maintaining in a daemon thread."""
+    m = _Maintenance(hostname, settings).start()
+    _maintenance.append(m)
+    return m
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: object = None, **_: object) -> None:
+    start_maintenance(getattr(sender, "hostname", None) or "unknown")
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: object) -> None:
+    while _maintenance:
+        _maintenance.pop().stop()

@@ -33,7 +33,7 @@ def train_run(self, run_id: int) -> str:
 
 @celery_app.task(name="privrec.scheduled_retrain", ignore_result=True)
 def scheduled_retrain() -> dict[str, str]:
-    """Beat: retrain every data set whose ratings changed and whose budget allows it."""
+    """Beat: retrain every data set on schedule, decided from public facts (budget, kind, active model)."""
     outcomes = training.scheduled_retrain()
     log.info("scheduled retraining: %s", outcomes)
     return outcomes
@@ -41,7 +41,8 @@ def scheduled_retrain() -> dict[str, str]:
 
 @celery_app.task(name="privrec.reap_stale_runs", ignore_result=True)
 def reap_stale_runs() -> list[int]:
-    """Beat: fail runs whose worker vanished, re-send queued runs whose message was lost."""
+    """Beat: fail runs whose worker vanished, send queued runs the broker never got (outbox) or
+    whose message was lost."""
     failed = training.reap_stale_runs()
-    training.requeue_stale_queued()
+    training.drain_outbox()
     return failed

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
 from app.api.params import DatasetP
-from app.schemas.admin import (MAX_EPSILON_CAP, BudgetOut, CapChangeIn, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, ProjectionOut,
-                               TrainingAccepted,
-                               TrainingIn, TrainingRunOut)
+from app.schemas.admin import (MAX_EPSILON_CAP, BudgetOut, CapChangeIn, DatasetIn, DatasetOut, DatasetPatchIn,
+                               LedgerEntryOut, ModelVersionOut, ProjectionOut, TrainingAccepted, TrainingIn,
+                               TrainingRunOut)
 from app.schemas.common import Page
 from app.services import admin as svc
 
@@ -23,6 +23,14 @@ IdP = Annotated[int, Path(ge=1, le=2**31 - 1, description="Numeric id (a 32-bit 
              summary="Create a data set with its own privacy budget")
 def post_dataset(body: DatasetIn, admin: AdminPrincipal, session: SessionDep) -> DatasetOut:
     out = svc.create_dataset(session, body=body, actor=f"admin:{admin.subject}")
+    session.commit()
+    return out
+
+
+@router.patch("/datasets/{dataset}", response_model=DatasetOut,
+              summary="Change a data set's declared kind or its public bound on users (max_users)")
+def patch_dataset(dataset: DatasetP, body: DatasetPatchIn, _: AdminPrincipal, session: SessionDep) -> DatasetOut:
+    out = svc.update_dataset(session, dataset=dataset, body=body)
     session.commit()
     return out
 
@@ -67,13 +75,17 @@ def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset
 
 
 @router.post("/datasets/{dataset}/trainings", response_model=TrainingAccepted, status_code=202,
-             summary="Start a training run (budget reserved now; 409 when it would exceed the cap)")
+             summary="Start a training run (budget reserved now; 409 when it would exceed the cap)",
+             description="The run is recorded and its budget reserved in one transaction; it is then sent to the "
+                         "workers. With the broker down the answer is still 202 naming the run, with "
+                         "`enqueued: false`: the run waits in the outbox and is sent when a worker starts or "
+                         "the beat runs. Never resubmit a 202: poll `status_url`.")
 def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep,
                   settings: SettingsDep) -> TrainingAccepted:
     run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{admin.subject}")
     session.commit()
-    svc.enqueue(run_id, settings)
-    return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}")
+    sent = svc.enqueue(run_id, settings)
+    return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}", enqueued=sent)
 
 
 @router.get("/datasets/{dataset}/trainings", response_model=Page[TrainingRunOut], summary="Training runs")

@@ -32,7 +32,24 @@ def health() -> HealthOut:
     return HealthOut(status="ok", version=__version__)
 
 
-@router.get("/ready", response_model=ReadyOut, summary="Readiness: the database answers",
+BROKER_TIMEOUT_S = 1.0
+
+
+def _broker_check(redis_url: str) -> str:
+    """'ok' when the Redis broker answers PING within BROKER_TIMEOUT_S, else 'error: <type>'."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S)
+    try:
+        client.ping()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return f"error: {type(exc).__name__}"
+    finally:
+        client.close()
+
+
+@router.get("/ready", response_model=ReadyOut, summary="Readiness: the database (and, in production, the broker) answers",
             responses={503: {"model": ReadyOut, "description": "A dependency is not ready."}})
 def ready(request: Request) -> JSONResponse:
     checks: dict[str, str] = {}
@@ -45,6 +62,10 @@ def ready(request: Request) -> JSONResponse:
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         ok = False
         checks["database"] = f"error: {type(exc).__name__}"
+    settings = getattr(request.app.state, "settings", None)
+    if settings is not None and not settings.embedded:  # production: trainings need the broker
+        checks["broker"] = _broker_check(str(settings.redis_url))
+        ok = ok and checks["broker"] == "ok"
     worker = getattr(request.app.state, "worker", None)
     if worker is not None:
         alive = getattr(worker, "is_alive", lambda: True)()

@@ -123,8 +123,10 @@ class DPALSConfig:
         lo, hi = self.rating_range
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"rating_range must be finite with lo < hi, got {self.rating_range}")
-        if self.rank < 1 or self.n_steps < 1 or self.contribution_bound < 1:
-            raise ValueError("rank, n_steps and contribution_bound must be >= 1")
+        for name in ("rank", "n_steps", "contribution_bound"):  # k enters every sensitivity: an integer
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.contribution_mode not in CONTRIBUTION_MODES:
             raise ValueError(f"contribution_mode must be one of {CONTRIBUTION_MODES}")
         if self.mean_mode not in MEAN_MODES:
@@ -715,11 +717,11 @@ def user_regularisation(config: DPALSConfig) -> UserRegularisation:
 
 
 def _validate_for_training(ratings: Ratings, config: DPALSConfig) -> None:
-    if ratings.nnz == 0:
-        raise ValueError("cannot train on an empty ratings matrix")
+    """An empty matrix is valid (a noise-only model); ratings outside the declared range cannot
+    be stored (ingestion checks the data set's fixed range), so this refusal guards callers only."""
     lo, hi = config.rating_range
     data = ratings.csr.data
-    if data.min() < lo or data.max() > hi:
+    if data.size and (data.min() < lo or data.max() > hi):
         raise ValueError(f"ratings fall outside the declared public range [{lo}, {hi}]")
 
 

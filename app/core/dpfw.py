@@ -43,7 +43,7 @@ It is calibrated by the RDP accountant (:func:`calibrate`); the paper's closed-f
 (:func:`paper_sigma`) is kept for comparison only.
 
 The λ̂ inflation λ̂' = λ̂ + sqrt(σ·log(n/β))·n^{1/4} (σ = the noise std of the step's matrix or
-product releases) is optional and logged; it keeps ‖û‖ <= 1 w.h.p. but can dominate λ̂.
+product releases) is optional (λ̂ is published in the artifact, never logged); it keeps ‖û‖ <= 1 w.h.p. but can dominate λ̂.
 The public artifact is the released sequence (v̂_s, λ̂'_s) plus the config (without the seed);
 a user's scores are obtained by replaying the local updates from her own row (post-processing).
 """
@@ -130,11 +130,13 @@ class DPFWConfig:
             raise ValueError("n_steps (T) must be an integer >= 2: T − 1 eigen-steps are released")
         for name in ("max_ratings_per_user", "oja_iterations", "dense_max_items"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.eigen_inflation, bool):
+            raise ValueError("eigen_inflation must be a boolean")
         for name in ("nuclear_norm", "row_clip", "noise_multiplier", "eigenvalue_noise_ratio", "count_noise_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
         if not 0 < self.failure_probability < 1:
             raise ValueError("failure_probability (beta) must lie in (0, 1)")
@@ -431,8 +433,7 @@ class TrainingTrace:
 
 
 def _validate_for_training(ratings: Ratings) -> None:
-    if ratings.nnz == 0:
-        raise ValueError("cannot train on an empty ratings matrix")
+    """Public checks only: an empty matrix is valid (every release is then noise only)."""
     if ratings.n_items < 2:
         raise ValueError("DPFW needs at least two items")
 
@@ -460,8 +461,7 @@ def _train_with_trace(
         lam = math.sqrt(max(lam2, 0.0))
         inflation = _inflation(config, sigma, ratings.n_items)
         directions[:, step], scales[step] = v, lam + inflation
-        logger.info("dpfw step %d/%d (%s): released lambda_hat=%.6g inflation=%.6g lambda_prime=%.6g",
-                    step + 1, n_releases, method, lam, inflation, lam + inflation)
+        logger.debug("dpfw step %d/%d (%s) released", step + 1, n_releases, method)  # no value: logs stay data-free
         local_update(rows, state, step, v, scales[step], **params)
         if progress:
             progress((step + 1) / n_releases, f"step {step + 1}/{n_releases}")

@@ -45,6 +45,7 @@ __all__ = [
     "VoteAllowance",
     "VOTE_RANDOMISERS",
     "RUN_STATUSES",
+    "DATASET_KINDS",
     "LEDGER_KINDS",
     "bump_ratings_version",
 ]
@@ -58,6 +59,7 @@ NAMING = {
 }
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed")
+DATASET_KINDS = ("ratings", "votes")  # the public, declared kind of a data set's private data
 LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change", "local")
 VOTE_RANDOMISERS = ("server", "client")  # who applied randomised response to a stored vote
 
@@ -85,8 +87,15 @@ class Dataset(Base):
     description: Mapped[str | None] = mapped_column(Text, default=None)
     rating_min: Mapped[float] = mapped_column(Float, default=0.5)
     rating_max: Mapped[float] = mapped_column(Float, default=5.0)
-    # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version);
-    # scheduled retraining skips a data set whose counter did not move since its last run.
+    # Declared by the admin (public): what the data set collects, "ratings" or "votes". Scheduled
+    # retraining picks its algorithm from this and the active model, never from the data.
+    kind: Mapped[str] = mapped_column(String(16), default="ratings", server_default="ratings")
+    # Admin-declared public bound on the number of users (None: not declared). Every rule that
+    # needs a user count reads it: the delta warning (delta > 1/(10 max_users)), one-bit's
+    # ``user_rows`` default and the public facts handed to training.
+    max_users: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version).
+    # Private: nothing public (scheduling included) may depend on it.
     ratings_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     ratings_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # Votes (thumbs up/down): when ``vote_local_epsilon`` is set, every vote is randomised once on
@@ -100,6 +109,8 @@ class Dataset(Base):
         CheckConstraint("rating_min < rating_max", name="rating_range"),
         CheckConstraint("vote_local_epsilon IS NULL OR vote_local_epsilon > 0", name="vote_local_epsilon_positive"),
         CheckConstraint("votes_per_user_cap IS NULL OR votes_per_user_cap > 0", name="votes_per_user_cap_positive"),
+        CheckConstraint("kind IN ('ratings', 'votes')", name="kind_kind"),
+        CheckConstraint("max_users IS NULL OR max_users > 0", name="max_users_positive"),
     )
 
 
@@ -196,12 +207,16 @@ class TrainingRun(Base):
     ratings_version: Mapped[int] = mapped_column(BigInteger, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(128), default=None)
-    # Set (and committed) before the first byte of output is written: from then on no refund.
-    output_persisted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # Set (and committed) before the worker reads the first byte of private data: from then on the
+    # run is charged whatever happens (never refunded). Also set for a run whose worker vanished.
+    private_data_read: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     refunded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Outbox: when the run's message was last handed to the broker; None while it never was (the
+    # broker was down). Worker start-up and the beat send queued runs that were never sent.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
 
     dataset: Mapped[Dataset] = relationship()

@@ -19,6 +19,7 @@ __all__ = [
     "CapChangeIn",
     "DatasetIn",
     "DatasetOut",
+    "DatasetPatchIn",
     "LedgerEntryOut",
     "TrainingIn",
     "TrainingAccepted",
@@ -42,7 +43,7 @@ class BudgetOut(_Open):
     spent_epsilon_rdp: float = Field(description="Composed spend by the RDP accountant (rounded up).")
     spent_epsilon_pld: float | None = Field(description="Composed spend by the PLD accountant (rounded up).")
     remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
-    runs: dict[str, int] = Field(description="Training runs by status.")
+    runs: dict[str, int] = Field(description="Training runs by status (private admin view: exact counts).")
     n_entries: int = 0
     n_charged_runs: int = 0
     n_local_guarantees: int = Field(default=0, description=(
@@ -54,6 +55,12 @@ class BudgetOut(_Open):
         "user's data."))
 
 
+MAX_USERS_DOC = (
+    "Admin-declared public upper bound on the number of users of this data set (null: not declared). "
+    "Every rule that needs a user count reads it: delta above 1/(10 max_users) is warned about, and "
+    "one-bit runs default `user_rows` to it (add/remove-one-user privacy; excess voters are dropped at random).")
+
+
 class DatasetIn(StrictModel):
     """A new data set. ``rating_min`` must be below ``rating_max`` (422 otherwise)."""
 
@@ -63,6 +70,10 @@ class DatasetIn(StrictModel):
     rating_max: FiniteFloat = Field(description="Highest rating accepted (public); must exceed `rating_min`.")
     epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description="Privacy budget cap for this data set.")
     delta: FiniteFloat = Field(gt=0, lt=1, description="The budget's delta.")
+    kind: Literal["ratings", "votes"] = Field(default="ratings", description=(
+        "What the data set collects (public, declared): scheduled retraining without an active model "
+        "trains DPALS on `ratings` and one-bit completion on `votes`, never deciding from the data."))
+    max_users: int | None = Field(default=None, ge=1, le=10**12, description=MAX_USERS_DOC)
 
     @model_validator(mode="after")
     def _range(self) -> "DatasetIn":
@@ -76,7 +87,17 @@ class DatasetOut(BaseModel):
     description: str | None
     rating_min: float
     rating_max: float
+    kind: str = Field(description="Declared kind: `ratings` or `votes` (public).")
+    max_users: int | None = Field(description=MAX_USERS_DOC)
+    warnings: list[str] = Field(default_factory=list, description=(
+        "Configuration warnings from public facts (e.g. delta above 1/(10 max_users))."))
     budget: BudgetOut
+
+
+class DatasetPatchIn(StrictModel):
+    kind: Literal["ratings", "votes"] | None = Field(default=None, description="New declared kind.")
+    max_users: int | None = Field(default=None, ge=1, le=10**12, description=(
+        "New declared bound on the number of users; an explicit null removes it. " + MAX_USERS_DOC))
 
 
 class CapChangeIn(StrictModel):
@@ -142,6 +163,10 @@ class TrainingAccepted(BaseModel):
     run_id: int
     status: str
     status_url: str
+    enqueued: bool = Field(default=True, description=(
+        "False when the broker was unreachable: the run is recorded, its budget reserved, and it waits "
+        "in the outbox until a worker starts or the beat runs (it is then sent once). Do not resubmit: "
+        "poll `status_url`."))
 
 
 class TrainingRunOut(_Open):
@@ -149,6 +174,16 @@ class TrainingRunOut(_Open):
     algorithm: str
     status: str
     progress: float
+    error: str | None = Field(default=None, description=(
+        "Why the run failed. Before the private read: the (public) reason. After it: a fixed category "
+        "only, never a message derived from the data."))
+    private_data_read: bool = Field(default=False, description=(
+        "True once the worker was about to read private data (or the worker vanished): the run is then "
+        "charged whatever happens and never refunded."))
+    refunded: bool = Field(default=False, description=(
+        "True when the reservation was refunded: only a run that failed before reading private data."))
+    enqueued: bool = Field(default=True, description=(
+        "False while a queued run waits in the outbox (the broker was unreachable when it was created)."))
 
 
 class ModelVersionOut(_Open):

@@ -140,6 +140,7 @@ class VoteSettingsOut(BaseModel):
     randomised_at_ingestion: bool
     flip_probability: float | None = Field(description="1/(1+e^epsilon0), null for raw votes.")
     user_level_epsilon: float | None = Field(description="cap x epsilon0: the local guarantee per user.")
-    n_votes: int
+    n_votes: int = Field(description=(
+        "Private admin view: the exact number of stored votes (not differentially private; never publish it)."))
     local_ledger_seq: int | None = Field(default=None, description=(
         "Sequence number of the ledger entry recording the current local guarantee."))

@@ -8,13 +8,15 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, LedgerEntryOut, ModelVersionOut, TrainingIn,
-                               TrainingRunOut)
+from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
+                               TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 
 __all__ = [
     "sessionmaker_for",
     "create_dataset",
+    "update_dataset",
+    "dataset_warnings",
     "datasets_page",
     "budget_view",
     "change_cap",
@@ -36,9 +38,20 @@ def sessionmaker_for(settings: Any) -> sessionmaker[Session]:
     return get_sessionmaker(settings.database_url)
 
 
+def dataset_warnings(ds: Any, delta: float) -> list[str]:
+    """Warnings from public facts: delta above 1/(10 max_users) (a mechanism that releases one
+    random user's data is then (0, delta)-DP for every user)."""
+    if ds.max_users is not None and delta > 1.0 / (10.0 * ds.max_users):
+        return [f"delta {delta:g} exceeds 1/(10 max_users) = {1.0 / (10.0 * ds.max_users):.3g}: with up to "
+                f"{ds.max_users} users, lower delta (or max_users is too large a bound)"]
+    return []
+
+
 def _dataset_out(session: Session, ds: Any) -> DatasetOut:
+    budget_out = budget_view(session, dataset=ds.name)
     return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
-                      rating_max=ds.rating_max, budget=budget_view(session, dataset=ds.name))
+                      rating_max=ds.rating_max, kind=ds.kind, max_users=ds.max_users,
+                      warnings=dataset_warnings(ds, budget_out.delta), budget=budget_out)
 
 
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
@@ -52,6 +65,21 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor)
+    ds.kind, ds.max_users = body.kind, body.max_users
+    session.flush()
+    return _dataset_out(session, ds)
+
+
+def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> DatasetOut:
+    """Change the declared kind and/or the public bound ``max_users`` (null clears it)."""
+    from app.services import budget
+
+    ds = budget.get_dataset(session, dataset)
+    if "kind" in body.model_fields_set and body.kind is not None:
+        ds.kind = body.kind
+    if "max_users" in body.model_fields_set:
+        ds.max_users = body.max_users
+    session.flush()
     return _dataset_out(session, ds)
 
 
@@ -100,11 +128,12 @@ def start_training(session: Session, *, dataset: str, body: TrainingIn, actor: s
     return int(run.id)
 
 
-def enqueue(run_id: int, settings: Any) -> None:
-    """Send the run to the workers (only after the reservation is committed)."""
+def enqueue(run_id: int, settings: Any) -> bool:
+    """Send the run to the workers (only after the reservation is committed); False when the
+    broker is unreachable and the run waits in the outbox."""
     from app.services import training
 
-    training.enqueue_run(run_id, settings)
+    return training.enqueue_run(run_id, settings)
 
 
 def run_view(session: Session, *, run_id: int) -> TrainingRunOut:

@@ -264,12 +264,13 @@ def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[Ratin
     return RatingBatchOut(created=n_created, updated=n_updated, results=results)
 
 
-def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]],
-                   create_items: bool = False) -> int:
+def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]]) -> int:
     """Bulk import (CLI, benchmarks): upsert ``(user, item, rating)`` tuples; return the row count.
 
-    A later duplicate of a (user, item) pair in ``rows`` wins. With ``create_items`` unknown
-    items are created without title or features.
+    A later duplicate of a (user, item) pair in ``rows`` wins. Items come only from public input
+    (the items API, :func:`import_items`): a row naming an unknown item is refused (422
+    ``unknown_items``, listing them; nothing written), never a reason to create the item, which
+    would make the public catalogue reveal that someone rated it.
     """
     ds = get_dataset(session, dataset)
     last: dict[tuple[str, str], float] = {}
@@ -277,16 +278,45 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
         last[(str(u), str(i))] = float(v)
     users = [k[0] for k in last]
     items = [k[1] for k in last]
-    if create_items:
-        missing = sorted(set(items) - set(_item_ids(session, ds, items)))
-        now = _now()
-        for part in _chunks(missing, _CHUNK):
-            session.execute(_insert(session, Item.__table__).values(
-                [{"dataset_id": ds.id, "external_id": e, "categories": [], "features": {}, "active": True,
-                  "created_at": now, "updated_at": now} for e in part]
-            ).on_conflict_do_nothing(index_elements=["dataset_id", "external_id"]))
+    missing = sorted(set(items) - set(_item_ids(session, ds, items)))
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:20]) + (", ..." if len(missing) > 20 else "")
+        raise Unprocessable(
+            f"{len(missing)} unknown item(s) in data set {ds.name!r}: {shown}. Items come only from public input: "
+            "add them first (privrec import-items, or PUT /v1/datasets/{dataset}/items/{item_id}); nothing was written",
+            code="unknown_items", details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
     _upsert_many(session, ds, users, items, list(last.values()))
     return len(last)
+
+
+def import_items(session: Session, *, dataset: str,
+                 rows: Sequence[tuple[str, str | None, Sequence[str]]]) -> dict[str, int]:
+    """Bulk upsert of public catalogue items ``(item id, title or None, categories)`` (CLI
+    ``import-items``): titles and categories are replaced, features kept. Returns
+    {"created": n, "updated": n}. A repeated id in ``rows``: the last one wins."""
+    ds = get_dataset(session, dataset)
+    last = {str(item_id): (title, list(categories)) for item_id, title, categories in rows}
+    for item_id in last:
+        if not 0 < len(item_id) <= 128:
+            raise Unprocessable("item ids must have 1 to 128 characters; nothing was written",
+                                code="invalid_item_id", details={"item_id": item_id[:200]})
+    known = _item_ids(session, ds, list(last))
+    now = _now()
+    ids = sorted(last)
+    for part in _chunks(ids, _CHUNK // 2):
+        stmt = _insert(session, Item.__table__).values(
+            [{"dataset_id": ds.id, "external_id": e, "title": last[e][0], "categories": last[e][1], "features": {},
+              "active": True, "created_at": now, "updated_at": now} for e in part])
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=["dataset_id", "external_id"],
+            set_={"title": stmt.excluded.title, "categories": stmt.excluded.categories, "updated_at": now}))
+    if ids:
+        bump_ratings_version(session, ds.id, n=len(ids))
+        from app.services import recommend
+
+        recommend.invalidate_catalog(ds.name)
+    created = sum(1 for e in ids if e not in known)
+    return {"created": created, "updated": len(ids) - created}
 
 
 def _user_row_id(session: Session, user_id: str) -> int | None:

@@ -5,13 +5,23 @@ embedded in-process worker (``app.services.embedded_worker``). State lives in th
 
 * ``start_training`` (API / scheduler): computes the run's privacy event from the calibrated
   config *before* any data is read, inserts the run (``queued``) and reserves the event in the
-  ledger in the caller's transaction. The caller commits, then calls ``enqueue_run``.
+  ledger in the caller's transaction. The caller commits, then calls ``enqueue_run``. The run
+  row is the outbox: a run whose message never reached the broker keeps ``enqueued_at`` NULL
+  and is sent by :func:`drain_outbox` (worker start-up, the beat), so reservation and enqueue are
+  one outcome and a broker outage never invites a second, charged request.
 * ``run_training``: claims a ``queued`` run (a finished run is a no-op, so redelivery never
   trains or charges twice; a ``running`` run whose heartbeat went stale was lost by a vanished
-  worker and is failed with its reservation counted as spent), loads the ratings, trains with a
-  fresh secret seed, marks ``output_persisted`` (committed) before writing the artifact, then
-  inserts the model version, commits the ledger reservation and swaps the active version in one
-  transaction. A failure before ``output_persisted`` refunds the reservation; after, it does not.
+  worker and is failed with its reservation counted as spent), checks what it can from public
+  facts (the data set's settings, the catalogue size, the reservation), commits
+  ``private_data_read`` and only then reads the private data, trains with a fresh secret seed
+  and publishes: inserts the model version, commits the ledger reservation and swaps the active
+  version in one transaction.
+
+**Once private data has been read, the run is charged, whatever happens.** A failure before
+``private_data_read`` (public facts only) refunds the reservation and names its reason; after,
+nothing is refunded and the run records a fixed error category, never the exception's text
+(a numpy MemoryError names array shapes, i.e. counts). Data-dependent outcomes are not failures:
+an empty data set trains a noise-only model, excess voters are dropped at random (one-bit).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from app.core.accounting import epsilon_pld as _eps_pld
 from app.core.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
-from app.db.models import Dataset, Item, ModelVersion, Rating, TrainingRun, Vote, utcnow
+from app.db.models import Dataset, Item, ModelVersion, TrainingRun, utcnow
 from app.db.session import is_postgres, session_scope
 from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
 from app.services.budget import get_dataset
@@ -54,8 +64,12 @@ __all__ = [
     "run_dict",
     "run_training",
     "reap_stale_runs",
+    "drain_outbox",
+    "worker_startup",
     "scheduled_retrain",
+    "public_facts",
     "load_ratings",
+    "ERROR_CATEGORIES",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,7 +79,20 @@ QUEUE = "privrec"
 ALGORITHMS = tuple(sorted(_ALGORITHMS))
 _SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
 _ERROR_LIMIT = 2000
-REQUEUE_AFTER_S = 3600.0  # a queued run older than this is re-sent (lost message)
+REQUEUE_AFTER_S = 3600.0  # a queued run sent longer ago than this is re-sent (lost message)
+# What a failed run records once private data was read: a fixed category per exception type,
+# never the exception's text (it may carry shapes or values derived from the data).
+ERROR_CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (
+    (MemoryError, "out_of_memory"),
+    (ArithmeticError, "numerical"),
+    (ValueError, "rejected_by_algorithm"),
+    (OSError, "io"),
+    (KeyboardInterrupt, "interrupted"),
+    (SystemExit, "interrupted"),
+)
+_CHARGED_ERROR = ("training failed after reading private data (category: {category}); the run is charged: "
+                  "its privacy reservation is spent and never refunded. Details are withheld because they "
+                  "could depend on the data.")
 MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
 
 
@@ -82,9 +109,17 @@ def _base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] |
         raise InvalidRequest(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
+def public_facts(session: Session, ds: Dataset) -> dict[str, Any]:
+    """What training may know about a data set before reading private data: admin declarations
+    and the public catalogue only (kind, the declared bound on its users, rating range, items)."""
+    return {"kind": ds.kind, "max_users": ds.max_users, "rating_range": (ds.rating_min, ds.rating_max),
+            "n_items": _n_items(session, ds)}
+
+
 def _data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Hyper-parameters with what the data set decides for the algorithm's data kind (votes:
-    randomisation at ingestion forces ``pre_randomised`` / ``local_epsilon``)."""
+    randomisation at ingestion forces ``pre_randomised`` / ``local_epsilon``; ``user_rows``
+    defaults to the declared ``max_users``)."""
     if algo.data != "votes":
         return hyperparameters
     from app.services.votes import votes_training_params
@@ -105,6 +140,25 @@ def _resolved_hyperparameters(
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
     return params
+
+
+_MIN_ITEMS = {"dpfw": 2, "onebit": 2}  # the catalogue size each algorithm needs (default 1)
+
+
+def _check_public_shape(algo: Algorithm, config: Any, n_items: int) -> None:
+    """Size limits decided from public facts before any data is read (422 otherwise)."""
+    need = _MIN_ITEMS.get(algo.name, 1)
+    if n_items < need:
+        raise InvalidRequest(f"{algo.name} needs at least {need} item(s) in the data set's public catalogue: "
+                             "add items first (PUT /v1/datasets/{dataset}/items/{item_id} or privrec import-items)")
+    if algo.name != "onebit":
+        return
+    from app.core.onebit import check_public_shape
+
+    try:
+        check_public_shape(config, n_items)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid onebit run: {exc}") from exc
 
 
 def _n_items(session: Session, ds: Dataset) -> int:
@@ -186,6 +240,7 @@ def start_training(
             config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
         except ValueError as exc:
             raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
+    _check_public_shape(algo, config, n_items)
     event = algo.event(config, n_items)
     if free_run and _eps_rdp(event, acct.delta) != 0.0:
         raise InvalidRequest("give exactly one of epsilon or epsilon_fraction (only a run that costs "
@@ -228,15 +283,45 @@ def _celery_client(broker_url: str):
         return client
 
 
-def enqueue_run(run_id: int, settings: Settings | None = None) -> None:
-    """Hand a committed run to the workers: Celery by task name, or wake the embedded worker."""
+BROKER_TIMEOUT_S = 2.0  # connecting to / publishing on the broker gives up after this long
+
+
+def _send(run_id: int, broker_url: str) -> None:
+    """Publish the task once, without kombu's retry loop (the outbox retries later)."""
+    client = _celery_client(broker_url)
+    with client.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
+        client.send_task(TASK_NAME, args=[int(run_id)], queue=QUEUE, connection=conn, retry=False)
+
+
+def _mark_enqueued(run_id: int, url: str | None) -> None:
+    with session_scope(url) as s:
+        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(enqueued_at=utcnow()))
+
+
+def enqueue_run(run_id: int, settings: Settings | None = None, *, url: str | None = None) -> bool:
+    """Hand a committed run to the workers: Celery by task name, or wake the embedded worker.
+
+    Returns True once the message is with the broker (``enqueued_at`` set); False when the broker
+    is unreachable: the run stays ``queued`` in the outbox (``enqueued_at`` NULL) and
+    :func:`drain_outbox` sends it later. Never raises for a broker fault, so the caller never
+    answers 500 after the reservation.
+    """
     s = settings or get_settings()
+    url = url or s.database_url
     if s.embedded:
         from app.services.embedded_worker import wake_workers
 
+        _mark_enqueued(run_id, url)
         wake_workers()
-        return
-    _celery_client(s.redis_url).send_task(TASK_NAME, args=[int(run_id)], queue=QUEUE)
+        return True
+    try:
+        _send(run_id, str(s.redis_url))
+    except Exception as exc:  # noqa: BLE001 - any broker fault leaves the run in the outbox
+        log.warning("run %s stays in the outbox: the broker is unreachable (%s)", run_id, type(exc).__name__)
+        return False
+    _mark_enqueued(run_id, url)
+    return True
 
 
 def submit_training(*, url: str | None = None, settings: Settings | None = None, **kwargs: Any) -> int:
@@ -245,7 +330,7 @@ def submit_training(*, url: str | None = None, settings: Settings | None = None,
     with session_scope(url) as session:
         run = start_training(session, **kwargs)
         run_id = run.id
-    enqueue_run(run_id, settings)
+    enqueue_run(run_id, settings, url=url)
     return run_id
 
 
@@ -292,6 +377,8 @@ def run_dict(run: TrainingRun) -> dict[str, Any]:
         "trigger": run.trigger,
         "actor": run.actor,
         "refunded": run.refunded,
+        "private_data_read": run.private_data_read,
+        "enqueued": run.enqueued_at is not None,
         "attempts": run.attempts,
         "created_at": _iso(run.created_at),
         "started_at": _iso(run.started_at),
@@ -318,13 +405,32 @@ def _is_stale(run: TrainingRun, stale_after_s: float) -> bool:
     return beat is None or utcnow() - beat > timedelta(seconds=stale_after_s)
 
 
-def _fail(session: Session, run: TrainingRun, error: str, *, actor: str) -> None:
-    """Mark ``run`` failed; refund its reservation only when no output was persisted."""
+def error_category(exc: BaseException) -> str:
+    """The fixed, data-independent category recorded for a failure after the private read."""
+    for kind, category in ERROR_CATEGORIES:
+        if isinstance(exc, kind):
+            return category
+    return "internal"
+
+
+def _failure_text(exc: BaseException, private_data_read: bool) -> str:
+    """A public failure's reason (before the read: public facts only), else the fixed category."""
+    if private_data_read:
+        return _CHARGED_ERROR.format(category=error_category(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _fail(session: Session, run: TrainingRun, exc: BaseException, *, actor: str) -> None:
+    """Mark ``run`` failed. Refund its reservation only when no private data was read: from
+    then on the run is charged whatever happens, and its error is a fixed category."""
+    error = _failure_text(exc, run.private_data_read)
     run.status = "failed"
     run.error = error[:_ERROR_LIMIT]
     run.finished_at = utcnow()
-    if not run.output_persisted:
-        entry = ledger.refund(session, dataset=run.dataset, run_id=run.id, actor=actor, reason=f"run failed before any output: {error[:200]}")
+    run.stage = "failed"
+    if not run.private_data_read:
+        entry = ledger.refund(session, dataset=run.dataset, run_id=run.id, actor=actor,
+                              reason=f"run failed before reading any private data: {error[:200]}")
         run.refunded = entry is not None
     session.flush()
 
@@ -334,7 +440,8 @@ def _vanished(session: Session, run: TrainingRun) -> None:
     run.status = "failed"
     run.error = "the worker running this training vanished; its privacy reservation is counted as spent"
     run.finished_at = utcnow()
-    run.output_persisted = True  # unknown what escaped: never refund
+    run.stage = "failed"
+    run.private_data_read = True  # unknown whether it read private data: charged, never refund
     session.flush()
 
 
@@ -415,7 +522,7 @@ def _claim(run_id: int, url: str | None, worker: str, stale_after_s: float) -> t
         run.attempts += 1
         run.worker = worker[:128]
         run.started_at = run.heartbeat_at = utcnow()
-        run.stage, run.progress = "loading ratings", 0.02
+        run.stage, run.progress = "checking", 0.02
         return "claimed", {"dataset": run.dataset.name, "config": dict(run.config), "algorithm": run.algorithm}
 
 
@@ -432,42 +539,82 @@ def run_training(run_id: int, *, url: str | None = None, worker: str | None = No
     try:
         with _Heartbeat(run_id, url, s_.run_heartbeat_s):
             model = _train(run_id, url, info)
-            _mark_output_persisted(run_id, url)
+            _set_progress(run_id, url, 0.95, "publishing")
             _publish(run_id, url, model, s_)
         return "succeeded"
     except BaseException as exc:  # noqa: BLE001 - every failure must land in the run row
-        error = f"{type(exc).__name__}: {exc}"
-        log.warning("training run %s failed: %s", run_id, error)
-        try:
-            with session_scope(url) as s:
-                run = _lock_run(s, run_id)
-                if run is not None and run.status == "running":
-                    _fail(s, run, error, actor="worker")
-        except Exception:  # pragma: no cover
-            log.exception("could not record the failure of run %s", run_id)
+        _record_failure(run_id, url, exc)
         if not isinstance(exc, Exception):
             raise
         return "failed"
+
+
+def _record_failure(run_id: int, url: str | None, exc: BaseException) -> None:
+    """Fail the run (refund only before the private read); log nothing derived from the data."""
+    try:
+        with session_scope(url) as s:
+            run = _lock_run(s, run_id)
+            if run is None or run.status != "running":
+                return
+            read = run.private_data_read
+            _fail(s, run, exc, actor="worker")
+        if read:
+            log.warning("training run %s failed after reading private data (category %s)", run_id, error_category(exc))
+        else:
+            log.warning("training run %s failed before reading private data: %s: %s", run_id, type(exc).__name__, exc)
+    except Exception:  # pragma: no cover
+        log.error("could not record the failure of run %s", run_id)
+
+
+def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm, config: Any) -> dict[str, Any]:
+    """Everything checkable from public facts, before the private read (a failure refunds):
+    the data set's vote settings for a free run, the reservation against the config and the
+    public catalogue size. Returns the reserved event."""
+    from app.core.accounting import event_to_json
+
+    with session_scope(url) as s:
+        ds = get_dataset(s, info["dataset"])
+        if info["config"].get("pre_randomised"):
+            from app.services.votes import check_pre_randomised_settings
+
+            check_pre_randomised_settings(ds, info["config"].get("local_epsilon"))
+        reserved = ledger.reservation_for(s, run_id)
+        reserved_event = dict(reserved.event) if reserved else None
+        n_items = _n_items(s, ds)
+    if reserved_event != event_to_json(algo.event(config, n_items)):
+        raise RuntimeError("the run's config no longer matches its privacy reservation")
+    return reserved_event
+
+
+def _read_private(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm):
+    """Commit ``private_data_read`` (the point of no refund), then read the training data.
+
+    A free pre-randomised run locks the data set's vote settings, re-checks them (public) and
+    reads only the bits randomised with its ε0 (``load_votes``), so which bits exist never
+    decides whether it fails."""
+    _mark_private_data_read(run_id, url)
+    with session_scope(url) as s:
+        ds = get_dataset(s, info["dataset"])
+        local_epsilon = info["config"].get("local_epsilon") if info["config"].get("pre_randomised") else None
+        if local_epsilon is not None:
+            from app.services.votes import lock_pre_randomised
+
+            ds = lock_pre_randomised(s, ds, local_epsilon)
+        version = ds.ratings_version
+        data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon)
+        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
+    return data, extra_inputs
 
 
 def _train(run_id: int, url: str | None, info: dict[str, Any]):
     from app.core.accounting import event_to_json
 
     algo = get_algorithm(info["algorithm"])
-    with session_scope(url) as s:
-        ds = get_dataset(s, info["dataset"])
-        if info["config"].get("pre_randomised"):  # a free run must read randomised bits only
-            from app.services.votes import check_pre_randomised
-
-            check_pre_randomised(s, ds, info["config"].get("local_epsilon"))
-        version = ds.ratings_version
-        ratings, extra_inputs = load_training_inputs(s, ds, algo)
-        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
-        reserved = ledger.reservation_for(s, run_id)
-        reserved_event = dict(reserved.event) if reserved else None
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
-    if reserved_event != event_to_json(algo.event(config, ratings.n_items)):
+    reserved_event = _public_checks(run_id, url, info, algo, config)
+    ratings, extra_inputs = _read_private(run_id, url, info, algo)
+    if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
         raise RuntimeError("the run's config no longer matches its privacy reservation")
     _set_progress(run_id, url, 0.10, "training")
     model = algo.train(ratings, config, progress=_progress_writer(run_id, url), **extra_inputs)
@@ -479,13 +626,13 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]):
     return model
 
 
-def _mark_output_persisted(run_id: int, url: str | None) -> None:
-    """Commit the point of no refund before the first byte of output is written."""
+def _mark_private_data_read(run_id: int, url: str | None) -> None:
+    """Commit the point of no refund before the first private byte is read."""
     with session_scope(url) as s:
         s.execute(
             update(TrainingRun)
             .where(TrainingRun.id == run_id)
-            .values(output_persisted=True, stage="publishing", progress=0.95, heartbeat_at=utcnow())
+            .values(private_data_read=True, stage="reading data", progress=0.05, heartbeat_at=utcnow())
         )
 
 
@@ -527,48 +674,58 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
 
 
 # ----------------------------------------------------------------------------- maintenance
-def reap_stale_runs(*, url: str | None = None, settings: Settings | None = None) -> list[int]:
-    """Fail running runs whose heartbeat went stale (worker vanished; reservation stays spent)."""
+def reap_stale_runs(*, url: str | None = None, settings: Settings | None = None,
+                    dead_worker_prefix: str | None = None) -> list[int]:
+    """Fail running runs whose worker vanished (reservation stays spent): a stale heartbeat, or
+    (``dead_worker_prefix``, at a worker's start-up) a run held by this worker's dead previous
+    incarnation, which is failed at once."""
     s_ = settings or get_settings()
     url = url or s_.database_url
-    cutoff = utcnow() - timedelta(seconds=s_.run_stale_after_s)
     failed: list[int] = []
     with session_scope(url) as s:
         ids = list(s.scalars(select(TrainingRun.id).where(TrainingRun.status == "running")))
     for run_id in ids:
         with session_scope(url) as s:
             run = _lock_run(s, run_id)
-            if run is not None and run.status == "running" and _is_stale(run, s_.run_stale_after_s):
+            if run is None or run.status != "running":
+                continue
+            dead = dead_worker_prefix is not None and (run.worker or "").startswith(dead_worker_prefix)
+            if dead or _is_stale(run, s_.run_stale_after_s):
                 _vanished(s, run)
                 failed.append(run_id)
     if failed:
-        log.warning("failed %d training run(s) whose worker vanished (heartbeat before %s)", len(failed), cutoff)
+        log.warning("failed %d training run(s) whose worker vanished", len(failed))
     return failed
 
 
-def requeue_stale_queued(
+def drain_outbox(
     *, url: str | None = None, settings: Settings | None = None, older_than_s: float = REQUEUE_AFTER_S
 ) -> list[int]:
-    """Re-send runs queued (or last re-sent) more than ``older_than_s`` ago: a lost message.
-    Claiming is idempotent, so a duplicate is harmless; each run is re-sent at most once per period."""
+    """Send queued runs that never reached the broker (``enqueued_at`` NULL) and re-send those
+    sent more than ``older_than_s`` ago (a lost message). Claiming is idempotent, so a duplicate
+    is harmless. Returns the ids sent."""
     s_ = settings or get_settings()
     url = url or s_.database_url
     cutoff = utcnow() - timedelta(seconds=older_than_s)
-    ids: list[int] = []
     with session_scope(url) as s:
-        for run in s.scalars(select(TrainingRun).where(TrainingRun.status == "queued")):
-            if _aware(run.heartbeat_at or run.created_at) < cutoff:
-                run.heartbeat_at = utcnow()  # for a queued run: when it was last sent
-                ids.append(run.id)
-    for run_id in ids:
-        enqueue_run(run_id, s_)
-    return ids
+        rows = s.execute(select(TrainingRun.id, TrainingRun.enqueued_at).where(TrainingRun.status == "queued")
+                         .order_by(TrainingRun.id)).all()
+    due = [run_id for run_id, sent in rows if sent is None or _aware(sent) < cutoff]
+    return [run_id for run_id in due if enqueue_run(run_id, s_, url=url)]
+
+
+def worker_startup(worker_prefix: str, *, url: str | None = None, settings: Settings | None = None) -> dict[str, list[int]]:
+    """What a worker does when it starts: fail the runs its dead previous incarnation (same
+    ``worker_prefix``) or any vanished worker left ``running``, then drain the outbox."""
+    reaped = reap_stale_runs(url=url, settings=settings, dead_worker_prefix=worker_prefix)
+    return {"reaped": reaped, "sent": drain_outbox(url=url, settings=settings)}
 
 
 def scheduled_retrain(*, url: str | None = None, settings: Settings | None = None, enqueue: bool = True) -> dict[str, str]:
-    """Periodic retraining of every data set. Per data set the outcome is one of
-    'started:<run id>', 'skipped:busy', 'skipped:unchanged', 'skipped:no-ratings', 'skipped:budget',
-    'skipped:invalid'."""
+    """Periodic retraining of every data set, decided from public facts only (the schedule, the
+    data set's declared kind, its active model, runs in flight and the budget): never from
+    whether its data changed or exists. Per data set the outcome is one of 'started:<run id>',
+    'skipped:busy', 'skipped:budget', 'skipped:invalid'."""
     s_ = settings or get_settings()
     url = url or s_.database_url
     outcomes: dict[str, str] = {}
@@ -578,30 +735,28 @@ def scheduled_retrain(*, url: str | None = None, settings: Settings | None = Non
         outcome, run_id = _retrain_one(name, url, s_)
         outcomes[name] = outcome
         if run_id is not None and enqueue:
-            enqueue_run(run_id, s_)
+            enqueue_run(run_id, s_, url=url)
     return outcomes
 
 
 _SERVICE_SET_KEYS = ("pre_randomised", "local_epsilon")  # forced by the data set, never passed back
+_KIND_ALGORITHMS = {"ratings": "dpals", "votes": "onebit"}  # without an active model
 
 
-def _retrain_algorithm(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], str | None] | None:
+def _retrain_algorithm(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], str | None]:
     """What scheduled retraining runs: the active model's algorithm with its published
     hyper-parameters (re-calibrated to the retrain epsilon), so a DP-CMF or one-bit model is
-    not replaced by a DPALS one; without an active model, DPALS on ratings or one-bit on a
-    data set with votes only (defaults). A model trained on the ε-aware defaults is retrained on
-    the defaults re-derived at the retrain's ε (with its objective). None when there is no data."""
+    not replaced by a DPALS one; without an active model, the default algorithm of the data
+    set's declared kind (DPALS for ratings, one-bit for votes), never chosen from the data. A
+    model trained on the ε-aware defaults is retrained on the defaults re-derived at the
+    retrain's ε (with its objective)."""
     active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
     if active is not None:
         run = session.get(TrainingRun, active.run_id)
         if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
             return active.algorithm, {}, run.config.get("objective")
         return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}, None
-    if session.scalar(select(Rating.id).where(Rating.dataset_id == ds.id).limit(1)) is not None:
-        return "dpals", {}, None
-    if session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1)) is not None:
-        return "onebit", {}, None
-    return None
+    return _KIND_ALGORITHMS[ds.kind], {}, None
 
 
 def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, int | None]:
@@ -614,13 +769,7 @@ def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, i
         )
         if busy:
             return "skipped:busy", None
-        last = s.scalar(select(TrainingRun).where(TrainingRun.dataset_id == ds.id).order_by(TrainingRun.id.desc()).limit(1))
-        if last is not None and last.ratings_version >= ds.ratings_version:
-            return "skipped:unchanged", None
-        choice = _retrain_algorithm(s, ds)
-        if choice is None:
-            return "skipped:no-ratings", None
-        algorithm, hyperparameters, objective = choice
+        algorithm, hyperparameters, objective = _retrain_algorithm(s, ds)
         free = (algorithm == "onebit" and ds.vote_local_epsilon is not None
                 and hyperparameters.get("mechanism", "inp") == "inp")  # post-processing of stored bits
         try:

@@ -12,6 +12,7 @@ Each loader returns ``(data, extra keyword arguments for Algorithm.train)``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -29,9 +30,21 @@ Loader = Callable[[Session, Dataset], tuple[Ratings, dict[str, Any]]]
 DATA_KINDS = ("ratings", "ratings+public", "votes")
 
 
-def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm) -> tuple[Ratings, dict[str, Any]]:
-    """The training data of ``algo`` on ``ds`` and the extra keyword arguments of its ``train``."""
-    return _loader(getattr(algo, "data", "ratings"))(session, ds)
+def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm, *,
+                         local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+    """The training data of ``algo`` on ``ds`` and the extra keyword arguments of its ``train``.
+
+    ``local_epsilon`` (votes only): read only the bits randomised at ingestion with exactly this
+    ε0 (a free, pre-randomised run); any other row is never read.
+    """
+    kind = getattr(algo, "data", "ratings")
+    if local_epsilon is not None:
+        if kind != "votes":
+            raise ValueError("local_epsilon filters votes only")
+        from app.services.votes import load_votes
+
+        return load_votes(session, ds, local_epsilon=local_epsilon)
+    return _loader(kind)(session, ds)
 
 
 def _loader(kind: str) -> Loader:
@@ -66,11 +79,22 @@ _TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables; values read 
 Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _triplets_postgres(session: Session, table: str, dataset_id: int) -> Triplets:
+def _randomised_filter(local_epsilon: float | None) -> str:
+    """SQL condition keeping only votes randomised with exactly ``local_epsilon`` (none: all rows)."""
+    if local_epsilon is None:
+        return ""
+    value = float(local_epsilon)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("local_epsilon must be finite and > 0")
+    return f" AND randomised AND local_epsilon = {value!r}"
+
+
+def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
     """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
     cursor = session.connection().connection.driver_connection.cursor()
     buf = bytearray()
-    sql = "COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}) TO STDOUT (FORMAT BINARY)"
+    sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
+           + _randomised_filter(local_epsilon).replace("%", "%%") + ") TO STDOUT (FORMAT BINARY)")
     with cursor.copy(sql.format(table, int(dataset_id))) as copy:
         for chunk in copy:
             buf += chunk
@@ -84,9 +108,10 @@ def _triplets_postgres(session: Session, table: str, dataset_id: int) -> Triplet
     return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
 
 
-def _triplets_generic(session: Session, table: str, dataset_id: int) -> Triplets:
+def _triplets_generic(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
     cursor = session.connection().connection.driver_connection.cursor()
-    cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?", (int(dataset_id),))
+    cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?{_randomised_filter(local_epsilon)}",
+                   (int(dataset_id),))
     parts = []
     while True:
         chunk = cursor.fetchmany(500_000)
@@ -98,18 +123,23 @@ def _triplets_generic(session: Session, table: str, dataset_id: int) -> Triplets
     return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
 
 
-def load_triplets(session: Session, ds: Dataset, table: str = "ratings") -> Triplets:
-    """(user db id, item db id, value as float64) of every row of ``table`` in ``ds``."""
+def load_triplets(session: Session, ds: Dataset, table: str = "ratings", *,
+                  local_epsilon: float | None = None) -> Triplets:
+    """(user db id, item db id, value as float64) of every row of ``table`` in ``ds`` (votes
+    with ``local_epsilon``: only those randomised with exactly that ε0)."""
     if table not in _TABLES:
         raise ValueError(f"unknown triplet table {table!r}")
+    if local_epsilon is not None and table != "votes":
+        raise ValueError("local_epsilon filters votes only")
     loader = _triplets_postgres if is_postgres(session) else _triplets_generic
-    return loader(session, table, ds.id)
+    return loader(session, table, ds.id, local_epsilon)
 
 
-def load_ratings(session: Session, ds: Dataset, table: str = "ratings") -> Ratings:
+def load_ratings(session: Session, ds: Dataset, table: str = "ratings", *,
+                 local_epsilon: float | None = None) -> Ratings:
     """All rows of ``table`` (ratings or votes) of ``ds`` as a :class:`Ratings`
     (users = those with a row, sorted by database id; items = every item of the data set)."""
-    return ratings_from_triplets(*item_index(session, ds), *load_triplets(session, ds, table))
+    return ratings_from_triplets(*item_index(session, ds), *load_triplets(session, ds, table, local_epsilon=local_epsilon))
 
 
 def ratings_from_triplets(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np.ndarray, v: np.ndarray) -> Ratings:

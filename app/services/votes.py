@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -435,28 +435,30 @@ def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int
 
 
 # ----------------------------------------------------------------------------- training
-def check_pre_randomised(session: Session, ds: Dataset, local_epsilon: float | None) -> None:
-    """Refuse (RuntimeError: the run fails and is refunded) to train a free, pre-randomised run
-    unless the data set still randomises with exactly ``local_epsilon`` and every stored bit was
-    randomised with it. The data set row is locked (FOR KEY SHARE on PostgreSQL, as ingestion
-    does) so the vote settings cannot change until the training data is read in this transaction.
-    Without this, settings turned off after the run was queued would let raw votes be trained
-    on for free.
-    """
-    ds = _dataset(session, ds.name, lock="share")
+def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> None:
+    """Refuse a free, pre-randomised run unless the data set still randomises votes with exactly
+    ``local_epsilon``: a public fact (its vote settings), checked before any vote is read."""
+    from app.platform_errors import InvalidRequest
+
     if local_epsilon is None or ds.vote_local_epsilon != float(local_epsilon):
-        raise RuntimeError(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
-                           "a pre-randomised (free) run cannot train on its votes")
-    unrandomised = session.scalar(select(func.count()).select_from(Vote).where(
-        Vote.dataset_id == ds.id, or_(Vote.randomised.is_(False), Vote.local_epsilon != float(local_epsilon))))
-    if unrandomised:
-        raise RuntimeError(f"data set {ds.name!r} holds votes not randomised with epsilon0 "
-                           f"{local_epsilon}: a pre-randomised (free) run cannot train on them")
+        raise InvalidRequest(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
+                             "a pre-randomised (free) run cannot train on its votes")
 
 
-def load_votes(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
-    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue)."""
-    return load_ratings(session, ds, table="votes"), {}
+def lock_pre_randomised(session: Session, ds: Dataset, local_epsilon: float) -> Dataset:
+    """Lock the data set's vote settings (FOR KEY SHARE on PostgreSQL, as ingestion does) until
+    the training data is read in this transaction, and re-check them (public). The read itself
+    (:func:`load_votes` with ``local_epsilon``) takes only bits randomised with ε0, so a stored
+    bit that was not (impossible through this module) is never read and decides nothing."""
+    locked = _dataset(session, ds.name, lock="share")
+    check_pre_randomised_settings(locked, local_epsilon)
+    return locked
+
+
+def load_votes(session: Session, ds: Dataset, *, local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue);
+    with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
+    return load_ratings(session, ds, table="votes", local_epsilon=local_epsilon), {}
 
 
 _FORCED = ("pre_randomised", "local_epsilon")
@@ -470,10 +472,14 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
     post-processing of the local guarantee (charged 0). Another mechanism trains on the stored
     bits as data and is charged its own event. ``votes_per_user`` defaults to the data set's cap.
     Raw data set: ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
+    ``user_rows`` defaults to the data set's declared public bound ``max_users`` (add/remove-one-
+    user relation; excess voters are dropped at random, never refused).
     """
     from app.platform_errors import InvalidRequest
 
     out = dict(params or {})
+    if ds.max_users is not None:
+        out.setdefault("user_rows", max(2, int(ds.max_users)))
     chosen = [k for k in _FORCED if k in out]
     if _randomising(ds):
         if chosen:

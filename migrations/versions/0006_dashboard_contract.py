@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0006'
-down_revision = '0002'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

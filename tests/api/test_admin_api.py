@@ -118,3 +118,31 @@ def test_a_dpfw_training_is_accepted_and_charged_like_any_run(env: Env) -> None:
     assert reservation["parameters"]["algorithm"] == "dpfw" and reservation["epsilon"] <= 1.0 + 1e-9
     bad = {**body, "hyperparameters": {"rating_range": [1, 5]}}
     assert env.client.post(f"{A}/trainings", headers=env.admin, json=bad).status_code == 422
+
+
+def test_declared_kind_and_public_user_bound(env: Env) -> None:
+    """kind and max_users are admin declarations (public); delta above 1/(10 max_users) is warned
+    about; one-bit runs default user_rows to max_users; bad values are 422 and change nothing."""
+    body = {"name": "thumbs", "rating_min": -1, "rating_max": 1, "epsilon_cap": 3.0, "delta": 1e-3,
+            "kind": "votes", "max_users": 500}
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json=body)
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert out["kind"] == "votes" and out["max_users"] == 500
+    assert len(out["warnings"]) == 1 and "1/(10 max_users)" in out["warnings"][0]
+    for bad in ({"max_users": 0}, {"max_users": 2.5}, {"kind": "clicks"}, {"unknown": 1}):
+        assert env.client.patch("/v1/admin/datasets/thumbs", headers=env.admin, json=bad).status_code == 422
+    assert env.client.patch("/v1/admin/datasets/thumbs", headers=env.auth("u0"), json={"max_users": 5}).status_code == 403
+    r = env.client.patch("/v1/admin/datasets/thumbs", headers=env.admin, json={"max_users": 50})
+    assert r.status_code == 200 and r.json()["max_users"] == 50 and r.json()["warnings"] == []
+    assert r.json()["kind"] == "votes"  # untouched
+    for k in range(6):
+        env.client.put(f"/v1/datasets/thumbs/items/t{k}", headers=env.admin, json={"title": f"t{k}"})
+    r = env.client.post("/v1/admin/datasets/thumbs/trainings", headers=env.admin,
+                        json={"algorithm": "onebit", "epsilon": 1.0, "hyperparameters": {"mechanism": "grap"}})
+    assert r.status_code == 202, r.text
+    run = env.client.get(f"/v1/admin/trainings/{r.json()['run_id']}", headers=env.admin).json()
+    assert run["config"]["user_rows"] == 50  # the declared bound, add/remove-one-user relation
+    r = env.client.patch("/v1/admin/datasets/thumbs", headers=env.admin, json={"max_users": None})
+    assert r.status_code == 200 and r.json()["max_users"] is None
+    assert env.client.patch("/v1/admin/datasets/nope", headers=env.admin, json={"max_users": 5}).status_code == 404

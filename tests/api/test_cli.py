@@ -36,8 +36,12 @@ def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]
             for i in range(u % 7, 40, 7):
                 fh.write(f"{u},{i},{1 + (u + i) % 5}\n")
         fh.write("0,0,4.5\n")  # a later duplicate wins
+    items = cli_env / "items.csv"
+    items.write_text("item_id,title,categories\n" + "".join(f"{i},Item {i},a|b\n" for i in range(40)))
     capsys.readouterr()
-    assert cli.main(["import-csv", str(path), "--create-items", "--chunk", "97", "--quiet"]) == 0
+    assert cli.main(["import-items", str(items), "--chunk", "7"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"dataset": "default", "created": 40, "updated": 0}
+    assert cli.main(["import-csv", str(path), "--chunk", "97", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     from app.db.session import session_scope
     from sqlalchemy import text
@@ -55,9 +59,11 @@ def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]
 def test_import_refuses_out_of_range(cli_env: Path) -> None:
     cli.main(["migrate"])
     path = cli_env / "bad.csv"
+    (cli_env / "items.csv").write_text("x\n")
+    assert cli.main(["import-items", str(cli_env / "items.csv"), "--no-header"]) == 0
     path.write_text("u,i,r\na,x,4\nb,x,11\n")
     with pytest.raises(SystemExit, match="nothing was written"):
-        cli.main(["import-csv", str(path), "--create-items", "--quiet"])
+        cli.main(["import-csv", str(path), "--quiet"])
     from app.db.session import session_scope
     from sqlalchemy import text
 
@@ -135,3 +141,24 @@ def test_service_token_without_scope_is_refused(tmp_path) -> None:
     exe = str(Path(sys.executable).with_name("privrec"))
     out = subprocess.run([exe, "issue-token", "--service", "frontend"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode != 0 and "--scope" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ratings_import_refuses_unknown_items_and_names_them(cli_env: Path) -> None:
+    """The catalogue is public and comes only from public input: a rating never creates an item
+    (an item rated by one user would exist iff that user is in the data)."""
+    cli.main(["migrate"])
+    (cli_env / "items.csv").write_text("item_id,title\nknown,Known\n")
+    assert cli.main(["import-items", str(cli_env / "items.csv")]) == 0
+    path = cli_env / "r.csv"
+    path.write_text("u,i,r\na,known,4\nb,ghost,3\nc,phantom,2\n")
+    with pytest.raises(SystemExit, match="unknown item") as err:
+        cli.main(["import-csv", str(path), "--quiet"])
+    assert "'ghost'" in str(err.value) and "'phantom'" in str(err.value) and "import-items" in str(err.value)
+    with pytest.raises(SystemExit):
+        cli.main(["import-csv", str(path), "--create-items", "--quiet"])  # the option is gone
+    from app.db.session import session_scope
+    from sqlalchemy import text
+
+    with session_scope() as s:
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
+        assert s.execute(text("SELECT count(*) FROM items WHERE external_id IN ('ghost', 'phantom')")).scalar_one() == 0

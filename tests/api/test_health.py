@@ -13,7 +13,7 @@ from tests.api.conftest import Env, make_settings
 def test_health_and_ready(sqlite_env: Env) -> None:
     r = sqlite_env.client.get("/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
-    assert r.headers["server-timing"].startswith("app;dur=")
+    assert "server-timing" not in r.headers  # a timing channel: opt-in only
     r = sqlite_env.client.get("/ready")
     assert r.status_code == 200 and r.json() == {"status": "ok", "checks": {"database": "ok"}}
 
@@ -26,3 +26,36 @@ def test_ready_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
     r = client.get("/ready")
     assert r.status_code == 503 and r.json()["status"] == "unavailable"
     assert r.json()["checks"]["database"].startswith("error")
+
+
+def test_server_timing_is_opt_in(tmp_path: Path) -> None:
+    settings = make_settings(f"sqlite:///{tmp_path / 'api.db'}", tmp_path).model_copy(update={"server_timing": True})
+    client = TestClient(create_app(settings))
+    assert client.get("/health").headers["server-timing"].startswith("app;dur=")
+
+
+def _production(tmp_path: Path, redis_url: str):
+    from app.config import Settings
+
+    return Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", redis_url=redis_url, secret_key="s" * 32,
+                    artifact_dir=tmp_path / "artifacts", seed_demo=False, embedded_worker=False)
+
+
+def test_ready_checks_the_broker_in_production(tmp_path: Path) -> None:
+    """Production mode (REDIS_URL set): /ready is 503 while the broker is unreachable."""
+    import os
+
+    from app.db.migrate import upgrade_head
+
+    down = _production(tmp_path, "redis://127.0.0.1:9/0")  # a closed port
+    upgrade_head(down.database_url)
+    r = TestClient(create_app(down)).get("/ready")
+    assert r.status_code == 503 and r.json()["checks"]["broker"].startswith("error")
+    assert r.json()["checks"]["database"] == "ok"
+    up = _production(tmp_path, os.environ.get("PRIVREC_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    r = TestClient(create_app(up)).get("/ready")
+    if r.json()["checks"]["broker"] != "ok" and os.environ.get("CI") != "true":
+        import pytest
+
+        pytest.skip("Redis is not reachable")
+    assert r.status_code == 200 and r.json()["checks"] == {"database": "ok", "broker": "ok"}

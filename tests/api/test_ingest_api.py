@@ -207,7 +207,9 @@ def test_bulk_import_round_trips_awkward_ids(env: Env) -> None:
     weird = ['a"b', "c\\d", "e,f", "{g}", "NULL", "ünï ✓", " sp "]
     rows = [(u, i, 1.0 + k % 4) for k, (u, i) in enumerate((u, i) for u in weird for i in weird)]
     with env.session() as s:
-        assert ingest.import_ratings(s, dataset="default", rows=rows, create_items=True) == len(rows)
+        assert ingest.import_items(s, dataset="default", rows=[(i, None, []) for i in weird]) == {
+            "created": len(weird), "updated": 0}
+        assert ingest.import_ratings(s, dataset="default", rows=rows) == len(rows)
         s.commit()
     with env.session() as s:
         for u in weird:

@@ -254,7 +254,8 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from app.services import ingest
 
     with session_scope() as s:
-        ingest.import_ratings(s, dataset="default", rows=[("u0", f"i{k}", 3.0) for k in range(5)], create_items=True)
+        ingest.import_items(s, dataset="default", rows=[(f"i{k}", None, []) for k in range(5)])
+        ingest.import_ratings(s, dataset="default", rows=[("u0", f"i{k}", 3.0) for k in range(5)])
     yield tmp_path
     dispose_engines()
     reset_settings_cache()

@@ -74,7 +74,7 @@ def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None
         base, env, token, (api, worker) = stack.base, stack.env, stack.token, stack.procs
         admin, svc = token("--admin"), token("--service", "frontend", "--scope", "ingest")
         with httpx.Client(base_url=base, timeout=30) as c:
-            assert c.get("/ready").json()["checks"] == {"database": "ok"}
+            assert c.get("/ready").json()["checks"] == {"database": "ok", "broker": "ok"}  # production: the broker too
             for k in range(30):
                 r = c.put(f"/v1/datasets/default/items/m{k}", headers=svc,
                           json={"title": f"Movie {k}", "categories": ["even" if k % 2 == 0 else "odd"]})

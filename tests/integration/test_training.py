@@ -62,7 +62,7 @@ def test_train_publish_and_serve(seeded, settings):
             model_store.get_active_model(s, "default")
     assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
     run = _run(url, run_id)
-    assert (run.status, run.progress, run.refunded, run.output_persisted) == ("succeeded", 1.0, False, True)
+    assert (run.status, run.progress, run.refunded, run.private_data_read) == ("succeeded", 1.0, False, True)
     assert "seed" not in run.config
     assert _kinds(url, run_id) == ["reservation", "commit"]
     with session_scope(url) as s:
@@ -103,17 +103,80 @@ def test_idempotency_key_returns_the_same_run(seeded):
     assert _kinds(seeded, a) == ["reservation"]
 
 
-def test_failure_before_output_is_refunded(db_url, settings):
-    create_dataset(db_url, cap=10.0)  # no ratings: training fails before any release
-    run_id = _start(db_url)
-    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+def _items_only(url: str) -> None:
+    """A data set with a public catalogue of 60 items and no ratings at all."""
+    empty = synthetic_ratings()
+    seed_ratings(url, "default", type(empty).from_arrays(
+        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), item_ids=empty.item_ids))
+
+
+@pytest.mark.parametrize("algorithm", ["dpals", "dpfw", "dpcmf"])
+def test_empty_dataset_trains_a_noise_only_model_and_is_charged(db_url, settings, algorithm):
+    """No ratings is not a refusal (that would answer "is the data set empty?" for free): every
+    release is made on the empty matrix, the model is published and the run is charged."""
+    create_dataset(db_url, cap=10.0)
+    _items_only(db_url)
+    hyper = HYPER if algorithm != "dpfw" else {"n_steps": 3}
+    run_id = _start(db_url, algorithm=algorithm, hyperparameters=hyper)
+    assert training.run_training(run_id, url=db_url, settings=settings) == "succeeded"
     run = _run(db_url, run_id)
-    assert run.status == "failed" and run.refunded and "empty" in run.error
-    assert _kinds(db_url, run_id) == ["reservation", "refund"]
+    assert run.private_data_read and not run.refunded and run.error is None
+    assert _kinds(db_url, run_id) == ["reservation", "commit"]
     with session_scope(db_url) as s:
+        row, model = model_store.get_active_model(s, "default")
+        assert row.run_id == run_id and model.n_items == 60
+        assert budget.get_budget(s, "default").spent_epsilon_rdp > 0
+
+
+def test_a_catalogue_without_items_is_refused_before_anything_is_reserved(db_url):
+    create_dataset(db_url, cap=10.0)  # the catalogue is public: refusing on it reveals nothing
+    with session_scope(db_url) as s, pytest.raises(InvalidRequest, match="item"):
+        training.start_training(s, dataset="default", epsilon=1.0, actor="admin")
+    with session_scope(db_url) as s:
+        assert budget.get_budget(s, "default").n_entries == 1  # the account's opening entry only
+
+
+def test_failure_after_the_private_read_is_charged_and_names_only_a_category(seeded, settings, monkeypatch, caplog):
+    """A numpy MemoryError's text carries array shapes (counts): once private data was read the
+    run is charged, never refunded, and neither its error row nor the log holds that text."""
+    import dataclasses
+    import logging
+
+    from app.core import algorithms
+
+    def out_of_memory(ratings, config, **_):
+        raise MemoryError(f"Unable to allocate array with shape ({ratings.n_users}, {ratings.nnz}) and data type float64")
+
+    monkeypatch.setitem(algorithms.ALGORITHMS, "dpals", dataclasses.replace(algorithms.DPALS, train=out_of_memory))
+    run_id = _start(seeded)
+    with session_scope(seeded) as s:
+        n_ratings = s.scalar(select(func.count()).select_from(__import__("app.db.models", fromlist=["Rating"]).Rating))
+    with caplog.at_level(logging.DEBUG):
+        assert training.run_training(run_id, url=seeded, settings=settings) == "failed"
+    run = _run(seeded, run_id)
+    assert run.status == "failed" and run.private_data_read and not run.refunded
+    assert "out_of_memory" in run.error and "charged" in run.error
+    assert "shape" not in run.error and str(n_ratings) not in run.error and run.stage == "failed"
+    assert "shape" not in caplog.text and str(n_ratings) not in caplog.text
+    assert _kinds(seeded, run_id) == ["reservation"]  # spent, no refund
+    with session_scope(seeded) as s:
+        assert budget.get_budget(s, "default").spent_epsilon_rdp > 0
+
+
+def test_failure_before_the_private_read_is_refunded(seeded, settings):
+    """A failure decided from public facts only (the config no longer matches the reservation)
+    happens before private_data_read and is refunded, with its reason."""
+    run_id = _start(seeded)
+    with session_scope(seeded) as s:
+        run = s.get(TrainingRun, run_id)
+        run.config = {**run.config, "noise_multiplier": run.config["noise_multiplier"] / 2}
+    assert training.run_training(run_id, url=seeded, settings=settings) == "failed"
+    run = _run(seeded, run_id)
+    assert run.refunded and not run.private_data_read and "no longer matches" in run.error
+    assert _kinds(seeded, run_id) == ["reservation", "refund"]
+    with session_scope(seeded) as s:
         view = budget.get_budget(s, "default")
         assert view.spent_epsilon_rdp == 0.0 and view.remaining_epsilon == 10.0
-        assert view.runs["failed"] == 1
 
 
 def test_bad_training_requests_write_nothing(seeded):
@@ -218,25 +281,27 @@ def test_live_running_run_is_not_taken_over(seeded, settings):
     assert run.status == "failed" and not run.refunded
 
 
-def test_scheduled_retrain_skip_logic(db_url, settings):
+def test_scheduled_retrain_decides_from_public_facts_only(db_url, settings):
+    """Whether and what the scheduler trains never depends on the data: an empty data set and
+    an unchanged one are retrained like any other (budget permitting); only runs in flight and
+    the budget (public) skip."""
     url = db_url
     create_dataset(url, cap=3.0)
+    _items_only(url)
     sched = lambda: training.scheduled_retrain(url=url, settings=settings, enqueue=False)["default"]  # noqa: E731
-    assert sched() == "skipped:no-ratings"
-    seed_ratings(url, "default", synthetic_ratings())
-    out = sched()
+    out = sched()  # no ratings at all: still a run (noise-only model)
     assert out.startswith("started:")
     run_id = int(out.split(":")[1])
     assert sched() == "skipped:busy"
     assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
-    assert sched() == "skipped:unchanged"
-    with session_scope(url) as s:
-        bump_ratings_version(s, budget.get_dataset(s, "default").id)
+    seed_ratings(url, "default", synthetic_ratings())
     out = sched()
     assert out.startswith("started:")
     assert training.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
+    out = sched()  # nothing changed since: retrained all the same
+    assert out.startswith("started:")
+    assert training.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
-        bump_ratings_version(s, budget.get_dataset(s, "default").id)
         spent = budget.get_budget(s, "default").spent_epsilon_rdp
         budget.change_cap(s, "default", new_cap=spent + 0.05, reason=None, actor="admin")
     with session_scope(url) as s:
@@ -265,13 +330,35 @@ def test_embedded_worker_runs_queued_trainings(seeded, settings):
         assert model_store.get_active_version(s, "default").run_id == run_id
 
 
-def test_lost_queued_runs_are_resent_at_most_once_per_period(seeded, settings):
-    run_id = _start(seeded)
-    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=3600) == []
-    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=0) == [run_id]
-    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=5) == []
+def test_outbox_sends_unsent_runs_and_resends_lost_ones_at_most_once_per_period(seeded, settings):
+    run_id = _start(seeded)  # committed, never handed to a broker: in the outbox
+    assert _run(seeded, run_id).enqueued_at is None
+    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == [run_id]
+    assert _run(seeded, run_id).enqueued_at is not None
+    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == []
+    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=0) == [run_id]  # lost message
+    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=5) == []
     assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
-    assert training.requeue_stale_queued(url=seeded, settings=settings, older_than_s=0) == []
+    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=0) == []
+
+
+def test_worker_startup_reaps_its_dead_incarnations_runs_at_once(seeded, settings):
+    """A killed worker's run does not wait for a stale heartbeat (or a beat) when the same node
+    starts again; another live worker's run is left alone."""
+    from app.db.models import utcnow
+
+    mine, other = _start(seeded), _start(seeded)
+    with session_scope(seeded) as s:
+        for run_id, worker in ((mine, "celery:w1@host:task-a"), (other, "celery:w2@host:task-b")):
+            run = s.get(TrainingRun, run_id)
+            run.status, run.worker, run.attempts = "running", worker, 1
+            run.started_at = run.heartbeat_at = utcnow()  # fresh heartbeats
+    out = training.worker_startup("celery:w1@host:", url=seeded, settings=settings)
+    assert out["reaped"] == [mine]
+    assert _run(seeded, mine).status == "failed" and "vanished" in _run(seeded, mine).error
+    assert _run(seeded, mine).private_data_read and not _run(seeded, mine).refunded
+    assert _run(seeded, other).status == "running"
+    assert _kinds(seeded, mine) == ["reservation"]
 
 
 def test_load_ratings_round_trips_the_stored_ratings(db_url):

@@ -287,10 +287,15 @@ def test_ratings_outside_the_declared_range_raise():
         train_dpals(ratings, DPALSConfig(rating_range=(1.0, 5.0)))
 
 
-def test_empty_ratings_raise():
-    empty = Ratings.from_arrays(np.array([], dtype=int), np.array([], dtype=int), np.array([]))
-    with pytest.raises(ValueError, match="empty"):
-        train_dpals(empty, DPALSConfig())
+def test_empty_ratings_train_a_noise_only_model():
+    """No refusal that depends on the data: an empty matrix still makes every release (noise
+    only) and publishes a model whose event is the reserved one."""
+    empty = Ratings.from_arrays(np.array([], dtype=int), np.array([], dtype=int), np.array([]),
+                                item_ids=np.arange(5))
+    config = DPALSConfig(rank=2, n_steps=2)
+    model = train_dpals(empty, config)
+    assert model.item_factors.shape == (5, 2) and np.all(np.isfinite(model.item_factors))
+    assert model.event == dpals_event(config)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from app.core.onebit.privacy import (
     MECHANISMS,
     OneBitConfig,
     calibrate,
+    check_public_shape,
     event_parameters,
     flip_probability,
     local_randomisation_event,
@@ -28,7 +29,8 @@ from app.core.onebit.train import (
 )
 
 __all__ = [
-    "MAX_ENTRIES", "MECHANISMS", "OneBitConfig", "OneBitModel", "calibrate", "event_parameters",
+    "MAX_ENTRIES", "MECHANISMS", "OneBitConfig", "OneBitModel", "calibrate", "check_public_shape",
+    "event_parameters",
     "fit_user", "flip_probability", "load_onebit", "local_randomisation_event", "onebit_event",
     "public_config", "randomize_votes", "recommend_onebit", "save_onebit", "train_onebit",
     "train_with_estimate", "user_scores",

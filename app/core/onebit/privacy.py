@@ -16,8 +16,10 @@ sizes the matrix, the default τ = α·sqrt(d1·d2) and hence ObjP/OutP's publis
   votes by none in a row chosen independently of the data (couple the other users' rows and
   caps; the output law is a mixture of k-vote neighbours, and hockey-stick and Rényi
   divergences are jointly (quasi-)convex), so the same k-vote sensitivities give the guarantee
-  under add/remove-one-user. A run with more than N voters is refused (ValueError), which
-  reveals one bit: "more voters than user_rows".
+  under add/remove-one-user. With more than N voters, N of them chosen uniformly at random
+  (independently of the votes) keep a row and the others are dropped (train._pad_rows argues
+  the guarantee); no run is refused for a data-dependent reason, and no votes at all give a
+  noise-only model.
 For InP the protected relation is weaker: local randomized response hides vote *values* only
 (replace-a-vote-value); which items a user voted on, and that she voted, are not hidden.
 
@@ -71,7 +73,9 @@ __all__ = [
     "flip_probability",
     "grap_laplace_scale",
     "grap_noise_parameter",
+    "check_public_shape",
     "local_randomisation_event",
+    "solver_tolerance_floor",
     "objp_event",
     "objp_noise",
     "objp_output_sensitivity",
@@ -112,6 +116,50 @@ def local_randomisation_event(epsilon0: float, votes_per_user: int) -> dp_event.
     flip_probability(epsilon0)
     _check_positive_int("votes_per_user", votes_per_user)
     return dp_event.SelfComposedDpEvent(accounting.randomized_response(float(epsilon0)), int(votes_per_user))
+
+
+# ---------------------------------------------------------------------------- solver tolerance floor
+FP_STEP_ERROR = 1e-12  # γ: relative floating-point error of one computed solver step (see below)
+
+
+def solver_tolerance_floor(config: "OneBitConfig") -> float:
+    """The smallest solver tolerance ρ for which the charged Gaussian holds in floating point.
+
+    ObjP's output Gaussian (sensitivity 2ρ) and OutP's 2ρ term assume ‖X_T − X*‖_F <= ρ for the
+    *computed* X_T. solver.minimise_strongly_convex runs T = ⌈log(ρ/(2τ))/log q⌉ steps, so in
+    exact arithmetic q^T·τ <= ρ/2 (q = (L−μ)/(L+μ)); this floor keeps rounding within the other
+    ρ/2. A computed step differs from the exact one by at most γ·‖Y_t‖_F, Y_t = X_t − η∇F(X_t):
+    LAPACK's SVD is backward stable with error <= p(d)·u·‖Y‖ (u = 1.1e-16, p(d) <= d <= 2000 =
+    sqrt(MAX_ENTRIES)), i.e. <= 2.2e-13, and γ = 1e-12 leaves a 4.5x margin (the reconstruction
+    and gradient add O(u)). Errors contract like the iterates, so the rounding total is at most
+    γ·Y/(1 − q) with 1/(1 − q) = (L+μ)/(2μ) and Y >= max_t ‖Y_t‖_F, bounded from the config:
+    ‖X_t‖_F <= τ; η‖∇ data‖_F <= η·ζ·sqrt(d1·d2) (one entry of size <= ζ per vote); η·λ‖X_t‖_F <=
+    η·λ·τ; ObjP's noise B (i.i.d., scale s, E B² = 2s²) has ‖B‖_F <= 1.5·sqrt(2)·s·sqrt(d1·d2)
+    except with probability exponentially small in d1·d2. sqrt(d1·d2) <= sqrt(MAX_ENTRIES) and
+    τ <= ``tau`` or α·sqrt(MAX_ENTRIES) make the floor independent of the data:
+    ρ_min = 2γ·Y·(L+μ)/(2μ). Default ρ = 1e-6 is above it (about 1e-7 for objp, 4e-8 for outp).
+    """
+    root_entries = math.sqrt(MAX_ENTRIES)
+    tau_max = float(config.tau) if config.tau is not None else config.alpha * root_entries
+    zeta = gradient_bound(config.link, config.alpha)
+    ridge, noise_scale = config.ridge, 0.0
+    if config.mechanism == "objp":
+        noise_scale, _, ridge = objp_noise(config)
+    smooth, strong = curvature_bound(config.link) + ridge, ridge
+    eta = 2.0 / (smooth + strong)
+    y_max = (tau_max + eta * zeta * root_entries + eta * ridge * tau_max
+             + eta * 1.5 * math.sqrt(2.0) * noise_scale * root_entries)
+    return 2.0 * FP_STEP_ERROR * y_max * (smooth + strong) / (2.0 * strong)
+
+
+def check_public_shape(config: "OneBitConfig", n_items: int) -> None:
+    """Refuse, from public facts only (before any vote is read), a run whose padded matrix
+    (``user_rows`` x the catalogue) exceeds MAX_ENTRIES or whose catalogue has fewer than two items."""
+    if n_items < 2:
+        raise ValueError("one-bit completion needs at least two items in the catalogue")
+    if config.user_rows is not None and config.user_rows * n_items > MAX_ENTRIES:
+        raise ValueError(f"user_rows x items exceeds the dense limit of {MAX_ENTRIES:,} entries: lower user_rows "
+                         "(or the data set's max_users)")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -178,6 +226,14 @@ class OneBitConfig:
             raise ValueError("pre-randomised votes are trained with mechanism 'inp' (post-processing)")
         if self.local_epsilon is not None:
             flip_probability(self.local_epsilon)
+        for name in ("pre_randomised",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean")
+        if self.mechanism in ("objp", "outp"):
+            floor = solver_tolerance_floor(self)
+            if self.solver_tolerance < floor:
+                raise ValueError(f"solver_tolerance must be >= {floor:.3g} for these settings: below it floating-point "
+                                 "error can exceed the tolerance the output noise is calibrated to")
 
     def radius(self, n_users: int, n_items: int) -> float:
         """τ, from the config or the public matrix size (``user_rows`` rows when set, else ``n_users``)."""
@@ -320,8 +376,8 @@ def _user_relation(config: OneBitConfig) -> dict[str, str]:
                 "protects": "one user's votes (items voted on and values), up to k of them"}
     return {"neighbouring_relation": "add_remove_one_user",
             "relation": (f"add or remove one user (up to k votes); votes padded to user_rows = {config.user_rows} "
-                         "public rows; a run with more voters is refused, revealing one bit: "
-                         "more voters than user_rows"),
+                         "public rows; with more voters, user_rows of them chosen uniformly at random are kept "
+                         "(never refused)"),
             "protects": "one user's votes and whether she voted at all, up to k votes"}
 
 

@@ -11,7 +11,8 @@ Two kinds of solver:
   ObjP and OutP need. Projected gradient with η = 2/(L+μ) contracts the distance to the
   minimiser by q = (L−μ)/(L+μ) per step (the gradient map of a μ-strongly convex L-smooth function
   is q-Lipschitz for this η; the projection is non-expansive), and ‖X_0 − X*‖_F = ‖X*‖_F <= τ from
-  X_0 = 0. So T = ⌈log(ρ/τ)/log q⌉ steps give ‖X_T − X*‖_F <= ρ for every data set. The
+  X_0 = 0. So T = ⌈log(ρ/(2τ))/log q⌉ steps give ‖X_T − X*‖_F <= ρ/2 for every data set, and
+  privacy.solver_tolerance_floor keeps floating-point error within the other ρ/2. The
   nuclear-ball projection here is exact: a truncated SVD is accepted only when the unseen
   singular values are certified below the threshold (from the residual, with a margin), else a
   full SVD is taken. The proof is in exact arithmetic, so ρ must be far above machine error.
@@ -147,8 +148,10 @@ def contraction_steps(tau: float, smooth: float, strong: float, tolerance: float
 
 def minimise_strongly_convex(gradient: Gradient, shape: tuple[int, int], *, tau: float, smooth: float,
                              strong: float, tolerance: float, rank_hint: int = 8) -> tuple[np.ndarray, int]:
-    """(X_T, T) with ‖X_T − X*‖_F <= ``tolerance`` for every data set (module docstring)."""
-    n_steps = contraction_steps(tau, smooth, strong, tolerance)
+    """(X_T, T) with ‖X_T − X*‖_F <= ``tolerance`` for every data set (module docstring): the
+    contraction reaches ``tolerance``/2 in exact arithmetic and the other half is left to
+    rounding (privacy.solver_tolerance_floor bounds it from the config)."""
+    n_steps = contraction_steps(tau, smooth, strong, tolerance / 2.0)
     step = 2.0 / (smooth + strong)
     x = np.zeros(shape)
     for _ in range(n_steps):

@@ -90,50 +90,60 @@ class Votes:
 
 
 def _check_size(n_rows: int, n_items: int) -> None:
-    """Refuse matrices over MAX_ENTRIES or under 2×2. Messages name the limit only, never a size
-    (the row count is the number of voters when ``user_rows`` is None)."""
+    """Refuse matrices over MAX_ENTRIES or with fewer than two items (public limits; see
+    privacy.check_public_shape, which the service applies before any vote is read). Messages
+    name the limit only, never a size (the row count is the number of voters when ``user_rows``
+    is None)."""
     if n_rows * n_items > MAX_ENTRIES:
         raise ValueError(f"one-bit completion works on dense matrices; the limit is {MAX_ENTRIES:,} entries "
                          "(users x items)")
-    if n_rows < 2 or n_items < 2:
-        raise ValueError("one-bit completion needs at least two users and two items")
+    if n_items < 2:
+        raise ValueError("one-bit completion needs at least two items")
 
 
 def _pad_rows(rows: np.ndarray, n_users: int, user_rows: int,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Place the n voters in uniformly random distinct rows of a ``user_rows``-row matrix.
+    """Place the voters in uniformly random distinct rows of a ``user_rows``-row matrix.
 
-    The placement is independent of the votes, so removing a user equals emptying her row with
-    the others' rows coupled (privacy module docstring). More voters than ``user_rows`` is
-    refused; the refusal reveals one bit, "more voters than user_rows", and no count.
-    Returns (the votes' new rows, each input user's row).
+    With n <= N = ``user_rows`` voters every voter gets a row; with n > N, N voters chosen
+    uniformly at random (independently of their votes) keep theirs and the others are dropped,
+    never refused. The placement is independent of the votes, so removing a user equals
+    emptying her row with the others' rows coupled (privacy module docstring); when voters are
+    dropped, couple the two subsets: the neighbour's subset is the same, or the same with her
+    in the row of one dropped-for-her voter, a replace-one-user's-votes step whose k-vote
+    sensitivities are the ones charged. Both outputs are mixtures of pairs that are equal or
+    such neighbours, so joint (quasi-)convexity of the divergences keeps the guarantee.
+    Returns (the kept votes' new rows, -1 for dropped; each input user's row, -1 if dropped).
     """
-    if n_users > user_rows:
-        raise ValueError("more voters than user_rows: raise user_rows (this refusal reveals only that bit)")
-    user_row = rng.permutation(user_rows)[:n_users]
+    order = rng.permutation(n_users)  # a uniformly random ranking; the first N keep a row
+    user_row = np.full(n_users, -1, dtype=np.int64)
+    kept = order[: min(n_users, user_rows)]
+    user_row[kept] = rng.permutation(user_rows)[: len(kept)]
     return user_row[rows], user_row
 
 
 def prepare_votes(votes: Ratings, k: int | None, rng: np.random.Generator, user_rows: int | None = None) -> Votes:
     """Validate ±1 votes and the size limit; keep k uniformly random votes per user (None: all).
 
-    ``user_rows`` set: pad to exactly that many rows (:func:`_pad_rows`); no votes at all is then a
-    valid input. None: d1 = the number of users (public), and a matrix without votes is refused.
+    ``user_rows`` set: pad to exactly that many rows (:func:`_pad_rows`; excess voters dropped at
+    random). None: d1 = max(the number of voters, 2) (public under that relation). No votes at
+    all is a valid input either way: the mechanisms then release noise only.
     """
-    _check_size(votes.n_users if user_rows is None else user_rows, votes.n_items)
     rows, cols, values = votes.coo()
-    if user_rows is None and votes.nnz == 0:
-        raise ValueError("cannot train without votes")
     if not np.all((values == 1.0) | (values == -1.0)):
         raise ValueError("votes must be +1 or -1")
     if k is not None:
         keep = per_user_sample(votes, k, rng)
         rows, cols, values = rows[keep], cols[keep], values[keep]
     if user_rows is None:
-        return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(votes.n_users, votes.n_items))
+        n_rows = max(votes.n_users, 2)
+        _check_size(n_rows, votes.n_items)
+        return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(n_rows, votes.n_items))
+    _check_size(user_rows, votes.n_items)
     rows, user_row = _pad_rows(rows, votes.n_users, user_rows, rng)
-    return Votes(rows=rows, cols=cols, values=values.astype(np.float64), shape=(user_rows, votes.n_items),
-                 user_row=user_row)
+    kept = rows >= 0
+    return Votes(rows=rows[kept], cols=cols[kept], values=values[kept].astype(np.float64),
+                 shape=(user_rows, votes.n_items), user_row=user_row)
 
 
 # ---------------------------------------------------------------------------- mechanisms
@@ -376,8 +386,13 @@ def train_with_estimate(votes: Ratings, config: OneBitConfig, *, progress: Progr
                         config=public_config(config), event=event, metadata=metadata)
     if progress:
         progress(1.0, "done")
-    if data.user_row is not None:  # back to input-user order (evaluation only)
-        reconstruction = reconstruction[data.user_row]
+    if data.user_row is not None:  # back to input-user order (evaluation only; dropped voters: zeros)
+        kept = data.user_row >= 0
+        ordered = np.zeros((len(data.user_row), reconstruction.shape[1]))
+        ordered[kept] = reconstruction[data.user_row[kept]]
+        reconstruction = ordered
+    elif reconstruction.shape[0] != votes.n_users:  # padded to two rows
+        reconstruction = reconstruction[: votes.n_users]
     return model, reconstruction
 
 
@@ -386,8 +401,8 @@ def train_onebit(votes: Ratings, config: OneBitConfig, *, progress: Progress | N
     """Train one mechanism on ±1 votes; the model's event is the user-level event (checked).
 
     With ``config.user_rows`` set the votes are padded to that many rows (add/remove-one-user
-    relation) and a run with more voters raises ValueError, revealing one bit: "more voters than
-    user_rows".
+    relation); with more voters, ``user_rows`` of them chosen uniformly at random are kept.
+    No run fails for a data-dependent reason: no votes at all give a noise-only model.
     """
     return train_with_estimate(votes, config, progress=progress, rng=rng)[0]
 

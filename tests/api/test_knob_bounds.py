@@ -1,0 +1,81 @@
+"""Every hyper-parameter that enters a sensitivity (or the count of releases) is range-checked
+when the config is built, so a bad value is a clear 4xx at the API before anything is reserved,
+never a run whose charged event is false. One case per bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.core.algorithms import get_algorithm
+from tests.api.conftest import Env
+
+RANGE = (1.0, 5.0)
+BAD = [
+    # DPALS (also DP-CMF's private part): contribution bound k, clipping, noise, release count
+    ("dpals", {"contribution_bound": 0}, "contribution_bound"),
+    ("dpals", {"contribution_bound": 2.5}, "contribution_bound"),
+    ("dpals", {"contribution_bound": True}, "contribution_bound"),
+    ("dpals", {"n_steps": 0}, "n_steps"),
+    ("dpals", {"clip_user": 0.0}, "clip_user"),
+    ("dpals", {"clip_rating": -1.0}, "clip_rating"),
+    ("dpals", {"clip_rating": math.inf}, "clip_rating"),
+    ("dpals", {"noise_multiplier": 0.0}, "noise_multiplier"),
+    ("dpals", {"gram_noise_ratio": math.nan}, "gram_noise_ratio"),
+    ("dpals", {"gravity_noise_ratio": 0.0}, "gravity_noise_ratio"),
+    ("dpals", {"count_noise_ratio": -2.0}, "count_noise_ratio"),
+    ("dpals", {"mean_noise_ratio": 0.0}, "mean_noise_ratio"),
+    ("dpals", {"weight_exponent": 0.5}, "weight_exponent"),
+    ("dpals", {"reg_gravity": -1.0}, "reg_gravity"),
+    ("dpals", {"rating_range": [0, 10]}, "rating_range"),
+    ("dpcmf", {"contribution_bound": 0}, "contribution_bound"),
+    ("dpcmf", {"clip_user": 0.0}, "clip_user"),
+    # DPFW: row clip L (4L^2), the xi cap (sqrt(xi)), steps and Oja iterations (release counts)
+    ("dpfw", {"row_clip": 0.0}, "row_clip"),
+    ("dpfw", {"row_clip": math.inf}, "row_clip"),
+    ("dpfw", {"max_ratings_per_user": 0}, "max_ratings_per_user"),
+    ("dpfw", {"max_ratings_per_user": True}, "max_ratings_per_user"),
+    ("dpfw", {"n_steps": 1}, "n_steps"),
+    ("dpfw", {"oja_iterations": 0}, "oja_iterations"),
+    ("dpfw", {"noise_multiplier": 0.0}, "noise_multiplier"),
+    ("dpfw", {"eigenvalue_noise_ratio": -1.0}, "eigenvalue_noise_ratio"),
+    ("dpfw", {"count_noise_ratio": math.nan}, "count_noise_ratio"),
+    ("dpfw", {"eigen_inflation": "yes"}, "eigen_inflation"),
+    # one-bit: k, C, grid, steps, epsilon, multipliers, alpha (zeta), ridge, rho floor, user_rows
+    ("onebit", {"votes_per_user": 0}, "votes_per_user"),
+    ("onebit", {"votes_per_user": 1.5}, "votes_per_user"),
+    ("onebit", {"mechanism": "grap", "clamp": 0.0}, "clamp"),
+    ("onebit", {"mechanism": "grap", "grid_steps": 0}, "grid_steps"),
+    ("onebit", {"mechanism": "grap", "n_steps": 0}, "n_steps"),
+    ("onebit", {"mechanism": "grap", "epsilon": math.inf}, "epsilon"),
+    ("onebit", {"mechanism": "outp", "noise_multiplier": 0.0}, "noise_multiplier"),
+    ("onebit", {"mechanism": "objp", "objp_output_noise_multiplier": -1.0}, "objp_output_noise_multiplier"),
+    ("onebit", {"alpha": 0.0}, "alpha"),
+    ("onebit", {"mechanism": "outp", "ridge": 0.0}, "ridge"),
+    ("onebit", {"mechanism": "objp", "solver_tolerance": 1e-17}, "solver_tolerance"),
+    ("onebit", {"mechanism": "outp", "solver_tolerance": 1e-17}, "solver_tolerance"),
+    ("onebit", {"user_rows": 1}, "user_rows"),
+    ("onebit", {"link": "cauchy"}, "link"),
+]
+
+
+@pytest.mark.parametrize("algorithm,params,match", BAD, ids=[f"{a}-{m}-{i}" for i, (a, _, m) in enumerate(BAD)])
+def test_config_construction_refuses_the_bound(algorithm, params, match):
+    with pytest.raises(ValueError, match=match):
+        get_algorithm(algorithm).config_from_params(dict(params), RANGE)
+
+
+JSON_BAD = [case for case in BAD  # JSON has no NaN or infinity: those are core-level cases only
+            if all(not isinstance(v, float) or math.isfinite(v) for v in case[1].values())]
+
+
+@pytest.mark.parametrize("algorithm,params,match", JSON_BAD,
+                         ids=[f"{a}-{m}-{i}" for i, (a, _, m) in enumerate(JSON_BAD)])
+def test_the_api_answers_422_and_reserves_nothing(sqlite_env: Env, algorithm, params, match):
+    before = sqlite_env.count("ledger_entries")
+    r = sqlite_env.client.post("/v1/admin/datasets/default/trainings", headers=sqlite_env.admin,
+                               json={"algorithm": algorithm, "epsilon": 1.0, "hyperparameters": params})
+    assert r.status_code == 422, r.text
+    assert match in r.json()["error"]["message"]
+    assert sqlite_env.count("ledger_entries") == before and sqlite_env.count("training_runs") == 0

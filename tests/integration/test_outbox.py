@@ -1,0 +1,66 @@
+"""Broker outage: a training request is one outcome (recorded, reserved, in the outbox), never a
+500 after the reservation that invites a second, charged request; the outbox is sent once the
+broker is back. A real Redis: "down" is REDIS_URL pointing at a closed port."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.auth import issue_token
+from app.db.models import LedgerEntry, TrainingRun
+from app.db.session import session_scope
+from app.main import create_app
+from app.services import training
+from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
+
+CLOSED = "redis://127.0.0.1:9/0"
+HYPER = {"rank": 4, "n_steps": 2, "contribution_bound": 20}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_broker_down_training_is_recorded_once_and_sent_when_the_broker_is_back(db_url, redis_url, tmp_path):
+    secret = secrets.token_hex(24)
+    down = make_settings(tmp_path, db_url, redis_url=CLOSED, secret_key=secret)
+    create_dataset(db_url, cap=10.0)
+    seed_ratings(db_url, "default", synthetic_ratings())
+    admin = {"Authorization": f"Bearer {issue_token('root', secret=secret, kind='admin', ttl_seconds=600)}"}
+    client = TestClient(create_app(down))  # production mode, no lifespan: the database is migrated already
+
+    started = time.monotonic()
+    r = client.post("/v1/admin/datasets/default/trainings", headers=admin,
+                    json={"epsilon": 1.0, "hyperparameters": HYPER})
+    assert r.status_code == 202, r.text
+    assert time.monotonic() - started < 30  # the broker's retry loop does not hold the request
+    body = r.json()
+    run_id = body["run_id"]
+    assert body["status"] == "queued" and body["enqueued"] is False
+    view = client.get(f"/v1/admin/trainings/{run_id}", headers=admin).json()
+    assert view["status"] == "queued" and view["enqueued"] is False and not view["private_data_read"]
+    with session_scope(db_url) as s:
+        kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id)))
+        assert kinds == ["reservation"] and s.get(TrainingRun, run_id).enqueued_at is None
+    assert client.get("/ready").status_code == 503
+    assert training.drain_outbox(url=db_url, settings=down) == []  # still down: stays in the outbox
+
+    up = make_settings(tmp_path, db_url, redis_url=redis_url, secret_key=secret)
+    assert training.drain_outbox(url=db_url, settings=up) == [run_id]
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        assert broker.llen(training.QUEUE) == 1  # the message is with the broker, once
+    finally:
+        broker.delete(training.QUEUE)
+        broker.close()
+    with session_scope(db_url) as s:
+        assert s.get(TrainingRun, run_id).enqueued_at is not None
+    assert training.drain_outbox(url=db_url, settings=up) == []
+    assert training.run_training(run_id, url=db_url, settings=up) == "succeeded"
+    with session_scope(db_url) as s:
+        kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id).order_by(LedgerEntry.seq)))
+        assert kinds == ["reservation", "commit"]
