@@ -32,8 +32,11 @@ ML-1M validation RMSE of the rule at δ = 1e-4 (seed 0): 0.989 / 0.947 / 0.928 /
 ε = 1 / 5 / 10 / 20, against 0.931 (ε = 20) for the best of a 40-point random search without the
 filter; the training mean scores 1.12 and the user mean 1.04.
 
-The ranking objective (positives only) adds the DP-popularity prior γ (1, 0.3, 0.1 for ε < 2,
-< 8, ≥ 8), trains only the most frequent 10 % of the catalogue, and grows rank and steps with ε.
+The ranking objective (positives only) adds the DP-popularity prior with weight
+γ = min(4, 4.5/sqrt(ε)) (4 / 2 / 1 at ε = 1 / 5 / 20: the prior must dominate noisy factors;
+validation Recall@20 at ε = 5 for γ = 0.3 / 1 / 3: ML-1M 0.182 / 0.187 / 0.182, Jester-1 0.582 /
+0.594 / 0.610 against DP popularity's 0.174 and 0.602), trains only the most frequent 10 % of the
+catalogue, and grows rank and steps with ε.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def _ranking_defaults(epsilon: float, n_items: int) -> dict[str, Any]:
         "public_mean": 0.0,
         "user_centering": False,
         "item_bias": False,
-        "popularity_prior": (1.0, 0.3, 0.1)[band],
+        "popularity_prior": round(min(4.0, 4.5 / math.sqrt(epsilon)), 6),
         "noise_filter": round(min(10.0, 10.0 / epsilon**2 + 0.5), 6),
     }
 
