@@ -135,7 +135,7 @@ def _resolved_hyperparameters(
     try:
         params, _ = resolve_hyperparameters(
             algo.name, dict(hyperparameters or {}), objective=objective, epsilon=epsilon, delta=delta,
-            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items,
+            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items, max_users=ds.max_users,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
