@@ -16,6 +16,11 @@ Contract (``../shared/design/service.md``, "Privacy ledger"):
 * Reported epsilons are rounded conservatively: spent up, remaining down.
 * A ``local`` entry (``record_local_guarantee``) charges a guarantee given at ingestion, e.g.
   randomised response on votes: composed into the spend like a reservation, never refunded.
+* One account, one relation (``BudgetAccount.relation``, default add/remove one user): an
+  entry's guarantee (``parameters["neighbouring_relation"]``) must imply it, else the entry is
+  refused (409 ``relation_not_implied``); an add/remove event charged to a weaker account is
+  converted by group privacy and the converted event is stored as ``parameters["charged_event"]``
+  (``event`` stays the event as released, which the worker checks against its releases).
 """
 
 from __future__ import annotations
@@ -33,8 +38,13 @@ from sqlalchemy.orm import Session
 
 from app.core.accounting import (
     DP_ACCOUNTING_VERSION,
+    GROUP_PRIVACY_NOTE,
     NEIGHBOURING_RELATION,
+    Relation,
     compose,
+    event_under,
+    parse_relation,
+    relation_implies,
     epsilon_pld,
     epsilon_rdp,
     event_from_json,
@@ -42,7 +52,7 @@ from app.core.accounting import (
 )
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, utcnow
 from app.db.session import is_postgres
-from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound
+from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound, RelationRefused
 
 __all__ = [
     "GENESIS_HASH",
@@ -56,6 +66,8 @@ __all__ = [
     "account_for",
     "open_account",
     "active_events",
+    "charged_event",
+    "account_relation",
     "spent",
     "SpentReport",
     "reserve",
@@ -173,14 +185,21 @@ def _append(session: Session, acct: BudgetAccount, **fields: Any) -> LedgerEntry
 
 
 def open_account(
-    session: Session, dataset: Dataset, *, epsilon_cap: float, delta: float, actor: str, accountant: str = "rdp"
+    session: Session, dataset: Dataset, *, epsilon_cap: float, delta: float, actor: str, accountant: str = "rdp",
+    relation: Relation | str = Relation.ADD_OR_REMOVE_ONE_USER,
 ) -> BudgetAccount:
-    """Create the budget account of ``dataset`` and its first ledger entry (kind ``open``)."""
+    """Create the budget account of ``dataset`` and its first ledger entry (kind ``open``) under
+    ``relation``, the one neighbouring relation all of its numbers hold under."""
+    try:
+        relation = parse_relation(relation)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
     if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
         raise InvalidRequest("epsilon cap must be a finite number > 0")
     if not (math.isfinite(delta) and 0 < delta < 1):
         raise InvalidRequest("delta must lie strictly between 0 and 1")
-    acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant)
+    acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant,
+                         relation=relation.value)
     session.add(acct)
     session.flush()
     _append(
@@ -188,6 +207,7 @@ def open_account(
         acct,
         kind="open",
         actor=actor,
+        parameters={"neighbouring_relation": relation.value},
         spent_rdp=0.0,
         spent_pld=0.0,
         reason="budget account opened",
@@ -209,10 +229,15 @@ def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[Le
 def _charged_events(entries: Sequence[LedgerEntry], refunded_runs: set[int | None]) -> list[dp_event.DpEvent]:
     """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``)."""
     return [
-        event_from_json(e.event)
+        charged_event(e)
         for e in entries
         if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded_runs)
     ]
+
+
+def charged_event(entry: LedgerEntry) -> dp_event.DpEvent:
+    """The event an entry charges to its account: converted to the account's relation if it was."""
+    return event_from_json(entry.parameters.get("charged_event") or entry.event)
 
 
 def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
@@ -232,10 +257,19 @@ def charged_relations(session: Session, account_id: int) -> list[str]:
     entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
     refunded = {e.run_id for e in entries if e.kind == "refund"}
     return sorted({
-        str(e.parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
+        _entry_relation(e).value
         for e in entries
         if (e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded)) and (e.epsilon or 0.0) > 0
     })
+
+
+def _entry_relation(entry: LedgerEntry) -> Relation:
+    return parse_relation(entry.parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
+
+
+def account_relation(account: BudgetAccount) -> Relation:
+    """The account's declared relation."""
+    return parse_relation(account.relation or NEIGHBOURING_RELATION)
 
 
 @dataclass(frozen=True)
@@ -306,6 +340,7 @@ def reserve(
     """
     event_json = event_to_json(event)  # validates the event (and that it is serialisable)
     acct = lock_account(session, dataset.id)
+    _charged_under(acct, dataset, event, parameters)  # refuses a relation the account cannot take
     if _run_entry(session, run_id, "refund") is not None:
         raise Conflict(f"training run {run_id} was refunded and cannot reserve again")
     existing = reservation_for(session, run_id)
@@ -331,7 +366,10 @@ def _charge(
     reason: str | None = None,
 ) -> LedgerEntry:
     """Cap-check the composition of the charged history plus ``event`` and append the entry
-    (the caller holds the account lock). ``BudgetExceeded`` when the total would pass the cap."""
+    (the caller holds the account lock). ``BudgetExceeded`` when the total would pass the cap;
+    ``RelationRefused`` when the event's relation does not imply the account's."""
+    event, relation_parameters = _charged_under(acct, dataset, event, parameters)
+    parameters = {**dict(parameters), **relation_parameters}
     history = active_events(session, acct.id)
     alone = epsilon_rdp(event, acct.delta)
     total_event = compose(history + [event])
@@ -360,6 +398,34 @@ def _charge(
         spent_pld=total_pld,
         reason=reason,
     )
+
+
+def _charged_under(
+    acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any]
+) -> tuple[dp_event.DpEvent, dict[str, Any]]:
+    """(event as charged to the account, parameters naming the relations and any conversion)."""
+    try:
+        guarantee = parse_relation(parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    account = account_relation(acct)
+    if not relation_implies(guarantee, account):
+        raise RelationRefused(
+            f"data set {dataset.name!r} accounts under {account.value}; a guarantee under "
+            f"{guarantee.value} does not imply it (declare the weaker relation when creating a data set "
+            "for such runs)",
+            dataset=dataset.name, account_relation=account.value, event_relation=guarantee.value)
+    extra: dict[str, Any] = {"neighbouring_relation": guarantee.value, "charged_relation": account.value}
+    if guarantee == account:
+        return event, extra
+    try:
+        charged = event_under(event, guarantee, account)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=account.value,
+                              event_relation=guarantee.value) from exc
+    if charged is not event:
+        extra.update(charged_event=event_to_json(charged), conversion=GROUP_PRIVACY_NOTE)
+    return charged, extra
 
 
 def record_local_guarantee(
@@ -496,9 +562,9 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
             return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
         if recompute_spend and entry.kind in (*CHARGED_KINDS, "refund"):
             if entry.kind == "reservation":
-                events[("run", entry.run_id)] = event_from_json(entry.event)
+                events[("run", entry.run_id)] = charged_event(entry)
             elif entry.kind == "local":
-                events[("local", entry.seq)] = event_from_json(entry.event)
+                events[("local", entry.seq)] = charged_event(entry)
             else:
                 events.pop(("run", entry.run_id), None)
             expected = _spend_of(list(events.values()), entry.delta).epsilon_rdp

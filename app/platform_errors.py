@@ -15,6 +15,7 @@ __all__ = [
     "Conflict",
     "BudgetExceeded",
     "CapChangeRefused",
+    "RelationRefused",
     "NoActiveModel",
 ]
 
@@ -83,3 +84,9 @@ class CapChangeRefused(Conflict):
 
 class NoActiveModel(NotFound):
     code = "no_active_model"
+
+
+class RelationRefused(Conflict):
+    """An event whose neighbouring relation does not imply the budget account's relation."""
+
+    code = "relation_not_implied"

@@ -5,11 +5,14 @@ is always computed by a library accountant (RDP for calibration and the ledger's
 the tighter report). Nothing in this module adds epsilons by hand.
 
 Privacy unit: one user with all of their ratings; neighbouring data sets add or remove one user
-(``NeighboringRelation.ADD_OR_REMOVE_ONE``).
+(``NeighboringRelation.ADD_OR_REMOVE_ONE``). :class:`Relation` is the one vocabulary of
+neighbouring relations; an event stated under one relation is charged to an account of another
+only through :func:`event_under` (implication, or group privacy where it is sound).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from importlib.metadata import version as _package_version
 from typing import Any, Callable, Mapping, Sequence
@@ -21,6 +24,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 __all__ = [
+    "Relation",
+    "parse_relation",
+    "relation_implies",
+    "event_under",
     "NEIGHBOURING_RELATION",
     "DP_ACCOUNTING_VERSION",
     "validate_privacy_target",
@@ -39,7 +46,88 @@ __all__ = [
     "event_from_json",
 ]
 
-NEIGHBOURING_RELATION = "add_or_remove_one_user"
+class Relation(str, enum.Enum):
+    """Neighbouring relations, strongest first. A guarantee under one implies the weaker ones.
+
+    * ``add_or_remove_one_user``: one user and all of their data present or absent (membership,
+      ratings, votes: everything is hidden).
+    * ``replace_one_user``: the same users, one user's data replaced arbitrarily (the number of
+      users is public).
+    * ``replace_vote_values``: the same users and the same voted items, the *values* of one
+      user's votes changed (randomised response at ingestion: who voted on what is public).
+    """
+
+    ADD_OR_REMOVE_ONE_USER = "add_or_remove_one_user"
+    REPLACE_ONE_USER = "replace_one_user"
+    REPLACE_VOTE_VALUES = "replace_vote_values"
+
+
+_RELATION_ORDER = (Relation.ADD_OR_REMOVE_ONE_USER, Relation.REPLACE_ONE_USER, Relation.REPLACE_VOTE_VALUES)
+# Spellings found in ledgers written before the vocabulary was unified (entries are hash-chained,
+# so they are read through this table, never rewritten).
+_LEGACY_SPELLINGS = {
+    "add_remove_one_user": Relation.ADD_OR_REMOVE_ONE_USER,
+    "add_or_remove_one": Relation.ADD_OR_REMOVE_ONE_USER,
+    "replace_one_users_votes": Relation.REPLACE_ONE_USER,
+    "replace the values of one user's votes (at most votes_per_user_cap of them): which items a "
+    "user voted on is NOT hidden by randomised response": Relation.REPLACE_VOTE_VALUES,
+}
+NEIGHBOURING_RELATION = Relation.ADD_OR_REMOVE_ONE_USER.value
+GROUP_PRIVACY_NOTE = (
+    "group privacy: replacing one user is removing her and adding another (two add/remove steps); "
+    "a Gaussian of multiplier z becomes z/2 (mu-GDP -> 2mu-GDP, Dong-Roth-Su 2019 Thm 2.14), a pure "
+    "eps pair becomes a pure 2eps pair"
+)
+
+
+def parse_relation(value: object) -> Relation:
+    """The :class:`Relation` named by ``value`` (legacy spellings accepted); ``ValueError`` otherwise."""
+    if isinstance(value, Relation):
+        return value
+    text = str(value)
+    try:
+        return Relation(text)
+    except ValueError:
+        if text in _LEGACY_SPELLINGS:
+            return _LEGACY_SPELLINGS[text]
+    raise ValueError(f"unknown neighbouring relation {text!r}; one of {[r.value for r in Relation]}")
+
+
+def relation_implies(guarantee: Relation, account: Relation) -> bool:
+    """Whether a guarantee under ``guarantee`` bounds the loss under ``account`` (maybe converted)."""
+    return _RELATION_ORDER.index(guarantee) <= _RELATION_ORDER.index(account)
+
+
+def event_under(event: dp_event.DpEvent, guarantee: Relation, account: Relation) -> dp_event.DpEvent:
+    """``event`` (stated under ``guarantee``) as an event under ``account``; ``ValueError`` when unsound.
+
+    Weaker relation, same event: a replace-one-user guarantee covers changing vote values (those
+    neighbours are replace neighbours). Add/remove to replace: :data:`GROUP_PRIVACY_NOTE`.
+    """
+    if not relation_implies(guarantee, account):
+        raise ValueError(f"a guarantee under {guarantee.value} does not imply {account.value}")
+    if guarantee == account or guarantee != Relation.ADD_OR_REMOVE_ONE_USER:
+        return event
+    return _group_of_two(event)
+
+
+def _group_of_two(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """An add/remove event's bound for neighbours two add/remove steps apart."""
+    if isinstance(event, (dp_event.NoOpDpEvent, dp_event.NonPrivateDpEvent)):
+        return event
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
+    if isinstance(event, dp_event.RandomizedResponseDpEvent):
+        event = _as_pure_pair(event)
+        if not isinstance(event, dp_event.DiscreteLaplaceDpEvent):
+            return event
+    if isinstance(event, dp_event.DiscreteLaplaceDpEvent):  # a pure aΔ-DP mechanism -> pure 2aΔ pair
+        return pure_dp(2.0 * event.noise_parameter * event.sensitivity)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([_group_of_two(e) for e in event.events])
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_group_of_two(event.event), event.count)
+    raise ValueError(f"no sound group-privacy conversion for {type(event).__name__}")
 DP_ACCOUNTING_VERSION = _package_version("dp-accounting")
 
 # RDP orders: the library's defaults plus a denser low range and large orders, so that both

@@ -173,12 +173,17 @@ class BudgetAccount(Base):
     epsilon_cap: Mapped[float] = mapped_column(Float)
     delta: Mapped[float] = mapped_column(Float)
     accountant: Mapped[str] = mapped_column(String(16), default="rdp")
+    # the one neighbouring relation every number of this account holds under (app.core.accounting.Relation)
+    relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user",
+                                          server_default="add_or_remove_one_user")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
     dataset: Mapped[Dataset] = relationship()
 
     __table_args__ = (
+        CheckConstraint("relation IN ('add_or_remove_one_user', 'replace_one_user', 'replace_vote_values')",
+                        name="relation_kind"),
         CheckConstraint("epsilon_cap > 0", name="cap_positive"),
         CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
         CheckConstraint("accountant IN ('rdp', 'pld')", name="accountant_kind"),

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.core.accounting import Relation
 from app.schemas.common import FiniteFloat, StrictModel
 
 MAX_EPSILON_CAP = 1_000.0
@@ -48,11 +49,15 @@ class BudgetOut(_Open):
     n_charged_runs: int = 0
     n_local_guarantees: int = Field(default=0, description=(
         "Local guarantees in the ledger (votes randomised at ingestion), composed into the spend."))
+    neighbouring_relation: Relation = Field(default=Relation.ADD_OR_REMOVE_ONE_USER, description=(
+        "The account's neighbouring relation, declared when the data set was created: every epsilon "
+        "shown here (cap, spent, remaining, each ledger entry's) holds under it. `add_or_remove_one_user` "
+        "hides all of a user's data and membership; `replace_one_user` hides a user's data but not the "
+        "number of users; `replace_vote_values` (randomised response) hides vote values, not which "
+        "items a user voted on."))
     neighbouring_relations: list[str] = Field(default_factory=list, description=(
-        "The neighbouring relations of the entries that cost budget. The composed spend protects a "
-        "user only in the weakest of them: e.g. `replace_vote_values` (randomised response) hides "
-        "vote values but not which items a user voted on; `add_or_remove_one` covers all of a "
-        "user's data."))
+        "The relations under which the charged entries' guarantees were stated (each implies the "
+        "account's; add/remove guarantees charged to a weaker account are converted by group privacy)."))
 
 
 MAX_USERS_DOC = (
@@ -74,6 +79,11 @@ class DatasetIn(StrictModel):
         "What the data set collects (public, declared): scheduled retraining without an active model "
         "trains DPALS on `ratings` and one-bit completion on `votes`, never deciding from the data."))
     max_users: int | None = Field(default=None, ge=1, le=10**12, description=MAX_USERS_DOC)
+    neighbouring_relation: Relation = Field(default=Relation.ADD_OR_REMOVE_ONE_USER, description=(
+        "The one relation the budget accounts under (fixed at creation). A run or local guarantee "
+        "whose relation does not imply it is refused (409 `relation_not_implied`): e.g. votes "
+        "randomised at ingestion need `replace_vote_values`, one-bit runs without `user_rows` need "
+        "`replace_one_user`. Add/remove guarantees are converted (group privacy) to weaker accounts."))
 
     @model_validator(mode="after")
     def _range(self) -> "DatasetIn":

@@ -64,7 +64,7 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
         raise Conflict(f"data set {body.name!r} exists", code="dataset_exists", details={"dataset": body.name})
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
-                               actor=actor)
+                               actor=actor, relation=body.neighbouring_relation.value)
     ds.kind, ds.max_users = body.kind, body.max_users
     session.flush()
     return _dataset_out(session, ds)

@@ -41,6 +41,7 @@ class BudgetView:
     n_entries: int = 0
     n_charged_runs: int = 0
     n_local_guarantees: int = 0  # ledger entries of kind "local" (randomisation at ingestion)
+    neighbouring_relation: str = "add_or_remove_one_user"  # the account's: every number above holds under it
     neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,8 +66,9 @@ def ensure_dataset(
     delta: float,
     description: str | None = None,
     actor: str = "system",
+    relation: str = "add_or_remove_one_user",
 ) -> Dataset:
-    """Return the data set ``name``, creating it with its budget account if missing."""
+    """Return the data set ``name``, creating it with its budget account (under ``relation``) if missing."""
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is not None:
         return ds
@@ -77,7 +79,7 @@ def ensure_dataset(
     ds = Dataset(name=name, rating_min=float(rating_min), rating_max=float(rating_max), description=description)
     session.add(ds)
     session.flush()
-    ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor)
+    ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor, relation=relation)
     return ds
 
 
@@ -103,7 +105,9 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
     """Cap, delta, spent (RDP and PLD), remaining and run counts of a data set."""
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
-    rep = ledger.spent(session, acct)
+    # an account migrated to a weaker relation (0004) recomputes: its stored figures may predate conversion
+    migrated = acct.relation != ledger.NEIGHBOURING_RELATION
+    rep = ledger.spent(session, acct, recompute=migrated)
     counts = dict(
         session.execute(
             select(TrainingRun.status, func.count()).where(TrainingRun.dataset_id == ds.id).group_by(TrainingRun.status)
@@ -124,6 +128,7 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
         n_entries=int(n_entries),
         n_charged_runs=rep.n_events - int(n_local),
         n_local_guarantees=int(n_local),
+        neighbouring_relation=ledger.account_relation(acct).value,
         neighbouring_relations=ledger.charged_relations(session, acct.id),
     )
 

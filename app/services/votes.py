@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.api.errors import Conflict, NotFound, Unprocessable
+from app.core.accounting import Relation
 from app.core.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
 from app.db.session import is_postgres
@@ -129,7 +130,8 @@ def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
         "votes_per_user_cap": int(cap),
         "flip_probability": flip_probability(epsilon0),
         "user_level_epsilon": int(cap) * float(epsilon0),
-        "neighbouring_relation": LOCAL_RELATION,
+        "neighbouring_relation": Relation.REPLACE_VOTE_VALUES.value,
+        "relation": LOCAL_RELATION,
         "post_processing": "every training on the stored bits (charged 0)",
     }
 

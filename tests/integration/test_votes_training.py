@@ -215,7 +215,7 @@ def test_user_rows_pads_for_add_remove_and_drops_excess_voters(db_url, settings)
     ok = _start(db_url, epsilon=2.0, hyperparameters={**grap, "user_rows": N_USERS + 30})
     with session_scope(db_url) as s:
         params = ledger.reservation_for(s, ok).parameters
-        assert params["user_rows"] == N_USERS + 30 and params["neighbouring_relation"] == "add_remove_one_user"
+        assert params["user_rows"] == N_USERS + 30 and params["neighbouring_relation"] == "add_or_remove_one_user"
     assert training.run_training(ok, url=db_url, settings=settings) == "succeeded"
     with session_scope(db_url) as s:
         _, model = model_store.get_active_model(s, "default")

@@ -388,7 +388,7 @@ def test_user_rows_hides_the_number_of_voters(mechanism):
         published.append({k: v for k, v in model.metadata.items() if k != "output_noise_std_drawn"})
     assert all(p == published[0] for p in published)
     params = event_parameters(config)
-    assert params["user_rows"] == 40 and params["neighbouring_relation"] == "add_remove_one_user"
+    assert params["user_rows"] == 40 and params["neighbouring_relation"] == "add_or_remove_one_user"
     assert params["voter_count_public"] is False and "chosen uniformly at random are kept" in params["relation"]
     assert published[0]["user_rows"] == 40 and model.config["user_rows"] == 40
     empty = Ratings.from_indices(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), user_ids=np.arange(0),
@@ -453,7 +453,7 @@ def test_without_user_rows_the_relation_says_the_voter_count_is_public():
     for mechanism in ("grap", "objp", "outp"):
         params = event_parameters(OneBitConfig(mechanism=mechanism))
         assert params["user_rows"] is None and params["user_rows_public"] and params["voter_count_public"]
-        assert params["neighbouring_relation"] == "replace_one_users_votes"
+        assert params["neighbouring_relation"] == "replace_one_user"
         assert params["relation"] == ("replace one user's votes; the number of voters is public "
                                       "(set user_rows for add/remove)")
     inp = event_parameters(OneBitConfig(mechanism="inp", user_rows=10))

@@ -62,6 +62,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core import accounting
+from app.core.accounting import Relation
 from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 
 __all__ = [
@@ -371,10 +372,10 @@ def calibrate(target_epsilon: float, delta: float, config: OneBitConfig, n_items
 def _user_relation(config: OneBitConfig) -> dict[str, str]:
     """The user-level relation of grap/objp/outp: add/remove with ``user_rows``, else replace."""
     if config.user_rows is None:
-        return {"neighbouring_relation": "replace_one_users_votes",
+        return {"neighbouring_relation": Relation.REPLACE_ONE_USER.value,
                 "relation": "replace one user's votes; the number of voters is public (set user_rows for add/remove)",
                 "protects": "one user's votes (items voted on and values), up to k of them"}
-    return {"neighbouring_relation": "add_remove_one_user",
+    return {"neighbouring_relation": Relation.ADD_OR_REMOVE_ONE_USER.value,
             "relation": (f"add or remove one user (up to k votes); votes padded to user_rows = {config.user_rows} "
                          "public rows; with more voters, user_rows of them chosen uniformly at random are kept "
                          "(never refused)"),
@@ -389,7 +390,7 @@ def event_parameters(config: OneBitConfig) -> dict[str, Any]:
               "voter_count_public": config.user_rows is None}
     if config.mechanism == "inp":
         eps0 = config.local_epsilon if config.pre_randomised else config.epsilon
-        return {**common, "neighbouring_relation": "replace_vote_values",
+        return {**common, "neighbouring_relation": Relation.REPLACE_VOTE_VALUES.value,
                 "protects": "vote values only; which items a user voted on is not hidden",
                 "randomised_at": "ingestion" if config.pre_randomised else "training",
                 "flip_probability": flip_probability(eps0), "epsilon_entry": eps0, "epsilon_user_pure": k * eps0,
