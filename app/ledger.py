@@ -20,7 +20,15 @@ Contract (``../shared/design/service.md``, "Privacy ledger"):
   entry's guarantee (``parameters["neighbouring_relation"]``) must imply it, else the entry is
   refused (409 ``relation_not_implied``); an add/remove event charged to a weaker account is
   converted by group privacy and the converted event is stored as ``parameters["charged_event"]``
-  (``event`` stays the event as released, which the worker checks against its releases).
+  (``event`` stays the event as released, which the worker checks against its releases). The
+  conversion is a function of the entry's guarantee and the account's relation, so the spend is
+  always composed from it (an account migrated to a weaker relation by 0004 recomputes).
+* A person, not a data set, is the unit: every account names a per-person budget
+  (``PersonBudget``, ``all`` by default). A charge composes the charged events of every account
+  of that budget (converted to its relation) plus the new one and is refused
+  (``PersonBudgetExceeded``) above its cap, in the same transaction: the data set's account is
+  locked first, then the person budget (``SELECT ... FOR NO KEY UPDATE`` on PostgreSQL; SQLite's
+  write lock serialises everything), always in that order.
 """
 
 from __future__ import annotations
@@ -50,9 +58,10 @@ from app.core.accounting import (
     event_from_json,
     event_to_json,
 )
-from app.db.models import BudgetAccount, Dataset, LedgerEntry, utcnow
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
-from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound, RelationRefused
+from app.platform_errors import (BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound,
+                                 PersonBudgetExceeded, RelationRefused)
 
 __all__ = [
     "GENESIS_HASH",
@@ -67,7 +76,15 @@ __all__ = [
     "open_account",
     "active_events",
     "charged_event",
+    "recorded_charge",
     "account_relation",
+    "DEFAULT_PERSON_BUDGET",
+    "person_budget_named",
+    "open_person_budget",
+    "lock_person_budget",
+    "person_events",
+    "person_spent",
+    "change_person_cap",
     "spent",
     "SpentReport",
     "reserve",
@@ -86,6 +103,11 @@ REPORT_PLACES = 6
 # Entries whose event counts towards the spend: run reservations (unless refunded) and local
 # guarantees (randomisation at ingestion; never refunded: the randomised bits are stored).
 CHARGED_KINDS = ("reservation", "local")
+# The per-person budget every data set joins unless it names another; created by migration 0004
+# (or here, on a schema built without it) with these figures, which the admin then sets.
+DEFAULT_PERSON_BUDGET = "all"
+DEFAULT_PERSON_CAP = 10.0
+DEFAULT_PERSON_DELTA = 1e-6
 
 
 # ----------------------------------------------------------------------------- rounding
@@ -186,20 +208,24 @@ def _append(session: Session, acct: BudgetAccount, **fields: Any) -> LedgerEntry
 
 def open_account(
     session: Session, dataset: Dataset, *, epsilon_cap: float, delta: float, actor: str, accountant: str = "rdp",
-    relation: Relation | str = Relation.ADD_OR_REMOVE_ONE_USER,
+    relation: Relation | str = Relation.ADD_OR_REMOVE_ONE_USER, person_budget: str = DEFAULT_PERSON_BUDGET,
 ) -> BudgetAccount:
     """Create the budget account of ``dataset`` and its first ledger entry (kind ``open``) under
-    ``relation``, the one neighbouring relation all of its numbers hold under."""
-    try:
-        relation = parse_relation(relation)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+    ``relation``, the one neighbouring relation all of its numbers hold under, counting against
+    the per-person budget ``person_budget`` (whose relation ``relation`` must imply)."""
+    relation = _parse_or_invalid(relation)
     if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
         raise InvalidRequest("epsilon cap must be a finite number > 0")
     if not (math.isfinite(delta) and 0 < delta < 1):
         raise InvalidRequest("delta must lie strictly between 0 and 1")
+    pb = person_budget_named(session, person_budget)
+    if not relation_implies(relation, parse_relation(pb.relation)):
+        raise RelationRefused(
+            f"person budget {pb.name!r} accounts under {pb.relation}; a data set under {relation.value} "
+            "does not imply it (name a person budget with a relation its data sets imply)",
+            dataset=dataset.name, person_budget=pb.name, account_relation=pb.relation, event_relation=relation.value)
     acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant,
-                         relation=relation.value)
+                         relation=relation.value, person_budget_id=pb.id)
     session.add(acct)
     session.flush()
     _append(
@@ -207,12 +233,135 @@ def open_account(
         acct,
         kind="open",
         actor=actor,
-        parameters={"neighbouring_relation": relation.value},
+        parameters={"neighbouring_relation": relation.value, "person_budget": pb.name},
         spent_rdp=0.0,
         spent_pld=0.0,
         reason="budget account opened",
     )
     return acct
+
+
+def _parse_or_invalid(relation: object) -> Relation:
+    try:
+        return parse_relation(relation)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+# ----------------------------------------------------------------------------- person budgets
+def person_budget_named(session: Session, name: str = DEFAULT_PERSON_BUDGET) -> PersonBudget:
+    """The per-person budget ``name`` (no lock); ``all`` is created with the defaults when missing."""
+    pb = session.scalar(select(PersonBudget).where(PersonBudget.name == name))
+    if pb is None and name == DEFAULT_PERSON_BUDGET:
+        pb = open_person_budget(session, name, epsilon_cap=DEFAULT_PERSON_CAP, delta=DEFAULT_PERSON_DELTA,
+                                relation=Relation.ADD_OR_REMOVE_ONE_USER, actor="system")
+    if pb is None:
+        raise NotFound(f"unknown person budget {name!r}", person_budget=name)
+    return pb
+
+
+def open_person_budget(
+    session: Session, name: str, *, epsilon_cap: float, delta: float, relation: Relation | str, actor: str,
+    reason: str | None = None,
+) -> PersonBudget:
+    """Create a per-person budget (``Conflict`` when ``name`` exists). Does not commit."""
+    relation = _parse_or_invalid(relation)
+    if not name or len(name) > 64:
+        raise InvalidRequest("a person budget name must have 1 to 64 characters")
+    if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
+        raise InvalidRequest("epsilon cap must be a finite number > 0")
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        raise InvalidRequest("delta must lie strictly between 0 and 1")
+    if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
+        raise Conflict(f"person budget {name!r} exists", person_budget=name)
+    pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
+                      history=[_history_row(actor, None, float(epsilon_cap), reason or "created")])
+    session.add(pb)
+    session.flush()
+    return pb
+
+
+def _history_row(actor: str, old_cap: float | None, new_cap: float, reason: str | None) -> dict[str, Any]:
+    return {"at": utcnow().isoformat(timespec="microseconds"), "actor": actor, "old_cap": old_cap,
+            "new_cap": new_cap, "reason": reason}
+
+
+def lock_person_budget(session: Session, person_budget_id: int) -> PersonBudget:
+    """Lock and return a person budget row (after the data set's account, never before).
+
+    PostgreSQL: ``FOR NO KEY UPDATE`` (serialises charges of all its data sets without blocking
+    the foreign-key share lock a new data set takes). SQLite: the write lock is already held.
+    """
+    stmt = select(PersonBudget).where(PersonBudget.id == person_budget_id)
+    if is_postgres(session):
+        stmt = stmt.with_for_update(key_share=True)
+    return session.execute(stmt.execution_options(populate_existing=True)).scalar_one()
+
+
+def person_events(session: Session, person_budget: PersonBudget) -> list[dp_event.DpEvent]:
+    """Every charged event of every account of ``person_budget``, converted to its relation."""
+    rows = session.execute(
+        select(LedgerEntry)
+        .join(BudgetAccount, BudgetAccount.id == LedgerEntry.account_id)
+        .where(BudgetAccount.person_budget_id == person_budget.id,
+               LedgerEntry.kind.in_([*CHARGED_KINDS, "refund"]))
+        .order_by(LedgerEntry.account_id, LedgerEntry.seq)
+    ).scalars().all()
+    refunded = {e.run_id for e in rows if e.kind == "refund"}
+    relation = parse_relation(person_budget.relation)
+    return [charged_event(e, relation) for e in rows
+            if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded)]
+
+
+def person_spent(session: Session, person_budget: PersonBudget) -> SpentReport:
+    """The composed spend of a person budget at its delta (recomputed from every member's ledger)."""
+    return _spend_of(person_events(session, person_budget), person_budget.delta)
+
+
+def change_person_cap(
+    session: Session, *, name: str, new_cap: float, reason: str | None, actor: str
+) -> PersonBudget:
+    """Change a person budget's cap (audited in its history); same rules as a data set's cap."""
+    if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
+        raise InvalidRequest("the new cap must be a finite number > 0")
+    pb = lock_person_budget(session, person_budget_named(session, name).id)
+    if new_cap > pb.epsilon_cap and not (reason and reason.strip()):
+        raise InvalidRequest("raising the privacy budget cap requires a reason")
+    current = person_spent(session, pb)
+    if new_cap < current.epsilon_rdp:
+        raise CapChangeRefused(
+            f"cannot lower the cap to {new_cap}: epsilon {round_up(current.epsilon_rdp)} is already spent",
+            person_budget=pb.name, epsilon_cap=pb.epsilon_cap, requested_cap=float(new_cap),
+            spent_epsilon=round_up(current.epsilon_rdp))
+    if new_cap != pb.epsilon_cap:
+        pb.history = [*pb.history, _history_row(actor, pb.epsilon_cap, float(new_cap), (reason or "").strip() or None)]
+        pb.epsilon_cap = float(new_cap)
+        pb.updated_at = utcnow()
+        session.flush()
+    return pb
+
+
+def _check_person_budget(
+    session: Session, acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, guarantee: Relation
+) -> dict[str, Any]:
+    """Refuse ``event`` (stated under ``guarantee``) when the per-person bound would pass its cap;
+    else the parameters recording the person budget's spend after it."""
+    pb = lock_person_budget(session, acct.person_budget_id)
+    try:
+        converted = event_under(event, guarantee, parse_relation(pb.relation))
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, person_budget=pb.name,
+                              account_relation=pb.relation, event_relation=guarantee.value) from exc
+    history = person_events(session, pb)
+    total = epsilon_rdp(compose(history + [converted]), pb.delta)
+    if not math.isfinite(total) or total > pb.epsilon_cap:
+        prior = epsilon_rdp(compose(history), pb.delta) if history else 0.0
+        raise PersonBudgetExceeded(
+            dataset=dataset.name, person_budget=pb.name, prior_spent_epsilon=round_up(prior),
+            requested_epsilon=round_up(epsilon_rdp(converted, pb.delta)),
+            would_spend_epsilon=round_up(total) if math.isfinite(total) else float("inf"),
+            epsilon_cap=pb.epsilon_cap, delta=pb.delta)
+    return {"person_budget": pb.name, "person_spent_rdp": total}
 
 
 # ----------------------------------------------------------------------------- spending
@@ -226,25 +375,38 @@ def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[Le
     )
 
 
-def _charged_events(entries: Sequence[LedgerEntry], refunded_runs: set[int | None]) -> list[dp_event.DpEvent]:
-    """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``)."""
+def _charged_events(
+    entries: Sequence[LedgerEntry], refunded_runs: set[int | None], relation: Relation
+) -> list[dp_event.DpEvent]:
+    """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``),
+    each as charged under ``relation``."""
     return [
-        charged_event(e)
+        charged_event(e, relation)
         for e in entries
         if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded_runs)
     ]
 
 
-def charged_event(entry: LedgerEntry) -> dp_event.DpEvent:
-    """The event an entry charges to its account: converted to the account's relation if it was."""
+def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
+    """The event ``entry`` charges to an account under ``relation``: its released event converted
+    from the relation its guarantee was stated under (:func:`app.core.accounting.event_under`)."""
+    return event_under(event_from_json(entry.event), _entry_relation(entry), relation)
+
+
+def recorded_charge(entry: LedgerEntry) -> dp_event.DpEvent:
+    """The event as it was charged when the entry was written (what its stored spend composed)."""
     return event_from_json(entry.parameters.get("charged_event") or entry.event)
 
 
 def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
-    """Events of every local guarantee and every reservation that was not refunded, in ledger order."""
+    """Events of every local guarantee and every reservation that was not refunded, in ledger order,
+    as charged under the account's relation."""
+    acct = session.get(BudgetAccount, account_id)
+    if acct is None:
+        raise NotFound(f"no budget account {account_id}")
     entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
     refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return _charged_events(entries, refunded)
+    return _charged_events(entries, refunded, account_relation(acct))
 
 
 def charged_relations(session: Session, account_id: int) -> list[str]:
@@ -289,8 +451,10 @@ def _spend_of(events: Sequence[dp_event.DpEvent], delta: float) -> SpentReport:
 
 
 def spent(session: Session, account: BudgetAccount, *, recompute: bool = False) -> SpentReport:
-    """The account's composed spend: from the last entry, or recomputed from all events."""
-    if recompute:
+    """The account's composed spend: from the last entry, or recomputed from all events (always
+    for an account under a weaker relation than add/remove: migration 0004 may have weakened it
+    after its entries stored their spends)."""
+    if recompute or account_relation(account) != Relation.ADD_OR_REMOVE_ONE_USER:
         return _spend_of(active_events(session, account.id), account.delta)
     last = _last_entry(session, account.id)
     n = session.scalar(
@@ -318,9 +482,9 @@ def _run_entry(session: Session, run_id: int, kind: str) -> LedgerEntry | None:
     return session.scalar(select(LedgerEntry).where(LedgerEntry.run_id == run_id, LedgerEntry.kind == kind))
 
 
-def base_parameters() -> dict[str, Any]:
+def base_parameters(relation: Relation | str = NEIGHBOURING_RELATION) -> dict[str, Any]:
     """Parameters every entry carries (neighbouring relation, library version)."""
-    return {"neighbouring_relation": NEIGHBOURING_RELATION, "dp_accounting_version": DP_ACCOUNTING_VERSION}
+    return {"neighbouring_relation": parse_relation(relation).value, "dp_accounting_version": DP_ACCOUNTING_VERSION}
 
 
 def reserve(
@@ -368,6 +532,7 @@ def _charge(
     """Cap-check the composition of the charged history plus ``event`` and append the entry
     (the caller holds the account lock). ``BudgetExceeded`` when the total would pass the cap;
     ``RelationRefused`` when the event's relation does not imply the account's."""
+    released = event
     event, relation_parameters = _charged_under(acct, dataset, event, parameters)
     parameters = {**dict(parameters), **relation_parameters}
     history = active_events(session, acct.id)
@@ -384,6 +549,8 @@ def _charge(
             epsilon_cap=acct.epsilon_cap,
             delta=acct.delta,
         )
+    guarantee = parse_relation(relation_parameters["neighbouring_relation"])
+    parameters.update(_check_person_budget(session, acct, dataset, released, guarantee))
     total_pld = epsilon_pld(total_event, acct.delta)
     return _append(
         session,
@@ -392,7 +559,7 @@ def _charge(
         run_id=run_id,
         actor=actor,
         event=event_json,
-        parameters={**base_parameters(), **dict(parameters)},
+        parameters={**base_parameters(acct.relation), **dict(parameters)},
         epsilon=alone,
         spent_rdp=total_rdp,
         spent_pld=total_pld,
@@ -404,10 +571,7 @@ def _charged_under(
     acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any]
 ) -> tuple[dp_event.DpEvent, dict[str, Any]]:
     """(event as charged to the account, parameters naming the relations and any conversion)."""
-    try:
-        guarantee = parse_relation(parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+    guarantee = _parse_or_invalid(parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
     account = account_relation(acct)
     if not relation_implies(guarantee, account):
         raise RelationRefused(
@@ -468,7 +632,7 @@ def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, param
         kind="commit",
         run_id=run_id,
         actor=actor,
-        parameters={**base_parameters(), **dict(parameters or {})},
+        parameters={**base_parameters(acct.relation), **dict(parameters or {})},
         epsilon=res.epsilon,
         spent_rdp=last.spent_rdp if last else 0.0,
         spent_pld=last.spent_pld if last else 0.0,
@@ -490,14 +654,14 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
     # compose what stays charged once this run's reservation is released
     entries = _entries(session, acct.id, (*CHARGED_KINDS, "refund"))
     gone = {e.run_id for e in entries if e.kind == "refund"} | {run_id}
-    after = _spend_of(_charged_events(entries, gone), acct.delta)
+    after = _spend_of(_charged_events(entries, gone, account_relation(acct)), acct.delta)
     return _append(
         session,
         acct,
         kind="refund",
         run_id=run_id,
         actor=actor,
-        parameters=base_parameters(),
+        parameters=base_parameters(acct.relation),
         reason=reason,
         spent_rdp=after.epsilon_rdp,
         spent_pld=after.epsilon_pld,
@@ -562,9 +726,9 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
             return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
         if recompute_spend and entry.kind in (*CHARGED_KINDS, "refund"):
             if entry.kind == "reservation":
-                events[("run", entry.run_id)] = charged_event(entry)
+                events[("run", entry.run_id)] = recorded_charge(entry)
             elif entry.kind == "local":
-                events[("local", entry.seq)] = charged_event(entry)
+                events[("local", entry.seq)] = recorded_charge(entry)
             else:
                 events.pop(("run", entry.run_id), None)
             expected = _spend_of(list(events.values()), entry.delta).epsilon_rdp

@@ -16,6 +16,7 @@ __all__ = [
     "BudgetExceeded",
     "CapChangeRefused",
     "RelationRefused",
+    "PersonBudgetExceeded",
     "NoActiveModel",
 ]
 
@@ -90,3 +91,35 @@ class RelationRefused(Conflict):
     """An event whose neighbouring relation does not imply the budget account's relation."""
 
     code = "relation_not_implied"
+
+
+class PersonBudgetExceeded(BudgetExceeded):
+    """The per-person bound would be exceeded: the events of every data set that can hold the same
+    person, composed, would pass the person budget's cap (public numbers only)."""
+
+    code = "person_budget_exceeded"
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        person_budget: str,
+        prior_spent_epsilon: float,
+        requested_epsilon: float,
+        would_spend_epsilon: float,
+        epsilon_cap: float,
+        delta: float,
+    ) -> None:
+        Conflict.__init__(
+            self,
+            f"per-person budget {person_budget!r} (data set {dataset!r} counts against it) exceeded: "
+            f"already spent epsilon {prior_spent_epsilon}, this request needs epsilon {requested_epsilon} "
+            f"on its own, composed total would be {would_spend_epsilon} > cap {epsilon_cap} (delta {delta})",
+            dataset=dataset,
+            person_budget=person_budget,
+            prior_spent_epsilon=prior_spent_epsilon,
+            requested_epsilon=requested_epsilon,
+            would_spend_epsilon=would_spend_epsilon,
+            epsilon_cap=epsilon_cap,
+            delta=delta,
+        )

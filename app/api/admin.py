@@ -8,15 +8,17 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
 from app.api.params import DatasetP
-from app.schemas.admin import (MAX_EPSILON_CAP, BudgetOut, CapChangeIn, DatasetIn, DatasetOut, DatasetPatchIn,
-                               LedgerEntryOut, ModelVersionOut, ProjectionOut, TrainingAccepted, TrainingIn,
-                               TrainingRunOut)
+from app.schemas.admin import (MAX_EPSILON_CAP, PERSON_BUDGET_NAME, BudgetOut, CapChangeIn, DatasetIn, DatasetOut,
+                               DatasetPatchIn, LedgerEntryOut, ModelVersionOut, PersonBudgetIn, PersonBudgetOut,
+                               ProjectionOut, TrainingAccepted, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import admin as svc
 
 router = APIRouter(tags=["admin"])
 
 IdP = Annotated[int, Path(ge=1, le=2**31 - 1, description="Numeric id (a 32-bit database key).")]
+PersonBudgetP = Annotated[str, Path(min_length=1, max_length=64, pattern=PERSON_BUDGET_NAME,
+                                    description="Per-person budget name, e.g. `all`.")]
 
 
 @router.post("/datasets", response_model=DatasetOut, status_code=201,
@@ -63,6 +65,23 @@ def get_projection(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
 def patch_budget(dataset: DatasetP, body: CapChangeIn, admin: AdminPrincipal, session: SessionDep) -> BudgetOut:
     out = svc.change_cap(session, dataset=dataset, epsilon_cap=body.epsilon_cap, reason=body.reason,
                          actor=f"admin:{admin.subject}")
+    session.commit()
+    return out
+
+
+@router.get("/person-budgets/{name}", response_model=PersonBudgetOut, summary="Per-person budget")
+def get_person_budget(name: PersonBudgetP, _: AdminPrincipal, session: SessionDep) -> PersonBudgetOut:
+    return svc.person_budget_view(session, name=name)
+
+
+@router.put("/person-budgets/{name}", response_model=PersonBudgetOut,
+            summary="Create a per-person budget or change its cap (audited)",
+            description="The events of every data set naming it are composed against its cap in the same "
+                        "locked reservation as the data set's own cap. Raising the cap needs a `reason`; "
+                        "lowering it below the spend, or changing its delta or relation, is refused (409).")
+def put_person_budget(name: PersonBudgetP, body: PersonBudgetIn, admin: AdminPrincipal,
+                      session: SessionDep) -> PersonBudgetOut:
+    out = svc.put_person_budget(session, name=name, body=body, actor=f"admin:{admin.subject}")
     session.commit()
     return out
 

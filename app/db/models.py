@@ -163,6 +163,33 @@ class Rating(Base):
     )
 
 
+RELATIONS_CHECK = "relation IN ('add_or_remove_one_user', 'replace_one_user', 'replace_vote_values')"
+
+
+class PersonBudget(Base):
+    """A per-person bound: one (epsilon cap, delta) composing the charged events of every data set
+    whose budget account names it (data sets that can hold the same person; ``all`` by default)."""
+
+    __tablename__ = "person_budgets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    # the one relation its numbers hold under; every member data set's relation implies it
+    relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user")
+    # audited cap changes: [{"at", "actor", "old_cap", "new_cap", "reason"}]
+    history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        CheckConstraint(RELATIONS_CHECK, name="relation_kind"),
+        CheckConstraint("epsilon_cap > 0", name="cap_positive"),
+        CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
+    )
+
+
 class BudgetAccount(Base):
     """The (epsilon cap, delta) privacy budget of one data set."""
 
@@ -176,14 +203,17 @@ class BudgetAccount(Base):
     # the one neighbouring relation every number of this account holds under (app.core.accounting.Relation)
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user",
                                           server_default="add_or_remove_one_user")
+    # the per-person bound this data set's events also count against
+    person_budget_id: Mapped[int] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
     dataset: Mapped[Dataset] = relationship()
+    person_budget: Mapped[PersonBudget] = relationship()
 
     __table_args__ = (
-        CheckConstraint("relation IN ('add_or_remove_one_user', 'replace_one_user', 'replace_vote_values')",
-                        name="relation_kind"),
+        CheckConstraint(RELATIONS_CHECK, name="relation_kind"),
+        Index("ix_budget_accounts_person_budget", "person_budget_id"),
         CheckConstraint("epsilon_cap > 0", name="cap_positive"),
         CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
         CheckConstraint("accountant IN ('rdp', 'pld')", name="accountant_kind"),

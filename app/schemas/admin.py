@@ -17,6 +17,8 @@ enough for the ledger's exact 6-decimal rounding."""
 __all__ = [
     "MAX_EPSILON_CAP",
     "BudgetOut",
+    "PersonBudgetIn",
+    "PersonBudgetOut",
     "CapChangeIn",
     "DatasetIn",
     "DatasetOut",
@@ -34,6 +36,36 @@ class _Open(BaseModel):
     """Responses built from platform dicts; extra keys are passed through."""
 
     model_config = ConfigDict(extra="allow")
+
+
+PERSON_BUDGET_NAME = r"^[A-Za-z0-9_\-]+$"
+
+
+class PersonBudgetOut(_Open):
+    name: str
+    epsilon_cap: float
+    delta: float
+    neighbouring_relation: Relation = Field(description=(
+        "The relation every number of this per-person budget holds under; each member data set's "
+        "relation implies it (add/remove events are converted by group privacy to a weaker one)."))
+    spent_epsilon_rdp: float = Field(description=(
+        "The charged events of all its data sets composed at its delta (RDP, rounded up): what one "
+        "user id present in all of them can lose."))
+    spent_epsilon_pld: float | None = Field(default=None, description="The same composition by the PLD accountant.")
+    remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
+    datasets: list[str] = Field(default_factory=list, description="The data sets counting against it.")
+    history: list[dict[str, Any]] = Field(default_factory=list, description="Audited creation and cap changes.")
+
+
+class PersonBudgetIn(StrictModel):
+    epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description=(
+        "The per-person cap. Raising it needs a `reason`; lowering it below the spend is refused (409)."))
+    delta: FiniteFloat | None = Field(default=None, gt=0, lt=1, description=(
+        "The delta its composed spend is stated at (required on creation; fixed afterwards)."))
+    neighbouring_relation: Relation | None = Field(default=None, description=(
+        "Its relation (on creation; default `add_or_remove_one_user`; fixed afterwards). Data sets "
+        "whose relation does not imply it cannot join it."))
+    reason: str | None = Field(default=None, max_length=1000, description="Stored in its history.")
 
 
 class BudgetOut(_Open):
@@ -58,6 +90,8 @@ class BudgetOut(_Open):
     neighbouring_relations: list[str] = Field(default_factory=list, description=(
         "The relations under which the charged entries' guarantees were stated (each implies the "
         "account's; add/remove guarantees charged to a weaker account are converted by group privacy)."))
+    person_budget: PersonBudgetOut | None = Field(default=None, description=(
+        "The per-person bound this data set also counts against: every charge must fit both caps."))
 
 
 MAX_USERS_DOC = (
@@ -84,6 +118,10 @@ class DatasetIn(StrictModel):
         "whose relation does not imply it is refused (409 `relation_not_implied`): e.g. votes "
         "randomised at ingestion need `replace_vote_values`, one-bit runs without `user_rows` need "
         "`replace_one_user`. Add/remove guarantees are converted (group privacy) to weaker accounts."))
+    person_budget: str = Field(default="all", min_length=1, max_length=64, pattern=PERSON_BUDGET_NAME, description=(
+        "The per-person budget (fixed at creation) composing this data set's events with those of "
+        "every other data set that can hold the same person; `all` (every data set) by default. Its "
+        "relation must be implied by `neighbouring_relation` (409 `relation_not_implied`)."))
 
     @model_validator(mode="after")
     def _range(self) -> "DatasetIn":

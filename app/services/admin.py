@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
-                               TrainingIn, TrainingRunOut)
+                               PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 
 __all__ = [
@@ -19,6 +19,8 @@ __all__ = [
     "dataset_warnings",
     "datasets_page",
     "budget_view",
+    "person_budget_view",
+    "put_person_budget",
     "change_cap",
     "ledger_page",
     "start_training",
@@ -64,7 +66,8 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
         raise Conflict(f"data set {body.name!r} exists", code="dataset_exists", details={"dataset": body.name})
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
-                               actor=actor, relation=body.neighbouring_relation.value)
+                               actor=actor, relation=body.neighbouring_relation.value,
+                               person_budget=body.person_budget)
     ds.kind, ds.max_users = body.kind, body.max_users
     session.flush()
     return _dataset_out(session, ds)
@@ -98,6 +101,23 @@ def budget_view(session: Session, *, dataset: str) -> BudgetOut:
     from app.services import budget
 
     return BudgetOut(**budget.get_budget(session, dataset).to_dict())
+
+
+def person_budget_view(session: Session, *, name: str) -> PersonBudgetOut:
+    """A per-person budget with its composed spend over its data sets."""
+    from app.services import budget
+
+    return PersonBudgetOut(**budget.get_person_budget(session, name).to_dict())
+
+
+def put_person_budget(session: Session, *, name: str, body: PersonBudgetIn, actor: str) -> PersonBudgetOut:
+    """Create a per-person budget or change its cap (audited)."""
+    from app.services import budget
+
+    relation = None if body.neighbouring_relation is None else body.neighbouring_relation.value
+    view = budget.put_person_budget(session, name, epsilon_cap=body.epsilon_cap, delta=body.delta, relation=relation,
+                                    reason=body.reason, actor=actor)
+    return PersonBudgetOut(**view.to_dict())
 
 
 def change_cap(session: Session, *, dataset: str, epsilon_cap: float, reason: str | None, actor: str) -> BudgetOut:

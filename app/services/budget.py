@@ -10,11 +10,14 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.config import Settings, get_settings
-from app.db.models import BudgetAccount, Dataset, LedgerEntry, TrainingRun
-from app.platform_errors import InvalidRequest, NotFound
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
+from app.platform_errors import Conflict, InvalidRequest, NotFound
 
 __all__ = [
     "BudgetView",
+    "PersonBudgetView",
+    "get_person_budget",
+    "put_person_budget",
     "get_dataset",
     "ensure_dataset",
     "bootstrap",
@@ -24,6 +27,24 @@ __all__ = [
     "ledger_entry_dict",
     "verify_ledger",
 ]
+
+
+@dataclass(frozen=True)
+class PersonBudgetView:
+    """A per-person budget: the events of all its data sets composed at its delta, under its relation."""
+
+    name: str
+    epsilon_cap: float
+    delta: float
+    neighbouring_relation: str
+    spent_epsilon_rdp: float
+    spent_epsilon_pld: float
+    remaining_epsilon: float
+    datasets: list[str] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,7 @@ class BudgetView:
     n_local_guarantees: int = 0  # ledger entries of kind "local" (randomisation at ingestion)
     neighbouring_relation: str = "add_or_remove_one_user"  # the account's: every number above holds under it
     neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
+    person_budget: PersonBudgetView | None = None  # the per-person bound this data set counts against
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,8 +89,10 @@ def ensure_dataset(
     description: str | None = None,
     actor: str = "system",
     relation: str = "add_or_remove_one_user",
+    person_budget: str = ledger.DEFAULT_PERSON_BUDGET,
 ) -> Dataset:
-    """Return the data set ``name``, creating it with its budget account (under ``relation``) if missing."""
+    """Return the data set ``name``, creating it with its budget account (under ``relation``, counting
+    against the per-person budget ``person_budget``) if missing."""
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is not None:
         return ds
@@ -79,7 +103,8 @@ def ensure_dataset(
     ds = Dataset(name=name, rating_min=float(rating_min), rating_max=float(rating_max), description=description)
     session.add(ds)
     session.flush()
-    ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor, relation=relation)
+    ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor, relation=relation,
+                        person_budget=person_budget)
     return ds
 
 
@@ -105,9 +130,7 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
     """Cap, delta, spent (RDP and PLD), remaining and run counts of a data set."""
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
-    # an account migrated to a weaker relation (0004) recomputes: its stored figures may predate conversion
-    migrated = acct.relation != ledger.NEIGHBOURING_RELATION
-    rep = ledger.spent(session, acct, recompute=migrated)
+    rep = ledger.spent(session, acct)  # recomputed for a weaker relation (see ledger.spent)
     counts = dict(
         session.execute(
             select(TrainingRun.status, func.count()).where(TrainingRun.dataset_id == ds.id).group_by(TrainingRun.status)
@@ -130,7 +153,54 @@ def get_budget(session: Session, dataset: str) -> BudgetView:
         n_local_guarantees=int(n_local),
         neighbouring_relation=ledger.account_relation(acct).value,
         neighbouring_relations=ledger.charged_relations(session, acct.id),
+        person_budget=_person_view(session, acct.person_budget),
     )
+
+
+def _person_view(session: Session, pb: PersonBudget) -> PersonBudgetView:
+    rep = ledger.person_spent(session, pb)
+    names = session.scalars(
+        select(Dataset.name).join(BudgetAccount, BudgetAccount.dataset_id == Dataset.id)
+        .where(BudgetAccount.person_budget_id == pb.id).order_by(Dataset.name)
+    ).all()
+    return PersonBudgetView(
+        name=pb.name,
+        epsilon_cap=pb.epsilon_cap,
+        delta=pb.delta,
+        neighbouring_relation=pb.relation,
+        spent_epsilon_rdp=ledger.round_up(rep.epsilon_rdp),
+        spent_epsilon_pld=ledger.round_up(rep.epsilon_pld),
+        remaining_epsilon=ledger.remaining(pb.epsilon_cap, rep.epsilon_rdp),
+        datasets=list(names),
+        history=list(pb.history or []),
+    )
+
+
+def get_person_budget(session: Session, name: str) -> PersonBudgetView:
+    """A per-person budget: cap, delta, relation, composed spend over its data sets, cap history."""
+    return _person_view(session, ledger.person_budget_named(session, name))
+
+
+def put_person_budget(
+    session: Session, name: str, *, epsilon_cap: float, delta: float | None, relation: str | None,
+    reason: str | None, actor: str,
+) -> PersonBudgetView:
+    """Create the per-person budget ``name`` or change its cap (audited; delta and relation are fixed
+    at creation: a different value is refused with 409). Does not commit."""
+    pb = session.scalar(select(PersonBudget).where(PersonBudget.name == name))
+    if pb is None:
+        if delta is None:
+            raise InvalidRequest("a new person budget needs a delta")
+        pb = ledger.open_person_budget(session, name, epsilon_cap=epsilon_cap, delta=delta,
+                                       relation=relation or ledger.NEIGHBOURING_RELATION, actor=actor, reason=reason)
+        return _person_view(session, pb)
+    fixed = {"delta": (delta, pb.delta), "neighbouring_relation": (relation, pb.relation)}
+    changed = {k: v for k, v in fixed.items() if v[0] is not None and v[0] != v[1]}
+    if changed:
+        raise Conflict(f"person budget {name!r} exists; its {', '.join(changed)} cannot change (fixed at creation)",
+                       person_budget=name, **{k: v[1] for k, v in changed.items()})
+    return _person_view(session, ledger.change_person_cap(session, name=name, new_cap=epsilon_cap, reason=reason,
+                                                          actor=actor))
 
 
 def change_cap(session: Session, dataset: str, *, new_cap: float, reason: str | None, actor: str) -> BudgetView:

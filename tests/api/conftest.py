@@ -134,6 +134,18 @@ def sqlite_env(tmp_path: Path) -> Iterator[Env]:
     dispose_engines()
 
 
+def create_votes_dataset(env: Env, name: str = "votes", *, cap: float = 10.0, delta: float = 1e-6) -> None:
+    """A data set for randomised-response votes: it declares `replace_vote_values` (what randomised
+    response protects) and counts against a per-person budget of that relation, both named ``name``."""
+    r = env.client.put(f"/v1/admin/person-budgets/{name}", headers=env.admin,
+                       json={"epsilon_cap": cap, "delta": delta, "neighbouring_relation": "replace_vote_values"})
+    assert r.status_code == 200, r.text
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json={
+        "name": name, "rating_min": 1.0, "rating_max": 5.0, "epsilon_cap": cap, "delta": delta,
+        "neighbouring_relation": "replace_vote_values", "person_budget": name})
+    assert r.status_code == 201, r.text
+
+
 def add_items(env: Env, n: int, dataset: str = "default", categories: Callable[[int], list[str]] | None = None) -> None:
     for k in range(n):
         cats = categories(k) if categories else ["even" if k % 2 == 0 else "odd"]

@@ -10,14 +10,26 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from app import ledger
-from app.services import votes as votes_service
 from app.core.onebit import flip_probability
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance
-from tests.api.conftest import Env, add_items
+from tests.api.conftest import Env, add_items, create_votes_dataset
 
-R = "/v1/datasets/default"
-SETTINGS = "/v1/admin/datasets/default/vote-settings"
+DS = "votes"  # randomised response hides vote values only: its data set declares that relation
+R = f"/v1/datasets/{DS}"
+SETTINGS = f"/v1/admin/datasets/{DS}/vote-settings"
 LN3 = math.log(3.0)  # flip probability 1/(1+3) = 0.25
+
+
+@pytest.fixture
+def env(env: Env) -> Env:
+    create_votes_dataset(env, DS)
+    return env
+
+
+@pytest.fixture
+def sqlite_env(sqlite_env: Env) -> Env:
+    create_votes_dataset(sqlite_env, DS)
+    return sqlite_env
 
 
 def _put(env: Env, user: str, item: str, body: dict, headers=None):
@@ -35,7 +47,7 @@ def _stored(env: Env) -> list[Vote]:
 
 def _ratings_version(env: Env) -> int:
     with env.session() as s:
-        return s.scalar(select(Dataset.ratings_version).where(Dataset.name == "default"))
+        return s.scalar(select(Dataset.ratings_version).where(Dataset.name == DS))
 
 
 def _table_counts(env: Env) -> dict[str, int]:
@@ -46,7 +58,7 @@ def _table_counts(env: Env) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- raw data sets
 def test_raw_votes_are_idempotent_upserts(env: Env) -> None:
-    add_items(env, 3)
+    add_items(env, 3, DS)
     v0 = _ratings_version(env)
     r = _put(env, "alice", "i0", {"vote": 1})
     assert r.status_code == 200, r.text
@@ -77,7 +89,7 @@ BAD_VOTES = [
 
 
 def test_bad_votes_refused_nothing_written(env: Env) -> None:
-    add_items(env, 1)
+    add_items(env, 1, DS)
     assert _settings(env, LN3, 5).status_code == 200
     before = _table_counts(env)
     for payload in BAD_VOTES:
@@ -89,7 +101,7 @@ def test_bad_votes_refused_nothing_written(env: Env) -> None:
 
 
 def test_batch_validation_is_all_or_nothing(env: Env) -> None:
-    add_items(env, 2)
+    add_items(env, 2, DS)
     rows = [{"user_id": "a", "item_id": "i0", "vote": 1}, {"user_id": "a", "item_id": "zzz", "vote": 1},
             {"user_id": "a", "item_id": "i1", "vote": -1, "randomised": True, "local_epsilon": 1.0},
             {"user_id": "a", "item_id": "i0", "vote": -1}]
@@ -110,7 +122,7 @@ def test_batch_validation_is_all_or_nothing(env: Env) -> None:
 
 def test_oversized_vote_batch_is_413(sqlite_env: Env) -> None:
     env = sqlite_env
-    add_items(env, 1)
+    add_items(env, 1, DS)
     rows = [{"user_id": f"u{k}", "item_id": "i0", "vote": 1} for k in range(10_001)]
     r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
     assert r.status_code == 413 and r.json()["error"]["code"] == "batch_too_large"
@@ -118,7 +130,7 @@ def test_oversized_vote_batch_is_413(sqlite_env: Env) -> None:
 
 
 def test_unknown_dataset_and_item(env: Env) -> None:
-    add_items(env, 1)
+    add_items(env, 1, DS)
     r = env.client.put("/v1/datasets/nope/users/alice/votes/i0", json={"vote": 1}, headers=env.auth("alice"))
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_dataset"
     r = _put(env, "alice", "nope", {"vote": 1})
@@ -128,7 +140,7 @@ def test_unknown_dataset_and_item(env: Env) -> None:
 
 def test_vote_auth_matrix(sqlite_env: Env) -> None:
     env = sqlite_env
-    add_items(env, 1)
+    add_items(env, 1, DS)
     url = f"{R}/users/alice/votes/i0"
     assert env.client.put(url, json={"vote": 1}).status_code == 401
     assert env.client.put(url, json={"vote": 1}, headers=env.auth("bob")).status_code == 403
@@ -158,7 +170,7 @@ def test_raw_votes_never_persisted_with_randomisation_on(env: Env) -> None:
     is Binomial(2000, 0.25) (mean 500, sd 19.4) and the test accepts 5 sd either side (the
     chance of a false failure is below 1e-6)."""
     n_users, n_items = 400, 5  # user level 5 ln 3 = 5.5 fits the default budget cap of 10
-    add_items(env, n_items)
+    add_items(env, n_items, DS)
     assert _settings(env, LN3, n_items).status_code == 200
     before = _table_counts(env)
     v0 = _ratings_version(env)
@@ -192,7 +204,7 @@ def test_raw_votes_never_persisted_with_randomisation_on(env: Env) -> None:
 
 
 def test_a_vote_is_never_rerandomised_and_the_cap_holds(env: Env) -> None:
-    add_items(env, 5)
+    add_items(env, 5, DS)
     assert _settings(env, 1.0, 3).status_code == 200
     first = _put(env, "alice", "i0", {"vote": 1}).json()
     assert first["status"] == "created" and first["randomised_by"] == "server"
@@ -226,7 +238,7 @@ def test_a_vote_is_never_rerandomised_and_the_cap_holds(env: Env) -> None:
 
 
 def test_client_randomised_votes_are_stored_as_sent(env: Env) -> None:
-    add_items(env, 10)
+    add_items(env, 10, DS)
     assert _settings(env, LN3, 9).status_code == 200  # user level 9 ln 3 < 10
     sent = [1, -1, -1, 1, 1, -1, 1, -1, -1]
     rows = [{"user_id": "carol", "item_id": f"i{k}", "vote": v, "randomised": True, "local_epsilon": LN3}
@@ -243,7 +255,7 @@ def test_client_randomised_votes_are_stored_as_sent(env: Env) -> None:
 
 # ----------------------------------------------------------------------------- settings and ledger
 def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
-    add_items(env, 2)
+    add_items(env, 2, DS)
     r = env.client.get(SETTINGS, headers=env.admin)
     assert r.status_code == 200 and r.json()["randomised_at_ingestion"] is False
     r = env.client.put(SETTINGS, json={"local_epsilon": 1.0}, headers=env.admin)
@@ -252,21 +264,24 @@ def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
     assert out["randomised_at_ingestion"] and out["user_level_epsilon"] == pytest.approx(2.0)
     assert out["flip_probability"] == pytest.approx(1 / (1 + math.exp(0.5)))
     assert _settings(env, 0.5, 4).json()["local_ledger_seq"] == out["local_ledger_seq"]  # same values: no new entry
-    entries = env.client.get("/v1/admin/datasets/default/ledger", headers=env.admin).json()["items"]
+    entries = env.client.get(f"/v1/admin/datasets/{DS}/ledger", headers=env.admin).json()["items"]
     local = [e for e in entries if e["kind"] == "local"]
     assert len(local) == 1 and local[0]["seq"] == out["local_ledger_seq"]
     params = local[0]["parameters"]
     assert params["local_epsilon"] == 0.5 and params["votes_per_user_cap"] == 4 and params["level"] == "user"
-    assert "NOT hidden" in params["neighbouring_relation"]
+    assert params["neighbouring_relation"] == "replace_vote_values" and "NOT hidden" in params["relation"]
     assert local[0]["event"] is not None and local[0]["epsilon"] > 0
-    budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
+    budget = env.client.get(f"/v1/admin/datasets/{DS}/budget", headers=env.admin).json()
     assert budget["spent_epsilon_rdp"] == pytest.approx(local[0]["spent_epsilon_rdp"])
     assert budget["spent_epsilon_rdp"] >= local[0]["epsilon"] > 0
     assert budget["n_local_guarantees"] == 1 and budget["n_charged_runs"] == 0
     # the dashboard says in which sense the spend protects users: RR hides values, not membership
-    assert budget["neighbouring_relations"] == [votes_service.LOCAL_RELATION]
+    assert budget["neighbouring_relation"] == "replace_vote_values"
+    assert budget["neighbouring_relations"] == ["replace_vote_values"]
+    assert budget["person_budget"]["name"] == DS and budget["person_budget"]["datasets"] == [DS]
+    assert budget["person_budget"]["spent_epsilon_rdp"] == pytest.approx(budget["spent_epsilon_rdp"])
     with env.session() as s:
-        ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
+        ds = s.scalar(select(Dataset).where(Dataset.name == DS))
         acct = ledger.account_for(s, ds.id)
         assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
         assert ledger.spent(s, acct, recompute=True).epsilon_rdp == pytest.approx(budget["spent_epsilon_rdp"], abs=1e-6)
@@ -297,21 +312,21 @@ def test_votes_to_onebit_model_to_recommendations_over_http(env: Env) -> None:
     -> privileged probabilities for a voter, the DP-popular fallback for a non-voter."""
     from app.services.training import run_training
 
-    add_items(env, 12)
+    add_items(env, 12, DS)
     assert _settings(env, 2.0, 4).status_code == 200
     rows = [{"user_id": f"u{u}", "item_id": f"i{(u + k) % 12}", "vote": 1 if (u + k) % 2 == 0 else -1}
             for u in range(40) for k in range(4)]
     assert env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service).status_code == 200
-    spent = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()["spent_epsilon_rdp"]
-    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
+    spent = env.client.get(f"/v1/admin/datasets/{DS}/budget", headers=env.admin).json()["spent_epsilon_rdp"]
+    r = env.client.post(f"/v1/admin/datasets/{DS}/trainings", headers=env.admin,
                         json={"algorithm": "onebit", "hyperparameters": {"rank": 2, "n_steps": 10}})
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
     assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
     run = env.client.get(f"/v1/admin/trainings/{run_id}", headers=env.admin).json()
     assert run["epsilon_charged"] == 0.0 and run["config"]["pre_randomised"] is True
-    assert env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()["spent_epsilon_rdp"] == spent
-    kinds = [e["kind"] for e in env.client.get("/v1/admin/datasets/default/ledger", headers=env.admin).json()["items"]]
+    assert env.client.get(f"/v1/admin/datasets/{DS}/budget", headers=env.admin).json()["spent_epsilon_rdp"] == spent
+    kinds = [e["kind"] for e in env.client.get(f"/v1/admin/datasets/{DS}/ledger", headers=env.admin).json()["items"]]
     assert kinds == ["open", "local", "reservation", "commit"]
     out = env.client.get(f"{R}/users/u0/recommendations?n=5", headers=env.auth("u0")).json()
     assert out["algorithm"] == "onebit" and not out["fallback"] and len(out["items"]) == 5
@@ -320,7 +335,7 @@ def test_votes_to_onebit_model_to_recommendations_over_http(env: Env) -> None:
     out = env.client.get(f"{R}/users/nobody/recommendations?n=3", headers=env.auth("nobody")).json()
     assert out["fallback"] and out["fallback_reason"] == "dp_popular: user has no votes"
     # a charged algorithm still needs its epsilon
-    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin, json={"algorithm": "dpals"})
+    r = env.client.post(f"/v1/admin/datasets/{DS}/trainings", headers=env.admin, json={"algorithm": "dpals"})
     assert r.status_code == 422
 
 
@@ -331,7 +346,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     from app import cli
     from app.config import reset_settings_cache
     from app.db.session import dispose_engines, session_scope
-    from app.services import ingest, votes
+    from app.services import budget, ingest, votes
     from app.schemas.ingest import ItemIn
 
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
@@ -341,13 +356,17 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     try:
         assert cli.main(["migrate"]) == 0
         with session_scope() as s:
+            budget.put_person_budget(s, DS, epsilon_cap=10.0, delta=1e-6, relation="replace_vote_values",
+                                     reason=None, actor="test")
+            budget.ensure_dataset(s, DS, rating_min=1.0, rating_max=5.0, epsilon_cap=10.0, delta=1e-6,
+                                  relation="replace_vote_values", person_budget=DS)
             for k in range(4):
-                ingest.upsert_item(s, dataset="default", item_id=f"i{k}", data=ItemIn())
-            votes.set_vote_settings(s, dataset="default", local_epsilon=LN3, votes_per_user_cap=4, actor="test")
+                ingest.upsert_item(s, dataset=DS, item_id=f"i{k}", data=ItemIn())
+            votes.set_vote_settings(s, dataset=DS, local_epsilon=LN3, votes_per_user_cap=4, actor="test")
         path = tmp_path / "votes.csv"
         path.write_text("user,item,vote\n" + "".join(f"u{u},i{k},1\n" for u in range(30) for k in range(4)))
         capsys.readouterr()
-        assert cli.main(["import-votes", str(path), "--chunk", "50"]) == 0
+        assert cli.main(["import-votes", str(path), "--dataset", DS, "--chunk", "50"]) == 0
         assert json.loads(capsys.readouterr().out)["created"] == 120
         with session_scope() as s:
             stored = list(s.scalars(select(Vote)))
@@ -355,7 +374,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
         bad = tmp_path / "bad.csv"
         bad.write_text("user,item,vote\nz,i0,1\nz,i1,1.0\n")
         with pytest.raises(SystemExit, match="vote 1 or -1"):
-            cli.main(["import-votes", str(bad)])
+            cli.main(["import-votes", str(bad), "--dataset", DS])
         with session_scope() as s:
             assert s.scalar(select(text("count(*)")).select_from(Vote)) == 120
     finally:
@@ -364,7 +383,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
 
 
 def test_deleting_a_user_removes_their_votes_and_moves_the_counter(env: Env) -> None:
-    add_items(env, 2)
+    add_items(env, 2, DS)
     assert _settings(env, 1.0, 2).status_code == 200
     for item in ("i0", "i1"):
         assert _put(env, "erin", item, {"vote": 1}).status_code == 200

@@ -122,43 +122,51 @@ def test_votes_and_public_data_train_on_the_worker(spawn, tmp_path: Path) -> Non
     with production_stack(spawn, tmp_path) as stack:
         admin, svc = stack.token("--admin"), stack.token("--service", "frontend", "--scope", "ingest")
         with httpx.Client(base_url=stack.base, timeout=30) as c:
+            # randomised response hides vote values only: the data set and its per-person budget say so
+            r = c.put("/v1/admin/person-budgets/votes", headers=admin, json={
+                "epsilon_cap": 10.0, "delta": 1e-6, "neighbouring_relation": "replace_vote_values"})
+            assert r.status_code == 200, r.text
+            r = c.post("/v1/admin/datasets", headers=admin, json={
+                "name": "votes", "rating_min": 1.0, "rating_max": 5.0, "epsilon_cap": 10.0, "delta": 1e-6,
+                "neighbouring_relation": "replace_vote_values", "person_budget": "votes"})
+            assert r.status_code == 201, r.text
             for k in range(20):
-                r = c.put(f"/v1/datasets/default/items/m{k}", headers=svc,
+                r = c.put(f"/v1/datasets/votes/items/m{k}", headers=svc,
                           json={"title": f"Movie {k}", "categories": ["even" if k % 2 == 0 else "odd"]})
                 assert r.status_code == 200, r.text
-            r = c.put("/v1/admin/datasets/default/vote-settings", headers=admin,
+            r = c.put("/v1/admin/datasets/votes/vote-settings", headers=admin,
                       json={"local_epsilon": 1.0, "votes_per_user_cap": 4})
             assert r.status_code == 200, r.text
             rng = np.random.default_rng(2)
             rows = [{"user_id": f"v{u}", "item_id": f"m{i}", "vote": 1 if (u + i) % 2 == 0 else -1}
                     for u in range(150) for i in rng.choice(19, size=4, replace=False)]
-            r = c.post("/v1/datasets/default/votes/batch", json={"votes": rows}, headers=svc)
+            r = c.post("/v1/datasets/votes/votes/batch", json={"votes": rows}, headers=svc)
             assert r.status_code == 200 and r.json()["created"] == len(rows)
 
-            r = c.post("/v1/admin/datasets/default/trainings", headers=admin,
+            r = c.post("/v1/admin/datasets/votes/trainings", headers=admin,
                        json={"algorithm": "onebit", "hyperparameters": {"rank": 2, "n_steps": 20}})
             assert r.status_code == 202, r.text
             run = wait_run(c, r.json()["run_id"], admin, stack.procs)
             assert run["status"] == "succeeded", (run, stack.procs[1].tail())
-            reco = c.get("/v1/datasets/default/users/v0/recommendations", params={"n": 3},
+            reco = c.get("/v1/datasets/votes/users/v0/recommendations", params={"n": 3},
                          headers=stack.token("--user", "v0")).json()
             assert reco["algorithm"] == "onebit" and reco["fallback"] is False
             assert all(0.0 <= x["score"] <= 1.0 for x in reco["items"])
-            kinds = [e["kind"] for e in c.get("/v1/admin/datasets/default/ledger", headers=admin).json()["items"]]
+            kinds = [e["kind"] for e in c.get("/v1/admin/datasets/votes/ledger", headers=admin).json()["items"]]
             assert kinds.count("local") == 1
 
             # DP-CMF: m19 has metadata but no rating; it is recommended from its genre alone
             ratings = [{"user_id": f"p{u}", "item_id": f"m{i}", "rating": 5.0 if (u + i) % 2 == 0 else 1.0}
                        for u in range(120) for i in rng.choice(19, size=10, replace=False)]
-            assert c.post("/v1/datasets/default/ratings/batch", json={"ratings": ratings}, headers=svc).status_code == 200
+            assert c.post("/v1/datasets/votes/ratings/batch", json={"ratings": ratings}, headers=svc).status_code == 200
             hyper = {**SMALL_DPALS, "frequent_fraction": 0.9, "alpha_metadata": 5.0}
-            r = c.post("/v1/admin/datasets/default/trainings", headers=admin,
+            r = c.post("/v1/admin/datasets/votes/trainings", headers=admin,
                        json={"algorithm": "dpcmf", "epsilon": 2.0, "hyperparameters": hyper})
             assert r.status_code == 202, r.text
             run = wait_run(c, r.json()["run_id"], admin, stack.procs)
             assert run["status"] == "succeeded", (run, stack.procs[1].tail())
-            info = c.get("/v1/datasets/default/model").json()
+            info = c.get("/v1/datasets/votes/model").json()
             assert info["algorithm"] == "dpcmf"
-            reco = c.get("/v1/datasets/default/users/p1/recommendations", params={"n": 19},
+            reco = c.get("/v1/datasets/votes/users/p1/recommendations", params={"n": 19},
                          headers=stack.token("--user", "p1")).json()
             assert "m19" in [x["item_id"] for x in reco["items"]]

@@ -29,9 +29,30 @@ def make_settings(tmp_path: Path, url: str, **overrides) -> Settings:
     return Settings(**values)
 
 
-def create_dataset(url: str, name: str = "default", *, cap: float = 10.0, delta: float = 1e-6, lo: float = 1.0, hi: float = 5.0) -> int:
+def create_dataset(url: str, name: str = "default", *, cap: float = 10.0, delta: float = 1e-6, lo: float = 1.0,
+                   hi: float = 5.0, relation: str = "add_or_remove_one_user", person_budget: str | None = None,
+                   person_cap: float | None = None) -> int:
+    """A data set under ``relation``. Its per-person budget: ``all`` for add/remove, else one named
+    after the relation; its cap is raised to ``person_cap`` (default: the data set's cap, so that a
+    test of one data set is bounded by that data set's cap) at the data set's delta."""
+    person_budget = person_budget or ("all" if relation == "add_or_remove_one_user" else relation)
     with session_scope(url) as s:
-        return ensure_dataset(s, name, rating_min=lo, rating_max=hi, epsilon_cap=cap, delta=delta).id
+        ensure_person_budget(s, person_budget, cap=person_cap or cap, delta=delta, relation=relation)
+    with session_scope(url) as s:
+        return ensure_dataset(s, name, rating_min=lo, rating_max=hi, epsilon_cap=cap, delta=delta,
+                              relation=relation, person_budget=person_budget).id
+
+
+def ensure_person_budget(s, name: str, *, cap: float, delta: float, relation: str) -> None:
+    """Create the per-person budget ``name``, or raise its cap to at least ``cap``."""
+    from app import ledger
+    from app.db.models import PersonBudget
+
+    pb = s.scalar(select(PersonBudget).where(PersonBudget.name == name))
+    if pb is None and name != "all":
+        ledger.open_person_budget(s, name, epsilon_cap=cap, delta=delta, relation=relation, actor="test")
+    elif ledger.person_budget_named(s, name).epsilon_cap < cap:
+        ledger.change_person_cap(s, name=name, new_cap=cap, reason="test set-up: one data set per test", actor="test")
 
 
 def seed_ratings(url: str, dataset: str, ratings: Ratings, *, user_prefix: str = "u") -> None:

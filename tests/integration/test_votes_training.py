@@ -59,7 +59,7 @@ def _entries(url: str) -> list[tuple[str, int | None, float | None, dict]]:
 
 def test_randomised_votes_train_for_free_and_serve_voters(db_url, settings):
     url = db_url
-    create_dataset(url, cap=30.0)
+    create_dataset(url, cap=30.0, relation="replace_vote_values")
     _seed(url, eps0=2.0)  # user level 12 x 2 = 24 <= 30
     with pytest.raises(InvalidRequest, match="cannot be chosen"):
         _start(url, hyperparameters={**HYPER, "pre_randomised": False})
@@ -110,7 +110,7 @@ def _check_voter_scores(s, model) -> None:
 
 def test_raw_votes_grap_is_charged_its_user_level_event(db_url, settings):
     url = db_url
-    create_dataset(url, cap=10.0)
+    create_dataset(url, cap=10.0, relation="replace_vote_values")
     _seed(url, eps0=None)
     with pytest.raises(InvalidRequest, match="raw votes"):
         _start(url, epsilon=2.0, hyperparameters={**HYPER, "pre_randomised": True, "local_epsilon": 1.0})
@@ -130,7 +130,7 @@ def test_raw_votes_grap_is_charged_its_user_level_event(db_url, settings):
 
 
 def test_other_mechanisms_on_randomised_bits_are_charged(db_url):
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=2.0)
     run_id = _start(db_url, epsilon=2.0, hyperparameters={**HYPER, "mechanism": "grap", "n_steps": 5})
     with session_scope(db_url) as s:
@@ -144,7 +144,7 @@ def test_a_free_run_refuses_votes_stored_after_randomisation_was_turned_off(db_u
     from app.db.models import Item
     from app.services.budget import get_dataset
 
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     with session_scope(db_url) as s:
         ds = get_dataset(s, "default")
         s.add_all([Item(dataset_id=ds.id, external_id=f"i{k}", categories=[], features={}) for k in range(N_ITEMS)])
@@ -168,7 +168,7 @@ def test_too_large_vote_matrix_is_refused_from_public_facts_or_charged(db_url, s
     """user_rows x items over the limit is refused before anything is reserved (public facts);
     without user_rows the voter count decides, so a refusal after the read is charged and
     names no count."""
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=None)
     monkeypatch.setattr("app.core.onebit.privacy.MAX_ENTRIES", 10 * N_ITEMS)
     with pytest.raises(InvalidRequest, match="dense limit"):
@@ -188,7 +188,7 @@ def test_a_free_run_never_reads_a_bit_not_randomised_with_its_epsilon0(db_url, s
     from app.db.models import Item, User, Vote
     from app.services.budget import get_dataset
 
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=2.0)
     with session_scope(db_url) as s:
         ds = get_dataset(s, "default")
@@ -209,7 +209,7 @@ def test_a_free_run_never_reads_a_bit_not_randomised_with_its_epsilon0(db_url, s
 def test_user_rows_pads_for_add_remove_and_drops_excess_voters(db_url, settings):
     """GraP with user_rows above the voter count trains and publishes user_rows and the add/remove
     relation; user_rows below it drops voters at random and is charged like any run."""
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=None)
     grap = {**HYPER, "mechanism": "grap", "n_steps": 3}
     ok = _start(db_url, epsilon=2.0, hyperparameters={**grap, "user_rows": N_USERS + 30})
@@ -236,7 +236,7 @@ def test_scheduled_retraining_follows_the_declared_kind(db_url, settings):
     """The algorithm follows the data set's declared kind (public), not whether votes exist."""
     from app.services.budget import get_dataset
 
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     with session_scope(db_url) as s:
         get_dataset(s, "default").kind = "votes"
     sched = lambda: training.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731
@@ -265,7 +265,7 @@ def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
     from app.api.errors import Conflict
     from app.db.models import Dataset, User, Vote, VoteAllowance
 
-    create_dataset(db_url, cap=30.0)
+    create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=2.0)  # cap PER_USER = 12
     outcomes: list[str] = []
     lock = threading.Lock()
