@@ -146,3 +146,36 @@ def test_declared_kind_and_public_user_bound(env: Env) -> None:
     r = env.client.patch("/v1/admin/datasets/thumbs", headers=env.admin, json={"max_users": None})
     assert r.status_code == 200 and r.json()["max_users"] is None
     assert env.client.patch("/v1/admin/datasets/nope", headers=env.admin, json={"max_users": 5}).status_code == 404
+
+
+def test_relations_and_person_budgets_over_http(env: Env) -> None:
+    """A data set declares its relation and person budget at creation; both show in the budget view."""
+    body = {"name": "votes", "rating_min": 1.0, "rating_max": 5.0, "epsilon_cap": 5.0, "delta": 1e-6,
+            "neighbouring_relation": "replace_vote_values"}
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json=body)  # `all` is add/remove
+    assert r.status_code == 409 and r.json()["error"]["code"] == "relation_not_implied"
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json={**body, "person_budget": "nope"})
+    assert r.status_code == 404
+    for bad in ({"epsilon_cap": -1}, {"epsilon_cap": 1, "neighbouring_relation": "add_remove_one_user"},
+                {"epsilon_cap": 1, "delta": 1.5}, {"epsilon_cap": 1, "extra": 1}):
+        assert env.client.put("/v1/admin/person-budgets/weak", headers=env.admin, json=bad).status_code == 422
+    assert env.client.put("/v1/admin/person-budgets/weak", headers=env.admin, json={"epsilon_cap": 1}).status_code == 422
+    assert env.client.put("/v1/admin/person-budgets/weak", headers=env.auth("bob"), json={"epsilon_cap": 1}).status_code in (401, 403)
+    r = env.client.put("/v1/admin/person-budgets/weak", headers=env.admin,
+                       json={"epsilon_cap": 5.0, "delta": 1e-6, "neighbouring_relation": "replace_vote_values"})
+    assert r.status_code == 200 and r.json()["neighbouring_relation"] == "replace_vote_values"
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json={**body, "person_budget": "weak"})
+    assert r.status_code == 201, r.text
+    out = r.json()["budget"]
+    assert out["neighbouring_relation"] == "replace_vote_values"
+    assert out["person_budget"]["name"] == "weak" and out["person_budget"]["datasets"] == ["votes"]
+    default = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
+    assert default["neighbouring_relation"] == "add_or_remove_one_user" and default["person_budget"]["name"] == "all"
+    r = env.client.put("/v1/admin/person-budgets/weak", headers=env.admin, json={"epsilon_cap": 9.0})
+    assert r.status_code == 422  # raising needs a reason
+    r = env.client.put("/v1/admin/person-budgets/weak", headers=env.admin,
+                       json={"epsilon_cap": 5.0, "neighbouring_relation": "add_or_remove_one_user"})
+    assert r.status_code == 409  # fixed at creation
+    r = env.client.get("/v1/admin/person-budgets/weak", headers=env.admin)
+    assert r.status_code == 200 and r.json()["epsilon_cap"] == 5.0 and r.json()["spent_epsilon_rdp"] == 0.0
+    assert env.client.get("/v1/admin/person-budgets/none", headers=env.admin).status_code == 404

@@ -215,10 +215,11 @@ from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded
 from app.services import budget
 url, z, start_at = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+name = sys.argv[4] if len(sys.argv) > 4 else "default"
 time.sleep(max(0.0, start_at - time.time()))
 try:
     with session_scope(url) as s:
-        ds = budget.get_dataset(s, "default")
+        ds = budget.get_dataset(s, name)
         run = TrainingRun(dataset_id=ds.id, algorithm="dpals", requested_epsilon=1.0, delta=1e-6)
         s.add(run)
         s.flush()
@@ -254,3 +255,33 @@ def test_concurrent_reservations_from_separate_processes(db_url):
         acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
         assert ledger.spent(s, acct, recompute=True).epsilon_rdp <= cap
         assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_processes_on_two_data_sets_never_overspend_the_person(db_url):
+    """Separate processes reserve on two data sets of the per-person budget `all` at once: the
+    per-person cap (checked in the same locked reservation) admits exactly k of them."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    k, n = 2, 6
+    cap = _cap_fitting(k)
+    create_dataset(db_url, "a", cap=50.0, delta=DELTA)
+    create_dataset(db_url, "b", cap=50.0, delta=DELTA)
+    with session_scope(db_url) as s:
+        ledger.change_person_cap(s, name="all", new_cap=cap, reason=None, actor="tester")
+    repo = Path(__file__).resolve().parents[2]
+    start_at = time.time() + 4.0
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RESERVE_SCRIPT, db_url, str(Z), str(start_at), "ab"[i % 2]],
+                         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(n)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    assert sorted(o.strip() for o, _ in outs) == ["accepted"] * k + ["refused"] * (n - k)
+    with session_scope(db_url) as s:
+        pb = ledger.person_budget_named(s, "all")
+        assert ledger.person_spent(s, pb).epsilon_rdp <= cap and ledger.person_spent(s, pb).n_events == k

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from dp_accounting import dp_event
@@ -53,3 +54,74 @@ def test_gaussian_rejects_non_positive_multipliers():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             accounting.gaussian(bad)
+
+
+# ----------------------------------------------------------------------------- relations
+from dp_accounting import NeighboringRelation  # noqa: E402
+from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402
+from scipy import optimize, stats  # noqa: E402
+
+from app.core.accounting import Relation, event_under, parse_relation, relation_implies  # noqa: E402
+
+ADD, REPLACE, VALUES = Relation.ADD_OR_REMOVE_ONE_USER, Relation.REPLACE_ONE_USER, Relation.REPLACE_VOTE_VALUES
+
+
+def test_one_vocabulary_reads_every_legacy_spelling():
+    for text in ("add_or_remove_one_user", "add_remove_one_user", "add_or_remove_one"):
+        assert parse_relation(text) is ADD
+    assert parse_relation("replace_one_users_votes") is REPLACE
+    assert parse_relation("replace_vote_values") is VALUES
+    with pytest.raises(ValueError, match="unknown neighbouring relation"):
+        parse_relation("add_or_remove_one_item")
+
+
+def test_a_guarantee_implies_only_weaker_relations():
+    order = [ADD, REPLACE, VALUES]
+    for i, guarantee in enumerate(order):
+        for j, account in enumerate(order):
+            assert relation_implies(guarantee, account) is (i <= j)
+    gauss = accounting.gaussian(3.0)
+    assert event_under(gauss, ADD, ADD) is gauss and event_under(gauss, REPLACE, VALUES) is gauss
+    for guarantee, account in [(VALUES, ADD), (VALUES, REPLACE), (REPLACE, ADD)]:
+        with pytest.raises(ValueError, match="does not imply"):
+            event_under(gauss, guarantee, account)
+
+
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    """ε of μ-GDP at δ (Dong, Roth & Su 2019, Cor. 2.13): δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)."""
+    def gap(eps: float) -> float:
+        return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta
+    return optimize.brentq(gap, 0.0, 200.0, xtol=1e-12)
+
+
+@pytest.mark.parametrize("z, count", [(1.0, 1), (3.0, 1), (11.9876, 1), (25.0, 40)])
+def test_group_privacy_halves_the_gaussian_multiplier(z, count):
+    """Replacing one user is two add/remove steps: an add/remove Gaussian of multiplier z is a
+    z/2 Gaussian under replacement (μ-GDP -> 2μ-GDP). Checked against the closed form of 2μ√n-GDP
+    and against dp_accounting's own RDP accountant on GaussianDpEvent(z/2)."""
+    event = dp_event.SelfComposedDpEvent(accounting.gaussian(z), count) if count > 1 else accounting.gaussian(z)
+    converted = event_under(event, ADD, REPLACE)
+    delta = 1e-6
+    mu = 2.0 * math.sqrt(count) / z
+    assert accounting.epsilon_pld(converted, delta) == pytest.approx(_gdp_epsilon(mu, delta), rel=2e-3, abs=2e-3)
+    library = rdp_privacy_accountant.RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+    library.compose(dp_event.GaussianDpEvent(z / 2.0), count)
+    assert accounting.epsilon_rdp(converted, delta) <= library.get_epsilon(delta) + 1e-9
+    assert accounting.epsilon_rdp(converted, delta) > accounting.epsilon_rdp(event, delta)
+    assert event_under(event, ADD, VALUES) == converted  # vote values changed are replace neighbours
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 3.0])
+def test_group_privacy_doubles_a_pure_epsilon(eps):
+    converted = event_under(accounting.pure_dp(eps), ADD, REPLACE)
+    assert converted == accounting.pure_dp(2 * eps)
+    assert accounting.epsilon_pld(converted, 1e-12) == pytest.approx(2 * eps, rel=1e-3)
+    composed = event_under(accounting.compose([accounting.pure_dp(eps), accounting.gaussian(4.0)]), ADD, REPLACE)
+    assert composed == accounting.compose([accounting.pure_dp(2 * eps), accounting.gaussian(2.0)])
+
+
+def test_no_conversion_without_a_sound_rule():
+    sampled = dp_event.PoissonSampledDpEvent(0.01, accounting.gaussian(1.0))  # amplification does not simply double
+    with pytest.raises(ValueError, match="no sound group-privacy conversion"):
+        event_under(sampled, ADD, REPLACE)
+    assert event_under(dp_event.NoOpDpEvent(), ADD, REPLACE) == dp_event.NoOpDpEvent()
