@@ -1,7 +1,7 @@
 """one neighbouring relation per budget account; per-person budgets
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0006
 Create Date: 2026-11-28
 
 Adds ``budget_accounts.relation`` (default add/remove one user). Existing accounts are migrated to
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 
 revision = '0004'
-down_revision = '0002'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 
