@@ -218,7 +218,11 @@ def open_account(
         raise InvalidRequest("epsilon cap must be a finite number > 0")
     if not (math.isfinite(delta) and 0 < delta < 1):
         raise InvalidRequest("delta must lie strictly between 0 and 1")
-    pb = person_budget_named(session, person_budget)
+    try:
+        pb = person_budget_named(session, person_budget)
+    except NotFound as exc:  # a reference in the request body, not the addressed resource
+        raise InvalidRequest(f"{exc.message}; create it first (PUT /v1/admin/person-budgets/{{name}})",
+                             person_budget=person_budget) from exc
     if not relation_implies(relation, parse_relation(pb.relation)):
         raise RelationRefused(
             f"person budget {pb.name!r} accounts under {pb.relation}; a data set under {relation.value} "

@@ -11,11 +11,16 @@ __all__ = ["document_errors", "install_error_docs", "CONFLICTS"]
 
 _MODEL = "an unreadable or altered model artifact"
 CONFLICTS: dict[tuple[str, str], str] = {
-    ("POST", "/v1/admin/datasets"): "the data set exists",
+    ("POST", "/v1/admin/datasets"): "the data set exists, or its relation does not imply its person budget's",
     ("PATCH", "/v1/admin/datasets/{dataset}/budget"): "lowering the cap below the spend",
-    ("POST", "/v1/admin/datasets/{dataset}/trainings"): "the run would exceed the privacy budget",
+    ("POST", "/v1/admin/datasets/{dataset}/trainings"): ("the run would exceed the privacy budget (the data set's "
+                                                         "or the per-person one), or its relation does not imply "
+                                                         "the data set's"),
+    ("PUT", "/v1/admin/person-budgets/{name}"): "lowering the cap below the spend, or changing its delta or relation",
     ("POST", "/v1/admin/datasets/{dataset}/models/{version_id}/activate"): "the version's artifact is missing",
-    ("PUT", "/v1/admin/datasets/{dataset}/vote-settings"): "votes exist (the settings are frozen)",
+    ("PUT", "/v1/admin/datasets/{dataset}/vote-settings"): ("votes exist (the settings are frozen), the guarantee "
+                                                            "would exceed a budget, or the data set's relation is "
+                                                            "not replace_vote_values"),
     ("PUT", "/v1/datasets/{dataset}/users/{user_id}/votes/{item_id}"): "the user's vote allowance is used up",
     ("POST", "/v1/datasets/{dataset}/votes/batch"): "a user's vote allowance is used up",
     ("GET", "/v1/datasets/{dataset}/model"): _MODEL,

@@ -155,7 +155,7 @@ def test_relations_and_person_budgets_over_http(env: Env) -> None:
     r = env.client.post("/v1/admin/datasets", headers=env.admin, json=body)  # `all` is add/remove
     assert r.status_code == 409 and r.json()["error"]["code"] == "relation_not_implied"
     r = env.client.post("/v1/admin/datasets", headers=env.admin, json={**body, "person_budget": "nope"})
-    assert r.status_code == 404
+    assert r.status_code == 422 and "unknown person budget" in r.json()["error"]["message"]
     for bad in ({"epsilon_cap": -1}, {"epsilon_cap": 1, "neighbouring_relation": "add_remove_one_user"},
                 {"epsilon_cap": 1, "delta": 1.5}, {"epsilon_cap": 1, "extra": 1}):
         assert env.client.put("/v1/admin/person-budgets/weak", headers=env.admin, json=bad).status_code == 422
