@@ -349,7 +349,7 @@ def _check_person_budget(
     session: Session, acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, guarantee: Relation
 ) -> dict[str, Any]:
     """Refuse ``event`` (stated under ``guarantee``) when the per-person bound would pass its cap;
-    else the parameters recording the person budget's spend after it."""
+    else the parameters naming the person budget (its spend is composed when read)."""
     pb = lock_person_budget(session, acct.person_budget_id)
     try:
         converted = event_under(event, guarantee, parse_relation(pb.relation))
@@ -365,7 +365,7 @@ def _check_person_budget(
             requested_epsilon=round_up(epsilon_rdp(converted, pb.delta)),
             would_spend_epsilon=round_up(total) if math.isfinite(total) else float("inf"),
             epsilon_cap=pb.epsilon_cap, delta=pb.delta)
-    return {"person_budget": pb.name, "person_spent_rdp": total}
+    return {"person_budget": pb.name}
 
 
 # ----------------------------------------------------------------------------- spending
