@@ -2,11 +2,18 @@
 
 Floating-point samplers leak through the low-order bits of their output (Mironov 2012): the set
 of floats a textbook mechanism can return depends on the true value. Here every draw is an
-integer sampled *exactly* with integer arithmetic only (Canonne, Kamath, Steinke 2020,
-arXiv:2004.00010, Algorithms 1-3), vectorised with numpy (int64; the rare rows whose numbers do
-not fit fall back to Python integers, same algorithm). A release rounds the statistic to a grid
-of step g (float arithmetic is used *before* the rounding only) and adds integer noise, so the
-released float g·(K + N) depends on the integer K + N alone.
+integer with *exactly* the target pmf (Canonne, Kamath, Steinke 2020, arXiv:2004.00010,
+Algorithms 2-3: a discrete Laplace proposal — geometric magnitude, uniform sign — accepted with
+probability exp(−(|y| − σ)²/(2σ²))). Every random decision is a comparison "U < e^{−γ}" of a
+uniform real U, of which 53 bits are drawn as an integer, with an exactly known rational γ.
+Vectorised float64 arithmetic settles a comparison only when it holds for the whole 53-bit cell
+of U and for every value within a stated error bound of the float result (numpy's log/exp within
+2^-50 relative, margin 8x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled by drawing
+more bits of U and bracketing e^{−γ} with exact rational series (:func:`exp_neg_bounds`). The
+output's pmf is therefore exactly the target's, and ~20x faster than an exact sampler built
+from Bernoulli trials. A release rounds the statistic to a grid of step g (float arithmetic is
+used *before* the rounding only) and adds integer noise, so the released float g·(K + N)
+depends on the integer K + N alone.
 
 Accounting of :func:`grid_gaussian` (what the ledger charges): the integer statistic
 K = round(x/g) (clipped per coordinate to ±2^52, a 1-Lipschitz map) moves, between neighbours,
@@ -28,12 +35,13 @@ API parameter, and it is a context variable, so it affects only the code running
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -50,7 +58,8 @@ __all__ = [
 ]
 
 GRID_RESOLUTION = 256  # R: grid step g = Δ·min(1, z)/(R√d); noise inflation <= 1 + 1/R
-_INT_LIMIT = 1 << 62  # numbers kept below this in the vectorised int64 path
+_INT_LIMIT = 1 << 62  # draws are int64 below this
+_SIGMA_LIMIT = 1 << 40  # |draws| stay below 2^47 (< 2^53: exact floats in the fast path)
 _CLIP = float(1 << 52)  # |statistic/g| clipped here (exact integers in float64)
 _NOISE_OFF: ContextVar[bool] = ContextVar("privrec_noise_off", default=False)
 
@@ -72,144 +81,217 @@ def noise_is_off() -> bool:
     return _NOISE_OFF.get()
 
 
-# ----------------------------------------------------------------------------- exact Bernoullis
-def _randbelow(rng: np.random.Generator, n: int) -> int:
-    """Uniform integer in [0, n) for any Python int n >= 1 (rejection on random bytes)."""
-    if n <= _INT_LIMIT:
-        return int(rng.integers(0, n))
-    bits = n.bit_length()
-    while True:
-        value = int.from_bytes(rng.bytes((bits + 7) // 8), "little") >> (8 * ((bits + 7) // 8) - bits)
-        if value < n:
-            return value
+# ----------------------------------------------------------------------------- exact e^{-γ} bounds
+def _fixed_exp_neg_fraction(numerator: int, denominator: int, scale_bits: int) -> tuple[int, int]:
+    """(lo, hi) with lo <= 2^scale_bits·e^{−f} <= hi for f = numerator/denominator in [0, 1].
 
-
-def _bernoulli_exp_scalar(rng: np.random.Generator, gamma: Fraction) -> bool:
-    """Bernoulli(exp(−γ)) for rational γ >= 0, Python integers (CKS Algorithm 1)."""
-    whole = gamma.numerator // gamma.denominator
-    for _ in range(whole):
-        if not _bernoulli_exp_le1(rng, Fraction(1)):
-            return False
-    return _bernoulli_exp_le1(rng, gamma - whole)
-
-
-def _bernoulli_exp_le1(rng: np.random.Generator, gamma: Fraction) -> bool:
-    """Bernoulli(exp(−γ)) for rational 0 <= γ <= 1: K = 1; while Bernoulli(γ/K): K += 1; K odd."""
-    k = 1
-    while _randbelow(rng, gamma.denominator * k) < gamma.numerator:
-        k += 1
-    return k % 2 == 1
-
-
-def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """Bernoulli(exp(−num/den)) elementwise for 0 <= num <= den < 2^62 (CKS Algorithm 1).
-
-    K = 1; while Bernoulli(γ/K): K += 1; return K odd. Bernoulli(γ/K) = Bernoulli(γ)·Bernoulli(1/K)
-    (independent draws), so no product overflows.
+    Σ (−f)^n/n! alternates with terms decreasing in size (f <= 1 <= n + 1), so the truncation
+    error is at most the last term. Each fixed-point term is the previous one times f/k rounded
+    down, so its error e_k <= e_{k−1}·f/k + 1 < 2 units; the loop stops at a term computed as 0
+    (exact value < 2 units), so the sum is off by less than 2n + 2 units in all.
     """
-    out = np.zeros(num.shape, dtype=bool)
-    active = np.arange(num.size)
-    k = 1
-    while active.size:
-        hit = rng.integers(0, den[active]) < num[active]
-        if k > 1:
-            hit &= rng.integers(0, k, size=active.size) == 0
-        out[active[~hit]] = k % 2 == 1
-        active = active[hit]
-        k += 1
+    guard = 8
+    one = 1 << (scale_bits + guard)
+    total, term, n = one, one, 0
+    while term:
+        n += 1
+        term = term * numerator // (denominator * n)
+        total += -term if n % 2 else term
+    error = 2 * n + 2
+    return max((total - error) >> guard, 0), -((-(total + error)) >> guard)
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_exp_neg_one(scale_bits: int) -> tuple[int, int]:
+    """Bounds of 2^scale_bits·e^{−1} (cached per precision)."""
+    return _fixed_exp_neg_fraction(1, 1, scale_bits)
+
+
+def _fixed_pow(lo: int, hi: int, power: int, scale_bits: int) -> tuple[int, int]:
+    """Bounds of x^power from bounds lo <= 2^s·x <= hi (0 <= x), rounding outwards at each product."""
+    result_lo, result_hi = 1 << scale_bits, 1 << scale_bits
+    while power:
+        if power & 1:
+            result_lo = (result_lo * lo) >> scale_bits
+            result_hi = -((-(result_hi * hi)) >> scale_bits)
+        lo, hi = (lo * lo) >> scale_bits, -((-(hi * hi)) >> scale_bits)
+        power >>= 1
+    return result_lo, result_hi
+
+
+def exp_neg_bounds(gamma: Fraction, precision: int) -> tuple[int, int]:
+    """Integers lo <= 2^precision·e^{−γ} <= hi for rational γ >= 0, hi − lo <= 4 (exact arithmetic).
+
+    γ = q + f (q integer, 0 <= f < 1): e^{−γ} = (e^{−1})^q·e^{−f}, each factor bracketed by its
+    alternating series, products rounded outwards, with guard bits for the q-fold product.
+    """
+    if gamma < 0:
+        raise ValueError("γ must be >= 0")
+    whole, rest = divmod(gamma.numerator, gamma.denominator)
+    work = precision + 2 * whole.bit_length() + 16
+    lo_f, hi_f = _fixed_exp_neg_fraction(rest, gamma.denominator, work)
+    lo_1, hi_1 = _fixed_exp_neg_one(work)
+    lo_q, hi_q = _fixed_pow(lo_1, hi_1, whole, work)
+    lo = (lo_q * lo_f) >> (2 * work - precision)
+    hi = -((-(hi_q * hi_f)) >> (2 * work - precision))
+    return lo, hi
+
+
+class _LazyUniform:
+    """A uniform real U in [0, 1) of which only a prefix of bits has been drawn; more bits are
+    drawn only as a comparison needs them, so every comparison is exact (U is one real)."""
+
+    def __init__(self, rng: np.random.Generator, prefix: int, bits: int) -> None:
+        self._rng, self.prefix, self.bits = rng, int(prefix), bits
+
+    def below_exp(self, gamma: Fraction) -> bool:
+        """Whether U < e^{−γ}, exactly."""
+        while True:
+            lo, hi = exp_neg_bounds(gamma, self.bits + 32)
+            if (self.prefix + 1) << 32 <= lo:
+                return True
+            if self.prefix << 32 >= hi:
+                return False
+            self.prefix = (self.prefix << 32) | int(self._rng.integers(0, 1 << 32))
+            self.bits += 32
+
+
+def _last_below(uniform: _LazyUniform, gamma_of: Callable[[int], Fraction], guess: int) -> int:
+    """max{m >= 0 : U < e^{−γ(m)}} for γ increasing in m with γ(0) = 0 (gallop, then bisect)."""
+    low = max(int(guess), 0)
+    if not uniform.below_exp(gamma_of(low)):
+        low, high = 0, low  # γ(0) = 0: U < 1 always holds
+    else:
+        step = 1
+        while uniform.below_exp(gamma_of(low + step)):
+            low, step = low + step, 2 * step
+        high = low + step
+    while high - low > 1:  # invariant: true at low, false at high
+        middle = (low + high) // 2
+        low, high = (middle, high) if uniform.below_exp(gamma_of(middle)) else (low, middle)
+    return low
+
+
+# ----------------------------------------------------------------------------- vectorised exact draws
+# Fast path: float64 arithmetic on 53-bit uniform integers decides a comparison only when the
+# decision holds for every real in the uniform's cell *and* for every value within the stated
+# error bound of the float result; otherwise the exact path above decides (probability ~2^-30).
+# Error bound relied on: numpy's float64 ``log``/``exp`` are within 2^-50 relative error (4 ULP;
+# ``test_numpy_log_and_exp_are_within_the_assumed_error`` checks it against exact bounds), plus
+# the roundings of the few surrounding operations (each 2^-53 relative, IEEE 754). The margin
+# used is 2^-46·(1 + |γ|) relative, at least 8x that bound.
+_UNIFORM_BITS = 53
+_CELLS = float(1 << _UNIFORM_BITS)
+_MARGIN = 2.0**-46
+_TINY = 2.0**-70
+_BLOCK = 1 << 14  # proposals per vectorised pass (arrays stay in cache)
+
+
+def _uniform_cells(rng: np.random.Generator, n: int, extra_bits: int = 0) -> np.ndarray:
+    """Uniform integers in [0, 2^(53 + extra_bits)) (int64): a 53-bit cell of U plus extra bits
+    (the top bits of the bit generator's raw 64-bit words where it exposes them)."""
+    bit_generator = getattr(rng, "bit_generator", None)
+    if bit_generator is None:
+        return rng.integers(0, 1 << (_UNIFORM_BITS + extra_bits), size=n, dtype=np.int64)
+    return (bit_generator.random_raw(n) >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
+
+
+def _below_exp(rng: np.random.Generator, cells: np.ndarray, gamma: np.ndarray,
+               exact_gamma: Callable[[int], Fraction]) -> np.ndarray:
+    """U_i < e^{−γ_i} for U_i uniform in cell ``cells[i]`` (53 bits); exact (module comment).
+
+    ``gamma``: float64 approximations (relative error <= 2^-51) of the exact γ_i = exact_gamma(i).
+    """
+    p = np.exp(-gamma)
+    slack = p * (_MARGIN * (1.0 + gamma)) + _TINY
+    cell = cells.astype(np.float64)
+    below = (cell + 1.0) <= _CELLS * (p - slack)  # whole cell below every admissible p
+    above = cell >= _CELLS * (p + slack)
+    for i in np.flatnonzero(~(below | above)):
+        below[i] = _LazyUniform(rng, int(cells[i]), _UNIFORM_BITS).below_exp(exact_gamma(int(i)))
+    return below
+
+
+def _geometric(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
+    """n int64 draws M with P(M >= m) = e^{−m·s/t} (geometric), by exact inversion.
+
+    M = max{m : U < e^{−ms/t}} = ⌊−(t/s)·ln U⌋ (up to a null set). Over U's 53-bit cell [k, k+1]·2^-53
+    the value −λ ln U (λ = t/s) moves by at most λ/k; with the float error (module comment) the
+    floor is certain when the interval around the float result holds one integer.
+    """
+    scale = t / s  # correctly rounded (Python int division)
+    cells = _uniform_cells(rng, n)
+    cell = cells.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        x = -scale * np.log((cell + 0.5) / _CELLS)
+        slack = scale / cell + (x + scale) * _MARGIN
+    low, high = np.floor(x - slack), np.floor(x + slack)
+    out = np.zeros(n, dtype=np.int64)
+    sure = (low == high) & (high < _INT_LIMIT)
+    out[sure] = high[sure].astype(np.int64)
+    for i in np.flatnonzero(~sure):
+        guess = int(min(max(x[i], 0.0), float(_INT_LIMIT)))
+        value = _last_below(_LazyUniform(rng, int(cells[i]), _UNIFORM_BITS), lambda m: Fraction(m * s, t), guess)
+        if value >= _INT_LIMIT:
+            raise OverflowError("a discrete Laplace draw beyond 2^62 (scale far too large)")
+        out[i] = value
     return out
 
 
 def bernoulli_exp(rng: np.random.Generator, num: np.ndarray, den: np.ndarray | int) -> np.ndarray:
-    """Exact Bernoulli(exp(−num/den)) elementwise; ``num`` >= 0 and 0 < ``den`` < 2^62 int64.
-
-    γ = q + r/den: q independent Bernoulli(exp(−1)) must all succeed, then Bernoulli(exp(−r/den)).
-    """
+    """Exact Bernoulli(exp(−num/den)) elementwise for integers num >= 0, den >= 1 (int64)."""
     num = np.asarray(num, dtype=np.int64).ravel()
     den = np.broadcast_to(np.asarray(den, dtype=np.int64), num.shape).ravel()
-    if np.any(num < 0) or np.any(den <= 0) or np.any(den >= _INT_LIMIT):
-        raise ValueError("bernoulli_exp needs num >= 0 and 0 < den < 2^62")
-    whole, rest = np.divmod(num, den)
-    ok = np.ones(num.shape, dtype=bool)
-    active = np.flatnonzero(whole > 0)
-    ones = np.ones(num.shape, dtype=np.int64)
-    while active.size:
-        passed = _bernoulli_exp_fraction(rng, ones[active], ones[active])
-        ok[active[~passed]] = False
-        whole[active] -= 1
-        active = active[passed & (whole[active] > 0)]
-    idx = np.flatnonzero(ok)
-    ok[idx] = _bernoulli_exp_fraction(rng, rest[idx], den[idx])
-    return ok
-
-
-def _geometric_exp1(rng: np.random.Generator, size: int) -> np.ndarray:
-    """V: number of Bernoulli(exp(−1)) successes before the first failure (P(V=v) ∝ e^{−v})."""
-    v = np.zeros(size, dtype=np.int64)
-    active = np.arange(size)
-    one = np.ones(size, dtype=np.int64)
-    while active.size:
-        hit = _bernoulli_exp_fraction(rng, one[: active.size], one[: active.size])
-        v[active[hit]] += 1
-        active = active[hit]
-    return v
+    if np.any(num < 0) or np.any(den <= 0):
+        raise ValueError("bernoulli_exp needs num >= 0 and den > 0")
+    gamma = num.astype(np.float64) / den.astype(np.float64)
+    return _below_exp(rng, _uniform_cells(rng, num.size), gamma, lambda i: Fraction(int(num[i]), int(den[i])))
 
 
 # ----------------------------------------------------------------------------- discrete Laplace
 def _check_scale(s: int, t: int) -> None:
     if not (isinstance(s, int) and isinstance(t, int) and s >= 1 and t >= 1):
         raise ValueError("the discrete Laplace scale t/s needs integers s, t >= 1")
+    if t / s > 2.0**56:
+        raise ValueError("the discrete Laplace scale t/s must be at most 2^56")
 
 
-def _dlap_scalar(rng: np.random.Generator, s: int, t: int) -> int:
-    """One exact DLap(t/s) draw with Python integers (CKS Algorithm 2)."""
-    while True:
-        u = _randbelow(rng, t)
-        if not _bernoulli_exp_scalar(rng, Fraction(u, t)):
-            continue
-        v = 0
-        while _bernoulli_exp_le1(rng, Fraction(1)):
-            v += 1
-        y = (u + t * v) // s
-        negative = _randbelow(rng, 2) == 1
-        if negative and y == 0:
-            continue
-        return -y if negative else y
+def _shape(size: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+
+
+def _signed_laplace_block(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
+    """Accepted draws of ±M (M geometric, uniform sign, −0 rejected) from n proposals."""
+    magnitude = _geometric(rng, s, t, n)
+    negative = rng.integers(0, 2, size=n, dtype=np.int64).astype(bool)
+    keep = ~(negative & (magnitude == 0))
+    return np.where(negative, -magnitude, magnitude)[keep]
+
+
+def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float) -> np.ndarray:
+    """n i.i.d. accepted draws, filled from blocks of proposals (block sizes depend on n only)."""
+    out = np.empty(n, dtype=np.int64)
+    have = 0
+    while have < n:
+        block = draw_block(int(min(_BLOCK, n - have) / acceptance) + 16)[: n - have]
+        out[have: have + block.size] = block
+        have += block.size
+    return out
 
 
 def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int | tuple[int, ...]) -> np.ndarray:
-    """int64 draws with pmf ∝ exp(−|x|·s/t) (CKS 2020 Algorithm 2, exact, vectorised).
+    """int64 draws with pmf ∝ exp(−|x|·s/t) (exact; the construction of CKS 2020 Algorithm 2).
 
-    U ~ Unif{0..t−1}, accept w.p. exp(−U/t); V ~ Geometric(1 − e^{−1}); X = U + tV is then
-    geometric with P(X = x) ∝ e^{−x/t}; Y = ⌊X/s⌋ has P ∝ e^{−y s/t}; a random sign, rejecting −0.
+    |X| is geometric with P(|X| >= m) = e^{−ms/t} (exact inversion, :func:`_geometric`), a uniform
+    sign, and −0 rejected: P(X = 0) ∝ 1/2·P(M = 0), P(X = ±m) ∝ 1/2·P(M = m) ∝ e^{−ms/t}.
     """
     _check_scale(s, t)
-    shape = (size,) if isinstance(size, int) else tuple(size)
+    shape = _shape(size)
     n = int(np.prod(shape))
-    out = np.empty(n, dtype=np.int64)
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
-    if t >= _INT_LIMIT or s >= _INT_LIMIT:
-        out[:] = [_dlap_scalar(rng, s, t) for _ in range(n)]
-        return out.reshape(shape)
-    todo = np.arange(n)
-    while todo.size:
-        u = rng.integers(0, t, size=todo.size)
-        keep = bernoulli_exp(rng, u, t)
-        u, slots = u[keep], todo[keep]
-        v = _geometric_exp1(rng, u.size)
-        fits = v < (_INT_LIMIT - t) // t
-        y = np.empty(u.size, dtype=np.int64)
-        y[fits] = (u[fits] + t * v[fits]) // s
-        for i in np.flatnonzero(~fits):  # X = U + tV would overflow int64: same draw, Python ints
-            y[i] = min((int(u[i]) + t * int(v[i])) // s, _INT_LIMIT)
-        negative = rng.integers(0, 2, size=y.size) == 1
-        good = ~(negative & (y == 0))
-        out[slots[good]] = np.where(negative, -y, y)[good]
-        done = np.zeros(n, dtype=bool)
-        done[slots[good]] = True
-        todo = todo[~done[todo]]
-    return out.reshape(shape)
+    keep = 1.0 - 0.5 * -math.expm1(-s / t)  # 1 − P(M = 0)/2 (a block size only)
+    return _collect(lambda m: _signed_laplace_block(rng, s, t, m), n, max(keep, 0.5)).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- discrete Gaussian
@@ -220,33 +302,34 @@ def discrete_gaussian_pmf(sigma: int, support: np.ndarray) -> np.ndarray:
     return np.exp(-(np.asarray(support, dtype=np.float64) ** 2) / (2.0 * sigma * sigma)) / weights.sum()
 
 
+def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
+    """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ)."""
+    magnitude = _geometric(rng, 1, sigma, n)
+    words = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U's cell
+    negative = (words & 1).astype(bool)
+    gap = (magnitude - sigma).astype(np.float64) / float(sigma)
+    accept = _below_exp(rng, words >> 1, 0.5 * gap * gap,
+                        lambda i: Fraction((int(magnitude[i]) - sigma) ** 2, 2 * sigma * sigma))
+    accept &= ~(negative & (magnitude == 0))
+    return np.where(negative, -magnitude, magnitude)[accept]
+
+
 def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[int, ...]) -> np.ndarray:
     """int64 draws from N_Z(0, σ²), P(x) ∝ exp(−x²/(2σ²)), for an integer σ >= 1 (exact).
 
-    CKS 2020 Algorithm 3 with t = σ (correct for every t > 0; σ²/t = σ is then an integer):
-    Y ~ DLap(t), accept w.p. exp(−(|Y| − σ)²/(2σ²)), an exact Bernoulli on integers.
+    CKS 2020 Algorithm 3 with t = σ (correct for every t > 0; σ²/t = σ is then an integer): a
+    discrete Laplace proposal Y (pmf ∝ e^{−|y|/σ}: geometric magnitude, uniform sign, −0 rejected)
+    accepted w.p. exp(−(|Y| − σ)²/(2σ²)); every comparison exact (module comment above
+    :func:`_below_exp`). Acceptance ≈ 0.76·(1 − 1/(4σ)); ~60 ns a draw vectorised.
     """
-    if not isinstance(sigma, int) or sigma < 1 or 2 * sigma * sigma >= _INT_LIMIT:
-        raise ValueError(f"sigma must be an integer in [1, 2^30), got {sigma!r}")
-    shape = (size,) if isinstance(size, int) else tuple(size)
+    if not isinstance(sigma, (int, np.integer)) or sigma < 1 or sigma >= _SIGMA_LIMIT:
+        raise ValueError(f"sigma must be an integer in [1, 2^40), got {sigma!r}")
+    sigma = int(sigma)
+    shape = _shape(size)
     n = int(np.prod(shape))
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    todo = np.arange(n)
-    den = 2 * sigma * sigma
-    limit = math.isqrt(_INT_LIMIT - 1)
-    while todo.size:
-        y = discrete_laplace_exact(rng, 1, sigma, todo.size)
-        gap = np.abs(np.abs(y) - sigma)
-        small = gap < limit
-        accept = np.zeros(todo.size, dtype=bool)
-        accept[small] = bernoulli_exp(rng, gap[small] ** 2, den)
-        for i in np.flatnonzero(~small):  # (|Y| − σ)² would overflow: exact Python path
-            accept[i] = _bernoulli_exp_scalar(rng, Fraction(int(gap[i]) ** 2, den))
-        out[todo[accept]] = y[accept]
-        todo = todo[~accept]
-    return out.reshape(shape)
+    return _collect(lambda m: _gaussian_block(rng, sigma, m), n, 0.7).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- grid releases
@@ -297,9 +380,9 @@ def grid_gaussian(sensitivity: float, multiplier: float, changed_coordinates: in
         grid = sensitivity * min(1.0, multiplier) / (resolution * root_d)
         shift = sensitivity / grid + root_d  # L2 bound of the integer shift
         sigma = math.ceil(multiplier * shift * (1 + 1e-9))
-        if 2 * sigma * sigma < _INT_LIMIT or resolution == 1:
+        if sigma < _SIGMA_LIMIT or resolution == 1:
             break
         resolution = max(1, resolution // 2)
-    if 2 * sigma * sigma >= _INT_LIMIT:
+    if sigma >= _SIGMA_LIMIT:
         raise ValueError("noise multiplier too large for the exact discrete Gaussian sampler")
     return GridGaussian(grid=grid, sigma=sigma, sensitivity=float(sensitivity), multiplier=float(multiplier))

@@ -1,10 +1,10 @@
 """Discrete Laplace noise: integer draws with pmf ∝ exp(−a|x|), no floating-point inversion.
 
-DLap(a) is sampled exactly with integer arithmetic (Canonne, Kamath, Steinke 2020,
-arXiv:2004.00010, Algorithm 2, in ``app.core.discrete_noise``): the float a is a dyadic rational
-p/q, and the pmf tanh(a/2)·e^{−a|x|} ∝ e^{−|x|p/q} is sampled with uniform integers and exact
-Bernoulli(exp(−·)) draws only (numpy's ``geometric`` inverts a float CDF for small success
-probabilities, whose rounding is exactly what this module must avoid). The draw is an
+DLap(a) is sampled exactly (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Algorithm 2's
+construction, in ``app.core.discrete_noise``): the float a is a dyadic rational p/q, and the pmf
+tanh(a/2)·e^{−a|x|} ∝ e^{−|x|p/q} is sampled from uniform integers by exact comparisons with
+e^{−mp/q} (numpy's ``geometric`` inverts a float CDF for small success probabilities without
+any bound on the rounding, which is exactly what this module must avoid). The draw is an
 integer, so a released value g·(statistic + draw) on a grid of step g carries no low-order float
 bits that depend on the statistic (the attack of Mironov 2012 on textbook Laplace samplers).
 Accounted by ``dp_event.DiscreteLaplaceDpEvent(a, Δ)`` with Δ the integer L1 sensitivity on the grid.
@@ -23,10 +23,6 @@ from app.core.discrete_noise import discrete_laplace_exact
 __all__ = ["discrete_laplace_noise", "dithered_laplace_noise", "snap_to_grid"]
 
 
-_DENOMINATOR_LIMIT = 1 << 62
-_FINE = 1 << 61
-
-
 def _check(noise_parameter: float) -> float:
     a = float(noise_parameter)
     if not math.isfinite(a) or a <= 0:
@@ -36,20 +32,8 @@ def _check(noise_parameter: float) -> float:
 
 def discrete_laplace_noise(rng: np.random.Generator, noise_parameter: float, size: int | tuple[int, ...]) -> np.ndarray:
     """int64 draws from DLap(a): pmf tanh(a/2)·e^{−a|x|} on the integers (exact: a = p/q as a
-    fraction, pmf ∝ e^{−|x|p/q}, CKS 2020 Algorithm 2).
-
-    For a < 2^-8 the float's denominator can pass 2^62 (the int64 sampler's range): a is then
-    rounded *down* to a' = ⌊a·2^61⌋/2^61, i.e. more noise. This costs no privacy: the
-    characteristic functions give DLap(a') = DLap(a) + W with W a mixture of 0 and DLap(a')
-    (r = e^{−a} < r' = e^{−a'}: (1 + r² − 2r cos t) = A + (r/r')(1 + r'² − 2r' cos t) with
-    A = (r' − r)(1 − r r')/r' > 0), a post-processing, so DLap(a') is at least as private as
-    the charged ``DiscreteLaplaceDpEvent(a, Δ)`` in every sense.
-    """
+    fraction of Python integers, pmf ∝ e^{−|x|p/q}, CKS 2020 Algorithm 2's construction)."""
     ratio = Fraction(_check(noise_parameter))
-    if ratio.denominator >= _DENOMINATOR_LIMIT:
-        ratio = Fraction((ratio.numerator * _FINE) // ratio.denominator, _FINE)
-        if ratio == 0:
-            raise ValueError("the discrete Laplace parameter is too small to sample exactly")
     return discrete_laplace_exact(rng, ratio.numerator, ratio.denominator, size)
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import decimal
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from app.core import discrete_noise
 from app.core.discrete_noise import (
     bernoulli_exp,
     discrete_gaussian,
     discrete_gaussian_pmf,
     discrete_laplace_exact,
+    exp_neg_bounds,
     grid_gaussian,
     noise_switched_off,
 )
@@ -123,3 +127,74 @@ def test_noise_hook_switches_every_sampler_off_inside_only():
         value = np.array([0.5, 1.5, -2.0, 3.0])
         assert np.allclose(spec.release(rng, value), value, atol=spec.grid)
     assert discrete_gaussian(rng, 50, 100).any()
+
+
+# ---------------------------------------------------------------------------- the exact slow path and the fast path's bound
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(37, 10),
+                                   Fraction(2**40 + 7, 2**41), Fraction(745), Fraction(7001, 7)])
+def test_exp_neg_bounds_bracket_the_exact_value(gamma: Fraction):
+    precision = 120
+    lo, hi = exp_neg_bounds(gamma, precision)
+    assert 0 <= hi - lo <= 4
+    with decimal.localcontext() as context:
+        context.prec = 80
+        exact = (-(decimal.Decimal(gamma.numerator) / decimal.Decimal(gamma.denominator))).exp()
+        scaled = exact * (decimal.Decimal(2) ** precision)
+        slack = scaled * decimal.Decimal(10) ** -70
+        assert decimal.Decimal(lo) <= scaled + slack and scaled - slack <= decimal.Decimal(hi)
+
+
+def test_numpy_log_and_exp_are_within_the_assumed_error():
+    """The fast path assumes numpy's float64 log/exp within 2^-50 relative error (module comment)."""
+    rng = np.random.default_rng(0)
+    cells = rng.integers(1, 1 << 53, size=4000) >> rng.integers(0, 53, size=4000)
+    u = (cells.astype(np.float64) + 0.5) / float(1 << 53)
+    gamma = np.concatenate([rng.random(2000) * 40, rng.random(2000) * 745])
+    with decimal.localcontext() as context:
+        context.prec = 50
+        for x, got in zip(u, np.log(u)):
+            exact = decimal.Decimal(float(x)).ln()
+            assert abs(decimal.Decimal(float(got)) - exact) <= abs(exact) * decimal.Decimal(2) ** -50
+        for g, got in zip(gamma, np.exp(-gamma)):
+            exact = (-decimal.Decimal(float(g))).exp()
+            # relative, or absolute where the result is subnormal (the fast path adds 2^-70 absolute)
+            assert abs(decimal.Decimal(float(got)) - exact) <= exact * decimal.Decimal(2) ** -50 + decimal.Decimal(2) ** -1070
+
+
+@pytest.fixture()
+def exact_path_only(monkeypatch: pytest.MonkeyPatch):
+    """A margin so wide that the float fast path decides nothing: every draw takes the exact path."""
+    monkeypatch.setattr(discrete_noise, "_MARGIN", 1.0)
+    monkeypatch.setattr(discrete_noise, "_BLOCK", 1 << 10)
+
+
+@pytest.mark.parametrize("sigma", [1, 3])
+def test_exact_path_alone_samples_the_discrete_gaussian(sigma: int, exact_path_only):
+    draws = discrete_gaussian(np.random.default_rng(11), sigma, 20_000)
+    assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(sigma, x)) > 1e-3
+
+
+def test_exact_path_alone_samples_the_discrete_laplace(exact_path_only):
+    draws = discrete_laplace_exact(np.random.default_rng(12), 2, 3, 20_000)
+    assert _chi_square_p(draws, lambda x: math.tanh(1 / 3) * np.exp(-(2 / 3) * np.abs(x))) > 1e-3
+
+
+def test_a_wider_margin_does_not_change_the_law_at_large_sigma(monkeypatch: pytest.MonkeyPatch):
+    """With a margin of 2^-16 a few percent of the comparisons take the exact path: same moments."""
+    monkeypatch.setattr(discrete_noise, "_MARGIN", 2.0**-16)
+    sigma = 2**12
+    draws = discrete_gaussian(np.random.default_rng(13), sigma, 40_000).astype(np.float64)
+    assert abs(draws.mean()) < 5 * sigma / math.sqrt(len(draws))
+    assert draws.var() / sigma**2 == pytest.approx(1.0, abs=0.04)
+    assert stats.kurtosis(draws) == pytest.approx(0.0, abs=0.12)
+
+
+def test_draws_are_int64_and_shaped_and_sigma_is_bounded():
+    rng = np.random.default_rng(0)
+    draws = discrete_gaussian(rng, 2**20, (3, 70_000))
+    assert draws.dtype == np.int64 and draws.shape == (3, 70_000)
+    assert discrete_gaussian(rng, 5, 0).shape == (0,)
+    with pytest.raises(ValueError):
+        discrete_gaussian(rng, 2**40, 3)
+    with pytest.raises(ValueError):
+        discrete_gaussian(rng, 2.5, 3)
