@@ -356,12 +356,20 @@ class GridGaussian:
     def release_symmetric(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored."""
         rank = value.shape[-1]
-        rows, cols = np.triu_indices(rank)
-        upper = self.release(rng, value[..., rows, cols])
-        out = np.empty(value.shape, dtype=np.float64)
-        out[..., rows, cols] = upper
-        out[..., cols, rows] = upper
-        return out
+        upper, mirror = _triangle_maps(rank)
+        flat = value.reshape(-1, rank * rank)
+        released = self.release(rng, np.take(flat, upper, axis=1))
+        return np.take(released, mirror, axis=1).reshape(value.shape)
+
+
+@functools.lru_cache(maxsize=16)
+def _triangle_maps(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices of the upper triangle, for each flat entry its position in that list)."""
+    rows, cols = np.triu_indices(rank)
+    position = np.empty((rank, rank), dtype=np.int64)
+    position[rows, cols] = np.arange(rows.size)
+    position[cols, rows] = np.arange(rows.size)
+    return rows * rank + cols, position.ravel()
 
 
 def grid_gaussian(sensitivity: float, multiplier: float, changed_coordinates: int) -> GridGaussian:
