@@ -6,12 +6,12 @@ integer with *exactly* the target pmf (Canonne, Kamath, Steinke 2020, arXiv:2004
 Algorithms 2-3: a discrete Laplace proposal — geometric magnitude, uniform sign — accepted with
 probability exp(−(|y| − σ)²/(2σ²))). Every random decision is a comparison "U < e^{−γ}" of a
 uniform real U, of which 53 bits are drawn as an integer, with an exactly known rational γ.
-Vectorised float64 arithmetic settles a comparison only when it holds for the whole 53-bit cell
-of U and for every value within a stated error bound of the float result (numpy's log/exp within
-2^-50 relative, margin 8x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled by drawing
-more bits of U and bracketing e^{−γ} with exact rational series (:func:`exp_neg_bounds`). The
-output's pmf is therefore exactly the target's, and ~20x faster than an exact sampler built
-from Bernoulli trials. A release rounds the statistic to a grid of step g (float arithmetic is
+Vectorised float64 arithmetic (−ln U > γ) settles a comparison only when it holds for the whole
+53-bit cell of U and for every value within a stated error bound of the float result (numpy's
+log within 2^-50 relative, margin 32x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled
+by drawing more bits of U and bracketing e^{−γ} with exact rational series
+(:func:`exp_neg_bounds`). The output's pmf is therefore exactly the target's, at ~30 ns a draw
+(~30x faster than an exact sampler built from Bernoulli trials). A release rounds the statistic to a grid of step g (float arithmetic is
 used *before* the rounding only) and adds integer noise, so the released float g·(K + N)
 depends on the integer K + N alone.
 
@@ -173,17 +173,18 @@ def _last_below(uniform: _LazyUniform, gamma_of: Callable[[int], Fraction], gues
 
 
 # ----------------------------------------------------------------------------- vectorised exact draws
-# Fast path: float64 arithmetic on 53-bit uniform integers decides a comparison only when the
-# decision holds for every real in the uniform's cell *and* for every value within the stated
-# error bound of the float result; otherwise the exact path above decides (probability ~2^-30).
-# Error bound relied on: numpy's float64 ``log``/``exp`` are within 2^-50 relative error (4 ULP;
-# ``test_numpy_log_and_exp_are_within_the_assumed_error`` checks it against exact bounds), plus
-# the roundings of the few surrounding operations (each 2^-53 relative, IEEE 754). The margin
-# used is 2^-46·(1 + |γ|) relative, at least 8x that bound.
+# Fast path: a comparison "U < e^{−γ}" is made as "−ln U > γ" in float64, from U's 53-bit cell
+# c (U·2^53 in [c, c + 1]): y = 53·ln 2 − log(c + ½) is within 1/c + 2^-45 of −ln U for every U
+# in the cell (|d ln t| <= 1/c over the cell; numpy's float64 ``log`` within 2^-50 relative, i.e.
+# <= 37·2^-50 here; the constant and the subtraction each within 2^-48). γ's float value is within
+# 2^-49 relative of the exact rational. The decision is taken only when |y − γ| exceeds
+# 1/c + (y + γ + 64)·2^-46, at least 32x the float error bound; otherwise the exact path above
+# decides (probability ~1/c + 2^-40: ~10^-11 a comparison). The numpy ``log`` bound is checked
+# against exact bounds by ``test_numpy_log_is_within_the_assumed_error``.
 _UNIFORM_BITS = 53
 _CELLS = float(1 << _UNIFORM_BITS)
+_LN_CELLS = _UNIFORM_BITS * math.log(2.0)
 _MARGIN = 2.0**-46
-_TINY = 2.0**-70
 _BLOCK = 1 << 14  # proposals per vectorised pass (arrays stay in cache)
 
 
@@ -196,46 +197,59 @@ def _uniform_cells(rng: np.random.Generator, n: int, extra_bits: int = 0) -> np.
     return (bit_generator.random_raw(n) >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
 
 
+def _minus_log_uniform(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(y, cell slack): y ≈ −ln U for U in each 53-bit cell; |y − (−ln U)| <= 1/c + 2^-45."""
+    cell = cells.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        return _LN_CELLS - np.log(cell + 0.5), 1.0 / cell
+
+
 def _below_exp(rng: np.random.Generator, cells: np.ndarray, gamma: np.ndarray,
                exact_gamma: Callable[[int], Fraction]) -> np.ndarray:
     """U_i < e^{−γ_i} for U_i uniform in cell ``cells[i]`` (53 bits); exact (module comment).
 
-    ``gamma``: float64 approximations (relative error <= 2^-51) of the exact γ_i = exact_gamma(i).
+    ``gamma``: float64 approximations (relative error <= 2^-49) of the exact γ_i = exact_gamma(i).
     """
-    p = np.exp(-gamma)
-    slack = p * (_MARGIN * (1.0 + gamma)) + _TINY
-    cell = cells.astype(np.float64)
-    below = (cell + 1.0) <= _CELLS * (p - slack)  # whole cell below every admissible p
-    above = cell >= _CELLS * (p + slack)
-    for i in np.flatnonzero(~(below | above)):
+    y, cell_slack = _minus_log_uniform(cells)
+    gap = y - gamma
+    below = gap > 0
+    for i in np.flatnonzero(np.abs(gap) <= cell_slack + (y + gamma + 64.0) * _MARGIN):
         below[i] = _LazyUniform(rng, int(cells[i]), _UNIFORM_BITS).below_exp(exact_gamma(int(i)))
     return below
+
+
+def _floor_is_certain(x: np.ndarray, slack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(⌊x⌋, whether every value within ``slack`` of x has that floor)."""
+    floor = np.floor(x)
+    return floor, (x - floor > slack) & (floor + 1.0 - x > slack)
 
 
 def _geometric(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
     """n int64 draws M with P(M >= m) = e^{−m·s/t} (geometric), by exact inversion.
 
-    M = max{m : U < e^{−ms/t}} = ⌊−(t/s)·ln U⌋ (up to a null set). Over U's 53-bit cell [k, k+1]·2^-53
-    the value −λ ln U (λ = t/s) moves by at most λ/k; with the float error (module comment) the
-    floor is certain when the interval around the float result holds one integer.
+    M = max{m : U < e^{−ms/t}} = ⌊λ·(−ln U)⌋ (λ = t/s, up to a null set); the floor is taken in
+    float64 where it is certain for the whole cell and the float error (module comment),
+    otherwise exactly.
     """
     scale = t / s  # correctly rounded (Python int division)
     cells = _uniform_cells(rng, n)
-    cell = cells.astype(np.float64)
-    with np.errstate(divide="ignore"):
-        x = -scale * np.log((cell + 0.5) / _CELLS)
-        slack = scale / cell + (x + scale) * _MARGIN
-    low, high = np.floor(x - slack), np.floor(x + slack)
-    out = np.zeros(n, dtype=np.int64)
-    sure = (low == high) & (high < _INT_LIMIT)
-    out[sure] = high[sure].astype(np.int64)
+    y, cell_slack = _minus_log_uniform(cells)
+    x = scale * y
+    magnitude, sure = _floor_is_certain(x, scale * cell_slack + (x + 64.0 * scale) * _MARGIN)
+    sure &= magnitude < _INT_LIMIT
+    out = magnitude.astype(np.int64)
     for i in np.flatnonzero(~sure):
-        guess = int(min(max(x[i], 0.0), float(_INT_LIMIT)))
-        value = _last_below(_LazyUniform(rng, int(cells[i]), _UNIFORM_BITS), lambda m: Fraction(m * s, t), guess)
-        if value >= _INT_LIMIT:
-            raise OverflowError("a discrete Laplace draw beyond 2^62 (scale far too large)")
-        out[i] = value
+        out[i] = _exact_geometric(rng, int(cells[i]), s, t, x[i])
     return out
+
+
+def _exact_geometric(rng: np.random.Generator, cell: int, s: int, t: int, guess: float) -> int:
+    """max{m : U < e^{−ms/t}} for U uniform in the 53-bit ``cell``, exactly."""
+    start = int(min(max(guess, 0.0), float(_INT_LIMIT)))
+    value = _last_below(_LazyUniform(rng, cell, _UNIFORM_BITS), lambda m: Fraction(m * s, t), start)
+    if value >= _INT_LIMIT:
+        raise OverflowError("a discrete Laplace draw beyond 2^62 (scale far too large)")
+    return value
 
 
 def bernoulli_exp(rng: np.random.Generator, num: np.ndarray, den: np.ndarray | int) -> np.ndarray:
@@ -303,15 +317,26 @@ def discrete_gaussian_pmf(sigma: int, support: np.ndarray) -> np.ndarray:
 
 
 def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
-    """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ)."""
-    magnitude = _geometric(rng, 1, sigma, n)
-    words = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U's cell
-    negative = (words & 1).astype(bool)
-    gap = (magnitude - sigma).astype(np.float64) / float(sigma)
-    accept = _below_exp(rng, words >> 1, 0.5 * gap * gap,
-                        lambda i: Fraction((int(magnitude[i]) - sigma) ** 2, 2 * sigma * sigma))
+    """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ), fused:
+    magnitude M = ⌊σ·(−ln U₁)⌋, sign from a bit, accepted iff −ln U₂ > (M − σ)²/(2σ²) and not −0."""
+    first = _uniform_cells(rng, n)
+    second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
+    y1, slack1 = _minus_log_uniform(first)
+    x = sigma * y1
+    magnitude, sure = _floor_is_certain(x, sigma * slack1 + (x + 64.0 * sigma) * _MARGIN)
+    scaled_gap = (magnitude - sigma) * (1.0 / (sigma * math.sqrt(2.0)))
+    gamma = scaled_gap * scaled_gap  # (M − σ)²/(2σ²), relative error <= 2^-49
+    y2, slack2 = _minus_log_uniform(second >> 1)
+    gap = y2 - gamma
+    sure &= np.abs(gap) > slack2 + (y2 + gamma + 64.0) * _MARGIN
+    accept = gap > 0
+    negative = (second & 1).astype(bool)
+    for i in np.flatnonzero(~sure):  # exact path: same U₁, U₂ (their cells), more bits as needed
+        magnitude[i] = m = _exact_geometric(rng, int(first[i]), 1, sigma, x[i])
+        accept[i] = _LazyUniform(rng, int(second[i]) >> 1, _UNIFORM_BITS).below_exp(
+            Fraction((m - sigma) ** 2, 2 * sigma * sigma))
     accept &= ~(negative & (magnitude == 0))
-    return np.where(negative, -magnitude, magnitude)[accept]
+    return np.where(negative, -magnitude, magnitude)[accept].astype(np.int64)
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[int, ...]) -> np.ndarray:
@@ -320,7 +345,7 @@ def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[in
     CKS 2020 Algorithm 3 with t = σ (correct for every t > 0; σ²/t = σ is then an integer): a
     discrete Laplace proposal Y (pmf ∝ e^{−|y|/σ}: geometric magnitude, uniform sign, −0 rejected)
     accepted w.p. exp(−(|Y| − σ)²/(2σ²)); every comparison exact (module comment above
-    :func:`_below_exp`). Acceptance ≈ 0.76·(1 − 1/(4σ)); ~60 ns a draw vectorised.
+    :func:`_below_exp`). Acceptance ≈ 0.76; ~30 ns a draw vectorised (σ <= 2^20).
     """
     if not isinstance(sigma, (int, np.integer)) or sigma < 1 or sigma >= _SIGMA_LIMIT:
         raise ValueError(f"sigma must be an integer in [1, 2^40), got {sigma!r}")
