@@ -51,6 +51,7 @@ __all__ = [
     "discrete_laplace_exact",
     "discrete_gaussian",
     "discrete_gaussian_pmf",
+    "exp_neg_bounds",
     "GridGaussian",
     "grid_gaussian",
     "noise_switched_off",
