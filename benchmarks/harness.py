@@ -60,6 +60,7 @@ SUITES: dict[str, str] = {
     "onebit": "benchmarks.onebit",
     "cmf": "benchmarks.cmf",
     "quality-defaults": "benchmarks.quality_defaults",
+    "audit": "benchmarks.audit",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -8,19 +8,29 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
   seconds per iteration (one user and one item pass) from its own per-iteration callback.
 * ``als``: our non-private weighted ALS (exact solves), seconds per iteration.
 * ``dpals``: seconds per DPALS step (user solves, clipping, noisy Grams, PSD projection, item
-  solves); pre-processing (Algorithm 3) is reported separately.
+  solves); pre-processing (Algorithm 3) is reported separately. ``seconds_noise``: the time
+  spent in the exact discrete-Gaussian grid releases (``app.core.discrete_noise``; rounding to
+  the grid and integer sampling) over the whole run divided by its T steps, summed over the
+  solver threads; it is part of ``seconds_per_step``.
+* ``noise_draws_per_s`` (dataset ``noise-sigma-2^k``): a micro-benchmark of the exact discrete
+  Gaussian sampler at integer σ = 2^k (k = 10, 15, 20: the grid releases' range), one thread,
+  best of a few repetitions in process CPU time, next to numpy's float ``normal`` in the same
+  run (``baseline``; ``ratio`` = exact / float).
 Peak resident memory of each run is reported as its own row. Ratios are against implicit's
 iteration in the same run; no absolute time is asserted anywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from app.core.als import ALSConfig, train_als
+from app.core.discrete_noise import GridGaussian, discrete_gaussian
 from app.core.dpals import DPALSConfig, train_dpals
 from app.core.ratings import Ratings
 from app.core.synthetic import production_synthetic
@@ -32,6 +42,8 @@ FULL_SHAPE = (138_000, 20_000, 10_000_000)
 QUICK_SHAPE = (20_000, 5_000, 1_000_000)
 RANKS = (64, 128)
 STEPS = 2
+NOISE_SIGMA_EXPONENTS = (10, 15, 20)
+NOISE_DRAWS = 1 << 21
 
 
 def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tuple[list[float], float]:
@@ -41,6 +53,53 @@ def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tupl
     train(lambda fraction, stage: stamps.append(time.perf_counter()))
     edges = [start] + stamps
     return [b - a for a, b in zip(edges[1:], edges[2:])] or [stamps[0] - start], stamps[0] - start
+
+
+@contextlib.contextmanager
+def _noise_timer() -> Iterator[list[float]]:
+    """Accumulate the seconds spent in grid releases (all threads) into the yielded list."""
+    total = [0.0]
+    lock = threading.Lock()
+    original = GridGaussian.release
+
+    def timed(self: GridGaussian, rng, value):
+        start = time.perf_counter()
+        try:
+            return original(self, rng, value)
+        finally:
+            with lock:
+                total[0] += time.perf_counter() - start
+
+    GridGaussian.release = timed  # type: ignore[method-assign]
+    try:
+        yield total
+    finally:
+        GridGaussian.release = original  # type: ignore[method-assign]
+
+
+def _draws_per_second(draw: Callable[[int], object], n: int, repeats: int = 3) -> float:
+    """Draws per second of ``draw(n)``: best of ``repeats`` in process CPU time (other load on a
+    shared machine inflates wall time, not this process's CPU time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        draw(n)
+        best = min(best, time.process_time() - start)
+    return n / max(best, 1e-9)
+
+
+def noise_rows(n: int = NOISE_DRAWS) -> list[dict]:
+    """``noise_draws_per_s`` of the exact discrete Gaussian at σ = 2^k vs numpy's float normal."""
+    rng = np.random.default_rng(0)
+    rows = []
+    with limit_threads(1):
+        for exponent in NOISE_SIGMA_EXPONENTS:
+            sigma = 1 << exponent
+            exact = _draws_per_second(lambda m: discrete_gaussian(rng, sigma, m), n)
+            floats = _draws_per_second(lambda m: rng.normal(0.0, float(sigma), m), n)
+            rows.append(_row(f"noise-sigma-2^{exponent}", "discrete-gaussian", "noise_draws_per_s", exact, floats))
+            rows.append(_row(f"noise-sigma-2^{exponent}", "numpy-normal", "noise_draws_per_s", floats))
+    return rows
 
 
 def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float]:
@@ -63,7 +122,7 @@ def run(quick: bool) -> list[dict]:
     ranks = RANKS[:1] if quick else RANKS
     ratings = production_synthetic(n_users, n_items, n_ratings, seed=0).ratings
     dataset = f"production-synthetic-{n_users // 1000}Kx{n_items // 1000}Kx{n_ratings / 1e6:g}M"
-    rows: list[dict] = []
+    rows: list[dict] = noise_rows()
     for rank in ranks:
         name = f"{dataset}-r{rank}"
         implicit_step, implicit_mem = _implicit_seconds(ratings, rank)
@@ -77,9 +136,10 @@ def run(quick: bool) -> list[dict]:
             rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib))
             dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
                                     contribution_mode="tail", noise_multiplier=1.0)
-            with peak_memory() as memory:
+            with peak_memory() as memory, _noise_timer() as noise:
                 dp_steps, preprocessing = _step_times(lambda progress: train_dpals(ratings, dp_config, progress=progress))
             rows.append(_row(name, "dpals", "seconds_per_step", float(np.mean(dp_steps)), implicit_step))
+            rows.append(_row(name, "dpals", "seconds_noise", noise[0] / STEPS, float(np.mean(dp_steps))))
             rows.append(_row(name, "dpals", "seconds_preprocessing_and_first_step", preprocessing))
             rows.append(_row(name, "dpals", "peak_rss_mib", memory.rss_peak_mib))
     return rows

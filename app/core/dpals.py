@@ -38,6 +38,7 @@ from dp_accounting import dp_event
 
 from app.core import accounting
 from app.core.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
+from app.core.discrete_noise import GridGaussian, grid_gaussian
 from app.core.parallel import parallel_map
 from app.core.model import PublicModel, UserRegularisation
 from app.core.ratings import Ratings
@@ -261,14 +262,22 @@ class GaussianReleaser:
         self.releases.append((name, float(sensitivity), float(multiplier)))
         return sensitivity * multiplier
 
+    def record_grid(self, name: str, sensitivity: float, multiplier: float, changed: int) -> GridGaussian:
+        """Record one release drawn on a grid (exact discrete Gaussian, ``app.core.discrete_noise``);
+        ``changed`` bounds the coordinates one user can change."""
+        self.record(name, sensitivity, multiplier)
+        return grid_gaussian(sensitivity, multiplier, changed)
+
     def vector(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
-        std = self.record(name, sensitivity, multiplier)
-        return value + self._rng.normal(0.0, std, size=np.shape(value))
+        """round(value/g)·g plus exact discrete Gaussian noise on the grid (charged GaussianDpEvent)."""
+        value = np.asarray(value)
+        return self.record_grid(name, sensitivity, multiplier, max(value.size, 1)).release(self._rng, value)
 
     def symmetric(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
         """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
-        std = self.record(name, sensitivity, multiplier)
-        return value + symmetric_noise(self._rng, value.shape, std)
+        rank = value.shape[-1]
+        changed = max(value.size // (rank * rank), 1) * rank * (rank + 1) // 2
+        return self.record_grid(name, sensitivity, multiplier, changed).release_symmetric(self._rng, value)
 
     def event(self, n_steps: int, per_step: int) -> dp_event.DpEvent:
         """Rebuild the event from the record (pre-processing releases, then T identical steps)."""
@@ -590,10 +599,12 @@ def _item_step(
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
     # One release each for {Ã_j} and {b̃_j} over all trained items; the noise is drawn chunk by
     # chunk (items with no selected rating included) to keep memory at O(chunk · r²).
-    std_gram = releaser.record("item_grams", sqrt_b * gamma_u**2, z["gram"])
-    std_linear = releaser.record("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"])
+    # items whose statistics one user can change (rounding bound): k when sampling, all otherwise
+    bound = n_items if config.contribution_mode == "adaptive_weights" else min(config.contribution_bound, n_items)
+    grid_gram = releaser.record_grid("item_grams", sqrt_b * gamma_u**2, z["gram"], bound * rank * (rank + 1) // 2)
+    grid_linear = releaser.record_grid("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"], bound * rank)
     ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
-    kappa = config.noise_filter * std_linear**2 / gamma_m**2
+    kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
     item_factors = np.empty((n_items, rank))
     padded = np.vstack([user_factors, np.zeros((1, rank))])
     chunks = list(_item_chunks(prep.item_plan))
@@ -603,8 +614,8 @@ def _item_step(
     def solve_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> None:
         chunk, child = job
         items, gram, b = _chunk_statistics(chunk, padded, rank)
-        gram += symmetric_noise(child, gram.shape, std_gram)
-        b += child.normal(0.0, std_linear, size=b.shape)
+        gram = grid_gram.release_symmetric(child, gram)
+        b = grid_linear.release(child, b)
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa)
 
     parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items

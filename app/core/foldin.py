@@ -119,7 +119,9 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
     plan = make_plan(indptr, cols, centred, model.n_items)
     gravity = _gravity_matrix(model) if model.user_reg.gravity else None
-    return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity)
+    # float64 Grams, as in fold_in: a float32 Gram's rounding (2^-24 relative) is amplified by the
+    # system's condition number (small ridges), and evaluation must score what serving serves
+    return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity, gram_dtype=np.float64)
 
 
 def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:

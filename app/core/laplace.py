@@ -1,7 +1,10 @@
 """Discrete Laplace noise: integer draws with pmf ∝ exp(−a|x|), no floating-point inversion.
 
-DLap(a) is sampled as the difference of two i.i.d. geometric variables with success probability
-1 − e^{−a} (Inusah & Kozubowski 2006): P(G1 − G2 = x) = tanh(a/2)·e^{−a|x|}. The draw is an
+DLap(a) is sampled exactly (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Algorithm 2's
+construction, in ``app.core.discrete_noise``): the float a is a dyadic rational p/q, and the pmf
+tanh(a/2)·e^{−a|x|} ∝ e^{−|x|p/q} is sampled from uniform integers by exact comparisons with
+e^{−mp/q} (numpy's ``geometric`` inverts a float CDF for small success probabilities without
+any bound on the rounding, which is exactly what this module must avoid). The draw is an
 integer, so a released value g·(statistic + draw) on a grid of step g carries no low-order float
 bits that depend on the statistic (the attack of Mironov 2012 on textbook Laplace samplers).
 Accounted by ``dp_event.DiscreteLaplaceDpEvent(a, Δ)`` with Δ the integer L1 sensitivity on the grid.
@@ -11,7 +14,11 @@ from __future__ import annotations
 
 import math
 
+from fractions import Fraction
+
 import numpy as np
+
+from app.core.discrete_noise import discrete_laplace_exact
 
 __all__ = ["discrete_laplace_noise", "dithered_laplace_noise", "snap_to_grid"]
 
@@ -24,9 +31,10 @@ def _check(noise_parameter: float) -> float:
 
 
 def discrete_laplace_noise(rng: np.random.Generator, noise_parameter: float, size: int | tuple[int, ...]) -> np.ndarray:
-    """int64 draws from DLap(a): pmf tanh(a/2)·e^{−a|x|} on the integers."""
-    success = -math.expm1(-_check(noise_parameter))  # 1 − e^{−a}, accurate for small a
-    return rng.geometric(success, size=size).astype(np.int64) - rng.geometric(success, size=size).astype(np.int64)
+    """int64 draws from DLap(a): pmf tanh(a/2)·e^{−a|x|} on the integers (exact: a = p/q as a
+    fraction of Python integers, pmf ∝ e^{−|x|p/q}, CKS 2020 Algorithm 2's construction)."""
+    ratio = Fraction(_check(noise_parameter))
+    return discrete_laplace_exact(rng, ratio.numerator, ratio.denominator, size)
 
 
 def dithered_laplace_noise(rng: np.random.Generator, scale: float, grid: float, size: int | tuple[int, ...]) -> np.ndarray:

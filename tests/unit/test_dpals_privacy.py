@@ -10,6 +10,7 @@ import pytest
 
 from app.core import accounting
 from app.core.als import iter_grams
+from app.core.discrete_noise import GridGaussian
 from app.core.dpals import (
     DPALSConfig,
     GaussianReleaser,
@@ -157,7 +158,9 @@ def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
 
 
 class CountingRng:
-    """Wraps a Generator and records every Gaussian draw (scale and size), children included."""
+    """Wraps a Generator and records every Gaussian draw (scale and size), children included:
+    float draws (``normal``) and grid releases (exact discrete Gaussian, scale = sensitivity x
+    multiplier, recorded by ``_record_grid_releases``)."""
 
     def __init__(self, seed: int | np.random.Generator, draws: list | None = None) -> None:
         self._rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -174,9 +177,27 @@ class CountingRng:
     def random(self, size=None):
         return self._rng.random(size)
 
+    def integers(self, *args, **kwargs):
+        return self._rng.integers(*args, **kwargs)
+
+    def bytes(self, n: int) -> bytes:
+        return self._rng.bytes(n)
+
+
+def _record_grid_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) on its rng."""
+    original = GridGaussian.release
+
+    def release(self, rng, value):
+        rng.normal_draws.append((self.sensitivity * self.multiplier, int(np.size(value))))
+        return original(self, rng, value)
+
+    monkeypatch.setattr(GridGaussian, "release", release)
+
 
 @pytest.mark.parametrize("gravity", [0.0, 0.5])
-def test_every_noise_draw_is_in_the_event(gravity: float):
+def test_every_noise_draw_is_in_the_event(gravity: float, monkeypatch: pytest.MonkeyPatch):
+    _record_grid_releases(monkeypatch)
     users, items, values = _base_ratings(n_users=80, n_items=30)
     ratings = Ratings.from_arrays(users, items, values)
     # ratios chosen so that every release has its own noise scale

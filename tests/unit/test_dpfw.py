@@ -36,7 +36,7 @@ from app.core.dpfw import (
 )
 from app.core.ratings import Ratings
 from app.core.splits import random_split
-from tests.unit.test_dpals_privacy import CountingRng
+from tests.unit.test_dpals_privacy import CountingRng, _record_grid_releases
 
 N_ITEMS = 12
 L = 2.5
@@ -104,7 +104,8 @@ def test_gram_sensitivity_under_adding_a_maximal_user():
 
 # ---------------------------------------------------------------------------- accounting
 @pytest.mark.parametrize("method", ["dense", "oja"])
-def test_every_noise_draw_is_in_the_event(method: str):
+def test_every_noise_draw_is_in_the_event(method: str, monkeypatch: pytest.MonkeyPatch):
+    _record_grid_releases(monkeypatch)
     ratings = _ratings(n_users=80)
     config = _config(eigen_method=method, noise_multiplier=0.7, eigenvalue_noise_ratio=1.9, max_ratings_per_user=5)
     rng = CountingRng(4)

@@ -1,0 +1,196 @@
+"""Exact integer noise (CKS 2020, arXiv:2004.00010): pmf, moments, tails, grid releases, laplace fix."""
+
+from __future__ import annotations
+
+import decimal
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from app.core import discrete_noise
+from app.core.discrete_noise import (
+    bernoulli_exp,
+    discrete_gaussian,
+    discrete_gaussian_pmf,
+    discrete_laplace_exact,
+    exp_neg_bounds,
+    grid_gaussian,
+    noise_switched_off,
+)
+from app.core.dpals import GaussianReleaser
+from app.core.laplace import discrete_laplace_noise
+
+
+class IntegersOnly:
+    """A generator exposing uniform integers and bytes only: no float sampler can be used."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def integers(self, *args, **kwargs):
+        return self._rng.integers(*args, **kwargs)
+
+    def bytes(self, n: int) -> bytes:
+        return self._rng.bytes(n)
+
+
+def _chi_square_p(draws: np.ndarray, pmf) -> float:
+    """p-value of a chi-square goodness-of-fit test, tails pooled into the end bins."""
+    lo, hi = int(draws.min()), int(draws.max())
+    support = np.arange(lo, hi + 1)
+    observed = np.bincount(draws - lo, minlength=len(support)).astype(float)
+    expected = pmf(support) * len(draws)
+    keep = expected >= 5
+    obs = np.concatenate([observed[keep], [observed[~keep].sum()]])
+    exp = np.concatenate([expected[keep], [len(draws) - expected[keep].sum()]])
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+@pytest.mark.parametrize("gamma", [(0, 1), (1, 3), (1, 1), (5, 2), (37, 10)])
+def test_bernoulli_exp_is_exact_in_distribution(gamma):
+    num, den = gamma
+    draws = bernoulli_exp(np.random.default_rng(0), np.full(200_000, num), den)
+    p = math.exp(-num / den)
+    assert abs(draws.mean() - p) < 5 * math.sqrt(p * (1 - p) / len(draws)) + 1e-12
+
+
+@pytest.mark.parametrize("sigma", [1, 2, 5])
+def test_discrete_gaussian_matches_its_pmf_on_small_sigma(sigma: int):
+    draws = discrete_gaussian(IntegersOnly(sigma), sigma, 300_000)
+    assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(sigma, x)) > 1e-3
+
+
+@pytest.mark.parametrize("sigma", [7, 1000, 2**24])
+def test_discrete_gaussian_moments_and_tails(sigma: int):
+    draws = discrete_gaussian(np.random.default_rng(sigma), sigma, 400_000).astype(np.float64)
+    n = len(draws)
+    assert abs(draws.mean()) < 5 * sigma / math.sqrt(n)
+    assert draws.var() / sigma**2 == pytest.approx(1.0, abs=0.02)
+    assert stats.kurtosis(draws) == pytest.approx(0.0, abs=0.05)  # Gaussian, not Laplace (3)
+    beyond = np.mean(np.abs(draws) > 3 * sigma)
+    tail = 2 * stats.norm.sf((3 * sigma + 0.5) / sigma)  # P(|X| > 3σ), continuity-corrected
+    assert beyond == pytest.approx(tail, abs=5 * math.sqrt(tail / n))
+    assert np.abs(draws).max() < 6 * sigma
+
+
+@pytest.mark.parametrize("s,t", [(1, 1), (3, 2), (1, 7)])
+def test_discrete_laplace_matches_its_pmf(s: int, t: int):
+    a = s / t
+    draws = discrete_laplace_exact(IntegersOnly(t), s, t, 300_000)
+    assert _chi_square_p(draws, lambda x: math.tanh(a / 2) * np.exp(-a * np.abs(x))) > 1e-3
+
+
+@pytest.mark.parametrize("a", [0.05, 0.7, 1e-3])
+def test_laplace_module_samples_with_integers_only(a: float):
+    """numpy's geometric inverts a float CDF for small p: the fixed sampler needs uniform integers only."""
+    draws = discrete_laplace_noise(IntegersOnly(1), a, 200_000)
+    assert draws.dtype == np.int64
+    variance = 2 * math.exp(-a) / (1 - math.exp(-a)) ** 2
+    assert draws.var() / variance == pytest.approx(1.0, abs=0.03)
+    assert abs(draws.mean()) < 5 * math.sqrt(variance / len(draws))
+
+
+def test_grid_release_is_on_the_grid_and_hides_the_value_within_a_cell():
+    """The released float is g·(integer): its bits depend on the integer alone (Mironov 2012)."""
+    spec = grid_gaussian(sensitivity=2.0, multiplier=3.0, changed_coordinates=10)
+    value = spec.grid * np.arange(-5000, 5000, 1000)  # grid points: ±0.4 g stays in their cells
+    out = spec.release(np.random.default_rng(3), value)
+    assert np.array_equal(out, spec.grid * np.rint(out / spec.grid))
+    # two values in the same grid cell give bit-identical releases under the same draws
+    nudged = value + spec.grid * np.linspace(-0.4, 0.4, 10)
+    assert np.array_equal(spec.release(np.random.default_rng(3), nudged), out)
+    # the accounting: S covers the rounded shift z·(Δ/g + √d), noise in value units ≈ zΔ
+    assert spec.sigma >= 3.0 * (2.0 / spec.grid + math.sqrt(10))
+    assert spec.std == pytest.approx(6.0, rel=1 / 200)
+
+
+def test_releaser_draws_are_on_its_grid_and_recorded():
+    releaser = GaussianReleaser(np.random.default_rng(0))
+    value = np.array([0.123456789, 1.0, 2.5])
+    out = releaser.vector("v", value, 1.0, 2.0)
+    spec = grid_gaussian(1.0, 2.0, 3)
+    assert np.array_equal(out, spec.grid * np.rint(out / spec.grid))
+    sym = releaser.symmetric("s", np.eye(3), 1.0, 2.0)
+    assert np.array_equal(sym, sym.T)
+    assert releaser.releases == [("v", 1.0, 2.0), ("s", 1.0, 2.0)]
+
+
+def test_noise_hook_switches_every_sampler_off_inside_only():
+    rng = np.random.default_rng(0)
+    with noise_switched_off():
+        assert not discrete_gaussian(rng, 50, 100).any()
+        assert not discrete_laplace_noise(rng, 0.1, 100).any()
+        spec = grid_gaussian(1.0, 5.0, 4)
+        value = np.array([0.5, 1.5, -2.0, 3.0])
+        assert np.allclose(spec.release(rng, value), value, atol=spec.grid)
+    assert discrete_gaussian(rng, 50, 100).any()
+
+
+# ---------------------------------------------------------------------------- the exact slow path and the fast path's bound
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(37, 10),
+                                   Fraction(2**40 + 7, 2**41), Fraction(745), Fraction(7001, 7)])
+def test_exp_neg_bounds_bracket_the_exact_value(gamma: Fraction):
+    precision = 120
+    lo, hi = exp_neg_bounds(gamma, precision)
+    assert 0 <= hi - lo <= 4
+    with decimal.localcontext() as context:
+        context.prec = 80
+        exact = (-(decimal.Decimal(gamma.numerator) / decimal.Decimal(gamma.denominator))).exp()
+        scaled = exact * (decimal.Decimal(2) ** precision)
+        slack = scaled * decimal.Decimal(10) ** -70
+        assert decimal.Decimal(lo) <= scaled + slack and scaled - slack <= decimal.Decimal(hi)
+
+
+def test_numpy_log_is_within_the_assumed_error():
+    """The fast path assumes numpy's float64 log(c + ½) within 2^-50·max(|ln|, 1) (module comment)."""
+    rng = np.random.default_rng(0)
+    cells = rng.integers(0, 1 << 53, size=6000) >> rng.integers(0, 54, size=6000)
+    t = cells.astype(np.float64) + 0.5
+    with decimal.localcontext() as context:
+        context.prec = 50
+        for x, got in zip(t, np.log(t)):
+            exact = decimal.Decimal(float(x)).ln()
+            assert abs(decimal.Decimal(float(got)) - exact) <= max(abs(exact), 1) * decimal.Decimal(2) ** -50
+    assert abs(discrete_noise._LN_CELLS - 53 * math.log(2)) <= 2.0**-48
+
+
+@pytest.fixture()
+def exact_path_only(monkeypatch: pytest.MonkeyPatch):
+    """A margin so wide that the float fast path decides nothing: every draw takes the exact path."""
+    monkeypatch.setattr(discrete_noise, "_MARGIN", 1.0)
+    monkeypatch.setattr(discrete_noise, "_BLOCK", 1 << 10)
+
+
+@pytest.mark.parametrize("sigma", [1, 3])
+def test_exact_path_alone_samples_the_discrete_gaussian(sigma: int, exact_path_only):
+    draws = discrete_gaussian(np.random.default_rng(11), sigma, 20_000)
+    assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(sigma, x)) > 1e-3
+
+
+def test_exact_path_alone_samples_the_discrete_laplace(exact_path_only):
+    draws = discrete_laplace_exact(np.random.default_rng(12), 2, 3, 20_000)
+    assert _chi_square_p(draws, lambda x: math.tanh(1 / 3) * np.exp(-(2 / 3) * np.abs(x))) > 1e-3
+
+
+def test_a_wider_margin_does_not_change_the_law_at_large_sigma(monkeypatch: pytest.MonkeyPatch):
+    """With a margin of 2^-16 a few percent of the comparisons take the exact path: same moments."""
+    monkeypatch.setattr(discrete_noise, "_MARGIN", 2.0**-16)
+    sigma = 2**12
+    draws = discrete_gaussian(np.random.default_rng(13), sigma, 40_000).astype(np.float64)
+    assert abs(draws.mean()) < 5 * sigma / math.sqrt(len(draws))
+    assert draws.var() / sigma**2 == pytest.approx(1.0, abs=0.04)
+    assert stats.kurtosis(draws) == pytest.approx(0.0, abs=0.12)
+
+
+def test_draws_are_int64_and_shaped_and_sigma_is_bounded():
+    rng = np.random.default_rng(0)
+    draws = discrete_gaussian(rng, 2**20, (3, 70_000))
+    assert draws.dtype == np.int64 and draws.shape == (3, 70_000)
+    assert discrete_gaussian(rng, 5, 0).shape == (0,)
+    with pytest.raises(ValueError):
+        discrete_gaussian(rng, 2**40, 3)
+    with pytest.raises(ValueError):
+        discrete_gaussian(rng, 2.5, 3)
