@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from app.core.linalg import gather_rows, gram_and_rhs
 from app.core.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.ratings import Ratings
@@ -53,6 +54,7 @@ class Bucket:
     cols: np.ndarray  # (g, L) column indices; padding = n_cols (the zero row)
     values: np.ndarray  # (g, L) targets y_ij (0 at padding)
     sqrt_weights: np.ndarray  # (g, L) sqrt(w_ij) (0 at padding)
+    weighted: bool = True  # False: every w_ij = 1 (the padding row is zero, so no scaling is needed)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def make_plan(
         rows = nonempty[padded[nonempty] == length]
         per_chunk = max(1, min(_MAX_ROWS_PER_CHUNK, _MAX_SLOTS_PER_CHUNK // int(length)))
         for start in range(0, len(rows), per_chunk):
-            buckets.append(_fill_bucket(rows[start : start + per_chunk], int(length), indptr, indices, values, sqrt_w, n_cols))
+            buckets.append(_fill_bucket(rows[start : start + per_chunk], int(length), indptr, indices, values, sqrt_w,
+                                        n_cols, weights is not None))
     return SolvePlan(n_rows=n_rows, n_cols=int(n_cols), counts=counts, buckets=tuple(buckets))
 
 
@@ -97,6 +100,7 @@ def _fill_bucket(
     values: np.ndarray,
     sqrt_w: np.ndarray,
     n_cols: int,
+    weighted: bool,
 ) -> Bucket:
     starts, counts = indptr[rows], indptr[rows + 1] - indptr[rows]
     offsets = np.arange(length)
@@ -108,7 +112,7 @@ def _fill_bucket(
     cols[valid] = indices[src]
     vals[valid] = values[src]
     sw[valid] = sqrt_w[src]
-    return Bucket(rows=rows, cols=cols, values=vals, sqrt_weights=sw)
+    return Bucket(rows=rows, cols=cols, values=vals, sqrt_weights=sw, weighted=weighted)
 
 
 def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -123,13 +127,9 @@ def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarra
 
 def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(G, b) of one bucket in the dtype of ``padded`` (factors plus a trailing zero row)."""
-    dtype = padded.dtype
-    x = padded[bucket.cols]  # (g, L, r), contiguous
-    x *= bucket.sqrt_weights[:, :, None].astype(dtype)
-    xt = np.ascontiguousarray(x.transpose(0, 2, 1))
-    gram = np.matmul(xt, x)
-    rhs = np.matmul(xt, (bucket.sqrt_weights * bucket.values).astype(dtype)[:, :, None])[:, :, 0]
-    return gram, rhs
+    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights if bucket.weighted else None)
+    targets = bucket.sqrt_weights * bucket.values if bucket.weighted else bucket.values
+    return gram_and_rhs(x, targets)
 
 
 def solve_rows(gram: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
@@ -175,9 +175,8 @@ def solve_side(
 
 
 def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    x = padded[bucket.cols]
-    x *= bucket.sqrt_weights[:, :, None].astype(padded.dtype)
-    xt = np.ascontiguousarray(x.transpose(0, 2, 1))  # batched matmul is fast only on contiguous operands
+    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights if bucket.weighted else None)
+    xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
     kernel = np.matmul(x, xt).astype(np.float64)
     kernel += ridge[:, None, None] * np.eye(x.shape[1])
     alpha = np.linalg.solve(kernel, (bucket.sqrt_weights * bucket.values)[:, :, None])

@@ -39,6 +39,7 @@ from dp_accounting import dp_event
 from app.core import accounting
 from app.core.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
 from app.core.discrete_noise import GridGaussian, grid_gaussian
+from app.core.linalg import project_psd, solve_noisy_systems, symmetric_from_upper
 from app.core.parallel import parallel_map
 from app.core.model import PublicModel, UserRegularisation
 from app.core.ratings import Ratings
@@ -293,18 +294,8 @@ class GaussianReleaser:
 def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
     """Symmetric noise: i.i.d. N(0, std²) on the upper triangle (diagonal included), mirrored."""
     rank = shape[-1]
-    rows, cols = np.triu_indices(rank)
-    upper = rng.normal(0.0, std, size=tuple(shape[:-2]) + (len(rows),))
-    noise = np.empty(shape)
-    noise[..., rows, cols] = upper
-    noise[..., cols, rows] = upper
-    return noise
-
-
-def project_psd(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Π_PSD by eigen-decomposition: returns (clamped eigenvalues, eigenvectors)."""
-    eigval, eigvec = np.linalg.eigh(matrices)
-    return np.maximum(eigval, 0.0), eigvec
+    upper = rng.normal(0.0, std, size=tuple(shape[:-2]) + (rank * (rank + 1) // 2,))
+    return symmetric_from_upper(upper, rank)
 
 
 def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
@@ -651,11 +642,32 @@ def _solve_projected(
     public: PublicItemTerms | None = None,
     kappa: float = 0.0,
 ) -> np.ndarray:
-    """v_j = (Π_PSD(Ã_j) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch,
-    the private terms first passed through the noise filter :func:`wiener_filter` when κ > 0."""
-    eigval, eigvec = project_psd(grams)
+    """v_j = (Ã_j + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch, with
+    Π_PSD(Ã_j) in place of Ã_j where that system is not positive definite (post-processing:
+    see :func:`app.core.linalg.solve_noisy_systems`); with κ > 0 :func:`_solve_filtered`."""
     if kappa > 0:
-        eigval, rhs = wiener_filter(eigval, eigvec, rhs, kappa)
+        return _solve_filtered(grams, rhs, ridge, gravity, public, kappa)
+    extra = gravity
+    if public is not None:
+        extra = public.grams if extra is None else public.grams + extra
+        if public.shared is not None:
+            extra = extra + public.shared
+        rhs = rhs + public.rhs
+    return solve_noisy_systems(grams, rhs, ridge, extra)[0]
+
+
+def _solve_filtered(
+    grams: np.ndarray,
+    rhs: np.ndarray,
+    ridge: np.ndarray,
+    gravity: np.ndarray | None,
+    public: PublicItemTerms | None,
+    kappa: float,
+) -> np.ndarray:
+    """v_j = (Π_PSD(Ã_j) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch,
+    the private terms first passed through the noise filter :func:`wiener_filter` (κ > 0)."""
+    eigval, eigvec = project_psd(grams)
+    eigval, rhs = wiener_filter(eigval, eigvec, rhs, kappa)
     if gravity is None and public is None:
         proj = np.einsum("nji,nj->ni", eigvec, rhs)
         return np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None]))

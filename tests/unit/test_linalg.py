@@ -1,0 +1,101 @@
+"""Known-answer tests for the batched kernels of app.core.linalg."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.core.als import bucket_gram, make_plan
+from app.core.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, solve_noisy_systems,
+                             symmetric_from_upper)
+
+
+def _noisy_grams(rng: np.random.Generator, n: int, rank: int, noise: float) -> np.ndarray:
+    x = rng.normal(size=(n, 3 * rank, rank)) / rank
+    noise_part = rng.normal(0.0, noise, size=(n, rank, rank))
+    return x.transpose(0, 2, 1) @ x + (noise_part + noise_part.transpose(0, 2, 1)) / 2
+
+
+def test_symmetric_from_upper_equals_scattering_both_triangles():
+    rng = np.random.default_rng(0)
+    rank = 7
+    rows, cols = np.triu_indices(rank)
+    upper = rng.normal(size=(5, 3, len(rows)))
+    want = np.empty((5, 3, rank, rank))
+    want[..., rows, cols] = upper
+    want[..., cols, rows] = upper
+    assert np.array_equal(symmetric_from_upper(upper, rank), want)
+
+
+def test_positive_definite_mask_matches_the_spectrum():
+    rng = np.random.default_rng(1)
+    grams = _noisy_grams(rng, 300, 6, noise=0.4)
+    want = np.linalg.eigvalsh(grams).min(axis=1) > 1e-9
+    assert 0 < want.sum() < len(want)  # both kinds present: the bisection is exercised
+    assert np.array_equal(positive_definite_mask(grams), want)
+    assert positive_definite_mask(grams[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("extra_kind", [None, "shared", "per_row"])
+def test_noisy_solves_use_the_plain_system_where_pd_and_the_projection_elsewhere(extra_kind):
+    rng = np.random.default_rng(2)
+    n, rank = 200, 5
+    grams = _noisy_grams(rng, n, rank, noise=0.5)
+    rhs = rng.normal(size=(n, rank))
+    ridge = rng.uniform(0.05, 0.6, size=n)
+    extra = None
+    if extra_kind == "shared":
+        w = rng.normal(size=(4, rank))
+        extra = 0.1 * w.T @ w
+    elif extra_kind == "per_row":
+        w = rng.normal(size=(n, 2, rank))
+        extra = 0.1 * w.transpose(0, 2, 1) @ w
+    got, n_projected = solve_noisy_systems(grams.copy(), rhs, ridge, extra)
+    expected_projected = 0
+    for j in range(n):
+        e = 0 if extra is None else (extra if extra.ndim == 2 else extra[j])
+        plain = grams[j] + e + ridge[j] * np.eye(rank)
+        if np.linalg.eigvalsh(plain).min() > 0:
+            want = np.linalg.solve(plain, rhs[j])
+        else:
+            expected_projected += 1
+            eigval, eigvec = project_psd(grams[j])
+            want = np.linalg.solve((eigvec * eigval) @ eigvec.T + e + ridge[j] * np.eye(rank), rhs[j])
+        assert np.allclose(got[j], want, rtol=1e-9, atol=1e-9)
+    assert n_projected == expected_projected > 0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_float32_grams_stay_within_tolerance_of_float64(weighted: bool):
+    rng = np.random.default_rng(3)
+    n_rows, n_cols, rank = 50, 400, 64
+    import scipy.sparse as sp
+
+    csr = sp.random(n_rows, n_cols, density=0.3, random_state=4, format="csr")
+    weights = rng.uniform(0.1, 1.0, size=csr.nnz) if weighted else None
+    plan = make_plan(csr.indptr, csr.indices, csr.data, n_cols, weights)
+    factors = rng.normal(size=(n_cols + 1, rank)) / np.sqrt(rank)
+    factors[-1] = 0.0
+    for bucket in plan.buckets:
+        g64, b64 = bucket_gram(bucket, factors)
+        g32, b32 = bucket_gram(bucket, factors.astype(np.float32))
+        assert g32.dtype == np.float32
+        scale = np.abs(g64).max()
+        assert np.allclose(g32, g64, rtol=1e-5, atol=1e-5 * scale)
+        assert np.allclose(b32, b64, rtol=1e-5, atol=1e-5 * np.abs(b64).max())
+        # and against the definition
+        x = factors[bucket.cols] * bucket.sqrt_weights[:, :, None]
+        assert np.allclose(g64, x.transpose(0, 2, 1) @ x, rtol=1e-12, atol=1e-12)
+        assert np.allclose(b64, np.einsum("glr,gl->gr", x, bucket.sqrt_weights * bucket.values), atol=1e-12)
+
+
+def test_gram_and_rhs_of_gathered_rows():
+    rng = np.random.default_rng(5)
+    padded = np.vstack([rng.normal(size=(10, 3)), np.zeros((1, 3))])
+    cols = np.array([[0, 4, 10], [9, 9, 2]])
+    sw = np.array([[1.0, 0.5, 0.0], [2.0, 1.0, 1.0]])
+    y = np.array([[1.0, -1.0, 0.0], [0.5, 2.0, 3.0]])
+    gram, rhs = gram_and_rhs(gather_rows(padded, cols, sw), sw * y)
+    for g in range(2):
+        x = padded[cols[g]] * sw[g][:, None]
+        assert np.allclose(gram[g], x.T @ x) and np.allclose(rhs[g], x.T @ (sw[g] * y[g]))
