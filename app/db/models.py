@@ -21,10 +21,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
+    select,
     text,
     update,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, mapped_column, relationship
 
 __all__ = [
     "Base",
@@ -48,6 +50,8 @@ __all__ = [
     "DATASET_KINDS",
     "LEDGER_KINDS",
     "bump_ratings_version",
+    "bump_ratings_version_sharded",
+    "RatingsVersionShard",
 ]
 
 NAMING = {
@@ -96,7 +100,8 @@ class Dataset(Base):
     max_users: Mapped[int | None] = mapped_column(Integer, default=None)
     # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version).
     # Private: nothing public (scheduling included) may depend on it.
-    ratings_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # ``ratings_version`` (mapped below) = this column + the data set's RatingsVersionShard counts.
+    ratings_version_base: Mapped[int] = mapped_column("ratings_version", BigInteger, default=0, server_default="0")
     ratings_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # Votes (thumbs up/down): when ``vote_local_epsilon`` is set, every vote is randomised once on
     # arrival (randomised response with epsilon0) and only the randomised bit is stored;
@@ -144,14 +149,21 @@ class Item(Base):
 
 
 class Rating(Base):
-    """One user's rating of one item (unique per data set, user and item; upserted)."""
+    """One user's rating of one item (unique per data set, user and item; upserted).
+
+    No foreign keys (their per-row triggers were most of a bulk upsert's time): the ingest service
+    checks references set-based in the writing transaction, holding ``FOR KEY SHARE`` locks on the
+    data set, the users and the items it writes for, and ``delete_user`` locks the user row
+    ``FOR UPDATE`` before it deletes the user's ratings, so no rating can outlive its user. Code
+    that deletes users, items or data sets must delete their ratings itself (no cascade).
+    """
 
     __tablename__ = "ratings"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
-    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    dataset_id: Mapped[int] = mapped_column(Integer)
+    user_id: Mapped[int] = mapped_column(BigId)
+    item_id: Mapped[int] = mapped_column(BigId)
     value: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
@@ -464,11 +476,55 @@ class VoteAllowance(Base):
     __table_args__ = (CheckConstraint("randomised_votes >= 0", name="non_negative"),)
 
 
+class RatingsVersionShard(Base):
+    """Striped part of a data set's ``ratings_version``: rating writes add to one of
+    ``RATINGS_VERSION_SHARDS`` rows (chosen per connection), so concurrent writers do not queue on
+    the data set's row lock until each other's commit."""
+
+    __tablename__ = "ratings_version_shards"
+
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(BigInteger, default=0)
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+RATINGS_VERSION_SHARDS = 16
+
+Dataset.ratings_version = column_property(
+    Dataset.__table__.c.ratings_version
+    + select(func.coalesce(func.sum(RatingsVersionShard.n), 0))
+    .where(RatingsVersionShard.dataset_id == Dataset.__table__.c.id)
+    .correlate_except(RatingsVersionShard)
+    .scalar_subquery()
+)
+
+
 def bump_ratings_version(session: Session, dataset_id: int, n: int = 1) -> None:
     """Record that ratings of ``dataset_id`` changed (call in the same transaction as the write)."""
     session.execute(
         update(Dataset)
         .where(Dataset.id == dataset_id)
-        .values(ratings_version=Dataset.ratings_version + n, ratings_changed_at=utcnow())
+        .values(ratings_version_base=Dataset.ratings_version_base + n, ratings_changed_at=utcnow())
         .execution_options(synchronize_session=False)
     )
+
+
+def bump_ratings_version_sharded(session: Session, dataset_id: int, n: int = 1) -> None:
+    """``bump_ratings_version`` without the data set's row lock: adds ``n`` to one shard row.
+
+    The shard is the connection's backend id modulo the shard count on PostgreSQL, so concurrent
+    transactions (different connections) rarely share a row lock; SQLite has one writer anyway.
+    """
+    is_pg = session.get_bind().dialect.name == "postgresql"
+    shard = func.pg_backend_pid() % RATINGS_VERSION_SHARDS if is_pg else 0
+    table = RatingsVersionShard.__table__
+    if is_pg:
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    stmt = insert(table).values(dataset_id=dataset_id, shard=shard, n=n, changed_at=utcnow())
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["dataset_id", "shard"],
+        set_={"n": table.c.n + stmt.excluded.n, "changed_at": stmt.excluded.changed_at},
+    ))

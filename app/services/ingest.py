@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.errors import NotFound, Unprocessable
-from app.db.models import Dataset, Item, Rating, User, Vote, bump_ratings_version
+from app.db.models import Dataset, Item, Rating, User, Vote, bump_ratings_version, bump_ratings_version_sharded
 from app.schemas.common import Page
 from app.schemas.ingest import (ItemIn, ItemOut, RatingBatchOut, RatingOut, RatingRow, RatingWriteOut,
                                 RowResult)
@@ -97,24 +97,42 @@ _PG_ENSURE_USERS = text(
 )
 _PG_USER_IDS = text(
     "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
-    "JOIN users u ON u.external_id = t.e"
+    "JOIN users u ON u.external_id = t.e ORDER BY u.id FOR KEY SHARE OF u"
 )
 _PG_ITEM_IDS = text(
     "SELECT i.id, i.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "JOIN items i ON i.dataset_id = :ds AND i.external_id = t.e"
 )
-_PG_UPSERT_RATINGS = text(
+_PG_LOCK_REFERENCES = text(  # the data set's and the items' rows, FOR KEY SHARE until commit
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM datasets WHERE id = :ds FOR KEY SHARE) AS d) "
+    "+ (SELECT count(*) FROM (SELECT 1 FROM items WHERE id = ANY(CAST(:ids AS bigint[])) "
+    "ORDER BY id FOR KEY SHARE) AS i)"
+)
+_PG_STAGE = text(
+    "CREATE TEMP TABLE IF NOT EXISTS ingest_rating_stage "
+    "(user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS"
+)
+_PG_UPSERT_STAGED = text(
+    "WITH upserted AS ("
+    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+    "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id "
+    "ON CONFLICT (dataset_id, user_id, item_id) "
+    "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
+    "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
+    "SELECT user_id, item_id FROM upserted WHERE inserted"
+)
+_PG_UPSERT_ARRAYS = text(
+    "WITH upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, u, i, v, :now, :now "
     "FROM unnest(CAST(:u AS bigint[]), CAST(:i AS bigint[]), CAST(:v AS float8[])) AS t(u, i, v) "
     "ON CONFLICT (dataset_id, user_id, item_id) "
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
-    "RETURNING user_id, item_id, (xmax = 0) AS inserted"
-)
-_PG_UPSERT_RATINGS = text(
-    "WITH upserted AS (" + _PG_UPSERT_RATINGS.text + ") "
+    "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
     "SELECT user_id, item_id FROM upserted WHERE inserted"
 )
+_STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
+_MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
 
 
 def _pg_array(values: Sequence[Any]) -> str:
@@ -132,12 +150,23 @@ def _is_pg(session: Session) -> bool:
 
 
 def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
-    """Create missing users; return external id -> row id for all of ``external_ids``."""
+    """Create missing users; return external id -> row id for all of ``external_ids``.
+
+    PostgreSQL: the rows are locked ``FOR KEY SHARE`` until the transaction ends (the set-based
+    replacement of the ratings' foreign key): a concurrent ``delete_user`` either finished before
+    (the user is created again) or waits until this transaction has committed its ratings.
+    """
     ids = sorted(set(external_ids))
     out: dict[str, int] = {}
     if _is_pg(session):  # one statement each, arrays as parameters (PostgreSQL)
-        session.execute(_PG_ENSURE_USERS, {"ids": _pg_array(ids), "now": now})
-        return {ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": _pg_array(ids)}).all()}
+        missing = ids
+        for _ in range(_MAX_USER_ATTEMPTS):
+            session.execute(_PG_ENSURE_USERS, {"ids": _pg_array(missing), "now": now})
+            out.update({ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": _pg_array(missing)}).all()})
+            missing = [e for e in ids if e not in out]
+            if not missing:
+                return out
+        raise RuntimeError("users were deleted concurrently again and again; retry the request")
     for part in _chunks(ids, _CHUNK):
         stmt = _insert(session, User.__table__).values(
             [{"external_id": e, "created_at": now, "updated_at": now} for e in part]
@@ -164,14 +193,9 @@ def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dic
 
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                    values: list[float], now: datetime) -> set[tuple[int, int]]:
-    """INSERT ... ON CONFLICT DO UPDATE; return the (user, item) row-id pairs that were created."""
-    if _is_pg(session):  # one INSERT .. SELECT FROM unnest(arrays) .. ON CONFLICT per batch
-        # key order: B-tree inserts and FK probes touch neighbouring pages
-        order = np.lexsort((np.asarray(item_ids), np.asarray(user_ids))).tolist()
-        result = session.execute(_PG_UPSERT_RATINGS, {
-            "ds": ds.id, "now": now, "u": _pg_array([user_ids[k] for k in order]),
-            "i": _pg_array([item_ids[k] for k in order]), "v": _pg_array([float(values[k]) for k in order])})
-        return set(map(tuple, result.all()))
+    """Upsert (INSERT ... ON CONFLICT DO UPDATE); return the (user, item) row-id pairs that were created."""
+    if _is_pg(session):
+        return _write_ratings_pg(session, ds, user_ids, item_ids, values, now)
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
@@ -187,6 +211,29 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
             if _naive_utc(created_at) == now_key:
                 created.add((uid, iid))
     return created
+
+
+def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
+                      values: list[float], now: datetime) -> set[tuple[int, int]]:
+    """PostgreSQL's bulk path: lock the items (set-based reference check), COPY the rows into a
+    temporary staging table, then one set-based upsert. The ratings table has no foreign keys;
+    the data set, users and items are held ``FOR KEY SHARE`` by this transaction instead."""
+    if session.execute(_PG_LOCK_REFERENCES, {"ds": ds.id, "ids": _pg_array(sorted(set(item_ids)))}).scalar() \
+            != 1 + len(set(item_ids)):
+        raise NotFound("the data set or an item was deleted concurrently; nothing was written",
+                       code="concurrently_deleted")
+    order = np.lexsort((np.asarray(item_ids), np.asarray(user_ids))).tolist()
+    if len(order) < _STAGE_THRESHOLD:  # key order: B-tree inserts touch neighbouring pages
+        result = session.execute(_PG_UPSERT_ARRAYS, {
+            "ds": ds.id, "now": now, "u": _pg_array([user_ids[k] for k in order]),
+            "i": _pg_array([item_ids[k] for k in order]), "v": _pg_array([float(values[k]) for k in order])})
+        return set(map(tuple, result.all()))
+    block = "".join(f"{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
+    session.execute(_PG_STAGE)
+    with session.connection().connection.driver_connection.cursor() as cursor:
+        with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN") as copy:
+            copy.write(block)
+    return set(map(tuple, session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).all()))
 
 
 def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
@@ -230,7 +277,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     uids = [user_map[u] for u in users]
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
-    bump_ratings_version(session, ds.id, n=len(uids))
+    bump_ratings_version_sharded(session, ds.id, n=len(uids))
     status = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
     n_created = len(created)
     return status, n_created, len(status) - n_created
@@ -319,8 +366,9 @@ def import_items(session: Session, *, dataset: str,
     return {"created": created, "updated": len(ids) - created}
 
 
-def _user_row_id(session: Session, user_id: str) -> int | None:
-    return session.scalar(select(User.id).where(User.external_id == user_id))
+def _user_row_id(session: Session, user_id: str, *, lock: bool = False) -> int | None:
+    stmt = select(User.id).where(User.external_id == user_id)
+    return session.scalar(stmt.with_for_update() if lock and _is_pg(session) else stmt)
 
 
 def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
@@ -334,15 +382,18 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
             Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)).rowcount or 0
     if n == 0:
         raise NotFound("no such rating", code="unknown_rating", details={"user_id": user_id, "item_id": item_id})
-    bump_ratings_version(session, ds.id, n=1)
+    bump_ratings_version_sharded(session, ds.id, n=1)
     return n
 
 
 def delete_user(session: Session, *, user_id: str) -> int:
     """Delete a user and every rating of theirs in every data set; return the ratings removed.
-    Their votes go with the user row (foreign-key cascade); their randomised-vote allowance stays
+    The ratings are deleted here (the table has no foreign keys); their votes go with the user row
+    (foreign-key cascade); their randomised-vote allowance stays
     (keyed by a hash of the data set and external id), so re-creating the user gives no fresh bits."""
-    uid = _user_row_id(session, user_id)
+    # FOR UPDATE first: a concurrent ingest holding the row FOR KEY SHARE commits its ratings
+    # before this reads and deletes them; a later one waits, then finds the user gone (no orphans)
+    uid = _user_row_id(session, user_id, lock=True)
     if uid is None:
         raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})
     per_ds = session.execute(
@@ -354,7 +405,7 @@ def delete_user(session: Session, *, user_id: str) -> int:
     removed = session.execute(delete(Rating).where(Rating.user_id == uid)).rowcount or 0
     session.execute(delete(User).where(User.id == uid))
     for ds_id, count in per_ds:
-        bump_ratings_version(session, ds_id, n=int(count))
+        bump_ratings_version_sharded(session, ds_id, n=int(count))
     return int(removed)
 
 

@@ -1,0 +1,129 @@
+"""Bulk ingest (issue 13): the COPY-staged upsert keeps the batch semantics; no orphan ratings
+when users are deleted while their ratings are being written (the ratings table has no foreign
+keys; the service checks and locks references set-based)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from app.db.models import Dataset
+from app.services import ingest
+from tests.api.conftest import Env, add_items
+
+R = "/v1/datasets/default"
+N_ITEMS = 40
+
+
+def _batch(users: list[str], items: range, value) -> dict:
+    return {"ratings": [{"user_id": u, "item_id": f"i{i}", "rating": value(k)}
+                        for k, (u, i) in enumerate((u, i) for u in users for i in items)]}
+
+
+def _version(env: Env) -> int:
+    with env.session() as s:
+        return s.query(Dataset).filter_by(name="default").one().ratings_version
+
+
+def test_large_batches_report_created_then_updated_and_store_every_value(env: Env) -> None:
+    add_items(env, N_ITEMS)
+    users = [f"u{k}" for k in range(10)]
+    body = _batch(users, range(0, 30), lambda k: 1.0 + (k % 9) / 2)  # 300 rows: the staged path
+    v0 = _version(env)
+    r = env.client.post(f"{R}/ratings/batch", json=body, headers=env.ingest_service)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["created"] == 300 and out["updated"] == 0
+    assert [row["index"] for row in out["results"]] == list(range(300))
+    assert {row["status"] for row in out["results"]} == {"created"}
+    assert _version(env) == v0 + 300
+    # overlapping batch: items 20-39, the first 10 of them already rated
+    body2 = _batch(users, range(20, 40), lambda k: 5.0)
+    out2 = env.client.post(f"{R}/ratings/batch", json=body2, headers=env.ingest_service).json()
+    assert out2["created"] == 100 and out2["updated"] == 100
+    for row, sent in zip(out2["results"], body2["ratings"]):
+        assert row["status"] == ("updated" if int(sent["item_id"][1:]) < 30 else "created")
+    with env.session() as s:
+        stored = dict(((u, i), v) for u, i, v in s.execute(text(
+            "SELECT us.external_id, it.external_id, r.value FROM ratings r "
+            "JOIN users us ON us.id = r.user_id JOIN items it ON it.id = r.item_id")).all())
+    want = {(x["user_id"], x["item_id"]): x["rating"] for x in body["ratings"] + body2["ratings"]}
+    assert stored == want
+    # idempotent: the same batch again changes no row count
+    out3 = env.client.post(f"{R}/ratings/batch", json=body2, headers=env.ingest_service).json()
+    assert out3["created"] == 0 and out3["updated"] == 200 and env.count("ratings") == 400
+
+
+def test_a_large_batch_with_one_bad_row_writes_nothing(env: Env) -> None:
+    add_items(env, N_ITEMS)
+    body = _batch([f"u{k}" for k in range(5)], range(N_ITEMS), lambda k: 3.0)
+    body["ratings"][137]["item_id"] = "ghost"
+    body["ratings"][150]["rating"] = 9.0
+    r = env.client.post(f"{R}/ratings/batch", json=body, headers=env.ingest_service)
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["code"] == "invalid_rows" and [e["index"] for e in err["details"]["rows"]] == [137, 150]
+    assert env.count("ratings") == 0 and env.count("users") == 0
+
+
+@pytest.mark.integration
+def test_deleting_users_while_their_ratings_are_written_leaves_no_orphan(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers; the race needs concurrent transactions")
+    add_items(env, N_ITEMS)
+    users = [f"racer{k}" for k in range(4)]
+    maker = env.session
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(seed: int) -> None:
+        k = 0
+        try:
+            while not stop.is_set():
+                size = 100 if k % 2 == 0 else 8  # the staged (COPY) path and the array path
+                rows = [(users[(seed + j) % len(users)], f"i{(seed * 7 + k + j) % N_ITEMS}", 1.0 + j % 5)
+                        for j in range(size)]
+                rows = list({(u, i): (u, i, v) for u, i, v in rows}.values())
+                with maker() as s:
+                    ingest.import_ratings(s, dataset="default", rows=rows)
+                    s.commit()
+                k += 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def deleter() -> None:
+        k = 0
+        try:
+            while not stop.is_set():
+                with maker() as s:
+                    try:
+                        ingest.delete_user(s, user_id=users[k % len(users)])
+                        s.commit()
+                    except Exception as exc:  # noqa: BLE001
+                        s.rollback()
+                        if getattr(exc, "status_code", None) != 404:
+                            raise
+                k += 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)] + [threading.Thread(target=deleter)]
+    for t in threads:
+        t.start()
+    stop.wait(6.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    orphans = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
+    with maker() as s:
+        assert s.execute(text(orphans)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() > 0  # the race did write
+        remaining = [u for (u,) in s.execute(text("SELECT external_id FROM users")).all()]
+    for user in remaining:  # deleting a user still removes all of their ratings
+        with maker() as s:
+            ingest.delete_user(s, user_id=user)
+            s.commit()
+    assert env.count("ratings") == 0
