@@ -14,15 +14,18 @@ factors are multiplied through a transposed view (no copy: BLAS reads it column-
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
+from scipy.linalg import lapack
 
 __all__ = [
     "gather_rows",
     "gram_and_rhs",
     "symmetric_from_upper",
     "positive_definite_mask",
+    "noise_edge",
     "solve_noisy_systems",
     "project_psd",
 ]
@@ -75,20 +78,21 @@ def project_psd(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def positive_definite_mask(systems: np.ndarray) -> np.ndarray:
     """Which of the symmetric ``systems`` (n, r, r) have a Cholesky factor (are numerically PD).
 
-    One batched Cholesky; if it fails the batch is halved recursively, so f failures cost
-    O(f log n) smaller factorisations.
+    One batched Cholesky; only if it fails, one LAPACK ``potrf`` per matrix for its status.
     """
     n = len(systems)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
     try:
         np.linalg.cholesky(systems)
         return np.ones(n, dtype=bool)
     except np.linalg.LinAlgError:
-        if n == 1:
-            return np.zeros(1, dtype=bool)
-    half = n // 2
-    return np.concatenate([positive_definite_mask(systems[:half]), positive_definite_mask(systems[half:])])
+        potrf = lapack.get_lapack_funcs("potrf", (systems,))
+        return np.array([potrf(a, lower=True, clean=False)[1] == 0 for a in systems], dtype=bool)
+
+
+def noise_edge(std: float, rank: int) -> float:
+    """≈ the spectral norm 2σ√r of an r × r symmetric matrix with i.i.d. N(0, σ²) upper triangle
+    (Wigner semicircle edge): a data-independent bound on how negative a noisy Gram's spectrum gets."""
+    return 2.0 * std * math.sqrt(rank)
 
 
 def solve_noisy_systems(
@@ -96,38 +100,30 @@ def solve_noisy_systems(
     rhs: np.ndarray,
     ridge: np.ndarray,
     extra: np.ndarray | None = None,
+    shift: float = 0.0,
 ) -> tuple[np.ndarray, int]:
-    """Solve Σ_j x_j = b_j for a batch of noisy Grams Ã_j; return (x, number of projected systems).
+    """Solve (Π_PSD(Ã_j + s I) + E_j + ridge_j I) x_j = b_j for a batch; return (x, number projected).
 
-    Σ_j = Ã_j + E_j + ridge_j I when that is positive definite, else Π_PSD(Ã_j) + E_j + ridge_j I
-    (positive definite for ridge_j > 0, since E_j, a sum of exact Gram terms, is PSD). ``extra``
-    E is (r, r) or (n, r, r). The data-independent diagonal shift ridge_j = λ r_j (public λ, DP
-    recounts) makes the unprojected system positive definite with high probability once it
-    exceeds the noise's spectral edge ≈ 2σ√r; the exact projection (arXiv:2110.05638, Alg. 1)
-    runs only for the remaining items. Post-processing of released and public quantities only.
-    ``grams`` is overwritten.
+    Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a data-independent diagonal shift, E (``extra``,
+    (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. With s = 0 this is the
+    projected system of arXiv:2110.05638, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
+    projection is the identity and one batched LU solve follows; the exact projection (an
+    eigen-decomposition) runs only for the rest. A shift near the noise's spectral edge
+    (:func:`noise_edge`) makes that rest rare. Everything here is a function of released and
+    public quantities: post-processing, no privacy cost. ``grams`` is overwritten.
     """
     rank = grams.shape[-1]
-    system = grams
+    shifted = grams
+    if shift:
+        shifted += shift * np.eye(rank)
+    ok = positive_definite_mask(shifted)
+    # Π_PSD(Ã + sI) only where the factorisation failed (in place: the rows are disjoint)
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        eigval, eigvec = project_psd(shifted[bad])
+        shifted[bad] = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
+    system = shifted
     if extra is not None:
         system += extra
     system += ridge[:, None, None] * np.eye(rank)
-    ok = positive_definite_mask(system)
-    if ok.all():
-        return np.linalg.solve(system, rhs[:, :, None])[:, :, 0], 0
-    out = np.empty(rhs.shape)
-    if ok.any():
-        out[ok] = np.linalg.solve(system[ok], rhs[ok][:, :, None])[:, :, 0]
-    bad = np.flatnonzero(~ok)
-    # Ã_j recovered by subtracting what was added (exact up to rounding; saves a batch copy)
-    if len(bad):
-        noisy = system[bad] - ridge[bad, None, None] * np.eye(rank)
-        if extra is not None:
-            noisy -= extra if extra.ndim == 2 else extra[bad]
-        eigval, eigvec = project_psd(noisy)
-        projected = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
-        if extra is not None:
-            projected += extra if extra.ndim == 2 else extra[bad]
-        projected += ridge[bad, None, None] * np.eye(rank)
-        out[bad] = np.linalg.solve(projected, rhs[bad][:, :, None])[:, :, 0]
-    return out, int(len(bad))
+    return np.linalg.solve(system, rhs[:, :, None])[:, :, 0], int(len(bad))

@@ -36,8 +36,9 @@ def test_positive_definite_mask_matches_the_spectrum():
     assert positive_definite_mask(grams[:0]).shape == (0,)
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.3])
 @pytest.mark.parametrize("extra_kind", [None, "shared", "per_row"])
-def test_noisy_solves_use_the_plain_system_where_pd_and_the_projection_elsewhere(extra_kind):
+def test_noisy_solves_project_the_shifted_gram_where_it_is_not_pd(extra_kind, shift: float):
     rng = np.random.default_rng(2)
     n, rank = 200, 5
     grams = _noisy_grams(rng, n, rank, noise=0.5)
@@ -50,19 +51,17 @@ def test_noisy_solves_use_the_plain_system_where_pd_and_the_projection_elsewhere
     elif extra_kind == "per_row":
         w = rng.normal(size=(n, 2, rank))
         extra = 0.1 * w.transpose(0, 2, 1) @ w
-    got, n_projected = solve_noisy_systems(grams.copy(), rhs, ridge, extra)
+    got, n_projected = solve_noisy_systems(grams.copy(), rhs, ridge, extra, shift)
     expected_projected = 0
     for j in range(n):
         e = 0 if extra is None else (extra if extra.ndim == 2 else extra[j])
-        plain = grams[j] + e + ridge[j] * np.eye(rank)
-        if np.linalg.eigvalsh(plain).min() > 0:
-            want = np.linalg.solve(plain, rhs[j])
-        else:
-            expected_projected += 1
-            eigval, eigvec = project_psd(grams[j])
-            want = np.linalg.solve((eigvec * eigval) @ eigvec.T + e + ridge[j] * np.eye(rank), rhs[j])
-        assert np.allclose(got[j], want, rtol=1e-9, atol=1e-9)
+        shifted = grams[j] + shift * np.eye(rank)
+        eigval, eigvec = project_psd(shifted)  # the definition: Π_PSD(Ã + sI) + E + ridge I
+        want = np.linalg.solve((eigvec * eigval) @ eigvec.T + e + ridge[j] * np.eye(rank), rhs[j])
+        expected_projected += int(np.linalg.eigvalsh(shifted).min() <= 0)
+        assert np.allclose(got[j], want, rtol=1e-8, atol=1e-8)
     assert n_projected == expected_projected > 0
+    assert n_projected < n
 
 
 @pytest.mark.parametrize("weighted", [False, True])
