@@ -180,7 +180,7 @@ def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.nda
     kernel = np.matmul(x, xt).astype(np.float64)
     kernel += ridge[:, None, None] * np.eye(x.shape[1])
     alpha = np.linalg.solve(kernel, (bucket.sqrt_weights * bucket.values)[:, :, None])
-    return np.matmul(xt.astype(np.float64), alpha)[:, :, 0]
+    return np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0]  # in the Grams' dtype: no float64 copy of X
 
 
 def item_ridge_weights(counts: np.ndarray, exponent: float) -> np.ndarray:

@@ -156,6 +156,7 @@ class Rating(Base):
     data set, the users and the items it writes for, and ``delete_user`` locks the user row
     ``FOR UPDATE`` before it deletes the user's ratings, so no rating can outlive its user. Code
     that deletes users, items or data sets must delete their ratings itself (no cascade).
+    Upserts name the conflict target by its columns, so the unique key's column order is free.
     """
 
     __tablename__ = "ratings"
@@ -169,9 +170,9 @@ class Rating(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
     __table_args__ = (
-        UniqueConstraint("dataset_id", "user_id", "item_id", name="uq_ratings_dataset_user_item"),
-        Index("ix_ratings_user", "user_id"),
-        Index("ix_ratings_item", "item_id"),
+        # user first: it also serves a user's ratings and their deletion, so the table needs no
+        # other index (each index is a B-tree insert per upserted row)
+        UniqueConstraint("user_id", "dataset_id", "item_id", name="uq_ratings_user_dataset_item"),
     )
 
 

@@ -110,23 +110,25 @@ _PG_LOCK_REFERENCES = text(  # the data set's and the items' rows, FOR KEY SHARE
 )
 _PG_STAGE = text(
     "CREATE TEMP TABLE IF NOT EXISTS ingest_rating_stage "
-    "(user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS"
+    "(k int, user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS"
 )
+# the row numbers k of the inserted (not updated) rows come back as one array; the staged rows are
+# deleted in the same statement (every sub-statement reads the same snapshot of the stage)
 _PG_UPSERT_STAGED = text(
-    "WITH upserted AS ("
+    "WITH staged AS (DELETE FROM ingest_rating_stage RETURNING k, user_id, item_id), upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id "
-    "ON CONFLICT (dataset_id, user_id, item_id) "
+    "ON CONFLICT (user_id, dataset_id, item_id) "
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
-    "SELECT user_id, item_id FROM upserted WHERE inserted"
+    "SELECT array_agg(s.k) FROM upserted JOIN staged s USING (user_id, item_id) WHERE inserted"
 )
 _PG_UPSERT_ARRAYS = text(
     "WITH upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, u, i, v, :now, :now "
     "FROM unnest(CAST(:u AS bigint[]), CAST(:i AS bigint[]), CAST(:v AS float8[])) AS t(u, i, v) "
-    "ON CONFLICT (dataset_id, user_id, item_id) "
+    "ON CONFLICT (user_id, dataset_id, item_id) "
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
     "SELECT user_id, item_id FROM upserted WHERE inserted"
@@ -204,7 +206,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     for part in _chunks(rows, _CHUNK):
         base = _insert(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
-            index_elements=["dataset_id", "user_id", "item_id"],
+            index_elements=["user_id", "dataset_id", "item_id"],
             set_={"value": base.excluded.value, "updated_at": base.excluded.updated_at},
         ).returning(table.c.user_id, table.c.item_id, table.c.created_at)
         for uid, iid, created_at in session.execute(stmt):
@@ -228,12 +230,13 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
             "ds": ds.id, "now": now, "u": _pg_array([user_ids[k] for k in order]),
             "i": _pg_array([item_ids[k] for k in order]), "v": _pg_array([float(values[k]) for k in order])})
         return set(map(tuple, result.all()))
-    block = "".join(f"{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
+    block = "".join(f"{k}\t{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
     session.execute(_PG_STAGE)
     with session.connection().connection.driver_connection.cursor() as cursor:
-        with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN") as copy:
+        with cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy:
             copy.write(block)
-    return set(map(tuple, session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).all()))
+    inserted = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).scalar() or []
+    return {(user_ids[k], item_ids[k]) for k in inserted}
 
 
 def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
@@ -306,9 +309,10 @@ def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[Ratin
     users = [r.user_id for r in rows]
     items = [r.item_id for r in rows]
     status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
-    results = [RowResult(index=k, user_id=u, item_id=i, status=s)
+    # one validation of plain dicts (in pydantic-core) is cheaper than 10,000 model constructions
+    results = [{"index": k, "user_id": u, "item_id": i, "status": s}
                for k, (u, i, s) in enumerate(zip(users, items, status))]
-    return RatingBatchOut(created=n_created, updated=n_updated, results=results)
+    return RatingBatchOut.model_validate({"created": n_created, "updated": n_updated, "results": results})
 
 
 def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]]) -> int:

@@ -127,3 +127,17 @@ def test_deleting_users_while_their_ratings_are_written_leaves_no_orphan(env: En
             ingest.delete_user(s, user_id=user)
             s.commit()
     assert env.count("ratings") == 0
+
+
+def test_two_large_batches_in_one_transaction(env: Env) -> None:
+    add_items(env, N_ITEMS)
+    first = [(f"u{k}", f"i{j}", 2.0) for k in range(5) for j in range(20)]
+    second = [(f"u{k}", f"i{j}", 4.0) for k in range(5) for j in range(10, 30)]
+    with env.session() as s:
+        ingest.import_ratings(s, dataset="default", rows=first)
+        ingest.import_ratings(s, dataset="default", rows=second)
+        s.commit()
+    assert env.count("ratings") == 150
+    with env.session() as s:
+        values = sorted(v for (v,) in s.execute(text("SELECT value FROM ratings")).all())
+    assert values == [2.0] * 50 + [4.0] * 100
