@@ -18,7 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.errors import NotFound, Unprocessable
-from app.db.models import Dataset, Item, Rating, User, Vote, bump_ratings_version, bump_ratings_version_sharded
+from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version,
+                           bump_ratings_version_sharded)
 from app.schemas.common import Page
 from app.schemas.ingest import (ItemIn, ItemOut, RatingBatchOut, RatingOut, RatingRow, RatingWriteOut,
                                 RowResult)
@@ -73,11 +74,15 @@ def get_dataset(session: Session, name: str) -> Dataset:
     """The data set called ``name`` (404 when unknown)."""
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is None:
-        raise NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+        raise _unknown_dataset(name)
     return ds
 
 
-def _check_range(ds: Dataset, value: float) -> str | None:
+def _unknown_dataset(name: str) -> NotFound:
+    return NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+
+
+def _check_range(ds: Any, value: float) -> str | None:
     if not math.isfinite(value):
         return "rating must be a finite number"
     if not (ds.rating_min <= value <= ds.rating_max):
@@ -132,6 +137,30 @@ _PG_UPSERT_ARRAYS = text(
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
     "SELECT user_id, item_id FROM upserted WHERE inserted"
+)
+_PG_ONE_REFERENCES = text(  # one round trip: the data set, item and user rows, all FOR KEY SHARE
+    "SELECT d.id, d.rating_min, d.rating_max, "
+    "(SELECT id FROM items WHERE dataset_id = d.id AND external_id = :item FOR KEY SHARE) AS item_id, "
+    "(SELECT id FROM users WHERE external_id = :user FOR KEY SHARE) AS user_id "
+    "FROM datasets d WHERE d.name = :name FOR KEY SHARE"
+)
+_PG_NEW_USER = text(
+    "INSERT INTO users (external_id, created_at, updated_at) VALUES (:user, :now, :now) "
+    "ON CONFLICT (external_id) DO NOTHING RETURNING id"
+)
+_PG_LOCK_USER = text("SELECT id FROM users WHERE external_id = :user FOR KEY SHARE")
+_PG_UPSERT_ONE = text(  # the rating and the data set's version shard in one statement
+    "WITH rating AS ("
+    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+    "VALUES (:ds, :uid, :iid, :v, :now, :now) "
+    "ON CONFLICT (user_id, dataset_id, item_id) "
+    "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
+    "RETURNING (xmax = 0) AS inserted), "
+    "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
+    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, 1, :now) "
+    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + 1, "
+    "changed_at = EXCLUDED.changed_at) "
+    "SELECT inserted FROM rating"
 )
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
@@ -286,20 +315,56 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     return status, n_created, len(status) - n_created
 
 
-def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
-                  rating: float) -> RatingWriteOut:
-    """Insert or update one rating (404 unknown item, 422 out of range)."""
-    ds = get_dataset(session, dataset)
+def _unknown_item(dataset: str, item_id: str) -> NotFound:
+    return NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
+                    details={"item_id": item_id})
+
+
+def _require_in_range(ds: Any, rating: float) -> None:
     msg = _check_range(ds, rating)
     if msg is not None:
         raise Unprocessable(msg, code="rating_out_of_range",
                             details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
-    item_map = _item_ids(session, ds, [item_id])
-    if item_id not in item_map:
-        raise NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
-                       details={"item_id": item_id})
-    status, _, _ = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)
-    return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status[0],
+
+
+def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> str:
+    """One rating on PostgreSQL in two round trips (three for a new user): the data set, item and
+    user rows (locked FOR KEY SHARE), then the rating and its version shard. The batch path's
+    checks and locks, without its per-batch work and without loading ORM objects."""
+    now = _now()
+    ds = session.execute(_PG_ONE_REFERENCES, {"name": dataset, "item": item_id, "user": user_id}).one_or_none()
+    if ds is None:
+        raise _unknown_dataset(dataset)
+    _require_in_range(ds, rating)
+    if ds.item_id is None:
+        raise _unknown_item(dataset, item_id)
+    uid = ds.user_id
+    for _ in range(_MAX_USER_ATTEMPTS):  # a concurrently deleted user is created again
+        if uid is not None:
+            break
+        uid = session.execute(_PG_NEW_USER, {"user": user_id, "now": now}).scalar()
+        if uid is None:  # created concurrently: lock that row
+            uid = session.execute(_PG_LOCK_USER, {"user": user_id}).scalar()
+    if uid is None:
+        raise RuntimeError("the user was deleted concurrently again and again; retry the request")
+    inserted = session.execute(_PG_UPSERT_ONE, {"ds": ds.id, "uid": uid, "iid": ds.item_id, "v": float(rating),
+                                                "now": now}).scalar()
+    return "created" if inserted else "updated"
+
+
+def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
+                  rating: float) -> RatingWriteOut:
+    """Insert or update one rating (404 unknown data set or item, 422 out of range)."""
+    if _is_pg(session):
+        status = _upsert_one_pg(session, dataset, user_id, item_id, rating)
+    else:
+        ds = get_dataset(session, dataset)
+        _require_in_range(ds, rating)
+        item_map = _item_ids(session, ds, [item_id])
+        if item_id not in item_map:
+            raise _unknown_item(dataset, item_id)
+        status = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)[0][0]
+    return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status,
                           updated_at=_now())
 
 

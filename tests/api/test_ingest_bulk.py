@@ -82,12 +82,16 @@ def test_deleting_users_while_their_ratings_are_written_leaves_no_orphan(env: En
         k = 0
         try:
             while not stop.is_set():
-                size = 100 if k % 2 == 0 else 8  # the staged (COPY) path and the array path
-                rows = [(users[(seed + j) % len(users)], f"i{(seed * 7 + k + j) % N_ITEMS}", 1.0 + j % 5)
+                size = (100, 8, 1)[k % 3]  # the staged (COPY) path, the array path, a single upsert
+                rows = [(users[(seed + j + k) % len(users)], f"i{(seed * 7 + k + j) % N_ITEMS}", 1.0 + j % 5)
                         for j in range(size)]
                 rows = list({(u, i): (u, i, v) for u, i, v in rows}.values())
                 with maker() as s:
-                    ingest.import_ratings(s, dataset="default", rows=rows)
+                    if size == 1:
+                        ingest.upsert_rating(s, dataset="default", user_id=rows[0][0], item_id=rows[0][1],
+                                             rating=rows[0][2])
+                    else:
+                        ingest.import_ratings(s, dataset="default", rows=rows)
                     s.commit()
                 k += 1
         except BaseException as exc:  # noqa: BLE001
