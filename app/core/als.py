@@ -51,10 +51,9 @@ class Bucket:
     """Rows of equal padded length ``L``; padding points at an all-zero factor row."""
 
     rows: np.ndarray  # (g,) row indices
-    cols: np.ndarray  # (g, L) column indices; padding = n_cols (the zero row)
+    cols: np.ndarray  # (g, L) int32 column indices; padding = n_cols (the zero row)
     values: np.ndarray  # (g, L) targets y_ij (0 at padding)
-    sqrt_weights: np.ndarray  # (g, L) sqrt(w_ij) (0 at padding)
-    weighted: bool = True  # False: every w_ij = 1 (the padding row is zero, so no scaling is needed)
+    sqrt_weights: np.ndarray | None  # (g, L) sqrt(w_ij) (0 at padding); None: every w_ij = 1
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def make_plan(
     n_rows = len(indptr) - 1
     counts = np.diff(indptr)
     values = np.asarray(values, dtype=np.float64)
-    sqrt_w = np.ones_like(values) if weights is None else np.sqrt(np.asarray(weights, np.float64))
+    sqrt_w = None if weights is None else np.sqrt(np.asarray(weights, np.float64))
     padded = _padded_length(counts)
     buckets: list[Bucket] = []
     nonempty = np.flatnonzero(counts > 0)
@@ -88,7 +87,7 @@ def make_plan(
         per_chunk = max(1, min(_MAX_ROWS_PER_CHUNK, _MAX_SLOTS_PER_CHUNK // int(length)))
         for start in range(0, len(rows), per_chunk):
             buckets.append(_fill_bucket(rows[start : start + per_chunk], int(length), indptr, indices, values, sqrt_w,
-                                        n_cols, weights is not None))
+                                        n_cols))
     return SolvePlan(n_rows=n_rows, n_cols=int(n_cols), counts=counts, buckets=tuple(buckets))
 
 
@@ -98,21 +97,22 @@ def _fill_bucket(
     indptr: np.ndarray,
     indices: np.ndarray,
     values: np.ndarray,
-    sqrt_w: np.ndarray,
+    sqrt_w: np.ndarray | None,
     n_cols: int,
-    weighted: bool,
 ) -> Bucket:
     starts, counts = indptr[rows], indptr[rows + 1] - indptr[rows]
     offsets = np.arange(length)
     valid = offsets[None, :] < counts[:, None]
     src = (starts[:, None] + offsets[None, :])[valid]
-    cols = np.full((len(rows), length), n_cols, dtype=np.int64)
+    cols = np.full((len(rows), length), n_cols, dtype=np.int32)  # 4 bytes a slot: plans live all run
     vals = np.zeros((len(rows), length))
-    sw = np.zeros((len(rows), length))
     cols[valid] = indices[src]
     vals[valid] = values[src]
-    sw[valid] = sqrt_w[src]
-    return Bucket(rows=rows, cols=cols, values=vals, sqrt_weights=sw, weighted=weighted)
+    sw = None
+    if sqrt_w is not None:
+        sw = np.zeros((len(rows), length))
+        sw[valid] = sqrt_w[src]
+    return Bucket(rows=rows, cols=cols, values=vals, sqrt_weights=sw)
 
 
 def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -127,9 +127,13 @@ def iter_grams(plan: SolvePlan, factors: np.ndarray) -> Iterator[tuple[np.ndarra
 
 def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(G, b) of one bucket in the dtype of ``padded`` (factors plus a trailing zero row)."""
-    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights if bucket.weighted else None)
-    targets = bucket.sqrt_weights * bucket.values if bucket.weighted else bucket.values
-    return gram_and_rhs(x, targets)
+    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
+    return gram_and_rhs(x, _weighted_targets(bucket))
+
+
+def _weighted_targets(bucket: Bucket) -> np.ndarray:
+    """sqrt(w) · y per slot (y itself for unweighted plans)."""
+    return bucket.values if bucket.sqrt_weights is None else bucket.sqrt_weights * bucket.values
 
 
 def solve_rows(gram: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
@@ -175,11 +179,11 @@ def solve_side(
 
 
 def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights if bucket.weighted else None)
+    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
     xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
     kernel = np.matmul(x, xt).astype(np.float64)
     kernel += ridge[:, None, None] * np.eye(x.shape[1])
-    alpha = np.linalg.solve(kernel, (bucket.sqrt_weights * bucket.values)[:, :, None])
+    alpha = np.linalg.solve(kernel, _weighted_targets(bucket)[:, :, None])
     return np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0]  # in the Grams' dtype: no float64 copy of X
 
 

@@ -83,9 +83,11 @@ def test_float32_grams_stay_within_tolerance_of_float64(weighted: bool):
         assert np.allclose(g32, g64, rtol=1e-5, atol=1e-5 * scale)
         assert np.allclose(b32, b64, rtol=1e-5, atol=1e-5 * np.abs(b64).max())
         # and against the definition
-        x = factors[bucket.cols] * bucket.sqrt_weights[:, :, None]
+        assert (bucket.sqrt_weights is not None) == weighted
+        sw = np.ones(bucket.cols.shape) if bucket.sqrt_weights is None else bucket.sqrt_weights
+        x = factors[bucket.cols] * sw[:, :, None]
         assert np.allclose(g64, x.transpose(0, 2, 1) @ x, rtol=1e-12, atol=1e-12)
-        assert np.allclose(b64, np.einsum("glr,gl->gr", x, bucket.sqrt_weights * bucket.values), atol=1e-12)
+        assert np.allclose(b64, np.einsum("glr,gl->gr", x, sw * bucket.values), atol=1e-12)
 
 
 def test_gram_and_rhs_of_gathered_rows():
