@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api.deps import (CurrentPrincipal, SessionDep, SettingsDep, require_batch_within, require_ingest_access,
                           require_item_writer)
@@ -34,13 +34,14 @@ def put_rating(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: RatingIn
 @router.post("/datasets/{dataset}/ratings/batch", response_model=RatingBatchOut,
              summary="Upsert up to 10,000 ratings, all or nothing, with a result per row")
 def post_ratings_batch(dataset: DatasetP, body: RatingBatchIn, principal: CurrentPrincipal,
-                       session: SessionDep, settings: SettingsDep) -> RatingBatchOut:
+                       session: SessionDep, settings: SettingsDep) -> Response:
     require_batch_within(len(body.ratings), settings)
     for user in {r.user_id for r in body.ratings}:
         require_ingest_access(principal, user)
     out = svc.upsert_ratings_batch(session, dataset=dataset, rows=body.ratings)
     session.commit()
-    return out
+    # serialised once here: a returned model would be validated again against response_model
+    return Response(content=out.model_dump_json(), media_type="application/json")
 
 
 @router.delete("/datasets/{dataset}/users/{user_id}/ratings/{item_id}", response_model=DeletedOut,
