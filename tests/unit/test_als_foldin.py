@@ -158,3 +158,46 @@ def test_user_centring_recovers_user_offsets():
     users = fold_in_users(model, shifted)
     predicted = user_offsets(model, shifted)[:, None] + users @ model.item_factors.T
     assert np.sqrt(np.mean((predicted - (truth + shift[:, None])) ** 2)) < 0.05
+
+
+@pytest.mark.parametrize("weighted,shared", [(False, False), (True, True)])
+def test_conjugate_gradient_solves_converge_to_the_exact_ones(weighted: bool, shared: bool):
+    from app.core.als import solve_side_cg
+
+    rng = np.random.default_rng(7)
+    import scipy.sparse as sp
+
+    csr = sp.random(60, 40, density=0.3, random_state=8, format="csr")
+    weights = rng.uniform(0.2, 1.0, size=csr.nnz) if weighted else None
+    plan = make_plan(csr.indptr, csr.indices, csr.data, 40, weights)
+    rank = 6
+    factors = rng.normal(size=(40, rank))
+    ridge = rng.uniform(0.5, 2.0, size=60)
+    g = rng.normal(size=(3, rank))
+    extra = 0.2 * g.T @ g if shared else None
+    exact = solve_side(plan, factors, ridge, extra, gram_dtype=np.float64)
+    start = rng.normal(size=(60, rank))
+    converged = solve_side_cg(plan, factors, ridge, start, steps=3 * rank, shared=extra)
+    assert np.allclose(converged, exact, rtol=1e-3, atol=1e-3)
+    few = solve_side_cg(plan, factors, ridge, start, steps=1, shared=extra)
+    assert np.linalg.norm(few - exact) < np.linalg.norm(start - exact)  # one step already helps
+
+
+def test_cg_als_fits_low_rank_data_close_to_exact_als():
+    truth, ratings = _low_rank()
+    base = dict(rank=4, n_iters=15, reg_item=0.1, reg_user=0.1, item_reg_exponent=0, user_reg_exponent=0)
+    errors = {}
+    for solver in ("exact", "cg"):
+        model = train_als(ratings, ALSConfig(**base, solver=solver))
+        users = np.array([fold_in(model, *ratings.user_row(u)) for u in range(ratings.n_users)])
+        predicted = model.global_mean + users @ model.item_factors.T
+        errors[solver] = np.sqrt(np.mean((predicted - truth) ** 2))
+    assert errors["exact"] < 0.05
+    assert errors["cg"] < 1.5 * errors["exact"] + 0.01
+
+
+def test_als_config_rejects_unknown_solvers():
+    with pytest.raises(ValueError):
+        ALSConfig(solver="lu")
+    with pytest.raises(ValueError):
+        ALSConfig(cg_steps=0)
