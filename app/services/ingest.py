@@ -95,10 +95,14 @@ def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield seq[start:start + size]
 
 
+# Creates the missing users and row-locks the existing ones in one statement, in sorted id order
+# (DO UPDATE .. WHERE false locks every conflicting row without writing it): concurrent writers lock
+# users in one global order, and a user deleted meanwhile is simply created again, so no second
+# INSERT (whose order could cross another writer's) is ever needed.
 _PG_ENSURE_USERS = text(
     "INSERT INTO users (external_id, created_at, updated_at) "
     "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) "
-    "ON CONFLICT (external_id) DO NOTHING"
+    "ON CONFLICT (external_id) DO UPDATE SET updated_at = EXCLUDED.updated_at WHERE false"
 )
 _PG_USER_IDS = text(
     "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
@@ -183,9 +187,9 @@ def _is_pg(session: Session) -> bool:
 def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
     """Create missing users; return external id -> row id for all of ``external_ids``.
 
-    PostgreSQL: the rows are locked ``FOR KEY SHARE`` until the transaction ends (the set-based
-    replacement of the ratings' foreign key): a concurrent ``delete_user`` either finished before
-    (the user is created again) or waits until this transaction has committed its ratings.
+    PostgreSQL: the rows are locked until the transaction ends (the set-based replacement of the
+    ratings' foreign key): a concurrent ``delete_user`` either finished before (the user is
+    created again) or waits until this transaction has committed its ratings.
     """
     ids = sorted(set(external_ids))
     out: dict[str, int] = {}

@@ -9,7 +9,7 @@ Its unique key leads with the user (serving a user's ratings and their deletion)
 queueing on its row lock.
 
 Revision ID: 0005
-Revises: 0006
+Revises: 0004
 Create Date: 2026-11-23
 """
 from alembic import op
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 
 revision = '0005'
-down_revision = '0006'  # chained after main's head at rebase (brief: 0002; the lead re-chains)
+down_revision = '0004'  # chained after main's head at rebase (brief: 0002; the lead re-chains)
 branch_labels = None
 depends_on = None
 
