@@ -6,7 +6,10 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
 * ``implicit``: ``implicit.cpu.als.AlternatingLeastSquares`` (its defaults: float32, conjugate
   gradient), ``num_threads`` = BLAS_THREADS and its BLAS pool at one thread, as it recommends;
   seconds per iteration (one user and one item pass) from its own per-iteration callback.
-* ``als``: our non-private weighted ALS (exact solves), seconds per iteration.
+* ``als``: our non-private weighted ALS (exact solves), seconds per iteration; ``als-cg`` the same
+  with three warm-started conjugate-gradient steps per row instead (``solver="cg"``, as implicit).
+* ``cpu_seconds_per_step``: the process's CPU seconds (all threads) over the same steps, steadier
+  than wall time on a shared machine; peak-memory rows carry their ratio to implicit's.
 * ``dpals``: seconds per DPALS step (user solves, clipping, noisy Grams, PSD projection, item
   solves); pre-processing (Algorithm 3) is reported separately. ``seconds_noise``: the time
   spent in the exact discrete-Gaussian grid releases (``app.core.discrete_noise``; rounding to
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -46,13 +50,20 @@ NOISE_SIGMA_EXPONENTS = (10, 15, 20)
 NOISE_DRAWS = 1 << 21
 
 
-def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tuple[list[float], float]:
-    """Run ``train(progress)``; return the seconds between progress calls and the seconds before the first."""
-    stamps: list[float] = []
-    start = time.perf_counter()
-    train(lambda fraction, stage: stamps.append(time.perf_counter()))
-    edges = [start] + stamps
-    return [b - a for a, b in zip(edges[1:], edges[2:])] or [stamps[0] - start], stamps[0] - start
+def _stamp() -> tuple[float, float]:
+    """(wall clock, CPU seconds of this process, all threads)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tuple[float, float, float]:
+    """Run ``train(progress)``; return mean wall and CPU seconds between progress calls, and the
+    wall seconds before the first call (pre-processing and the first step)."""
+    stamps: list[tuple[float, float]] = []
+    start = _stamp()
+    train(lambda fraction, stage: stamps.append(_stamp()))
+    edges = [start] + stamps if len(stamps) == 1 else stamps
+    steps = np.diff(np.array(edges), axis=0)
+    return float(steps[:, 0].mean()), float(steps[:, 1].mean()), stamps[0][0] - start[0]
 
 
 @contextlib.contextmanager
@@ -102,15 +113,22 @@ def noise_rows(n: int = NOISE_DRAWS) -> list[dict]:
     return rows
 
 
-def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float]:
+def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds per iteration, peak RSS MiB) of implicit's ALS."""
     from implicit.cpu.als import AlternatingLeastSquares
 
     per_iteration: list[float] = []
+    cpu: list[float] = []
     with limit_threads(1), peak_memory() as memory:  # implicit checks the BLAS pool when constructed
         model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
-        model.fit(ratings.csr.astype(np.float32), show_progress=False,
-                  callback=lambda it, elapsed, loss: per_iteration.append(elapsed))
-    return float(np.mean(per_iteration[1:])), memory.rss_peak_mib  # first iteration warms up
+
+        def callback(iteration: int, elapsed: float, loss: float) -> None:
+            per_iteration.append(elapsed)
+            cpu.append(time.process_time())
+
+        model.fit(ratings.csr.astype(np.float32), show_progress=False, callback=callback)
+    # the first iteration warms up
+    return float(np.mean(per_iteration[1:])), float(np.mean(np.diff(cpu))), memory.rss_peak_mib
 
 
 def _row(dataset: str, algorithm: str, metric: str, value: float, baseline: float | None = None) -> dict:
@@ -125,21 +143,31 @@ def run(quick: bool) -> list[dict]:
     rows: list[dict] = noise_rows()
     for rank in ranks:
         name = f"{dataset}-r{rank}"
-        implicit_step, implicit_mem = _implicit_seconds(ratings, rank)
+        implicit_step, implicit_cpu, implicit_mem = _implicit_seconds(ratings, rank)
         rows.append(_row(name, "implicit-als", "seconds_per_step", implicit_step))
+        rows.append(_row(name, "implicit-als", "cpu_seconds_per_step", implicit_cpu))
         rows.append(_row(name, "implicit-als", "peak_rss_mib", implicit_mem))
         with limit_threads(BLAS_THREADS):
             als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
             with peak_memory() as memory:
-                als_steps, _ = _step_times(lambda progress: train_als(ratings, als_config, progress=progress))
-            rows.append(_row(name, "als", "seconds_per_step", float(np.mean(als_steps)), implicit_step))
-            rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib))
+                als_step, als_cpu, _ = _step_times(lambda progress: train_als(ratings, als_config, progress=progress))
+            rows.append(_row(name, "als", "seconds_per_step", als_step, implicit_step))
+            rows.append(_row(name, "als", "cpu_seconds_per_step", als_cpu, implicit_cpu))
+            rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
+            cg_config = replace(als_config, solver="cg", cg_steps=3)  # implicit's default: 3 CG steps
+            with peak_memory() as memory:
+                cg_step, cg_cpu, _ = _step_times(lambda progress: train_als(ratings, cg_config, progress=progress))
+            rows.append(_row(name, "als-cg", "seconds_per_step", cg_step, implicit_step))
+            rows.append(_row(name, "als-cg", "cpu_seconds_per_step", cg_cpu, implicit_cpu))
+            rows.append(_row(name, "als-cg", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
                                     contribution_mode="tail", noise_multiplier=1.0)
             with peak_memory() as memory, _noise_timer() as noise:
-                dp_steps, preprocessing = _step_times(lambda progress: train_dpals(ratings, dp_config, progress=progress))
-            rows.append(_row(name, "dpals", "seconds_per_step", float(np.mean(dp_steps)), implicit_step))
-            rows.append(_row(name, "dpals", "seconds_noise", noise[0] / STEPS, float(np.mean(dp_steps))))
+                dp_step, dp_cpu, preprocessing = _step_times(
+                    lambda progress: train_dpals(ratings, dp_config, progress=progress))
+            rows.append(_row(name, "dpals", "seconds_per_step", dp_step, implicit_step))
+            rows.append(_row(name, "dpals", "cpu_seconds_per_step", dp_cpu, implicit_cpu))
+            rows.append(_row(name, "dpals", "seconds_noise", noise[0] / STEPS, dp_step))
             rows.append(_row(name, "dpals", "seconds_preprocessing_and_first_step", preprocessing))
-            rows.append(_row(name, "dpals", "peak_rss_mib", memory.rss_peak_mib))
+            rows.append(_row(name, "dpals", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
     return rows
