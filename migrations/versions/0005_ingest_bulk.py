@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 
 revision = '0005'
-down_revision = '0004'  # chained after main's head at rebase (brief: 0002; the lead re-chains)
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 
