@@ -206,7 +206,8 @@ def test_objp_release_adds_gaussian_noise_of_the_stated_std():
     data = onebit_train.prepare_votes(votes, 50, np.random.default_rng(0))
     released, steps, release = onebit_train.objp_estimate(data, config, np.random.default_rng(11))
     minimiser, steps2 = onebit_train.objp_minimiser(data, config, np.random.default_rng(11))  # same B draw
-    assert steps == steps2 and release.std == pytest.approx(3.0 * 2e-3) and release.multiplier == 3.0
+    # exact discrete noise on a grid: never less than the charged std, at most 1 % more (rounding)
+    assert steps == steps2 and 3.0 * 2e-3 <= release.std <= 1.01 * 3.0 * 2e-3 and release.multiplier == 3.0
     diff = (released - minimiser).ravel()
     assert np.all(diff != 0)  # every entry is noised
     assert abs(float(np.std(diff)) / release.std - 1) < 5 / math.sqrt(2 * diff.size)

@@ -21,6 +21,7 @@ from dp_accounting import dp_event
 
 from app.core import accounting
 from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
+from app.core.discrete_noise import grid_gaussian
 from app.core.dpals import per_user_sample
 from app.core.foldin import candidate_items, top_n
 from app.core.laplace import (
@@ -240,11 +241,12 @@ class GaussianRelease:
 
 def objp_release(minimiser: np.ndarray, config: OneBitConfig,
                  rng: np.random.Generator) -> tuple[np.ndarray, GaussianRelease]:
-    """X_T + Z, Z ~ N(0, σ²) on every entry, σ = z_out·2ρ (approximate minima perturbation)."""
+    """X_T + Z on every entry, Z exact discrete Gaussian on a grid charged as N(0, σ²), σ = z_out·2ρ
+    (approximate minima perturbation; ``app.core.discrete_noise``: no floating-point leak)."""
     sensitivity = privacy.objp_output_sensitivity(config)
     multiplier = config.objp_output_noise_multiplier
-    std = multiplier * sensitivity
-    return minimiser + rng.normal(0.0, std, minimiser.shape), GaussianRelease(sensitivity, multiplier, std)
+    grid = grid_gaussian(sensitivity, multiplier, minimiser.size)  # every entry may move
+    return grid.release(rng, minimiser), GaussianRelease(sensitivity, multiplier, grid.std)
 
 
 def objp_estimate(data: Votes, config: OneBitConfig,
@@ -292,8 +294,10 @@ def outp_minimiser(data: Votes, config: OneBitConfig) -> tuple[np.ndarray, int]:
 
 
 def outp_release(minimiser: np.ndarray, config: OneBitConfig, rng: np.random.Generator) -> np.ndarray:
-    """Gaussian noise on every entry: std = z × the user-level L2 sensitivity."""
-    return minimiser + rng.normal(0.0, config.noise_multiplier * outp_sensitivity(config), minimiser.shape)
+    """Exact discrete Gaussian noise on a grid on every entry (``app.core.discrete_noise``), charged
+    as the Gaussian of multiplier z for the user-level L2 sensitivity."""
+    grid = grid_gaussian(outp_sensitivity(config), config.noise_multiplier, minimiser.size)
+    return grid.release(rng, minimiser)
 
 
 def _private_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -> tuple[np.ndarray, dp_event.DpEvent, dict[str, Any]]:
