@@ -596,6 +596,13 @@ def _charged_under(
     return charged, extra
 
 
+def event_as_charged(acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent,
+                     parameters: Mapping[str, Any]) -> dp_event.DpEvent:
+    """What ``event`` (stated under ``parameters``' relation) would cost this account: converted
+    to the account's relation, or RelationRefused — exactly as a reservation charges it."""
+    return _charged_under(acct, dataset, event, parameters)[0]
+
+
 def record_local_guarantee(
     session: Session,
     *,

@@ -76,7 +76,9 @@ def _event(session: Session, ds: Any, acct: Any, algorithm: str, params: dict[st
         config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
     except ValueError as exc:
         raise InvalidRequest(f"cannot calibrate {algorithm} to epsilon {epsilon}: {exc}") from exc
-    return algo.event(config, n_items), params
+    # as the reservation charges it: converted to the account's neighbouring relation
+    charged = ledger.event_as_charged(acct, ds, algo.event(config, n_items), algo.event_parameters(config))
+    return charged, params
 
 
 def _total(history: list[dp_event.DpEvent], event: dp_event.DpEvent, k: int, delta: float) -> float:

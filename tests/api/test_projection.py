@@ -3,7 +3,7 @@ checked against the ledger's behaviour on real training requests."""
 
 from __future__ import annotations
 
-from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
+from tests.api.conftest import SMALL_DPALS, Env, add_items, seed_ratings, train_and_publish
 
 
 def _project(env: Env, eps: float) -> dict:
@@ -39,3 +39,22 @@ def test_projection_refuses_bad_epsilon_and_unknown_data_set(sqlite_env: Env) ->
     assert c.get("/v1/admin/datasets/default/budget/projection?epsilon=1e300", headers=h).status_code == 422
     assert c.get("/v1/admin/datasets/nope/budget/projection?epsilon=1", headers=h).status_code == 404
     assert c.get("/v1/admin/datasets/default/budget/projection?epsilon=1").status_code == 401
+
+
+def test_projection_on_a_weaker_account_is_the_converted_charge(env: Env) -> None:
+    """On a replace-one-user data set an add/remove run is charged by group privacy (about 2ε):
+    the projection must say so, and equal what the reservation then charges."""
+    c, h = env.client, env.admin
+    assert c.put("/v1/admin/person-budgets/weak", headers=h,
+                 json={"epsilon_cap": 50.0, "delta": 1e-6, "neighbouring_relation": "replace_one_user"}).status_code == 200
+    r = c.post("/v1/admin/datasets", headers=h, json={
+        "name": "weak", "rating_min": 1.0, "rating_max": 5.0, "epsilon_cap": 50.0, "delta": 1e-6,
+        "neighbouring_relation": "replace_one_user", "person_budget": "weak"})
+    assert r.status_code == 201, r.text
+    add_items(env, 5, dataset="weak")
+    p = c.get("/v1/admin/datasets/weak/budget/projection?epsilon=1", headers=h).json()
+    assert p["run_epsilon_rdp"] > 1.5  # not the add/remove figure (≈ 1)
+    r = c.post("/v1/admin/datasets/weak/trainings", headers=h, json={"epsilon": 1.0})
+    assert r.status_code == 202, r.text
+    budget = c.get("/v1/admin/datasets/weak/budget", headers=h).json()
+    assert abs(budget["spent_epsilon_rdp"] - p["composed_epsilon_rdp"]) <= 1e-6
