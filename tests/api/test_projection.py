@@ -58,3 +58,5 @@ def test_projection_on_a_weaker_account_is_the_converted_charge(env: Env) -> Non
     assert r.status_code == 202, r.text
     budget = c.get("/v1/admin/datasets/weak/budget", headers=h).json()
     assert abs(budget["spent_epsilon_rdp"] - p["composed_epsilon_rdp"]) <= 1e-6
+    run = c.get(f"/v1/admin/trainings/{r.json()['run_id']}", headers=h).json()
+    assert abs(run["epsilon_charged"] - p["run_epsilon_rdp"]) <= 1e-6  # the run's ε names the account's relation
