@@ -110,18 +110,33 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(_: argparse.Namespace) -> int:
-    """Apply the Alembic migrations up to head."""
-    from app.db.migrate import upgrade_head
+    """Apply the Alembic migrations up to head and say which revisions were applied."""
+    from app.db.migrate import current_revision, upgrade_head
     from app.db.session import session_scope
     from app.services import budget
 
     settings = _settings()
+    before = current_revision(settings.database_url)
     upgrade_head(settings.database_url)
+    applied = _revisions_between(before, current_revision(settings.database_url))
     with session_scope(settings.database_url) as session:
         ds = budget.bootstrap(session, settings)
         name = ds.name
-    print(f"database is at the latest schema; default data set {name!r} is ready")
+    done = f"applied {', '.join(applied)}" if applied else "already at the latest schema"
+    print(f"{done}; default data set {name!r} is ready")
     return 0
+
+
+def _revisions_between(before: str | None, after: str | None) -> list[str]:
+    """The migration revisions above ``before`` up to ``after``, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    from app.db.migrate import alembic_config
+
+    if after is None or after == before:
+        return []
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return [rev.revision for rev in reversed(list(script.iterate_revisions(after, before or "base")))]
 
 
 def _open_text(path: Path) -> io.TextIOBase:

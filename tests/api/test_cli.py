@@ -162,3 +162,36 @@ def test_ratings_import_refuses_unknown_items_and_names_them(cli_env: Path) -> N
     with session_scope() as s:
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
         assert s.execute(text("SELECT count(*) FROM items WHERE external_id IN ('ghost', 'phantom')")).scalar_one() == 0
+
+
+def _chain() -> list[str]:
+    """Every migration revision, oldest first, read from the scripts' ``down_revision`` links."""
+    from alembic.script import ScriptDirectory
+
+    from app.db.migrate import alembic_config, head_revision
+
+    script, chain, rev = ScriptDirectory.from_config(alembic_config("sqlite://")), [], head_revision()
+    while rev:
+        chain.append(rev)
+        rev = script.get_revision(rev).down_revision
+    return chain[::-1]
+
+
+def test_migrate_says_which_revisions_it_applied(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from alembic import command
+
+    from app.db.migrate import alembic_config
+
+    chain = _chain()
+    assert len(chain) >= 4
+    command.upgrade(alembic_config(f"sqlite:///{cli_env / 'cli.db'}"), chain[2])
+    capsys.readouterr()
+    assert cli.main(["migrate"]) == 0
+    assert capsys.readouterr().out.startswith(f"applied {', '.join(chain[3:])};")
+    assert cli.main(["migrate"]) == 0
+    assert capsys.readouterr().out.startswith("already at the latest schema;")
+
+
+def test_migrate_on_an_empty_database_applies_every_revision(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["migrate"]) == 0
+    assert capsys.readouterr().out.startswith(f"applied {', '.join(_chain())};")
