@@ -7,7 +7,7 @@ Three kinds of principal:
   (read recommendations/ratings for any user) and ``ingest`` (write ratings and items).
 * ``admin``   – carries the ``admin`` scope; reaches the admin routes.
 
-Expired or tampered tokens raise :class:`TokenError` (rendered as 401 by the API).
+Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise :class:`TokenError` (rendered as 401 by the API).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jwt
 
 __all__ = [
     "ALGORITHM",
+    "MAX_LIFETIME_S",
     "ISSUER",
     "SCOPE_ACT_FOR_USERS",
     "SCOPE_INGEST",
@@ -37,6 +38,7 @@ ISSUER = "privrec"
 SCOPE_ACT_FOR_USERS = "act_for_users"
 SCOPE_INGEST = "ingest"
 SCOPE_ADMIN = "admin"
+MAX_LIFETIME_S = 30 * 24 * 3600  # default bound on exp - iat (settings: MAX_TOKEN_TTL_S)
 KNOWN_SCOPES = frozenset({SCOPE_ACT_FOR_USERS, SCOPE_INGEST, SCOPE_ADMIN})
 Kind = Literal["user", "service", "admin"]
 _KINDS = ("user", "service", "admin")
@@ -82,8 +84,9 @@ def _check_secret(secret: str) -> None:
 
 
 def issue_token(subject: str, *, secret: str, kind: Kind = "user", scopes: Iterable[str] = (),
-                ttl_seconds: int = 3600, now: float | None = None, algorithm: str = ALGORITHM) -> str:
-    """Sign a token for ``subject`` valid for ``ttl_seconds``."""
+                ttl_seconds: int = 3600, now: float | None = None, algorithm: str = ALGORITHM,
+                max_lifetime_s: int = MAX_LIFETIME_S) -> str:
+    """Sign a token for ``subject`` valid for ``ttl_seconds`` (at most ``max_lifetime_s``)."""
     _check_secret(secret)
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}")
@@ -91,6 +94,8 @@ def issue_token(subject: str, *, secret: str, kind: Kind = "user", scopes: Itera
         raise ValueError("subject must be a non-empty string")
     if ttl_seconds <= 0:
         raise ValueError("ttl_seconds must be positive")
+    if ttl_seconds > max_lifetime_s:
+        raise ValueError(f"ttl_seconds must not exceed the maximum token lifetime ({max_lifetime_s} s)")
     scope_set = set(scopes)
     unknown = scope_set - KNOWN_SCOPES
     if unknown:
@@ -114,8 +119,11 @@ def issue_token(subject: str, *, secret: str, kind: Kind = "user", scopes: Itera
     return jwt.encode(claims, secret, algorithm=algorithm)
 
 
-def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway: float = 0.0) -> Principal:
-    """Verify signature, issuer and expiry; return the principal or raise :class:`TokenError`."""
+def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway: float = 0.0,
+                 max_lifetime_s: int = MAX_LIFETIME_S) -> Principal:
+    """Verify signature, issuer, expiry and lifetime (``exp - iat <= max_lifetime_s``, so a
+    token signed with a longer life than configured is refused); return the principal or raise
+    :class:`TokenError`."""
     try:
         claims = jwt.decode(
             token, secret, algorithms=[algorithm], issuer=ISSUER, leeway=leeway,
@@ -125,6 +133,8 @@ def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway:
         raise TokenError("token expired") from exc
     except jwt.InvalidTokenError as exc:
         raise TokenError("invalid token") from exc
+    if not _lifetime_within(claims, max_lifetime_s):
+        raise TokenError("token lifetime exceeds the maximum")
     kind = claims.get("typ")
     subject = claims.get("sub")
     if kind not in _KINDS or not isinstance(subject, str) or not subject:
@@ -133,3 +143,11 @@ def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway:
     if SCOPE_ADMIN in scopes and kind != "admin":
         raise TokenError("invalid token claims")
     return Principal(subject=subject, kind=kind, scopes=scopes)
+
+
+def _lifetime_within(claims: dict, max_lifetime_s: int) -> bool:
+    """True when ``exp`` and ``iat`` are numbers with ``0 < exp - iat <= max_lifetime_s``."""
+    exp, iat = claims.get("exp"), claims.get("iat")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (exp, iat)):
+        return False
+    return 0 < exp - iat <= max_lifetime_s

@@ -310,9 +310,12 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
         kind, subject, scopes = "user", args.user, []
     else:
         raise SystemExit("choose one of --user ID, --service NAME or --admin")
-    token = issue_token(subject, secret=settings.secret_key, kind=kind, scopes=scopes,
-                        ttl_seconds=args.ttl or settings.access_token_ttl_s,
-                        algorithm=settings.jwt_algorithm)
+    ttl = args.ttl or settings.access_token_ttl_s
+    if not 0 < ttl <= settings.max_token_ttl_s:
+        raise SystemExit(f"privrec issue-token: --ttl must be between 1 and MAX_TOKEN_TTL_S "
+                         f"({settings.max_token_ttl_s} s)")
+    token = issue_token(subject, secret=settings.secret_key, kind=kind, scopes=scopes, ttl_seconds=ttl,
+                        algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
     print(token)
     return 0
 

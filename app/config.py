@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     secret_key: str = DEFAULT_SECRET_KEY
     jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
     access_token_ttl_s: int = Field(3600, gt=0, le=30 * 24 * 3600)
+    # the longest lifetime (exp - iat) a token may have: refused at issue and at verification
+    max_token_ttl_s: int = Field(30 * 24 * 3600, gt=0, le=365 * 24 * 3600)
 
     # --- API limits
     max_batch_size: int = Field(10_000, ge=1, le=10_000)
@@ -93,6 +95,8 @@ class Settings(BaseSettings):
             raise ValueError("DEFAULT_RATING_MIN must be below DEFAULT_RATING_MAX")
         if self.run_stale_after_s <= self.run_heartbeat_s:
             raise ValueError("RUN_STALE_AFTER_S must exceed RUN_HEARTBEAT_S")
+        if self.access_token_ttl_s > self.max_token_ttl_s:
+            raise ValueError("ACCESS_TOKEN_TTL_S must not exceed MAX_TOKEN_TTL_S")
         if self.default_page_size > self.max_page_size:
             raise ValueError("DEFAULT_PAGE_SIZE must not exceed MAX_PAGE_SIZE")
         if self.redis_url is not None and self.redis_url.strip() == "":

@@ -85,7 +85,8 @@ CsrfAdmin = Annotated[dict[str, Any], Depends(csrf_admin)]
 def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_length=4096)]) -> Response:
     """Exchange an admin bearer token for the session cookie (expires no later than the token)."""
     try:
-        principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm)
+        principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                 max_lifetime_s=settings.max_token_ttl_s)
     except TokenError:
         raise Unauthorized("invalid or expired token", code="invalid_token") from None
     if not principal.is_admin:

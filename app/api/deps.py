@@ -89,7 +89,7 @@ async def get_principal(
         raise Unauthorized("a bearer token is required", code="missing_token")
     try:
         return decode_token(credentials.credentials, secret=settings.secret_key,
-                            algorithm=settings.jwt_algorithm)
+                            algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
     except TokenError as exc:
         code = "token_expired" if "expired" in str(exc) else "invalid_token"
         raise Unauthorized(str(exc), code=code) from None

@@ -195,3 +195,61 @@ def test_migrate_says_which_revisions_it_applied(cli_env: Path, capsys: pytest.C
 def test_migrate_on_an_empty_database_applies_every_revision(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["migrate"]) == 0
     assert capsys.readouterr().out.startswith(f"applied {', '.join(_chain())};")
+
+
+def _signed(lifetime_s: int, secret: str, *, iat: int | None = None) -> str:
+    """An admin token signed with the right secret whose lifetime is ``lifetime_s``."""
+    import time
+
+    import jwt
+
+    iat = int(time.time()) - 10 if iat is None else iat
+    claims = {"iss": "privrec", "sub": "root", "typ": "admin", "scope": "admin", "iat": iat,
+              "exp": iat + lifetime_s, "jti": "x"}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def test_tokens_living_longer_than_the_maximum_are_refused_at_verification(tmp_path: Path) -> None:
+    """A correctly signed token whose exp - iat exceeds MAX_TOKEN_TTL_S gets 401, on the API and
+    the dashboard sign-in; one within it is accepted."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.api.conftest import SECRET as API_SECRET, _bootstrap, make_settings
+
+    settings = make_settings(f"sqlite:///{tmp_path / 'api.db'}", tmp_path).model_copy(
+        update={"max_token_ttl_s": 7200})
+    _bootstrap(settings)
+    try:
+        with TestClient(create_app(settings)) as client:
+            def status(token: str) -> int:
+                return client.get("/v1/admin/datasets", headers={"Authorization": f"Bearer {token}"}).status_code
+
+            assert status(_signed(7200, API_SECRET)) == 200
+            too_long = _signed(7201, API_SECRET)
+            assert status(too_long) == 401
+            assert client.post("/dashboard/session", json={"token": too_long}).status_code == 401
+            assert client.post("/dashboard/session", json={"token": _signed(7200, API_SECRET)}).status_code == 204
+    finally:
+        dispose_engines()
+
+
+def test_decode_token_checks_the_lifetime_claims() -> None:
+    from app.auth import MAX_LIFETIME_S, TokenError, decode_token
+
+    assert decode_token(_signed(MAX_LIFETIME_S, SECRET), secret=SECRET).is_admin
+    for token in (_signed(MAX_LIFETIME_S + 1, SECRET), _signed(100, SECRET, iat=10**10)):
+        with pytest.raises(TokenError):  # too long; issued in the future (exp - iat fine, but not yet valid)
+            decode_token(token, secret=SECRET)
+    with pytest.raises(TokenError, match="lifetime"):
+        decode_token(_signed(61, SECRET), secret=SECRET, max_lifetime_s=60)
+
+
+def test_issue_token_refuses_a_ttl_above_the_maximum(cli_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MAX_TOKEN_TTL_S", "7200")
+    reset_settings_cache()
+    with pytest.raises(SystemExit, match="MAX_TOKEN_TTL_S"):
+        cli.main(["issue-token", "--admin", "--ttl", "7201"])
+    assert cli.main(["issue-token", "--admin", "--ttl", "7200"]) == 0
+    assert decode_token(capsys.readouterr().out.strip(), secret=SECRET, max_lifetime_s=7200).is_admin
