@@ -1,4 +1,4 @@
-"""The ``privrec`` command line: serve, migrate, api, worker, beat, import-csv, import-votes,
+"""The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-csv, import-votes,
 import-similarities, issue-token, budget, openapi."""
 
 from __future__ import annotations
@@ -137,6 +137,57 @@ def _revisions_between(before: str | None, after: str | None) -> list[str]:
         return []
     script = ScriptDirectory.from_config(alembic_config("sqlite://"))
     return [rev.revision for rev in reversed(list(script.iterate_revisions(after, before or "base")))]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Submit a training run over the admin API's service path (reserve, commit, enqueue) and
+    print its id; with ``--follow`` show its data-independent stages until it ends."""
+    from pydantic import ValidationError
+
+    from app.schemas.admin import TrainingIn
+    from app.services import admin
+
+    settings = _settings()
+    try:
+        body = TrainingIn(algorithm=args.algorithm, epsilon=args.epsilon, objective=args.objective)
+    except ValidationError as exc:
+        raise SystemExit(f"privrec train: {_config_errors(exc)}; nothing was submitted") from None
+    with admin.sessionmaker_for(settings)() as session:
+        run_id = admin.start_training(session, dataset=args.dataset, body=body,
+                                      actor=f"cli:{os.environ.get('USER', 'unknown')}")
+        session.commit()
+    sent = admin.enqueue(run_id, settings)
+    print(json.dumps({"run_id": run_id, "status": "queued", "enqueued": sent}), flush=True)
+    if not args.follow:
+        return 0
+    return 0 if _follow(run_id, settings, interval=args.interval, quiet=args.quiet) == "succeeded" else 1
+
+
+def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
+    """Poll run ``run_id`` until it succeeds or fails, drawing its public progress (stage names
+    and data-independent fractions only, as the dashboard shows); return the final status."""
+    import time
+
+    from tqdm import tqdm
+
+    from app.services import admin
+
+    maker = admin.sessionmaker_for(settings)
+    bar = tqdm(total=100, unit="%", desc=f"run {run_id}: queued", disable=quiet,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]")
+    try:
+        while True:
+            with maker() as session:
+                run = admin.run_view(session, run_id=run_id).model_dump(mode="json")
+            bar.set_description_str(f"run {run_id}: {run.get('stage') or run['status']}", refresh=False)
+            bar.update(max(0, round(100 * run["progress"]) - bar.n))
+            if run["status"] in ("succeeded", "failed"):
+                break
+            time.sleep(interval)
+    finally:
+        bar.close()
+    print(json.dumps({key: run.get(key) for key in ("id", "status", "stage", "epsilon_charged", "error")}))
+    return run["status"]
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -366,6 +417,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("beat", help="Celery beat (periodic retraining)")
     s.add_argument("--loglevel", default="INFO")
     s.set_defaults(func=cmd_beat)
+
+    s = sub.add_parser("train", help="start a training run (budget reserved now) and optionally follow it")
+    s.add_argument("--dataset", default="default")
+    s.add_argument("--epsilon", type=float, required=True, help="epsilon for this run")
+    s.add_argument("--algorithm", default="dpals", help="dpals (default), dpfw, dpcmf or onebit")
+    s.add_argument("--objective", choices=["rating", "ranking"])
+    s.add_argument("--follow", action="store_true",
+                   help="show the run's stages until it is published (exit 0) or fails (exit 1)")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("migrate", help="apply database migrations")
     s.set_defaults(func=cmd_migrate)

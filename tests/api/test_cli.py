@@ -253,3 +253,81 @@ def test_issue_token_refuses_a_ttl_above_the_maximum(cli_env: Path, monkeypatch:
         cli.main(["issue-token", "--admin", "--ttl", "7201"])
     assert cli.main(["issue-token", "--admin", "--ttl", "7200"]) == 0
     assert decode_token(capsys.readouterr().out.strip(), secret=SECRET, max_lifetime_s=7200).is_admin
+
+
+def _seed_small(cli_env: Path) -> None:
+    """Catalogue and ratings of a small public-shaped data set through the CLI imports."""
+    (cli_env / "items.csv").write_text("item_id\n" + "".join(f"i{i}\n" for i in range(12)))
+    assert cli.main(["import-items", str(cli_env / "items.csv")]) == 0
+    (cli_env / "r.csv").write_text("u,i,r\n" + "".join(f"u{u},i{(u * 5 + k) % 12},{1 + (u + k) % 5}\n"
+                                                       for u in range(40) for k in range(4)))
+    assert cli.main(["import-csv", str(cli_env / "r.csv"), "--quiet"]) == 0
+
+
+def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``privrec train --follow`` submits over the admin service path, a real embedded worker
+    trains it, the bar walks the public stages to "published" and the command exits 0."""
+    from app.config import get_settings
+    from app.services.embedded_worker import EmbeddedWorker
+    from app.db.session import session_scope
+    from sqlalchemy import text
+
+    assert cli.main(["migrate"]) == 0
+    _seed_small(cli_env)
+    capfd.readouterr()
+    worker = EmbeddedWorker(get_settings(), schedule=False).start()
+    try:
+        assert cli.main(["train", "--dataset", "default", "--epsilon", "1.5", "--follow", "--interval", "0.05"]) == 0
+    finally:
+        worker.stop()
+    out, err = capfd.readouterr()
+    lines = out.strip().splitlines()
+    run_id = json.loads(lines[0])["run_id"]
+    final = json.loads(lines[-1])
+    assert final["id"] == run_id and final["status"] == "succeeded" and final["stage"] == "published"
+    assert f"run {run_id}: published: 100%" in err
+    with session_scope() as s:
+        assert s.execute(text("SELECT actor FROM training_runs WHERE id = :i"), {"i": run_id}).scalar_one().startswith("cli:")
+        assert s.execute(text("SELECT count(*) FROM model_versions")).scalar_one() == 1
+
+
+def test_train_without_follow_prints_the_queued_run_and_bad_input_submits_nothing(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.db.session import session_scope
+    from sqlalchemy import text
+
+    assert cli.main(["migrate"]) == 0
+    _seed_small(cli_env)
+    capsys.readouterr()
+    assert cli.main(["train", "--epsilon", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "queued"
+    with pytest.raises(SystemExit, match="nothing was submitted"):
+        cli.main(["train", "--epsilon", "-1"])
+    with pytest.raises(SystemExit, match="budget|cap|exceed"):
+        cli.main(["train", "--epsilon", "50"])
+    with session_scope() as s:
+        assert s.execute(text("SELECT count(*) FROM training_runs")).scalar_one() == 1
+
+
+def test_train_follow_exits_1_when_the_run_fails(cli_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """A real failure in the worker (the artifact folder is a file, so publishing fails after the
+    private read): the bar ends at "failed", the error is the fixed category, exit code 1."""
+    from app.config import get_settings
+    from app.services.embedded_worker import EmbeddedWorker
+
+    assert cli.main(["migrate"]) == 0
+    _seed_small(cli_env)
+    (cli_env / "not-a-folder").write_text("")
+    monkeypatch.setenv("ARTIFACT_DIR", str(cli_env / "not-a-folder"))
+    reset_settings_cache()
+    capfd.readouterr()
+    worker = EmbeddedWorker(get_settings(), schedule=False).start()
+    try:
+        assert cli.main(["train", "--epsilon", "1", "--follow", "--interval", "0.05"]) == 1
+    finally:
+        worker.stop()
+    out, err = capfd.readouterr()
+    final = json.loads(out.strip().splitlines()[-1])
+    assert final["status"] == "failed" and final["stage"] == "failed" and final["error"]
+    assert ": failed:" in err
