@@ -219,10 +219,38 @@ def _rows(path: Path, delimiter: str, header: bool,
         yield row[0].strip(), row[1].strip(), value
 
 
-def cmd_import_csv(args: argparse.Namespace) -> int:
-    """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
+def _count_data_lines(path: Path, header: bool) -> int:
+    """Lines of a (possibly gzipped) text file, less the header: the bar's total, counted in one
+    fast pass over raw bytes before the import (blank lines are counted too; the bar is trued up
+    when the import ends)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines, last = 0, b"\n"
+    with opener(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    lines += last != b"\n"
+    return max(lines - int(header), 0)
+
+
+def _bar(path: Path, total: int, unit: str, quiet: bool):
+    """A progress bar with total, percent and ETA, used as a context manager so that it is closed
+    exactly once, before any error message (no second copy of the bar after it)."""
     from tqdm import tqdm
 
+    return tqdm(total=total, unit=unit, desc=f"import {path.name}", disable=quiet,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]")
+
+
+def _finish(bar) -> None:
+    """True the bar up to the rows actually read (blank lines were counted in its total)."""
+    if bar.total != bar.n:
+        bar.total = bar.n
+        bar.refresh()
+
+
+def cmd_import_csv(args: argparse.Namespace) -> int:
+    """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
     from app.api.errors import APIError
     from app.services import ingest
 
@@ -233,29 +261,29 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     maker = ingest.sessionmaker_for(settings)
     total = 0
     chunk: list[tuple[str, str, float]] = []
-    bar = tqdm(unit="ratings", desc=f"import {path.name}", disable=args.quiet)
+    with _bar(path, _count_data_lines(path, not args.no_header), "ratings", args.quiet) as bar:
 
-    def flush() -> None:
-        nonlocal total
-        with maker() as session:
-            try:
-                result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
-            except APIError as exc:
-                exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
-                               f"before it were imported)")
-                raise
-            session.commit()
-        total += result
-        bar.update(len(chunk))
-        chunk.clear()
+        def flush() -> None:
+            nonlocal total
+            with maker() as session:
+                try:
+                    result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
+                except APIError as exc:
+                    exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
+                                   f"before it were imported)")
+                    raise
+                session.commit()
+            total += result
+            bar.update(len(chunk))
+            chunk.clear()
 
-    for row in _rows(path, args.delimiter, not args.no_header):
-        chunk.append(row)
-        if len(chunk) >= args.chunk:
+        for row in _rows(path, args.delimiter, not args.no_header):
+            chunk.append(row)
+            if len(chunk) >= args.chunk:
+                flush()
+        if chunk:
             flush()
-    if chunk:
-        flush()
-    bar.close()
+        _finish(bar)
     print(json.dumps({"dataset": args.dataset, "rows": total}))
     return 0
 
@@ -304,8 +332,9 @@ def _vote_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, 
 
 
 def cmd_import_votes(args: argparse.Namespace) -> int:
-    """Store votes from a CSV (user,item,vote) through the ingestion path: on a data set that
-    randomises at ingestion each vote is randomised once on arrival and only the bit is kept."""
+    """Store votes from a CSV (user,item,vote) through the ingestion path, with a progress bar: on
+    a data set that randomises at ingestion each vote is randomised once on arrival and only the
+    bit is kept."""
     from app.services import ingest, votes
 
     path = Path(args.path)
@@ -314,11 +343,14 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
     maker = ingest.sessionmaker_for(_settings())
     totals = {"created": 0, "updated": 0, "unchanged": 0}
     rows = _vote_rows(path, args.delimiter, not args.no_header)
-    while chunk := list(itertools.islice(rows, args.chunk)):
-        with maker() as session:
-            out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
-            session.commit()
-        totals = {key: totals[key] + out[key] for key in totals}
+    with _bar(path, _count_data_lines(path, not args.no_header), "votes", args.quiet) as bar:
+        while chunk := list(itertools.islice(rows, args.chunk)):
+            with maker() as session:
+                out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
+                session.commit()
+            totals = {key: totals[key] + out[key] for key in totals}
+            bar.update(len(chunk))
+        _finish(bar)
     print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
 
@@ -458,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--delimiter", default=",")
     s.add_argument("--no-header", action="store_true")
     s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 10_001), metavar="1..10000")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_import_votes)
 
     s = sub.add_parser("import-similarities",

@@ -331,3 +331,67 @@ def test_train_follow_exits_1_when_the_run_fails(cli_env: Path, monkeypatch: pyt
     final = json.loads(out.strip().splitlines()[-1])
     assert final["status"] == "failed" and final["stage"] == "failed" and final["error"]
     assert ": failed:" in err
+
+
+def _run_on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run ``argv`` with stderr on a 120-column pseudo-terminal; return (exit code, stderr)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave,
+                            cwd=cwd, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=60), b"".join(chunks).decode()
+
+
+@pytest.mark.parametrize("kind", ["import-csv", "import-votes"])
+def test_import_bar_has_total_percent_eta_and_one_line_before_an_error(cli_env: Path, kind: str) -> None:
+    """Lines are counted first, so the bar shows n/total, percent and an ETA; when a later chunk
+    is refused the bar is closed once, the error follows on its own line and no bar comes after."""
+    import os
+    import sys
+
+    assert cli.main(["migrate"]) == 0
+    (cli_env / "items.csv").write_text("item_id\na\nb\n")
+    assert cli.main(["import-items", str(cli_env / "items.csv")]) == 0
+    value = "3" if kind == "import-csv" else "1"
+    rows = [f"u{k},a,{value}" for k in range(30)] + [f"x,ghost,{value}"] + [f"v{k},b,{value}" for k in range(30)]
+    (cli_env / "in.csv").write_text("u,i,r\n" + "\n".join(rows) + "\n")
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{cli_env / 'cli.db'}", "SECRET_KEY": SECRET}
+    exe = str(Path(sys.executable).with_name("privrec"))
+    code, err = _run_on_a_terminal([exe, kind, "in.csv", "--chunk", "10"], cli_env, env)
+    assert code == 1
+    lines = [line.rsplit("\r", 1)[-1] for line in err.replace("\r\n", "\n").split("\n") if line.strip("\r")]
+    assert len(lines) == 2, lines
+    bar, error = lines
+    assert bar.startswith("import in.csv:  49%|") and "30/61 [" in bar and "<" in bar
+    assert error.startswith(f"privrec {kind}:") and "ghost" in error and "import in.csv" not in error
+    assert err.count("\n") == 2  # one bar line, one error line: nothing drawn after the error
+
+
+def test_import_votes_bar_reaches_the_rows_read(cli_env: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["migrate"]) == 0
+    (cli_env / "items.csv").write_text("item_id\na\n")
+    assert cli.main(["import-items", str(cli_env / "items.csv")]) == 0
+    (cli_env / "v.csv").write_text("u,i,v\n" + "".join(f"u{k},a,-1\n\n" for k in range(7)))  # blank lines
+    capfd.readouterr()
+    assert cli.main(["import-votes", str(cli_env / "v.csv"), "--chunk", "3"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["created"] == 7
+    assert "100%|" in err and "7/7 [" in err
