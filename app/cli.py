@@ -47,9 +47,60 @@ def cmd_serve(args: argparse.Namespace) -> int:
     reset_settings_cache()
     settings = get_settings()
     app = create_app(settings)
+    if settings.seed_demo:
+        import threading
+
+        threading.Thread(target=announce_demo, args=(settings,), name="privrec-demo-announcer",
+                         daemon=True).start()
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
                 log_level=settings.log_level.lower())
     return 0
+
+
+DEMO_USER = "user-5"
+
+
+def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = None) -> str | None:
+    """Wait for the demo data set's first training run (trigger ``demo``) to end and log one line
+    saying it was trained (or failed) and one saying how to get a token; return its status.
+
+    The demo is synthetic; the lines carry only the run's id, status and public stage.
+    """
+    import logging
+    import time
+
+    from sqlalchemy import select
+
+    from app.db.models import Dataset, TrainingRun
+    from app.db.session import session_scope
+
+    log = logging.getLogger("privrec.cli")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    run = None
+    while deadline is None or time.monotonic() < deadline:
+        try:
+            with session_scope(settings.database_url) as session:
+                run = session.execute(
+                    select(TrainingRun.id, TrainingRun.status, TrainingRun.stage).join(Dataset)
+                    .where(TrainingRun.trigger == "demo", Dataset.name == settings.default_dataset)
+                    .order_by(TrainingRun.id)).first()
+        except Exception:  # noqa: BLE001 - the schema may not exist yet while the server starts
+            run = None
+        if run is not None and run.status in ("succeeded", "failed"):
+            break
+        time.sleep(interval)
+    else:
+        return None
+    name = settings.default_dataset
+    if run.status == "succeeded":
+        log.info("demo data set %r is trained: run %d published its model", name, run.id)
+    else:
+        log.warning("the demo data set %r training run %d failed (see GET /v1/admin/trainings/%d)",
+                    name, run.id, run.id)
+    log.info("get a user token with `privrec issue-token --user %s`, then GET "
+             "/v1/datasets/%s/users/%s/recommendations with it (admin: `privrec issue-token --admin`)",
+             DEMO_USER, name, DEMO_USER)
+    return run.status
 
 
 def cmd_api(args: argparse.Namespace) -> int:

@@ -152,8 +152,7 @@ def _startup(app: FastAPI, settings: Settings) -> None:
         session.commit()
     if settings.seed_demo:
         with app.state.sessionmaker() as session:
-            if demo.seed_if_empty(session, settings=settings):
-                log.info("seeded the synthetic demo data set")
+            demo.seed_if_empty(session, settings=settings)  # logs the seeding itself
     if settings.embedded_worker:
         from app.services.embedded_worker import start_embedded_worker
 

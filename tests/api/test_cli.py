@@ -395,3 +395,46 @@ def test_import_votes_bar_reaches_the_rows_read(cli_env: Path, capfd: pytest.Cap
     out, err = capfd.readouterr()
     assert json.loads(out)["created"] == 7
     assert "100%|" in err and "7/7 [" in err
+
+
+@pytest.mark.e2e
+def test_serve_logs_the_demo_seeded_and_trained_and_how_to_get_a_token(tmp_path: Path) -> None:
+    """`privrec serve` on an empty data folder: one line says the demo was seeded, one that it was
+    trained, one how to get a token; the token it names then gets recommendations."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "ARTIFACT_DIR")}
+    env.update(SECRET_KEY=SECRET, LOG_FORMAT="text")
+    exe = str(Path(sys.executable).with_name("privrec"))
+    proc = subprocess.Popen([exe, "serve", "--data-dir", str(tmp_path / "var"), "--port", str(port)],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any("issue-token --user" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        seeded = [line for line in lines if "seeded with" in line]
+        trained = [line for line in lines if "is trained" in line]
+        token_line = [line for line in lines if "issue-token --user" in line]
+        assert len(seeded) == 1 and len(trained) == 1 and len(token_line) == 1, "".join(lines)
+        assert "published" in trained[0] and "privrec issue-token --user user-5" in token_line[0]
+        out = subprocess.run([exe, "issue-token", "--user", "user-5"], env={
+            **env, "DATABASE_URL": f"sqlite:///{tmp_path / 'var' / 'privrec.db'}"},
+            capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/datasets/default/users/user-5/recommendations",
+                                     headers={"Authorization": f"Bearer {out}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200 and json.loads(resp.read())["items"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
