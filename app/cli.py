@@ -211,7 +211,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(json.dumps({"run_id": run_id, "status": "queued", "enqueued": sent}), flush=True)
     if not args.follow:
         return 0
-    return 0 if _follow(run_id, settings, interval=args.interval, quiet=args.quiet) == "succeeded" else 1
+    try:
+        status = _follow(run_id, settings, interval=args.interval, quiet=args.quiet)
+    except KeyboardInterrupt:
+        raise SystemExit(f"privrec train: stopped following run {run_id}; the run goes on "
+                         f"(GET /v1/admin/trainings/{run_id})") from None
+    return 0 if status == "succeeded" else 1
 
 
 def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:

@@ -438,3 +438,27 @@ def test_serve_logs_the_demo_seeded_and_trained_and_how_to_get_a_token(tmp_path:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_train_follow_interrupted_says_the_run_goes_on(cli_env: Path) -> None:
+    """Ctrl-C while following (no worker here, so the run stays queued): one line, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    assert cli.main(["migrate"]) == 0
+    _seed_small(cli_env)
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{cli_env / 'cli.db'}", "SECRET_KEY": SECRET}
+    env.pop("REDIS_URL", None)
+    exe = str(Path(sys.executable).with_name("privrec"))
+    proc = subprocess.Popen([exe, "train", "--epsilon", "1", "--follow", "--interval", "0.05", "--quiet"],
+                            env=env, cwd=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_id = json.loads(proc.stdout.readline())["run_id"]
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == [f"privrec train: stopped following run {run_id}; the run goes on "
+                                        f"(GET /v1/admin/trainings/{run_id})"]
