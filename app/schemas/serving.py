@@ -71,11 +71,14 @@ class RecommendationsOut(BaseModel):
         "`p_thumbs_up` (one-bit models: probability of a thumbs up)."))
     fallback: bool = Field(description="True when the DP-popular fallback was served instead of personal scores.")
     fallback_reason: str | None = None
+    notes: list[str] = Field(default_factory=list, description=(
+        "Why the list may be shorter than asked, e.g. a requested category that no item carries."))
     items: list[ScoredItem]
 
 
 class ModelInfoOut(BaseModel):
-    version: int
+    version: int = Field(description="The model version's global id (used in admin paths).")
+    dataset_version: int = Field(description="The version number within this data set: 1, 2, ...")
     dataset: str
     algorithm: str
     epsilon: float | None = Field(description="Epsilon charged for this model (conservative, rounded up).")

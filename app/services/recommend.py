@@ -205,7 +205,7 @@ def model_info(session: Session, *, dataset: str) -> ModelInfoOut:
     meta = dict(row.model_metadata or {})
     eps_pld = None if row.epsilon_pld is None else round_up(row.epsilon_pld)
     return ModelInfoOut(
-        version=row.id, dataset=dataset, algorithm=row.algorithm, epsilon=round_up(row.epsilon),
+        version=row.id, dataset_version=row.version, dataset=dataset, algorithm=row.algorithm, epsilon=round_up(row.epsilon),
         delta=row.delta, epsilon_rdp=round_up(row.epsilon), epsilon_pld=eps_pld, trained_at=row.created_at, n_items=model.n_items,
         n_trained_items=int(np.count_nonzero(model.trained_mask)), rank=model.rank,
         sha256=row.sha256, active=bool(row.active), metrics=dict(row.metrics or {}), privacy=meta,
@@ -295,6 +295,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                                   items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
     allowed = _allowed(session, s, dataset, query)
     allowed[rated_idx] = False
+    out["notes"] = _category_notes(session, s, dataset, query)
     if reason is not None:
         idx, _ = _popular_idx(s, query.n, allowed)
         scores = _baseline_scores(s, kind)
@@ -322,6 +323,14 @@ def _allowed(session: Session, s: _Active, dataset: str, query: RecommendationQu
         ex = [s.positions[i] for i in query.exclude if i in s.positions]
         allowed[np.asarray(ex, dtype=np.int64)] = False
     return allowed
+
+
+def _category_notes(session: Session, s: _Active, dataset: str, query: RecommendationQuery) -> list[str]:
+    """Say so when a requested category is carried by no item (the list would be silently empty)."""
+    if not query.categories:
+        return []
+    known = _catalog(session, s.cache.dataset_id, dataset).by_category
+    return [f"no item carries category {c!r}" for c in query.categories if c not in known]
 
 
 def _on_scale(s: _Active, kind: str, scores: np.ndarray) -> np.ndarray:

@@ -49,7 +49,9 @@ def test_category_filter_exclude_list_and_post_form(published: Env) -> None:
     post = env.client.post(f"{R}/users/u1/recommendations", headers=env.auth("u1"),
                            json={"n": 50, "categories": ["even"], "exclude": [first]}).json()
     assert post == again
-    assert _reco(env, "u1", category="no-such-category").json()["items"] == []
+    empty = _reco(env, "u1", category="no-such-category").json()
+    assert empty["items"] == [] and empty["notes"] == ["no item carries category 'no-such-category'"]
+    assert body["notes"] == []
     # deactivated items disappear from recommendations
     env.client.put(f"{R}/items/{again['items'][0]['item_id']}", headers=env.admin,
                    json={"categories": ["even"], "active": False})
@@ -72,6 +74,7 @@ def test_public_model_routes(published: Env) -> None:
     env = published
     info = env.client.get(f"{R}/model").json()
     assert info["algorithm"] == "dpals" and info["n_items"] == 24 and info["rank"] == 4
+    assert info["dataset_version"] == 1  # the first model of this data set
     assert 0 < info["epsilon"] <= 2.0 + 1e-3 and info["delta"] > 0
     page = env.client.get(f"{R}/model/embeddings", params={"offset": 20, "limit": 10}).json()
     assert page["total"] == 24 and len(page["items"]) == 4 and page["next_offset"] is None
