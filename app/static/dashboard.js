@@ -52,6 +52,12 @@ async function loadSummary() {
   $("cap").textContent = b.epsilon_cap;
   $("delta").textContent = b.delta;
   $("relations").textContent = (b.neighbouring_relations || []).join(", ") || "none charged yet";
+  $("account-relation").textContent = text(b.neighbouring_relation);
+  const pb = b.person_budget;
+  $("person-budget").textContent = pb
+    ? `${pb.name}: spent ${pb.spent_epsilon_rdp} (RDP; PLD ${text(pb.spent_epsilon_pld)}) of cap ${pb.epsilon_cap} at δ ${pb.delta}, ` +
+      `${pb.neighbouring_relation}; data sets ${pb.datasets.join(", ")} (the unit is a user id)`
+    : "none";
   const c = s.chain;
   $("chain").innerHTML = "";
   const mark = document.createElement("span");

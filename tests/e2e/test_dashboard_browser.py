@@ -87,6 +87,8 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             n_entries = client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"]
             assert len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) == n_entries
             assert "verified" in driver.find_element(By.ID, "chain").text
+            assert driver.find_element(By.ID, "account-relation").text == "add_or_remove_one_user"
+            assert driver.find_element(By.ID, "person-budget").text.startswith("all: spent ")
             _wait(lambda: "composes to" in driver.find_element(By.ID, "projection").text, 30, "the projection")
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
