@@ -44,7 +44,7 @@ from dp_accounting import dp_event
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.core.accounting import (
+from app.core.privacy.accounting import (
     DP_ACCOUNTING_VERSION,
     GROUP_PRIVACY_NOTE,
     NEIGHBOURING_RELATION,
@@ -393,7 +393,7 @@ def _charged_events(
 
 def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
     """The event ``entry`` charges to an account under ``relation``: its released event converted
-    from the relation its guarantee was stated under (:func:`app.core.accounting.event_under`)."""
+    from the relation its guarantee was stated under (:func:`app.core.privacy.accounting.event_under`)."""
     return event_under(event_from_json(entry.event), _entry_relation(entry), relation)
 
 

@@ -18,8 +18,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.core.dpfw import FrankWolfeModel
-from app.core.model import PublicModel
+from app.core.mf.dpfw import FrankWolfeModel
+from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
 from app.ledger import round_up
 from app.platform_errors import Conflict, InvalidRequest, NoActiveModel, NotFound
@@ -64,7 +64,7 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
             _cache.move_to_end(key)
             return model
     from app.core.algorithms import get_algorithm
-    from app.core.artifact import ArtifactError
+    from app.core.mf.artifact import ArtifactError
 
     try:
         model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)

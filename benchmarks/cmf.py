@@ -31,14 +31,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from app.core.als import ALSConfig, train_als
-from app.core.datasets import load_ml1m
-from app.core.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
-from app.core.foldin import fold_in_users, user_offsets
-from app.core.metrics import factor_predictions, rating_rmse
-from app.core.model import PublicModel
-from app.core.ratings import Ratings
-from app.core.splits import HeldoutSet, load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.mf.als import ALSConfig, train_als
+from app.core.data.datasets import load_ml1m
+from app.core.mf.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
+from app.core.mf.foldin import fold_in_users, user_offsets
+from app.core.eval.metrics import factor_predictions, rating_rmse
+from app.core.mf.model import PublicModel
+from app.core.data.ratings import Ratings
+from app.core.data.splits import HeldoutSet, load_ml1m_ranking_split, load_ml1m_rating_split, merge
 from benchmarks.evaluation import model_ranking
 from benchmarks.harness import limit_threads, make_row, mean_std
 from benchmarks.quality_ml1m import (

@@ -29,10 +29,10 @@ from typing import Any, Callable
 import numpy as np
 import scipy.sparse.linalg as spla
 
-from app.core.als import ALSConfig, train_als
-from app.core.dpals import DPALSConfig, calibrate as calibrate_dpals, train_dpals
-from app.core.dpals import GaussianReleaser
-from app.core.dpfw import (
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate as calibrate_dpals, train_dpals
+from app.core.mf.dpals import GaussianReleaser
+from app.core.mf.dpfw import (
     DPFWConfig,
     calibrate as calibrate_dpfw,
     gram_product,
@@ -43,11 +43,11 @@ from app.core.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.datasets import DatasetUnavailable, load_jester1
-from app.core.metrics import rmse
-from app.core.ratings import Ratings
-from app.core.splits import load_ml1m_rating_split, merge, random_split
-from app.core.synthetic import paper_synthetic
+from app.core.data.datasets import DatasetUnavailable, load_jester1
+from app.core.eval.metrics import rmse
+from app.core.data.ratings import Ratings
+from app.core.data.splits import load_ml1m_rating_split, merge, random_split
+from app.core.data.synthetic import paper_synthetic
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import format_table, limit_threads, make_row, mean_std
 from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS, RIDGE_GRID, dpals_base

@@ -1,18 +1,18 @@
 """Evaluation protocols shared by the quality suites (algorithms.md §1 "Evaluation protocols").
 
 User embeddings are always computed exactly like the privileged endpoint computes them: from the
-published model plus the user's own ratings only (``app.core.foldin.fold_in_users``).
+published model plus the user's own ratings only (``app.core.mf.foldin.fold_in_users``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.core.foldin import fold_in_users, is_ranking, user_offsets
-from app.core.metrics import factor_predictions, ranking_metrics, rating_rmse
-from app.core.model import PublicModel
-from app.core.ratings import Ratings
-from app.core.splits import HeldoutSet
+from app.core.mf.foldin import fold_in_users, is_ranking, user_offsets
+from app.core.eval.metrics import factor_predictions, ranking_metrics, rating_rmse
+from app.core.mf.model import PublicModel
+from app.core.data.ratings import Ratings
+from app.core.data.splits import HeldoutSet
 
 
 def model_rmse(

@@ -1,7 +1,7 @@
 """quality-defaults: the service's default path next to the free baselines and a tuned grid.
 
 What an admin's training request without hyper-parameters runs — the registry's
-``resolve_hyperparameters`` (the ε-aware rule of ``app.core.defaults``), ``config_from_params``
+``resolve_hyperparameters`` (the ε-aware rule of ``app.core.mf.defaults``), ``config_from_params``
 and ``calibrate`` — on three public data sets read from ``../shared/data`` at run time (research
 use only; never copied into the repo), both objectives, at the service's default δ = 1e-6:
 
@@ -28,11 +28,11 @@ from typing import Any, Callable
 import numpy as np
 
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
-from app.core.datasets import load_dataset
-from app.core.metrics import rating_rmse
-from app.core.model import PublicModel
-from app.core.ratings import Ratings
-from app.core.splits import (HeldoutSplit, heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split,
+from app.core.data.datasets import load_dataset
+from app.core.eval.metrics import rating_rmse
+from app.core.mf.model import PublicModel
+from app.core.data.ratings import Ratings
+from app.core.data.splits import (HeldoutSplit, heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split,
                              merge, random_split)
 from benchmarks.evaluation import model_ranking, model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std

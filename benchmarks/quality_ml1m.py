@@ -24,12 +24,12 @@ from typing import Any, Callable
 import numpy as np
 
 from app.core.algorithms import resolve_hyperparameters
-from app.core.als import ALSConfig, train_als
-from app.core.dpals import DPALSConfig, calibrate, train_dpals
-from app.core.metrics import rating_rmse
-from app.core.model import PublicModel
-from app.core.ratings import Ratings
-from app.core.splits import load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
+from app.core.eval.metrics import rating_rmse
+from app.core.mf.model import PublicModel
+from app.core.data.ratings import Ratings
+from app.core.data.splits import load_ml1m_ranking_split, load_ml1m_rating_split, merge
 from benchmarks.evaluation import model_ranking, model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 

@@ -41,7 +41,7 @@ def _free_port() -> int:
 
 def _prepare(url: str, quick: bool, settings) -> list[str]:
     """Load items + ratings, train and publish a rank-64 DPALS model; return user ids."""
-    from app.core.synthetic import production_synthetic
+    from app.core.data.synthetic import production_synthetic
     from app.db.migrate import upgrade_head
     from app.db.session import get_sessionmaker
     from app.services import budget, ingest, training

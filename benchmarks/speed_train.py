@@ -12,7 +12,7 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
   than wall time on a shared machine; peak-memory rows carry their ratio to implicit's.
 * ``dpals``: seconds per DPALS step (user solves, clipping, noisy Grams, PSD projection, item
   solves); pre-processing (Algorithm 3) is reported separately. ``seconds_noise``: the time
-  spent in the exact discrete-Gaussian grid releases (``app.core.discrete_noise``; rounding to
+  spent in the exact discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to
   the grid and integer sampling) over the whole run divided by its T steps, summed over the
   solver threads; it is part of ``seconds_per_step``.
 * ``noise_draws_per_s`` (dataset ``noise-sigma-2^k``): a micro-benchmark of the exact discrete
@@ -33,11 +33,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from app.core.als import ALSConfig, train_als
-from app.core.discrete_noise import GridGaussian, discrete_gaussian
-from app.core.dpals import DPALSConfig, train_dpals
-from app.core.ratings import Ratings
-from app.core.synthetic import production_synthetic
+from app.core.mf.als import ALSConfig, train_als
+from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.data.ratings import Ratings
+from app.core.data.synthetic import production_synthetic
 from benchmarks.harness import limit_threads, make_row, peak_memory
 
 SUITE = "speed-train"

@@ -10,7 +10,7 @@ import pytest
 
 def require_data(*parts: str) -> Path:
     """Path inside the shared data folder; skip (fail under CI=true) when it is absent."""
-    from app.core.datasets import data_root
+    from app.core.data.datasets import data_root
 
     path = data_root().joinpath(*parts)
     if not path.exists():

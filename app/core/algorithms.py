@@ -15,8 +15,9 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import defaults, dpals, dpcmf, dpfw, foldin, onebit
-from app.core.artifact import load_model, save_model
+from app.core import onebit
+from app.core.mf import defaults, dpals, dpcmf, dpfw, foldin
+from app.core.mf.artifact import load_model, save_model
 
 __all__ = ["Algorithm", "ALGORITHMS", "SCORE_KINDS", "get_algorithm", "resolve_hyperparameters", "score_kind"]
 
@@ -167,7 +168,7 @@ def score_kind(name: str, model: Any) -> str:
     return "ranking_score" if config.get("objective") == "ranking" else "predicted_rating"
 
 
-# algorithms whose hyper-parameters the ε-aware rule (app.core.defaults) can fill in
+# algorithms whose hyper-parameters the ε-aware rule (app.core.mf.defaults) can fill in
 _DEFAULTED = ("dpals", "dpcmf")
 
 
@@ -185,7 +186,7 @@ def resolve_hyperparameters(
     """(hyper-parameters to run, whether the ε-aware defaults were used).
 
     With no hyper-parameters (``params`` empty) DPALS and DP-CMF get
-    :func:`app.core.defaults.default_hyperparameters` for the objective at (ε, δ), from public
+    :func:`app.core.mf.defaults.default_hyperparameters` for the objective at (ε, δ), from public
     facts only; given hyper-parameters are used as they are (an ``objective`` argument is added).
     """
     get_algorithm(name)

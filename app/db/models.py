@@ -1,5 +1,5 @@
 """ORM tables (SQLAlchemy 2). "Model" here means a database table; trained recommendation
-models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.model.PublicModel``).
+models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.mf.model.PublicModel``).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ class BudgetAccount(Base):
     epsilon_cap: Mapped[float] = mapped_column(Float)
     delta: Mapped[float] = mapped_column(Float)
     accountant: Mapped[str] = mapped_column(String(16), default="rdp")
-    # the one neighbouring relation every number of this account holds under (app.core.accounting.Relation)
+    # the one neighbouring relation every number of this account holds under (app.core.privacy.accounting.Relation)
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user",
                                           server_default="add_or_remove_one_user")
     # the per-person bound this data set's events also count against

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.core.accounting import Relation
+from app.core.privacy.accounting import Relation
 from app.schemas.common import FiniteFloat, StrictModel
 
 MAX_EPSILON_CAP = 1_000.0

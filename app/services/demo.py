@@ -29,7 +29,7 @@ def _is_empty(session: Session, dataset_id: int) -> bool:
 def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 500,
          n_ratings: int = 60_000, seed: int = 7) -> int:
     """Write the demo catalogue and ratings into ``dataset`` (caller commits); return #ratings."""
-    from app.core.synthetic import production_synthetic
+    from app.core.data.synthetic import production_synthetic
     from app.schemas.ingest import ItemIn
     from app.services import ingest
 

@@ -18,7 +18,7 @@ from dp_accounting import dp_event
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.core.accounting import compose, epsilon_pld, epsilon_rdp
+from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
 from app.core.algorithms import get_algorithm
 from app.platform_errors import InvalidRequest
 from app.services import training

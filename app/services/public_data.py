@@ -8,7 +8,7 @@ Public sources must never be derived from private users' data. The product enfor
 * a user's public flag is set by that user's own token only (checked by the API); every change is
   appended to an audit trail and bumps the data set's ``ratings_version``;
 * training removes public users' rows from the private ratings before any private statistic
-  (:func:`app.core.dpcmf.split_public_users`).
+  (:func:`app.core.mf.dpcmf.split_public_users`).
 
 Metadata tokens (:func:`item_tokens`) come from an item's public ``categories`` and ``features``:
 
@@ -38,8 +38,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.api.errors import NotFound, PayloadTooLarge, Unprocessable
-from app.core.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
-from app.core.ratings import Ratings
+from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
+from app.core.data.ratings import Ratings
 from app.db.models import (Dataset, Item, ItemSimilarity, PublicRatingConsent, PublicRatingConsentEvent,
                            SimilaritySource, User, bump_ratings_version, utcnow)
 from app.schemas.common import MAX_BATCH_ROWS, Page

@@ -19,7 +19,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.api.errors import NotFound, Unprocessable
-from app.core import foldin
+from app.core.mf import foldin
 from app.core.algorithms import get_algorithm, score_kind
 from app.db.models import Dataset, Item, ModelVersion
 from app.schemas.serving import (EmbeddingRow, EmbeddingsPage, ModelInfoOut, PopularItem, PopularOut,

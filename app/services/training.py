@@ -42,8 +42,8 @@ from sqlalchemy.orm import Session
 
 from app import ledger, model_store
 from app.config import Settings, get_settings
-from app.core.accounting import epsilon_pld as _eps_pld
-from app.core.accounting import epsilon_rdp as _eps_rdp
+from app.core.privacy.accounting import epsilon_pld as _eps_pld
+from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
 from app.db.models import Dataset, Item, ModelVersion, TrainingRun, utcnow
@@ -571,7 +571,7 @@ def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Alg
     """Everything checkable from public facts, before the private read (a failure refunds):
     the data set's vote settings for a free run, the reservation against the config and the
     public catalogue size. Returns the reserved event."""
-    from app.core.accounting import event_to_json
+    from app.core.privacy.accounting import event_to_json
 
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
@@ -608,7 +608,7 @@ def _read_private(run_id: int, url: str | None, info: dict[str, Any], algo: Algo
 
 
 def _train(run_id: int, url: str | None, info: dict[str, Any]):
-    from app.core.accounting import event_to_json
+    from app.core.privacy.accounting import event_to_json
 
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.algorithms import Algorithm
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item
 from app.db.session import is_postgres
 

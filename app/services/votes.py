@@ -33,8 +33,8 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.api.errors import Conflict, NotFound, Unprocessable
-from app.core.accounting import Relation
-from app.core.ratings import Ratings
+from app.core.privacy.accounting import Relation
+from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
 from app.db.session import is_postgres
 from app.schemas.common import Page

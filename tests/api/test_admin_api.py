@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.accounting import NEIGHBOURING_RELATION
+from app.core.privacy.accounting import NEIGHBOURING_RELATION
 from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 
 A = "/v1/admin/datasets/default"

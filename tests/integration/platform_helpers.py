@@ -8,7 +8,7 @@ import numpy as np
 from sqlalchemy import insert, select
 
 from app.config import Settings
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, Rating, User, bump_ratings_version
 from app.db.session import session_scope
 from app.services.budget import ensure_dataset
@@ -86,6 +86,6 @@ def seed_ratings(url: str, dataset: str, ratings: Ratings, *, user_prefix: str =
 
 def synthetic_ratings(n_users: int = 300, n_items: int = 60, n_ratings: int = 3000, seed: int = 0) -> Ratings:
     """Small production-shaped ratings in [1, 5]."""
-    from app.core.synthetic import production_synthetic
+    from app.core.data.synthetic import production_synthetic
 
     return production_synthetic(n_users, n_items, n_ratings, rank=4, seed=seed).ratings

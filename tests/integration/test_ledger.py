@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select, text
 
 from app import ledger
-from app.core.accounting import compose, epsilon_rdp, gaussian
+from app.core.privacy.accounting import compose, epsilon_rdp, gaussian
 from app.db.models import LedgerEntry, TrainingRun
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest
@@ -209,7 +209,7 @@ def test_conservative_rounding():
 _RESERVE_SCRIPT = """
 import sys, time
 from app import ledger
-from app.core.accounting import gaussian
+from app.core.privacy.accounting import gaussian
 from app.db.models import TrainingRun
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded

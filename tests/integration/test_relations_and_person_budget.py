@@ -10,7 +10,7 @@ from alembic import command
 from sqlalchemy import MetaData, create_engine, insert, pool, select
 
 from app import ledger
-from app.core.accounting import compose, epsilon_rdp, event_to_json, gaussian
+from app.core.privacy.accounting import compose, epsilon_rdp, event_to_json, gaussian
 from app.core.onebit import local_randomisation_event
 from app.db.migrate import alembic_config, upgrade_head
 from app.db.models import BudgetAccount, LedgerEntry, PersonBudget, TrainingRun

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app import ledger, model_store
-from app.core.accounting import epsilon_rdp, event_to_json
+from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded, InvalidRequest, NoActiveModel

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from app import ledger, model_store
-from app.core.accounting import epsilon_rdp, event_to_json
-from app.core.dpfw import FrankWolfeModel, replay_user
+from app.core.privacy.accounting import epsilon_rdp, event_to_json
+from app.core.mf.dpfw import FrankWolfeModel, replay_user
 from app.db.session import session_scope
 from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery

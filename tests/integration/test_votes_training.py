@@ -13,7 +13,7 @@ from dp_accounting import dp_event
 
 from app import ledger, model_store
 from app.core import onebit
-from app.core.accounting import epsilon_rdp, event_from_json
+from app.core.privacy.accounting import epsilon_rdp, event_from_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
 from app.platform_errors import InvalidRequest

@@ -8,8 +8,8 @@ import math
 import pytest
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.dpals import DPALSConfig, dpals_event
+from app.core.privacy import accounting
+from app.core.mf.dpals import DPALSConfig, dpals_event
 
 
 def test_event_json_round_trip():
@@ -61,7 +61,7 @@ from dp_accounting import NeighboringRelation  # noqa: E402
 from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402
 from scipy import optimize, stats  # noqa: E402
 
-from app.core.accounting import Relation, event_under, parse_relation, relation_implies  # noqa: E402
+from app.core.privacy.accounting import Relation, event_under, parse_relation, relation_implies  # noqa: E402
 
 ADD, REPLACE, VALUES = Relation.ADD_OR_REMOVE_ONE_USER, Relation.REPLACE_ONE_USER, Relation.REPLACE_VOTE_VALUES
 

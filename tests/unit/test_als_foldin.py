@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.core.als import ALSConfig, make_plan, solve_side, train_als
-from app.core.dpals import DPALSConfig, train_dpals
-from app.core.foldin import fold_in, fold_in_users, popular_items, user_offset, user_offsets, recommend, similar_items
-from app.core.ratings import Ratings
+from app.core.mf.als import ALSConfig, make_plan, solve_side, train_als
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.mf.foldin import fold_in, fold_in_users, popular_items, user_offset, user_offsets, recommend, similar_items
+from app.core.data.ratings import Ratings
 
 
 def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
@@ -162,7 +162,7 @@ def test_user_centring_recovers_user_offsets():
 
 @pytest.mark.parametrize("weighted,shared", [(False, False), (True, True)])
 def test_conjugate_gradient_solves_converge_to_the_exact_ones(weighted: bool, shared: bool):
-    from app.core.als import solve_side_cg
+    from app.core.mf.als import solve_side_cg
 
     rng = np.random.default_rng(7)
     import scipy.sparse as sp

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from app.core.artifact import ArtifactError, load_model, save_model
-from app.core.dpals import DPALSConfig, train_dpals
-from app.core.ratings import Ratings
+from app.core.mf.artifact import ArtifactError, load_model, save_model
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.data.ratings import Ratings
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_round_trip(tmp_path, model):
 
 
 def test_a_format_1_artifact_loads_with_zero_item_biases(tmp_path, model):
-    from app.core.artifact import _describe, _model_arrays, write_sealed
+    from app.core.mf.artifact import _describe, _model_arrays, write_sealed
 
     arrays = {k: v for k, v in _model_arrays(model).items() if k != "item_biases"}
     info = write_sealed(tmp_path / "old", arrays, {**_describe(model), "format_version": 1})

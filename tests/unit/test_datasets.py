@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core import datasets as ds
+from app.core.data import datasets as ds
 from tests.conftest import require_data
 
 
@@ -49,7 +49,7 @@ def test_data_root_honours_env(monkeypatch, tmp_path: Path):
     monkeypatch.setenv(ds.ENV_VAR, str(tmp_path))
     assert ds.data_root() == tmp_path.resolve()
     monkeypatch.delenv(ds.ENV_VAR)
-    assert ds.data_root() == (Path(ds.__file__).resolve().parents[2].parent / "shared" / "data").resolve()
+    assert ds.data_root() == (Path(ds.__file__).resolve().parents[3].parent / "shared" / "data").resolve()
 
 
 def test_tiny_ml100k_with_genres(tiny_root: Path):

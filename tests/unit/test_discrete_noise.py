@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.core import discrete_noise
-from app.core.discrete_noise import (
+from app.core.privacy import discrete_noise
+from app.core.privacy.discrete_noise import (
     bernoulli_exp,
     discrete_gaussian,
     discrete_gaussian_pmf,
@@ -20,8 +20,8 @@ from app.core.discrete_noise import (
     grid_gaussian,
     noise_switched_off,
 )
-from app.core.dpals import GaussianReleaser
-from app.core.laplace import discrete_laplace_noise
+from app.core.mf.dpals import GaussianReleaser
+from app.core.privacy.laplace import discrete_laplace_noise
 
 
 class IntegersOnly:

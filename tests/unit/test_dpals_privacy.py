@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core import accounting
-from app.core.als import iter_grams
-from app.core.discrete_noise import GridGaussian
-from app.core.dpals import (
+from app.core.privacy import accounting
+from app.core.mf.als import iter_grams
+from app.core.privacy.discrete_noise import GridGaussian
+from app.core.mf.dpals import (
     DPALSConfig,
     GaussianReleaser,
     PublicState,
@@ -30,7 +30,7 @@ from app.core.dpals import (
     user_regularisation,
     per_user_sample,
 )
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 K = 6  # contribution bound used throughout
 
@@ -358,7 +358,7 @@ def test_a_user_without_ratings_trains_and_folds_in_to_zero():
     ratings = Ratings.from_arrays(users, items, values, user_ids=ids)
     assert ratings.user_counts()[-1] == 0
     model = train_dpals(ratings, DPALSConfig(rank=3, contribution_bound=4, noise_multiplier=1.0))
-    from app.core.foldin import fold_in_users, recommend
+    from app.core.mf.foldin import fold_in_users, recommend
 
     assert np.all(fold_in_users(model, ratings)[-1] == 0)
     idx, _ = recommend(model, np.array([], dtype=int), np.array([]), 5)
@@ -366,7 +366,7 @@ def test_a_user_without_ratings_trains_and_folds_in_to_zero():
 
 
 def test_per_row_selection_matches_brute_force():
-    from app.core.dpals import _lowest_k_per_row
+    from app.core.mf.dpals import _lowest_k_per_row
 
     rng = np.random.default_rng(0)
     rows = np.sort(rng.integers(0, 50, 2000))

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app.core import accounting, dpals
+from app.core.mf import dpals
+from app.core.privacy import accounting
 from app.core.algorithms import get_algorithm
-from app.core.dpcmf import (
+from app.core.mf.dpcmf import (
     DPCMFConfig,
     PublicData,
     PublicSource,
@@ -24,8 +25,8 @@ from app.core.dpcmf import (
     split_public_users,
     train_dpcmf,
 )
-from app.core.foldin import fold_in_users, recommend
-from app.core.ratings import Ratings
+from app.core.mf.foldin import fold_in_users, recommend
+from app.core.data.ratings import Ratings
 
 N_USERS, N_ITEMS, N_GENRES = 90, 40, 4
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core import accounting
-from app.core.artifact import ArtifactError
-from app.core.dpals import GaussianReleaser
-from app.core.dpfw import (
+from app.core.privacy import accounting
+from app.core.mf.artifact import ArtifactError
+from app.core.mf.dpals import GaussianReleaser
+from app.core.mf.dpfw import (
     DPFWConfig,
     LocalState,
     _replay,
@@ -34,8 +34,8 @@ from app.core.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.ratings import Ratings
-from app.core.splits import random_split
+from app.core.data.ratings import Ratings
+from app.core.data.splits import random_split
 from tests.unit.test_dpals_privacy import CountingRng, _record_grid_releases
 
 N_ITEMS = 12
@@ -250,7 +250,7 @@ def test_fold_in_replay_equals_the_training_state(method: str):
     for user in (0, 7, 21):
         idx, vals = ratings.user_row(user)
         assert np.allclose(replay_user(model, idx, vals), training[user])
-    means, coef = __import__("app.core.dpfw", fromlist=["fold_in_users_dpfw"]).fold_in_users_dpfw(model, ratings)
+    means, coef = __import__("app.core.mf.dpfw", fromlist=["fold_in_users_dpfw"]).fold_in_users_dpfw(model, ratings)
     assert np.allclose(coef, trace.state.coefficients)
     assert np.allclose(predict_dpfw(model, ratings, ratings), training[rows, cols])
 
@@ -335,7 +335,7 @@ def test_rank_one_problem_at_huge_epsilon_beats_predicting_zero():
 def test_inflation_is_added_and_nothing_derived_from_the_data_is_logged(caplog):
     ratings = _ratings()
     config = _config(eigen_inflation=True, failure_probability=0.1)
-    with caplog.at_level(logging.DEBUG, logger="app.core.dpfw"):
+    with caplog.at_level(logging.DEBUG, logger="app.core.mf.dpfw"):
         model = train_dpfw(ratings, config)
     sigma = 4 * L**2 * config.noise_multiplier
     inflation = math.sqrt(sigma * math.log(N_ITEMS / 0.1)) * N_ITEMS**0.25
@@ -368,7 +368,7 @@ def test_artifact_round_trip_and_hash_check(tmp_path):
 
 
 def test_count_release_sensitivity_under_adding_a_maximal_user():
-    from app.core.dpfw import prepare_rows
+    from app.core.mf.dpfw import prepare_rows
 
     config = _config(max_ratings_per_user=5)
     small, large = _ratings(), _ratings(extra_user=True)

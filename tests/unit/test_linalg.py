@@ -1,12 +1,12 @@
-"""Known-answer tests for the batched kernels of app.core.linalg."""
+"""Known-answer tests for the batched kernels of app.core.mf.linalg."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.core.als import bucket_gram, make_plan
-from app.core.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, solve_noisy_systems,
+from app.core.mf.als import bucket_gram, make_plan
+from app.core.mf.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, solve_noisy_systems,
                              symmetric_from_upper)
 
 

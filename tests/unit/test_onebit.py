@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.artifact import ArtifactError
-from app.core.laplace import discrete_laplace_noise
+from app.core.privacy import accounting
+from app.core.mf.artifact import ArtifactError
+from app.core.privacy.laplace import discrete_laplace_noise
 from app.core.onebit import (
     OneBitConfig,
     calibrate,
@@ -30,7 +30,7 @@ from app.core.onebit import (
     train_onebit,
 )
 from app.core.onebit import train as onebit_train
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 
 def _votes(n_users=30, n_items=20, frac=0.4, seed=0) -> tuple[np.ndarray, Ratings]:

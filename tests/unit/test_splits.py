@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.core.ratings import Ratings
-from app.core.splits import heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split, random_split
+from app.core.data.ratings import Ratings
+from app.core.data.splits import heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split, random_split
 from tests.conftest import require_data
 
 
@@ -145,7 +145,7 @@ def test_heldout_split_with_no_validation_users_and_string_ids():
 
 
 def test_merge_restores_the_union_and_rejects_overlap():
-    from app.core.splits import merge
+    from app.core.data.splits import merge
 
     r = _ratings()
     train, valid, test = random_split(r, seed=1)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from app.core.synthetic import paper_synthetic, production_synthetic
+from app.core.data.synthetic import paper_synthetic, production_synthetic
 
 
 def test_paper_synthetic_shape_probability_and_unit_std():

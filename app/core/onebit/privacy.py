@@ -46,7 +46,7 @@ outp       Gaussian, L2 sensitivity 2ζ/λ + 2ρ            Gaussian, L2 sensiti
 multiplier ``objp_output_noise_multiplier`` (z_out, default 100: about 0.04 of ε at δ = 1e-6, and
 noise of std 2ρ·z_out = 2e-4 per entry at ρ = 1e-6) is fixed, and only ``epsilon`` is calibrated
 for the composed event. :func:`calibrate` sets the relevant knob so that the user-level
-event meets a target (ε, δ) by the RDP accountant (app.core.accounting, which also accounts the
+event meets a target (ε, δ) by the RDP accountant (app.core.privacy.accounting, which also accounts the
 pure-DP events). With ``pre_randomised`` the votes were randomised once at ingestion with
 ``local_epsilon`` (that local guarantee is charged once, by the service, with
 :func:`local_randomisation_event`); training then adds nothing and its event is NoOpDpEvent.
@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.accounting import Relation
+from app.core.privacy import accounting
+from app.core.privacy.accounting import Relation
 from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 
 __all__ = [

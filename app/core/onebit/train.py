@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
-from app.core.discrete_noise import grid_gaussian
-from app.core.dpals import per_user_sample
-from app.core.foldin import candidate_items, top_n
-from app.core.laplace import (
+from app.core.privacy import accounting
+from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
+from app.core.privacy.discrete_noise import grid_gaussian
+from app.core.mf.dpals import per_user_sample
+from app.core.mf.foldin import candidate_items, top_n
+from app.core.privacy.laplace import (
     discrete_laplace_noise,
     dithered_laplace_noise,
     snap_to_grid,
@@ -42,7 +42,7 @@ from app.core.onebit.privacy import (
     public_config,
     randomize_votes,
 )
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "GaussianRelease",
@@ -242,7 +242,7 @@ class GaussianRelease:
 def objp_release(minimiser: np.ndarray, config: OneBitConfig,
                  rng: np.random.Generator) -> tuple[np.ndarray, GaussianRelease]:
     """X_T + Z on every entry, Z exact discrete Gaussian on a grid charged as N(0, σ²), σ = z_out·2ρ
-    (approximate minima perturbation; ``app.core.discrete_noise``: no floating-point leak)."""
+    (approximate minima perturbation; ``app.core.privacy.discrete_noise``: no floating-point leak)."""
     sensitivity = privacy.objp_output_sensitivity(config)
     multiplier = config.objp_output_noise_multiplier
     grid = grid_gaussian(sensitivity, multiplier, minimiser.size)  # every entry may move
@@ -294,7 +294,7 @@ def outp_minimiser(data: Votes, config: OneBitConfig) -> tuple[np.ndarray, int]:
 
 
 def outp_release(minimiser: np.ndarray, config: OneBitConfig, rng: np.random.Generator) -> np.ndarray:
-    """Exact discrete Gaussian noise on a grid on every entry (``app.core.discrete_noise``), charged
+    """Exact discrete Gaussian noise on a grid on every entry (``app.core.privacy.discrete_noise``), charged
     as the Gaussian of multiplier z for the user-level L2 sensitivity."""
     grid = grid_gaussian(outp_sensitivity(config), config.noise_multiplier, minimiser.size)
     return grid.release(rng, minimiser)
@@ -460,7 +460,7 @@ def user_scores(model: OneBitModel, item_idx: np.ndarray, votes: np.ndarray) -> 
 def recommend_onebit(model: OneBitModel, item_idx: np.ndarray, values: np.ndarray, n: int, *,
                      exclude_idx: np.ndarray | None = None, allowed_idx: np.ndarray | None = None,
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``n`` items by P(thumbs up), same semantics as :func:`app.core.foldin.recommend`."""
+    """Top-``n`` items by P(thumbs up), same semantics as :func:`app.core.mf.foldin.recommend`."""
     scores = user_scores(model, item_idx, values)
     return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))
 

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "DATASETS",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 ENV_VAR = "PRIVREC_DATA_DIR"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class DatasetUnavailable(FileNotFoundError):

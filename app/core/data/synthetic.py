@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 __all__ = ["SyntheticData", "paper_synthetic", "production_synthetic"]
 

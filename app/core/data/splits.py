@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from app.core.datasets import _read_bytes, dataset_path, load_ml1m
-from app.core.ratings import Ratings
+from app.core.data.datasets import _read_bytes, dataset_path, load_ml1m
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "HeldoutSet",

@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from app.core.linalg import gather_rows, gram_and_rhs
-from app.core.model import PublicModel, UserRegularisation
+from app.core.mf.linalg import gather_rows, gram_and_rhs
+from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "Bucket",

@@ -36,13 +36,13 @@ from typing import Any, Callable
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
-from app.core.discrete_noise import GridGaussian, grid_gaussian
-from app.core.linalg import noise_edge, project_psd, solve_noisy_systems, symmetric_from_upper
+from app.core.privacy import accounting
+from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
+from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian
+from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems, symmetric_from_upper
 from app.core.parallel import parallel_map
-from app.core.model import PublicModel, UserRegularisation
-from app.core.ratings import Ratings
+from app.core.mf.model import PublicModel, UserRegularisation
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "CONTRIBUTION_MODES",
@@ -123,7 +123,7 @@ class DPALSConfig:
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     init_scale: float = 1.0
-    defaults_rule: int | None = None  # set when the ε-aware rule (app.core.defaults) chose the values
+    defaults_rule: int | None = None  # set when the ε-aware rule (app.core.mf.defaults) chose the values
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -269,7 +269,7 @@ class GaussianReleaser:
         return sensitivity * multiplier
 
     def record_grid(self, name: str, sensitivity: float, multiplier: float, changed: int) -> GridGaussian:
-        """Record one release drawn on a grid (exact discrete Gaussian, ``app.core.discrete_noise``);
+        """Record one release drawn on a grid (exact discrete Gaussian, ``app.core.privacy.discrete_noise``);
         ``changed`` bounds the coordinates one user can change."""
         self.record(name, sensitivity, multiplier)
         return grid_gaussian(sensitivity, multiplier, changed)
@@ -557,7 +557,7 @@ def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> Solv
 # ---------------------------------------------------------------------------- training
 @dataclass(frozen=True)
 class PublicItemTerms:
-    """Exact terms from public data added to the trained items' systems (DP-CMF, app.core.dpcmf):
+    """Exact terms from public data added to the trained items' systems (DP-CMF, app.core.mf.dpcmf):
 
         v_j = (Π_PSD(Ã_j) + λ0 K̃ + grams_j + shared + λ r_j I)⁻¹ (b̃_j + rhs_j).
 
@@ -653,7 +653,7 @@ def _solve_projected(
     """v_j = (Π_PSD(Ã_j + s I) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch.
 
     s = ``shift`` is data-independent; the projection runs only where Ã_j + s I has no Cholesky
-    factor (post-processing: see :func:`app.core.linalg.solve_noisy_systems`). With the noise
+    factor (post-processing: see :func:`app.core.mf.linalg.solve_noisy_systems`). With the noise
     filter on (κ > 0) the filter needs every Π_PSD(Ã_j)'s eigenbasis: :func:`_solve_filtered`,
     unshifted, as before."""
     if kappa > 0:

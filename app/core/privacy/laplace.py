@@ -1,7 +1,7 @@
 """Discrete Laplace noise: integer draws with pmf ∝ exp(−a|x|), no floating-point inversion.
 
 DLap(a) is sampled exactly (Canonne, Kamath, Steinke 2020, arXiv:2004.00010, Algorithm 2's
-construction, in ``app.core.discrete_noise``): the float a is a dyadic rational p/q, and the pmf
+construction, in ``app.core.privacy.discrete_noise``): the float a is a dyadic rational p/q, and the pmf
 tanh(a/2)·e^{−a|x|} ∝ e^{−|x|p/q} is sampled from uniform integers by exact comparisons with
 e^{−mp/q} (numpy's ``geometric`` inverts a float CDF for small success probabilities without
 any bound on the rounding, which is exactly what this module must avoid). The draw is an
@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from app.core.discrete_noise import discrete_laplace_exact
+from app.core.privacy.discrete_noise import discrete_laplace_exact
 
 __all__ = ["discrete_laplace_noise", "dithered_laplace_noise", "snap_to_grid"]
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 import scipy.sparse as sp
 
-from app.core.ratings import Ratings
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "factor_predictions",

@@ -47,10 +47,10 @@ import numpy as np
 import scipy.sparse as sp
 from dp_accounting import dp_event
 
-from app.core import dpals
-from app.core.als import iter_grams, make_plan, solve_side
-from app.core.model import PublicModel
-from app.core.ratings import Ratings
+from app.core.mf import dpals
+from app.core.mf.als import iter_grams, make_plan, solve_side
+from app.core.mf.model import PublicModel
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "PUBLIC_SOURCES",

@@ -9,7 +9,7 @@ splits of public benchmark data (MovieLens-1M canonical splits; ``benchmarks/qua
 checks the rule on ML-1M, ML-100K and Jester-1 against the free baselines and a tuned grid), then
 a few smooth laws instead of a per-data-set lookup, because the rule is judged on data it never saw:
 
-* The Wiener noise filter (``noise_filter``, :func:`app.core.dpals.wiener_filter`) fades the
+* The Wiener noise filter (``noise_filter``, :func:`app.core.mf.dpals.wiener_filter`) fades the
   directions of each noisy item system whose Gram mass is below the noise: rare items fall back to
   their DP bias instead of carrying pure noise, and at small ε the factors fade out altogether.
 * Item biases are released with DP and shrunk in proportion to their noise.

@@ -61,11 +61,11 @@ import numpy as np
 import scipy.sparse as sp
 from dp_accounting import dp_event
 
-from app.core import accounting
-from app.core.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
-from app.core.dpals import GaussianReleaser, per_user_sample
-from app.core.foldin import candidate_items, top_n
-from app.core.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
+from app.core.mf.dpals import GaussianReleaser, per_user_sample
+from app.core.mf.foldin import candidate_items, top_n
+from app.core.data.ratings import Ratings
 
 __all__ = [
     "EIGEN_METHODS",
@@ -578,7 +578,7 @@ def recommend_dpfw(
     model: FrankWolfeModel, item_idx: np.ndarray, values: np.ndarray, n: int, *,
     exclude_idx: np.ndarray | None = None, allowed_idx: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``n`` items (same semantics as :func:`app.core.foldin.recommend`): rated and excluded
+    """Top-``n`` items (same semantics as :func:`app.core.mf.foldin.recommend`): rated and excluded
     items removed, candidates restricted to ``allowed_idx`` when given; best first."""
     scores = replay_user(model, item_idx, values)
     return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))

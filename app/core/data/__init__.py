@@ -1,0 +1,1 @@
+"""Rating data: the in-memory ratings structure, splits, synthetic generators and public data set loaders."""

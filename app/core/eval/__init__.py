@@ -1,0 +1,1 @@
+"""Evaluation: rating and ranking metrics and the free baselines."""
