@@ -2,13 +2,20 @@
 
 Set-up: PostgreSQL data set with 20,000 items and production-shaped synthetic ratings; one real
 DPALS run (rank 64) through the training service publishes the model; then ``privrec api``
-(uvicorn, one process) serves it. The load generator (this process) runs 32 concurrent
-keep-alive clients, each request for a random user with that user's own token.
+(uvicorn, one worker process per core unless ``BENCH_SERVE_WORKERS`` says otherwise) serves it.
+Every recommendation is for a random user with that user's own token.
 
-Rows: ``*_latency_p50_ms``/``*_latency_p99_ms`` observed by the clients under 32-way load,
-``*_server_p50_ms``/``*_server_p99_ms`` (time inside the app, from the ``Server-Timing``
-header), ``*_throughput_rps``, and single-client latency ``*_latency_1client_p50_ms``/``p99``.
-Targets on the 2-core machine: recommendation p99 <= 20 ms and >= 500 requests/s.
+Phases and rows (targets on the 2-core machine in the ``baseline`` column):
+* ``closed-loop-32``: 32 keep-alive clients, each sending its next request when the last one
+  answered; ``requests_per_second`` for recommendations (target 1,000) and for ``/health`` (the
+  same-run ceiling of the same workers), ``p50_ms``/``p99_ms``, ``server_p50_ms`` (time inside
+  the app, ``Server-Timing``; the suite turns the opt-in header on) and ``cpu_ms_per_request``
+  (the API processes' CPU seconds over the phase, read from /proc, per request).
+* ``open-loop-500rps``: recommendations offered at a constant 500 requests/s whatever the server
+  does; latency counted from each request's due time, so queueing is not hidden (no coordinated
+  omission); ``p50_ms``, ``p99_ms`` (target 20), ``achieved_rps``, ``cpu_ms_per_request``.
+* ``all-phases``/``loadgen_cpu_fraction``: the share of the machine's CPU the load generator used,
+  so a generator that starves the server of the cores cannot go unnoticed.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -30,6 +39,7 @@ SUITE = "serve"
 N_ITEMS = 20_000
 RANK = 64
 CLIENTS = 32
+OPEN_LOOP_RATE = 500.0
 _TIMING = re.compile(r"app;dur=([0-9.]+)")
 
 
@@ -95,17 +105,13 @@ async def _load(port: int, paths: list[tuple[str, dict[str, str]]], clients: int
     """
     lat = np.zeros(len(paths))
     srv = np.full(len(paths), np.nan)
-    raws = [
-        (f"GET {p} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode()
-        for p, h in paths
-    ]
+    raws = [_raw(p, h) for p, h in paths]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for k in range(len(paths)):
         queue.put_nowait(k)
 
     async def worker() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader, writer = await _connect(port)
         try:
             while True:
                 try:
@@ -128,20 +134,124 @@ async def _load(port: int, paths: list[tuple[str, dict[str, str]]], clients: int
     return lat, srv, time.perf_counter() - t0
 
 
-def _rows(name: str, lat: np.ndarray, srv: np.ndarray, seconds: float, lat1: np.ndarray, label: str) -> list[dict]:
-    out = []
-    for metric, value, base in (
-        (f"{name}_latency_p50_ms", np.percentile(lat, 50), None),
-        (f"{name}_latency_p99_ms", np.percentile(lat, 99), 20.0 if name == "recommend" else None),
-        (f"{name}_server_p50_ms", np.nanpercentile(srv, 50), None),
-        (f"{name}_server_p99_ms", np.nanpercentile(srv, 99), 20.0 if name == "recommend" else None),
-        (f"{name}_throughput_rps", len(lat) / seconds, 500.0 if name == "recommend" else None),
-        (f"{name}_latency_1client_p50_ms", np.percentile(lat1, 50), None),
-        (f"{name}_latency_1client_p99_ms", np.percentile(lat1, 99), 20.0 if name == "recommend" else None),
-    ):
-        out.append(make_row(SUITE, label, "dpals" if name == "recommend" else "-", metric, float(value),
-                            baseline=base, seconds=seconds))
-    return out
+async def _open_loop(port: int, paths: list[tuple[str, dict[str, str]]], rate: float,
+                     warm_connections: int = 64) -> tuple[np.ndarray, float]:
+    """Offer ``paths`` at a constant ``rate`` (requests/s) whatever the server does; (ms, seconds).
+
+    Open loop: request k is due at t0 + k/rate and its latency runs from that due time, not from
+    when it was sent, so a server that falls behind is charged for the queue it builds (no
+    coordinated omission). A due request takes an idle keep-alive connection or opens a new one.
+    """
+    raws = [_raw(p, h) for p, h in paths]
+    idle = [await _connect(port) for _ in range(warm_connections)]
+    lat = np.full(len(raws), np.nan)
+    failures: list[str] = []
+
+    async def one(k: int, due: float) -> None:
+        reader, writer = idle.pop() if idle else await _connect(port)
+        status, _, body = await _request(reader, writer, raws[k])
+        lat[k] = (time.perf_counter() - due) * 1000
+        if status != 200:
+            failures.append(f"{paths[k][0]} -> {status}: {body[:200]!r}")
+        idle.append((reader, writer))
+
+    t0 = time.perf_counter() + 0.05
+    tasks = []
+    for k in range(len(raws)):
+        due = t0 + k / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(k, due)))
+    await asyncio.gather(*tasks)
+    seconds = time.perf_counter() - t0
+    for _, writer in idle:
+        writer.close()
+    if failures:
+        raise RuntimeError(failures[0])
+    return lat, seconds
+
+
+def _raw(path: str, headers: dict[str, str]) -> bytes:
+    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+
+
+async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return reader, writer
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live children (the API's worker processes)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:  # fields[1] is the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@dataclass
+class _Measured:
+    """One load phase: client latencies (ms), server times (ms), wall seconds, CPU seconds used."""
+
+    lat: np.ndarray
+    srv: np.ndarray
+    seconds: float
+    server_cpu_s: float
+    loadgen_cpu_s: float
+
+
+def _with_nan(result: tuple[np.ndarray, float]) -> tuple[np.ndarray, np.ndarray, float]:
+    lat, seconds = result
+    return lat, np.full(len(lat), np.nan), seconds
+
+
+def _measure(pid: int, phase: Callable[[], tuple[np.ndarray, np.ndarray, float]]) -> _Measured:
+    server0, own0 = _tree_cpu_seconds(pid), time.process_time()
+    lat, srv, seconds = phase()
+    return _Measured(lat, srv, seconds, _tree_cpu_seconds(pid) - server0, time.process_time() - own0)
+
+
+def _closed_rows(name: str, m: _Measured) -> list[dict]:
+    """Closed loop, 32 clients: requests per second (target 1,000 for recommendations), p50/p99."""
+    algorithm = "dpals" if name == "recommend" else "health"
+    return [
+        make_row(SUITE, "closed-loop-32", algorithm, "requests_per_second", len(m.lat) / m.seconds,
+                 baseline=1000.0 if name == "recommend" else None, seconds=m.seconds),
+        make_row(SUITE, "closed-loop-32", algorithm, "p50_ms", float(np.percentile(m.lat, 50)), seconds=m.seconds),
+        make_row(SUITE, "closed-loop-32", algorithm, "p99_ms", float(np.percentile(m.lat, 99)), seconds=m.seconds),
+        make_row(SUITE, "closed-loop-32", algorithm, "server_p50_ms", float(np.nanpercentile(m.srv, 50)),
+                 seconds=m.seconds),
+        make_row(SUITE, "closed-loop-32", algorithm, "cpu_ms_per_request", 1000 * m.server_cpu_s / len(m.lat),
+                 seconds=m.seconds),
+    ]
+
+
+def _open_rows(m: _Measured, rate: float) -> list[dict]:
+    """Open loop at ``rate`` offered: p50/p99 from due time (target p99 <= 20 ms), achieved rate."""
+    dataset = f"open-loop-{int(rate)}rps"
+    return [
+        make_row(SUITE, dataset, "dpals", "p50_ms", float(np.percentile(m.lat, 50)), seconds=m.seconds),
+        make_row(SUITE, dataset, "dpals", "p99_ms", float(np.percentile(m.lat, 99)), baseline=20.0, seconds=m.seconds),
+        make_row(SUITE, dataset, "dpals", "achieved_rps", len(m.lat) / m.seconds, baseline=rate, seconds=m.seconds),
+        make_row(SUITE, dataset, "dpals", "cpu_ms_per_request", 1000 * m.server_cpu_s / len(m.lat), seconds=m.seconds),
+    ]
+
+
+def _loadgen_row(phases: list[_Measured]) -> dict:
+    """Share of the machine's CPU the load generator itself used over every measured phase."""
+    wall = sum(m.seconds for m in phases)
+    own = sum(m.loadgen_cpu_s for m in phases)
+    return make_row(SUITE, "all-phases", "-", "loadgen_cpu_fraction", own / (wall * (os.cpu_count() or 1)), seconds=wall)
 
 
 def run(quick: bool) -> list[dict]:
@@ -154,7 +264,6 @@ def run(quick: bool) -> list[dict]:
     url, drop = _database()
     secret = "bench-serve-secret-0123456789abcdef-0123"
     n_req = 2_000 if quick else 10_000
-    label = f"synthetic-{N_ITEMS}i-r{RANK}"
     proc = None
     try:
         settings = Settings(database_url=url, redis_url=None, seed_demo=False, embedded_worker=False,
@@ -165,7 +274,7 @@ def run(quick: bool) -> list[dict]:
                "ARTIFACT_DIR": str(settings.artifact_dir), "LOG_LEVEL": "WARNING",
                "SERVER_TIMING": "true",  # opt-in header: the server-side columns read it
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        workers = int(os.environ.get("BENCH_SERVE_WORKERS", "1"))
+        workers = int(os.environ.get("BENCH_SERVE_WORKERS", str(os.cpu_count() or 1)))  # one per core
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb"))
         base = f"http://127.0.0.1:{port}"
@@ -185,11 +294,15 @@ def run(quick: bool) -> list[dict]:
             reco.append((f"/v1/datasets/default/users/{u}/recommendations?n=20", {"Authorization": f"Bearer {tok}"}))
         health = [("/health", {})] * n_req
         asyncio.run(_load(port, reco[:200], CLIENTS))  # warm-up: model load, connections
+        closed = {name: _measure(proc.pid, lambda paths=paths: asyncio.run(_load(port, paths, CLIENTS)))
+                  for name, paths in (("health", health), ("recommend", reco))}
+        n_open = int(OPEN_LOOP_RATE * (4 if quick else 15))
+        opened = _measure(proc.pid, lambda: _with_nan(asyncio.run(_open_loop(port, reco[:n_open], OPEN_LOOP_RATE))))
         rows: list[dict] = []
-        for name, paths in (("health", health), ("recommend", reco)):
-            lat, srv, seconds = asyncio.run(_load(port, paths, CLIENTS))
-            lat1, _, _ = asyncio.run(_load(port, paths[: max(200, n_req // 10)], 1))
-            rows += _rows(name, lat, srv, seconds, lat1, label)
+        for name, m in closed.items():
+            rows += _closed_rows(name, m)
+        rows += _open_rows(opened, OPEN_LOOP_RATE)
+        rows.append(_loadgen_row([*closed.values(), opened]))
         return rows
     finally:
         if proc is not None:
