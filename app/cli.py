@@ -9,18 +9,41 @@ import gzip
 import io
 import itertools
 import json
+import logging
 import os
 import shutil
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
+
+import uvicorn
+from alembic.script import ScriptDirectory
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from tqdm import tqdm
+from uvicorn.supervisors import Multiprocess
+
+from app.api.errors import APIError
+from app.auth import issue_token
+from app.config import Settings, get_settings, reset_settings_cache
+from app.db.migrate import alembic_config, current_revision, upgrade_head
+from app.db.models import Dataset, TrainingRun
+from app.db.session import get_sessionmaker, session_scope
+from app.main import create_app, openapi_yaml
+from app.platform_errors import PlatformError
+from app.schemas.admin import TrainingIn
+from app.services import admin, budget, catalog, ingest, public_data, votes
+from app.services.serving.active import invalidate_catalog
+from app.services.training.dispatch import QUEUE
 
 __all__ = ["main", "build_parser"]
 
 
-def _settings(**overrides):
-    from app.config import Settings, get_settings
-
+def _settings(**overrides: Any) -> Settings:
     if not overrides:
         return get_settings()
     return Settings(**overrides)
@@ -28,9 +51,7 @@ def _settings(**overrides):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Embedded mode: SQLite, no Redis, in-process worker, one uvicorn process."""
-    import uvicorn
 
-    from app.main import create_app
 
     # The embedded mode is "no Redis"; overrides go through the environment so that every
     # component reading the process-wide settings (worker, sessions) sees the same values.
@@ -42,14 +63,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["ARTIFACT_DIR"] = str(data / "artifacts")
     if args.no_demo:
         os.environ["SEED_DEMO"] = "false"
-    from app.config import get_settings, reset_settings_cache
-
     reset_settings_cache()
     settings = get_settings()
     app = create_app(settings)
     if settings.seed_demo:
-        import threading
-
         threading.Thread(target=announce_demo, args=(settings,), name="privrec-demo-announcer",
                          daemon=True).start()
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
@@ -66,13 +83,8 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
 
     The demo is synthetic; the lines carry only the run's id, status and public stage.
     """
-    import logging
-    import time
 
-    from sqlalchemy import select
 
-    from app.db.models import Dataset, TrainingRun
-    from app.db.session import session_scope
 
     log = logging.getLogger("privrec.cli")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -105,17 +117,13 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
 
 def cmd_api(args: argparse.Namespace) -> int:
     """Production API process(es): uvicorn on the app factory, no in-process worker."""
-    import uvicorn
-
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
     if args.workers <= 1:
-        uvicorn.run("app.main:create_app", factory=True, host=host, port=port,
+        uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port,
                     log_level=settings.log_level.lower())
         return 0
-    from uvicorn.supervisors import Multiprocess
-
-    config = uvicorn.Config("app.main:create_app", factory=True, host=host, port=port,
+    config = uvicorn.Config("app.main:create_app_from_env", factory=True, host=host, port=port,
                             workers=args.workers, log_level=settings.log_level.lower())
     Multiprocess(config, sockets=[_tcp_listener(host, port)]).run()
     return 0
@@ -128,8 +136,6 @@ def _tcp_listener(host: str, port: int) -> "socket.socket":
     accepted connections and every response waits ~40 ms for a delayed ACK; with the protocol
     set, connections get TCP_NODELAY as in the single-process server.
     """
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -146,8 +152,6 @@ def _celery(argv: list[str]) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """A Celery worker for training runs (prefetch 1; tasks acknowledged late)."""
-    from app.services.training import QUEUE
-
     argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
             "--prefetch-multiplier", "1", "-Q", QUEUE]
     if args.hostname:
@@ -162,10 +166,6 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 def cmd_migrate(_: argparse.Namespace) -> int:
     """Apply the Alembic migrations up to head and say which revisions were applied."""
-    from app.db.migrate import current_revision, upgrade_head
-    from app.db.session import session_scope
-    from app.services import budget
-
     settings = _settings()
     before = current_revision(settings.database_url)
     upgrade_head(settings.database_url)
@@ -180,9 +180,7 @@ def cmd_migrate(_: argparse.Namespace) -> int:
 
 def _revisions_between(before: str | None, after: str | None) -> list[str]:
     """The migration revisions above ``before`` up to ``after``, oldest first."""
-    from alembic.script import ScriptDirectory
 
-    from app.db.migrate import alembic_config
 
     if after is None or after == before:
         return []
@@ -193,17 +191,14 @@ def _revisions_between(before: str | None, after: str | None) -> list[str]:
 def cmd_train(args: argparse.Namespace) -> int:
     """Submit a training run over the admin API's service path (reserve, commit, enqueue) and
     print its id; with ``--follow`` show its data-independent stages until it ends."""
-    from pydantic import ValidationError
 
-    from app.schemas.admin import TrainingIn
-    from app.services import admin
 
     settings = _settings()
     try:
         body = TrainingIn(algorithm=args.algorithm, epsilon=args.epsilon, objective=args.objective)
     except ValidationError as exc:
         raise SystemExit(f"privrec train: {_config_errors(exc)}; nothing was submitted") from None
-    with admin.sessionmaker_for(settings)() as session:
+    with get_sessionmaker(settings.database_url)() as session:
         run_id = admin.start_training(session, dataset=args.dataset, body=body,
                                       actor=f"cli:{os.environ.get('USER', 'unknown')}")
         session.commit()
@@ -222,13 +217,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
     """Poll run ``run_id`` until it succeeds or fails, drawing its public progress (stage names
     and data-independent fractions only, as the dashboard shows); return the final status."""
-    import time
 
-    from tqdm import tqdm
 
-    from app.services import admin
 
-    maker = admin.sessionmaker_for(settings)
+    maker = get_sessionmaker(settings.database_url)
     bar = tqdm(total=100, unit="%", desc=f"run {run_id}: queued", disable=quiet,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]")
     try:
@@ -292,8 +284,6 @@ def _count_data_lines(path: Path, header: bool) -> int:
 def _bar(path: Path, total: int, unit: str, quiet: bool):
     """A progress bar with total, percent and ETA, used as a context manager so that it is closed
     exactly once, before any error message (no second copy of the bar after it)."""
-    from tqdm import tqdm
-
     return tqdm(total=total, unit=unit, desc=f"import {path.name}", disable=quiet,
                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]")
 
@@ -307,14 +297,11 @@ def _finish(bar) -> None:
 
 def cmd_import_csv(args: argparse.Namespace) -> int:
     """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
-    from app.api.errors import APIError
-    from app.services import ingest
-
     settings = _settings()
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = ingest.sessionmaker_for(settings)
+    maker = get_sessionmaker(settings.database_url)
     total = 0
     chunk: list[tuple[str, str, float]] = []
     with _bar(path, _count_data_lines(path, not args.no_header), "ratings", args.quiet) as bar:
@@ -361,18 +348,17 @@ def _item_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, 
 def cmd_import_items(args: argparse.Namespace) -> int:
     """Upsert public catalogue items from a CSV (item_id[,title[,categories separated by |]]):
     the only bulk way to create items (ratings and votes imports refuse unknown items)."""
-    from app.services import ingest
-
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = ingest.sessionmaker_for(_settings())
+    maker = get_sessionmaker(_settings().database_url)
     totals = {"created": 0, "updated": 0}
     rows = _item_rows(path, args.delimiter, not args.no_header)
     while chunk := list(itertools.islice(rows, args.chunk)):
         with maker() as session:
-            out = ingest.import_items(session, dataset=args.dataset, rows=chunk)
+            out = catalog.import_items(session, dataset=args.dataset, rows=chunk)
             session.commit()
+        invalidate_catalog(args.dataset)
         totals = {key: totals[key] + out[key] for key in totals}
     print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
@@ -391,12 +377,10 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
     """Store votes from a CSV (user,item,vote) through the ingestion path, with a progress bar: on
     a data set that randomises at ingestion each vote is randomised once on arrival and only the
     bit is kept."""
-    from app.services import ingest, votes
-
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = ingest.sessionmaker_for(_settings())
+    maker = get_sessionmaker(_settings().database_url)
     totals = {"created": 0, "updated": 0, "unchanged": 0}
     rows = _vote_rows(path, args.delimiter, not args.no_header)
     with _bar(path, _count_data_lines(path, not args.no_header), "votes", args.quiet) as bar:
@@ -414,15 +398,13 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
 def cmd_import_similarities(args: argparse.Namespace) -> int:
     """Create/update a public similarity source and replace the top-K lists of the items in a CSV
     (item_id,neighbour_id,score), all or nothing."""
-    from app.services import ingest, public_data
-
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
     lists: dict[str, list[tuple[str, float]]] = {}
     for item, neighbour, score in _rows(path, args.delimiter, not args.no_header, "item_id,neighbour_id,score"):
         lists.setdefault(item, []).append((neighbour, score))
-    with ingest.sessionmaker_for(_settings())() as session:
+    with get_sessionmaker(_settings().database_url)() as session:
         source, _ = public_data.put_similarity_source(
             session, dataset=args.dataset, name=args.source, provenance=args.provenance,
             declared_public=args.declare_public, actor=f"cli:{os.environ.get('USER', 'unknown')}")
@@ -435,8 +417,6 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
 
 def cmd_issue_token(args: argparse.Namespace) -> int:
     """Print a signed bearer token."""
-    from app.auth import issue_token
-
     settings = _settings()
     if args.admin:
         kind, subject, scopes = "admin", args.subject or "admin", []
@@ -461,10 +441,8 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """Print the privacy budget of a data set as JSON."""
-    from app.services import admin
-
     settings = _settings()
-    maker = admin.sessionmaker_for(settings)
+    maker = get_sessionmaker(settings.database_url)
     with maker() as session:
         out = admin.budget_view(session, dataset=args.dataset or settings.default_dataset)
     print(json.dumps(out.model_dump(mode="json"), indent=2))
@@ -473,8 +451,6 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 def cmd_openapi(args: argparse.Namespace) -> int:
     """Print the OpenAPI document the app serves, as YAML (``privrec openapi > openapi.yaml``)."""
-    from app.main import openapi_yaml
-
     sys.stdout.write(openapi_yaml())
     return 0
 
@@ -582,11 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.api.errors import APIError
-    from app.platform_errors import PlatformError
 
-    from pydantic import ValidationError
-    from sqlalchemy.exc import InterfaceError, OperationalError
 
     args = build_parser().parse_args(argv)
     try:

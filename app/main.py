@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from threadpoolctl import threadpool_limits
 
 from app.api import admin, dashboard, health, ingest, observability, privileged, public
 from app.api import public_data
@@ -19,13 +22,17 @@ from app.api import votes as votes_api
 from app.api.contract import install_error_docs
 from app.api.errors import PayloadTooLarge, install_error_handlers, render
 from app.api.health import __version__
+from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
-from app.config import Settings, get_settings
+from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
+from app.db.migrate import upgrade_head
 from app.db.session import get_sessionmaker
+from app.services import budget, demo
+from app.services.training.embedded_worker import start_embedded_worker
 
 log = logging.getLogger("privrec")
 
-__all__ = ["create_app", "openapi_yaml"]
+__all__ = ["create_app", "create_app_from_env", "openapi_yaml"]
 
 DESCRIPTION = """\
 privrec learns recommendations from users' ratings under **user-level differential privacy**
@@ -127,8 +134,6 @@ def _limit_blas_threads() -> None:
     """One BLAS thread per API process: requests already run concurrently, and a multi-threaded
     BLAS spends longer waking its threads than computing a 20,000 x 64 mat-vec (measured 6x
     slower under load). Training's batched solvers set their own thread pools."""
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(limits=1, user_api="blas")
 
 
@@ -136,26 +141,17 @@ def _startup(app: FastAPI, settings: Settings) -> None:
     """Every mode: single-threaded BLAS. Embedded mode: migrate, seed demo data when empty,
     start the in-process worker."""
     _limit_blas_threads()
-    from app.api.observability import configure_logging
-
     configure_logging(settings.log_level, settings.log_format)
     if not settings.embedded:
         return
-    from app.db.migrate import upgrade_head
-    from app.services import demo
-
-    from app.services import budget
-
     upgrade_head(settings.database_url)
     with app.state.sessionmaker() as session:
         budget.bootstrap(session, settings)
         session.commit()
     if settings.seed_demo:
         with app.state.sessionmaker() as session:
-            demo.seed_if_empty(session, settings=settings)  # logs the seeding itself
+            demo.seed_if_empty(session, dataset=settings.default_dataset, settings=settings)  # logs the seeding itself
     if settings.embedded_worker:
-        from app.services.embedded_worker import start_embedded_worker
-
         app.state.worker = start_embedded_worker(settings)
 
 
@@ -168,18 +164,18 @@ def _shutdown(app: FastAPI) -> None:
 
 def _mount_dashboard(app: FastAPI) -> None:
     """The admin dashboard page, its JSON routes and its static files (no build step)."""
-    from pathlib import Path
-
-    from fastapi.staticfiles import StaticFiles
-
     app.include_router(dashboard.router)
     app.mount("/dashboard/static", StaticFiles(directory=Path(__file__).resolve().parent / "static"),
               name="dashboard-static")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app for ``settings`` (default: the process-wide validated settings)."""
-    settings = settings or get_settings()
+def create_app_from_env() -> FastAPI:
+    """The app for the process-wide validated settings (uvicorn's factory in ``privrec api``)."""
+    return create_app(get_settings())
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the app for ``settings``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -222,8 +218,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def openapi_document(app: FastAPI | None = None) -> dict[str, Any]:
     """The OpenAPI document the app serves at ``/openapi.json``."""
     if app is None:
-        from app.config import DEFAULT_SECRET_KEY
-
         app = create_app(Settings(redis_url=None, secret_key=DEFAULT_SECRET_KEY,
                                   database_url="sqlite:///:memory:"))
     return app.openapi()

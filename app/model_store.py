@@ -17,11 +17,12 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.config import get_settings
+from app.core.algorithms import get_algorithm
+from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
-from app.ledger import round_up
+from app.ledger import lock_account, round_up
 from app.platform_errors import Conflict, InvalidRequest, NoActiveModel, NotFound
 
 __all__ = [
@@ -43,9 +44,9 @@ _cache: "OrderedDict[tuple[int, str], PublicModel]" = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def artifact_path_for(dataset: str, run_id: int, artifact_dir: Path | None = None) -> Path:
+def artifact_path_for(dataset: str, run_id: int, artifact_dir: Path) -> Path:
     """Where run ``run_id`` of ``dataset`` writes its artifact (absolute path)."""
-    base = Path(artifact_dir or get_settings().artifact_dir).expanduser().resolve()
+    base = Path(artifact_dir).expanduser().resolve()
     return base / dataset / f"run-{run_id}.npz"
 
 
@@ -63,9 +64,6 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
         if model is not None:
             _cache.move_to_end(key)
             return model
-    from app.core.algorithms import get_algorithm
-    from app.core.mf.artifact import ArtifactError
-
     try:
         model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)
     except ArtifactError as exc:
@@ -185,8 +183,6 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     if not Path(row.artifact_path).is_file():
         raise Conflict(f"artifact of model version {version_id} is missing; it cannot be activated")
     # The budget account lock also guards publishing, so activations and publications serialise.
-    from app.ledger import lock_account
-
     lock_account(session, row.dataset_id)
     if not row.active:
         _swap_active(session, row.dataset_id, row)

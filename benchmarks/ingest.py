@@ -121,7 +121,7 @@ def run(quick: bool) -> list[dict]:
     from app.db.session import get_sessionmaker
     from app.main import create_app
     from app.schemas.ingest import ItemIn, RatingRow
-    from app.services import budget, ingest
+    from app.services import budget, catalog, ingest
 
     n_total = 50_000 if quick else 500_000
     n_users, n_items = (5_000, 2_000) if quick else (50_000, 10_000)
@@ -138,7 +138,7 @@ def run(quick: bool) -> list[dict]:
         with maker() as s:
             budget.bootstrap(s, settings)
             for k in range(n_items):
-                ingest.upsert_item(s, dataset="default", item_id=f"item-{k}", data=ItemIn(title=f"Item {k}"))
+                catalog.upsert_item(s, dataset="default", item_id=f"item-{k}", data=ItemIn(title=f"Item {k}"))
             s.commit()
         data = _rows(n_total, n_users, n_items, seed=1)
         batches = [[RatingRow(user_id=u, item_id=i, rating=v) for u, i, v in data[k:k + BATCH]]
@@ -156,7 +156,7 @@ def run(quick: bool) -> list[dict]:
         with maker() as s:
             user_ids = dict(s.execute(select(User.external_id, User.id)).all())
             item_ids = dict(s.execute(select(Item.external_id, Item.id)).all())
-            dataset_id = ingest.get_dataset(s, "default").id
+            dataset_id = catalog.get_dataset(s, "default").id
         resolved = [(user_ids[u], item_ids[i], v) for u, i, v in data]
         copy_seconds = _copy_ceiling(url, [resolved[k:k + BATCH] for k in range(0, n_total, BATCH)], dataset_id)
         copy_rate = n_total / copy_seconds

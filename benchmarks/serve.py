@@ -54,7 +54,10 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     from app.core.data.synthetic import production_synthetic
     from app.db.migrate import upgrade_head
     from app.db.session import get_sessionmaker
-    from app.services import budget, ingest, training
+    from app.services import budget, ingest
+    from app.services import catalog
+    from app.services.training import runner
+    from app.services.training import requests as train_requests
 
     upgrade_head(url)
     maker = get_sessionmaker(url)
@@ -68,7 +71,7 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
         budget.bootstrap(s, settings)
         s.commit()
     with maker() as s:  # the public 20,000-item catalogue first (items nobody rated included)
-        ingest.import_items(s, dataset="default", rows=[(f"item-{i}", f"item-{i}", []) for i in range(N_ITEMS)])
+        catalog.import_items(s, dataset="default", rows=[(f"item-{i}", f"item-{i}", []) for i in range(N_ITEMS)])
         s.commit()
     for k in range(0, len(users), 50_000):
         with maker() as s:
@@ -77,10 +80,10 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
             s.commit()
     hyper = {"rank": RANK, "n_steps": 1, "frequent_fraction": 0.25 if quick else 0.4}
     with maker() as s:
-        run = training.start_training(s, dataset="default", epsilon=2.0, hyperparameters=hyper, actor="bench")
+        run = train_requests.start_training(s, dataset="default", epsilon=2.0, hyperparameters=hyper, actor="bench")
         s.commit()
         run_id = run.id
-    outcome = training.run_training(run_id, url=url, settings=settings)
+    outcome = runner.run_training(run_id, url=url, settings=settings)
     if outcome != "succeeded":
         raise RuntimeError(f"benchmark training run failed: {outcome}")
     return sorted(set(users))

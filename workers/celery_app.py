@@ -15,17 +15,18 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
-from app.services import training
-from app.services.training import QUEUE
+from app.services.training.dispatch import QUEUE, drain_outbox
+from app.services.training.runner import reap_stale_runs
+from app.services.training.schedule import worker_startup
 
 __all__ = ["make_celery", "celery_app", "worker_prefix", "start_maintenance"]
 
 log = logging.getLogger(__name__)
 
 
-def make_celery(settings: Settings | None = None) -> Celery:
+def make_celery(settings: Settings) -> Celery:
     """A configured Celery app for ``settings`` (REDIS_URL must be set)."""
-    s = settings or get_settings()
+    s = settings
     app = Celery("privrec", broker=s.redis_url, include=["workers.tasks"])
     app.conf.update(
         task_default_queue=QUEUE,
@@ -58,7 +59,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     return app
 
 
-celery_app = make_celery()
+celery_app = make_celery(get_settings())
 
 
 @worker_process_init.connect
@@ -78,13 +79,13 @@ class _Maintenance:
     whose heartbeat went stale, and sends queued runs the broker never got; then it repeats the
     stale-run reap and the drain every ``run_heartbeat_s``."""
 
-    def __init__(self, hostname: str, settings: Settings | None = None) -> None:
-        self.hostname, self.settings = hostname, settings or get_settings()
+    def __init__(self, hostname: str, settings: Settings) -> None:
+        self.hostname, self.settings = hostname, settings
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="privrec-maintenance", daemon=True)
 
     def start(self) -> "_Maintenance":
-        out = training.worker_startup(worker_prefix(self.hostname), settings=self.settings)
+        out = worker_startup(worker_prefix(self.hostname), settings=self.settings)
         log.info("worker start-up: reaped runs %s, sent queued runs %s", out["reaped"], out["sent"])
         self._thread.start()
         return self
@@ -95,8 +96,8 @@ class _Maintenance:
     def _loop(self) -> None:
         while not self._stop.wait(max(self.settings.run_heartbeat_s, 1.0)):
             try:
-                training.reap_stale_runs(settings=self.settings)
-                training.drain_outbox(settings=self.settings)
+                reap_stale_runs(settings=self.settings)
+                drain_outbox(settings=self.settings)
             except Exception:  # noqa: BLE001 - keep maintaining; the next round retries
                 log.warning("worker maintenance round failed", exc_info=True)
 
@@ -104,7 +105,7 @@ class _Maintenance:
 _maintenance: list[_Maintenance] = []
 
 
-def start_maintenance(hostname: str, settings: Settings | None = None) -> _Maintenance:
+def start_maintenance(hostname: str, settings: Settings) -> _Maintenance:
     """Run the start-up reap and drain now and keep maintaining in a daemon thread."""
     m = _Maintenance(hostname, settings).start()
     _maintenance.append(m)
@@ -113,7 +114,7 @@ def start_maintenance(hostname: str, settings: Settings | None = None) -> _Maint
 
 @worker_ready.connect
 def _on_worker_ready(sender: object = None, **_: object) -> None:
-    start_maintenance(getattr(sender, "hostname", None) or "unknown")
+    start_maintenance(getattr(sender, "hostname", None) or "unknown", get_settings())
 
 
 @worker_shutdown.connect

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -37,8 +38,6 @@ BROKER_TIMEOUT_S = 1.0
 
 def _broker_check(redis_url: str) -> str:
     """'ok' when the Redis broker answers PING within BROKER_TIMEOUT_S, else 'error: <type>'."""
-    import redis
-
     client = redis.Redis.from_url(redis_url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S)
     try:
         client.ping()

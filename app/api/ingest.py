@@ -9,7 +9,9 @@ from app.api.deps import (CurrentPrincipal, SessionDep, SettingsDep, require_bat
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.ingest import (DeletedOut, ItemIn, ItemOut, RatingBatchIn, RatingBatchOut,
                                 RatingIn, RatingWriteOut)
+from app.services import catalog
 from app.services import ingest as svc
+from app.services.serving.active import invalidate_catalog
 
 router = APIRouter(tags=["ingest"])
 
@@ -69,6 +71,7 @@ def delete_user(user_id: UserP, principal: CurrentPrincipal, session: SessionDep
 def put_item(dataset: DatasetP, item_id: ItemP, body: ItemIn, principal: CurrentPrincipal,
              session: SessionDep) -> ItemOut:
     require_item_writer(principal)
-    out = svc.upsert_item(session, dataset=dataset, item_id=item_id, data=body)
+    out = catalog.upsert_item(session, dataset=dataset, item_id=item_id, data=body)
     session.commit()
+    invalidate_catalog(dataset)
     return out

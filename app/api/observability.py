@@ -25,11 +25,16 @@ from typing import Any, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+import redis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
 from app.api.deps import AdminPrincipal
+from app.db.models import Dataset, TrainingRun
+from app.services import budget
+from app.services.training.dispatch import QUEUE
 
 __all__ = ["RequestContext", "JsonFormatter", "configure_logging", "router", "request_id"]
 
@@ -146,9 +151,6 @@ class _StateCollector:
         self.request = request
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from app.db.models import Dataset, TrainingRun
-        from app.services import budget
-
         runs = GaugeMetricFamily("privrec_training_runs", "Training runs by data set, algorithm and status",
                                  labels=["dataset", "algorithm", "status"])
         spent = GaugeMetricFamily("privrec_budget_spent_epsilon", "Composed spend (RDP, rounded up)", labels=["dataset"])
@@ -178,10 +180,6 @@ def _queue_depth(settings: Any) -> int | None:
     """Length of the Celery queue in Redis (None in the embedded mode or when unreachable)."""
     if not settings.redis_url:
         return None
-    import redis
-
-    from app.services.training import QUEUE
-
     try:
         client = redis.Redis.from_url(settings.redis_url, socket_timeout=2)
         return int(client.llen(QUEUE))
@@ -192,8 +190,6 @@ def _queue_depth(settings: Any) -> int | None:
 def _registry(request: Request) -> CollectorRegistry:
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         multiprocess.MultiProcessCollector(registry)
     else:  # one process: its own counters
         for collector in (REQUESTS, LATENCY):

@@ -13,7 +13,7 @@ from app.schemas.common import ExternalId, Page
 from app.schemas.ingest import RatingOut
 from app.schemas.serving import MAX_N, RecommendationQuery, RecommendationsOut
 from app.services import ingest as ingest_svc
-from app.services import recommend as svc
+from app.services.serving import recommend as svc
 
 router = APIRouter(tags=["privileged"])
 

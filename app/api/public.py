@@ -12,8 +12,8 @@ from app.api.params import DatasetP, ItemP
 from app.schemas.common import Page
 from app.schemas.ingest import ItemOut
 from app.schemas.serving import MAX_N, EmbeddingsPage, ModelInfoOut, PopularOut, SimilarOut
-from app.services import ingest as ingest_svc
-from app.services import recommend as svc
+from app.services import catalog
+from app.services.serving import popular, published, similar
 
 router = APIRouter(tags=["public"])
 
@@ -22,25 +22,25 @@ NQ = Annotated[int, Query(ge=1, le=MAX_N, description="How many items to return.
 
 @router.get("/datasets/{dataset}/items", response_model=Page[ItemOut], summary="List items")
 def list_items(dataset: DatasetP, session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[ItemOut]:
-    return ingest_svc.list_items(session, dataset=dataset, offset=offset, limit=limit)
+    return catalog.list_items(session, dataset=dataset, offset=offset, limit=limit)
 
 
 @router.get("/datasets/{dataset}/items/{item_id}", response_model=ItemOut, summary="One item")
 def get_item(dataset: DatasetP, item_id: ItemP, session: SessionDep) -> ItemOut:
-    return ingest_svc.get_item(session, dataset=dataset, item_id=item_id)
+    return catalog.get_item(session, dataset=dataset, item_id=item_id)
 
 
 @router.get("/datasets/{dataset}/model", response_model=ModelInfoOut,
             summary="Metadata of the active published model")
 def get_model(dataset: DatasetP, session: SessionDep) -> ModelInfoOut:
-    return svc.model_info(session, dataset=dataset)
+    return published.model_info(session, dataset=dataset)
 
 
 @router.get("/datasets/{dataset}/model/embeddings", response_model=EmbeddingsPage,
             summary="Item embeddings of the active model, paged")
 def get_embeddings(dataset: DatasetP, session: SessionDep, offset: OffsetQ = 0,
                    limit: LimitQ = 100) -> EmbeddingsPage:
-    return svc.embeddings_page(session, dataset=dataset, offset=offset, limit=limit)
+    return published.embeddings_page(session, dataset=dataset, offset=offset, limit=limit)
 
 
 @router.get(
@@ -53,7 +53,7 @@ def get_embeddings(dataset: DatasetP, session: SessionDep, offset: OffsetQ = 0,
     responses={200: {"content": {"application/octet-stream": {}}, "description": "NumPy .npy file"}},
 )
 def get_embeddings_npy(dataset: DatasetP, session: SessionDep) -> Response:
-    data, version = svc.embeddings_npy(session, dataset=dataset)
+    data, version = published.embeddings_npy(session, dataset=dataset)
     return Response(
         content=data,
         media_type="application/octet-stream",
@@ -68,10 +68,10 @@ def get_embeddings_npy(dataset: DatasetP, session: SessionDep) -> Response:
 @router.get("/datasets/{dataset}/items/{item_id}/similar", response_model=SimilarOut,
             summary="Items similar to one item (cosine on public embeddings)")
 def get_similar(dataset: DatasetP, item_id: ItemP, session: SessionDep, n: NQ = 10) -> SimilarOut:
-    return svc.similar(session, dataset=dataset, item_id=item_id, n=n)
+    return similar.similar(session, dataset=dataset, item_id=item_id, n=n)
 
 
 @router.get("/datasets/{dataset}/popular", response_model=PopularOut,
             summary="Most popular items by the DP counts released with the model")
 def get_popular(dataset: DatasetP, session: SessionDep, n: NQ = 10) -> PopularOut:
-    return svc.popular(session, dataset=dataset, n=n)
+    return popular.popular(session, dataset=dataset, n=n)

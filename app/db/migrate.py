@@ -6,6 +6,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
 
 from app.db.session import normalise_url
 
@@ -28,16 +31,11 @@ def upgrade_head(url: str) -> None:
 
 
 def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() or ""
 
 
 def current_revision(url: str) -> str | None:
     """The revision the database at ``url`` is at (``None`` when not migrated)."""
-    from alembic.runtime.migration import MigrationContext
-    from sqlalchemy import create_engine, pool
-
     engine = create_engine(normalise_url(url), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:

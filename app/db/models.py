@@ -26,11 +26,13 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, mapped_column, relationship
 
 __all__ = [
     "Base",
     "utcnow",
+    "as_aware",
     "Dataset",
     "User",
     "Item",
@@ -74,6 +76,11 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 def utcnow() -> datetime:
     """Timezone-aware UTC now."""
     return datetime.now(timezone.utc)
+
+
+def as_aware(value: datetime | None) -> datetime | None:
+    """A stored timestamp as timezone-aware UTC (SQLite returns naive ones)."""
+    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
 class Base(DeclarativeBase):
@@ -520,10 +527,7 @@ def bump_ratings_version_sharded(session: Session, dataset_id: int, n: int = 1) 
     is_pg = session.get_bind().dialect.name == "postgresql"
     shard = func.pg_backend_pid() % RATINGS_VERSION_SHARDS if is_pg else 0
     table = RatingsVersionShard.__table__
-    if is_pg:
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
+    insert = postgresql.insert if is_pg else sqlite.insert
     stmt = insert(table).values(dataset_id=dataset_id, shard=shard, n=n, changed_at=utcnow())
     session.execute(stmt.on_conflict_do_update(
         index_elements=["dataset_id", "shard"],

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.config import Settings, get_settings
+from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
 from app.platform_errors import Conflict, InvalidRequest, NotFound
 
@@ -108,9 +108,9 @@ def ensure_dataset(
     return ds
 
 
-def bootstrap(session: Session, settings: Settings | None = None) -> Dataset:
+def bootstrap(session: Session, settings: Settings) -> Dataset:
     """Create the default data set (and budget account) from settings when missing."""
-    s = settings or get_settings()
+    s = settings
     return ensure_dataset(
         session,
         s.default_dataset,

@@ -5,13 +5,18 @@ can recommend out of the box. Seeded only into an empty database."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.config import Settings
+from app.core.data.synthetic import production_synthetic
 from app.db.models import Item, Rating
+from app.schemas.ingest import ItemIn
+from app.services import catalog, ingest
+from app.services.training.dispatch import enqueue_run
+from app.services.training.requests import start_training
 
 __all__ = ["DEMO_CATEGORIES", "seed_if_empty", "seed"]
 
@@ -29,16 +34,12 @@ def _is_empty(session: Session, dataset_id: int) -> bool:
 def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 500,
          n_ratings: int = 60_000, seed: int = 7) -> int:
     """Write the demo catalogue and ratings into ``dataset`` (caller commits); return #ratings."""
-    from app.core.data.synthetic import production_synthetic
-    from app.schemas.ingest import ItemIn
-    from app.services import ingest
-
     data = production_synthetic(n_users, n_items, n_ratings, rank=8, seed=seed)
     rng = np.random.default_rng(seed)
-    ds = ingest.get_dataset(session, dataset)
+    ds = catalog.get_dataset(session, dataset)
     for k in range(n_items):
         cats = sorted({DEMO_CATEGORIES[int(c)] for c in rng.choice(len(DEMO_CATEGORIES), size=rng.integers(1, 3))})
-        ingest.upsert_item(session, dataset=dataset, item_id=f"item-{k}",
+        catalog.upsert_item(session, dataset=dataset, item_id=f"item-{k}",
                            data=ItemIn(title=f"Demo item {k}", categories=cats, features={"year": int(1970 + k % 50)}))
     coo = data.ratings.csr.tocoo()
     lo, hi = ds.rating_min, ds.rating_max
@@ -48,25 +49,28 @@ def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 
     return ingest.import_ratings(session, dataset=dataset, rows=list(zip(users, items, values.tolist())))
 
 
-def seed_if_empty(session: Session, *, settings: Any) -> bool:
-    """Seed the default data set and queue a first training run when it holds nothing yet."""
-    from app.services import budget
-
-    ds = budget.bootstrap(session, settings)
-    session.commit()
+def seed_if_empty(session: Session, *, dataset: str, settings: Settings) -> bool:
+    """Seed ``dataset`` and queue a first training run when it holds nothing yet: one commit for
+    the data and the run's reservation, the enqueue after it."""
+    ds = catalog.get_dataset(session, dataset)
     if not _is_empty(session, ds.id):
         return False
     n = seed(session, dataset=ds.name)
+    run_id = _start_demo_run(session, ds.name, settings)
     session.commit()
     log.info("demo data set %r seeded with %d synthetic ratings", ds.name, n)
-    try:
-        from app.services import training
-
-        run = training.start_training(session, dataset=ds.name, epsilon=min(1.0, settings.default_epsilon_cap / 2),
-                                      actor="demo", trigger="demo", idempotency_key="demo-initial")
-        session.commit()
-        training.enqueue_run(run.id, settings)
-    except Exception as exc:  # noqa: BLE001 - the demo still serves; the admin can train later
-        session.rollback()
-        log.warning("could not queue the demo training run: %s", exc)
+    if run_id is not None:
+        enqueue_run(run_id, settings=settings)
     return True
+
+
+def _start_demo_run(session: Session, dataset: str, settings: Settings) -> int | None:
+    """Reserve the demo's first run in a savepoint: if it cannot start, the seeded data stays."""
+    try:
+        with session.begin_nested():
+            run = start_training(session, dataset=dataset, epsilon=min(1.0, settings.default_epsilon_cap / 2),
+                                 actor="demo", trigger="demo", idempotency_key="demo-initial")
+            return int(run.id)
+    except Exception as exc:  # noqa: BLE001 - the demo still serves; the admin can train later
+        log.warning("could not queue the demo training run: %s", exc)
+        return None

@@ -1,4 +1,4 @@
-"""Ingest: ratings (single, batch, delete), users (delete), items (create/update/list).
+"""Ingest: ratings (single, batch, bulk import, delete) and users (delete).
 
 Every write is idempotent (upserts keyed by data set, user and item) and bumps the data set's
 ``ratings_version`` in the same transaction. Functions never commit; the caller does. Invalid
@@ -10,58 +10,31 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from sqlalchemy import delete, func, select, text
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app.api.errors import NotFound, Unprocessable
-from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version,
-                           bump_ratings_version_sharded)
+from app.db.dialect import CHUNK, chunks, insert_for, pg_array
+from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
+                           utcnow)
+from app.db.session import is_postgres
 from app.schemas.common import Page
-from app.schemas.ingest import (ItemIn, ItemOut, RatingBatchOut, RatingOut, RatingRow, RatingWriteOut,
-                                RowResult)
+from app.schemas.ingest import RatingBatchOut, RatingOut, RatingRow, RatingWriteOut, RowResult
+from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
-    "sessionmaker_for",
-    "get_dataset",
     "upsert_rating",
     "upsert_ratings_batch",
     "import_ratings",
     "delete_rating",
     "delete_user",
     "list_user_ratings",
-    "upsert_item",
-    "get_item",
-    "list_items",
-    "item_row_ids",
+    "user_ratings_arrays",
     "ensure_user_rows",
 ]
-
-_CHUNK = 1000  # rows per INSERT statement (6 parameters each: well under SQLite's 32,766)
-
-
-def sessionmaker_for(settings: Any) -> sessionmaker[Session]:
-    """The session factory for ``settings.database_url`` (CLI helpers)."""
-    from app.db.session import get_sessionmaker
-
-    return get_sessionmaker(settings.database_url)
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _insert(session: Session, table: Any) -> Any:
-    """A dialect-specific INSERT that supports ON CONFLICT (PostgreSQL and SQLite)."""
-    name = session.get_bind().dialect.name
-    if name == "postgresql":
-        return postgresql.insert(table)
-    if name == "sqlite":
-        return sqlite.insert(table)
-    raise RuntimeError(f"unsupported database dialect {name!r}")
 
 
 def _naive_utc(value: datetime) -> datetime:
@@ -70,29 +43,12 @@ def _naive_utc(value: datetime) -> datetime:
     return value
 
 
-def get_dataset(session: Session, name: str) -> Dataset:
-    """The data set called ``name`` (404 when unknown)."""
-    ds = session.scalar(select(Dataset).where(Dataset.name == name))
-    if ds is None:
-        raise _unknown_dataset(name)
-    return ds
-
-
-def _unknown_dataset(name: str) -> NotFound:
-    return NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
-
-
 def _check_range(ds: Any, value: float) -> str | None:
     if not math.isfinite(value):
         return "rating must be a finite number"
     if not (ds.rating_min <= value <= ds.rating_max):
         return f"rating {value!r} is outside the data set's range [{ds.rating_min}, {ds.rating_max}]"
     return None
-
-
-def _chunks(seq: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(seq), size):
-        yield seq[start:start + size]
 
 
 # Creates the missing users and row-locks the existing ones in one statement, in sorted id order
@@ -107,10 +63,6 @@ _PG_ENSURE_USERS = text(
 _PG_USER_IDS = text(
     "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "JOIN users u ON u.external_id = t.e ORDER BY u.id FOR KEY SHARE OF u"
-)
-_PG_ITEM_IDS = text(
-    "SELECT i.id, i.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
-    "JOIN items i ON i.dataset_id = :ds AND i.external_id = t.e"
 )
 _PG_LOCK_REFERENCES = text(  # the data set's and the items' rows, FOR KEY SHARE until commit
     "SELECT (SELECT count(*) FROM (SELECT 1 FROM datasets WHERE id = :ds FOR KEY SHARE) AS d) "
@@ -170,20 +122,6 @@ _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters be
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
 
 
-def _pg_array(values: Sequence[Any]) -> str:
-    """A PostgreSQL array literal (much faster to send than a list adapted element by element).
-
-    Numbers are written with ``repr``; strings are double-quoted with ``\\`` and ``"`` escaped.
-    """
-    if values and isinstance(values[0], str):
-        return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
-    return "{" + ",".join(map(repr, values)) + "}"
-
-
-def _is_pg(session: Session) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
-
-
 def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
     """Create missing users; return external id -> row id for all of ``external_ids``.
 
@@ -193,17 +131,17 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
     """
     ids = sorted(set(external_ids))
     out: dict[str, int] = {}
-    if _is_pg(session):  # one statement each, arrays as parameters (PostgreSQL)
+    if is_postgres(session):  # one statement each, arrays as parameters (PostgreSQL)
         missing = ids
         for _ in range(_MAX_USER_ATTEMPTS):
-            session.execute(_PG_ENSURE_USERS, {"ids": _pg_array(missing), "now": now})
-            out.update({ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": _pg_array(missing)}).all()})
+            session.execute(_PG_ENSURE_USERS, {"ids": pg_array(missing), "now": now})
+            out.update({ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": pg_array(missing)}).all()})
             missing = [e for e in ids if e not in out]
             if not missing:
                 return out
         raise RuntimeError("users were deleted concurrently again and again; retry the request")
-    for part in _chunks(ids, _CHUNK):
-        stmt = _insert(session, User.__table__).values(
+    for part in chunks(ids, CHUNK):
+        stmt = insert_for(session, User.__table__).values(
             [{"external_id": e, "created_at": now, "updated_at": now} for e in part]
         ).on_conflict_do_nothing(index_elements=["external_id"])
         session.execute(stmt)
@@ -212,32 +150,18 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
     return out
 
 
-def _item_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:
-    """External item id -> row id for the known items among ``external_ids``."""
-    ids = sorted(set(external_ids))
-    if _is_pg(session):
-        return {ext: iid for iid, ext in session.execute(_PG_ITEM_IDS, {"ds": ds.id, "ids": _pg_array(ids)}).all()}
-    out: dict[str, int] = {}
-    for part in _chunks(ids, _CHUNK):
-        rows = session.execute(
-            select(Item.id, Item.external_id).where(Item.dataset_id == ds.id, Item.external_id.in_(part))
-        )
-        out.update({ext: iid for iid, ext in rows})
-    return out
-
-
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                    values: list[float], now: datetime) -> set[tuple[int, int]]:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE); return the (user, item) row-id pairs that were created."""
-    if _is_pg(session):
+    if is_postgres(session):
         return _write_ratings_pg(session, ds, user_ids, item_ids, values, now)
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
     rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
             for u, i, v in zip(user_ids, item_ids, values)]
-    for part in _chunks(rows, _CHUNK):
-        base = _insert(session, table).values(list(part))
+    for part in chunks(rows, CHUNK):
+        base = insert_for(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
             index_elements=["user_id", "dataset_id", "item_id"],
             set_={"value": base.excluded.value, "updated_at": base.excluded.updated_at},
@@ -253,15 +177,15 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
     """PostgreSQL's bulk path: lock the items (set-based reference check), COPY the rows into a
     temporary staging table, then one set-based upsert. The ratings table has no foreign keys;
     the data set, users and items are held ``FOR KEY SHARE`` by this transaction instead."""
-    if session.execute(_PG_LOCK_REFERENCES, {"ds": ds.id, "ids": _pg_array(sorted(set(item_ids)))}).scalar() \
+    if session.execute(_PG_LOCK_REFERENCES, {"ds": ds.id, "ids": pg_array(sorted(set(item_ids)))}).scalar() \
             != 1 + len(set(item_ids)):
         raise NotFound("the data set or an item was deleted concurrently; nothing was written",
                        code="concurrently_deleted")
     order = np.lexsort((np.asarray(item_ids), np.asarray(user_ids))).tolist()
     if len(order) < _STAGE_THRESHOLD:  # key order: B-tree inserts touch neighbouring pages
         result = session.execute(_PG_UPSERT_ARRAYS, {
-            "ds": ds.id, "now": now, "u": _pg_array([user_ids[k] for k in order]),
-            "i": _pg_array([item_ids[k] for k in order]), "v": _pg_array([float(values[k]) for k in order])})
+            "ds": ds.id, "now": now, "u": pg_array([user_ids[k] for k in order]),
+            "i": pg_array([item_ids[k] for k in order]), "v": pg_array([float(values[k]) for k in order])})
         return set(map(tuple, result.all()))
     block = "".join(f"{k}\t{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
     session.execute(_PG_STAGE)
@@ -300,7 +224,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     """
     vals = np.asarray(values, dtype=np.float64)
     if item_map is None:
-        item_map = _item_ids(session, ds, items)
+        item_map = item_row_ids(session, ds, items)
     errors = _row_errors(ds, users, items, vals, item_map)
     if errors:
         raise Unprocessable(
@@ -308,7 +232,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
             code="invalid_rows",
             details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
         )
-    now = _now()
+    now = utcnow()
     user_map = _ensure_users(session, users, now)
     uids = [user_map[u] for u in users]
     iids = [item_map[i] for i in items]
@@ -335,10 +259,10 @@ def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, r
     """One rating on PostgreSQL in two round trips (three for a new user): the data set, item and
     user rows (locked FOR KEY SHARE), then the rating and its version shard. The batch path's
     checks and locks, without its per-batch work and without loading ORM objects."""
-    now = _now()
+    now = utcnow()
     ds = session.execute(_PG_ONE_REFERENCES, {"name": dataset, "item": item_id, "user": user_id}).one_or_none()
     if ds is None:
-        raise _unknown_dataset(dataset)
+        raise unknown_dataset(dataset)
     _require_in_range(ds, rating)
     if ds.item_id is None:
         raise _unknown_item(dataset, item_id)
@@ -359,17 +283,17 @@ def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, r
 def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
                   rating: float) -> RatingWriteOut:
     """Insert or update one rating (404 unknown data set or item, 422 out of range)."""
-    if _is_pg(session):
+    if is_postgres(session):
         status = _upsert_one_pg(session, dataset, user_id, item_id, rating)
     else:
         ds = get_dataset(session, dataset)
         _require_in_range(ds, rating)
-        item_map = _item_ids(session, ds, [item_id])
+        item_map = item_row_ids(session, ds, [item_id])
         if item_id not in item_map:
             raise _unknown_item(dataset, item_id)
         status = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)[0][0]
     return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status,
-                          updated_at=_now())
+                          updated_at=utcnow())
 
 
 def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchOut:
@@ -398,7 +322,7 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
         last[(str(u), str(i))] = float(v)
     users = [k[0] for k in last]
     items = [k[1] for k in last]
-    missing = sorted(set(items) - set(_item_ids(session, ds, items)))
+    missing = sorted(set(items) - set(item_row_ids(session, ds, items)))
     if missing:
         shown = ", ".join(repr(m) for m in missing[:20]) + (", ..." if len(missing) > 20 else "")
         raise Unprocessable(
@@ -409,46 +333,16 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
     return len(last)
 
 
-def import_items(session: Session, *, dataset: str,
-                 rows: Sequence[tuple[str, str | None, Sequence[str]]]) -> dict[str, int]:
-    """Bulk upsert of public catalogue items ``(item id, title or None, categories)`` (CLI
-    ``import-items``): titles and categories are replaced, features kept. Returns
-    {"created": n, "updated": n}. A repeated id in ``rows``: the last one wins."""
-    ds = get_dataset(session, dataset)
-    last = {str(item_id): (title, list(categories)) for item_id, title, categories in rows}
-    for item_id in last:
-        if not 0 < len(item_id) <= 128:
-            raise Unprocessable("item ids must have 1 to 128 characters; nothing was written",
-                                code="invalid_item_id", details={"item_id": item_id[:200]})
-    known = _item_ids(session, ds, list(last))
-    now = _now()
-    ids = sorted(last)
-    for part in _chunks(ids, _CHUNK // 2):
-        stmt = _insert(session, Item.__table__).values(
-            [{"dataset_id": ds.id, "external_id": e, "title": last[e][0], "categories": last[e][1], "features": {},
-              "active": True, "created_at": now, "updated_at": now} for e in part])
-        session.execute(stmt.on_conflict_do_update(
-            index_elements=["dataset_id", "external_id"],
-            set_={"title": stmt.excluded.title, "categories": stmt.excluded.categories, "updated_at": now}))
-    if ids:
-        bump_ratings_version(session, ds.id, n=len(ids))
-        from app.services import recommend
-
-        recommend.invalidate_catalog(ds.name)
-    created = sum(1 for e in ids if e not in known)
-    return {"created": created, "updated": len(ids) - created}
-
-
 def _user_row_id(session: Session, user_id: str, *, lock: bool = False) -> int | None:
     stmt = select(User.id).where(User.external_id == user_id)
-    return session.scalar(stmt.with_for_update() if lock and _is_pg(session) else stmt)
+    return session.scalar(stmt.with_for_update() if lock and is_postgres(session) else stmt)
 
 
 def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
     """Delete one rating (404 when it does not exist)."""
     ds = get_dataset(session, dataset)
     uid = _user_row_id(session, user_id)
-    iid = _item_ids(session, ds, [item_id]).get(item_id)
+    iid = item_row_ids(session, ds, [item_id]).get(item_id)
     n = 0
     if uid is not None and iid is not None:
         n = session.execute(delete(Rating).where(
@@ -505,52 +399,5 @@ def list_user_ratings(session: Session, *, dataset: str, user_id: str, offset: i
     return Page[RatingOut].build(items, total=int(total), offset=offset, limit=limit)
 
 
-def _item_out(item: Item) -> ItemOut:
-    return ItemOut(item_id=item.external_id, title=item.title, categories=list(item.categories or []),
-                   features=dict(item.features or {}), active=bool(item.active))
-
-
-def upsert_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -> ItemOut:
-    """Create or replace an item's title, categories, features and active flag.
-
-    A new item, or new categories/features (DP-CMF's public metadata), bumps ``ratings_version``
-    so that scheduled retraining notices it.
-    """
-    ds = get_dataset(session, dataset)
-    now = _now()
-    values = {"title": data.title, "categories": list(data.categories), "features": dict(data.features),
-              "active": data.active, "updated_at": now}
-    before = session.execute(select(Item.categories, Item.features).where(
-        Item.dataset_id == ds.id, Item.external_id == item_id)).first()
-    stmt = _insert(session, Item.__table__).values(dataset_id=ds.id, external_id=item_id, created_at=now, **values)
-    session.execute(stmt.on_conflict_do_update(index_elements=["dataset_id", "external_id"], set_=values))
-    if before is None or (list(before[0] or []), dict(before[1] or {})) != (values["categories"], values["features"]):
-        bump_ratings_version(session, ds.id, n=1)
-    from app.services import recommend
-
-    recommend.invalidate_catalog(ds.name)
-    return ItemOut(item_id=item_id, title=data.title, categories=list(data.categories),
-                   features=dict(data.features), active=data.active)
-
-
-def get_item(session: Session, *, dataset: str, item_id: str) -> ItemOut:
-    """One item (404 when unknown)."""
-    ds = get_dataset(session, dataset)
-    item = session.scalar(select(Item).where(Item.dataset_id == ds.id, Item.external_id == item_id))
-    if item is None:
-        raise NotFound(f"unknown item {item_id!r}", code="unknown_item", details={"item_id": item_id})
-    return _item_out(item)
-
-
-def list_items(session: Session, *, dataset: str, offset: int, limit: int) -> Page[ItemOut]:
-    """One page of the catalogue, ordered by item id."""
-    ds = get_dataset(session, dataset)
-    total = session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0
-    rows = session.scalars(select(Item).where(Item.dataset_id == ds.id)
-                           .order_by(Item.external_id).offset(offset).limit(limit)).all()
-    return Page[ItemOut].build([_item_out(r) for r in rows], total=int(total), offset=offset, limit=limit)
-
-
-# Shared with other services (public data): id lookups that create nothing / create users.
-item_row_ids = _item_ids
+# Shared with other services (votes, public data): users are created on their first write.
 ensure_user_rows = _ensure_users

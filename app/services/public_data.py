@@ -40,14 +40,16 @@ from sqlalchemy.orm import Session
 from app.api.errors import NotFound, PayloadTooLarge, Unprocessable
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.core.data.ratings import Ratings
+from app.db.dialect import chunks
 from app.db.models import (Dataset, Item, ItemSimilarity, PublicRatingConsent, PublicRatingConsentEvent,
                            SimilaritySource, User, bump_ratings_version, utcnow)
 from app.schemas.common import MAX_BATCH_ROWS, Page
 from app.schemas.public_data import (MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH, ConsentEventOut, Neighbour,
                                      NeighbourBatchOut, NeighbourRowError, NeighboursOut, PublicRatingsOut,
                                      PublicUserOut, SimilaritySourceOut)
-from app.services.ingest import ensure_user_rows, get_dataset, item_row_ids
-from app.services.training_inputs import item_index, load_triplets, ratings_from_triplets
+from app.services.bulk_read import item_index, load_triplets, ratings_from_triplets
+from app.services.catalog import get_dataset, item_row_ids
+from app.services.ingest import ensure_user_rows
 
 __all__ = [
     "MIN_TOKEN_ITEMS",
@@ -68,7 +70,6 @@ __all__ = [
 
 MIN_TOKEN_ITEMS = 2
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
-_CHUNK = 1000  # ids per IN (...) list / rows per INSERT
 
 NeighbourList = Sequence[tuple[str, float]]
 
@@ -177,11 +178,6 @@ def delete_similarity_source(session: Session, *, dataset: str, name: str) -> in
     return int(removed)
 
 
-def _chunks(seq: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(seq), size):
-        yield seq[start:start + size]
-
-
 def _check_sizes(rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None) -> None:
     n_pairs = sum(len(n) for _, n in rows)
     if max_rows is not None and len(rows) > max_rows:
@@ -244,12 +240,12 @@ def replace_neighbours(session: Session, *, dataset: str, source: str,
     _validate_rows(rows, item_map)
     owners = [item_map[item] for item, _ in rows]
     removed = 0
-    for part in _chunks(owners):
+    for part in chunks(owners):
         removed += session.execute(delete(ItemSimilarity).where(
             ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))).rowcount or 0
     pairs = [{"source_id": src.id, "item_id": item_map[item], "neighbour_id": item_map[other], "score": float(score)}
              for item, neighbours in rows for other, score in neighbours]
-    for part in _chunks(pairs):
+    for part in chunks(pairs):
         session.execute(ItemSimilarity.__table__.insert(), list(part))
     src.updated_at = utcnow()
     bump_ratings_version(session, ds.id, n=1)

@@ -28,20 +28,23 @@ from typing import Any, Sequence
 
 import numpy as np
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.api.errors import Conflict, NotFound, Unprocessable
+from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
+from app.db.dialect import insert_for
 from app.db.session import is_postgres
+from app.platform_errors import InvalidRequest
 from app.schemas.common import Page
 from app.schemas.votes import (VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
                                VoteWriteOut)
-from app.services.ingest import ensure_user_rows, item_row_ids
-from app.services.training_inputs import load_ratings
+from app.services.catalog import item_row_ids
+from app.services.ingest import ensure_user_rows
+from app.services.bulk_read import load_ratings
 
 __all__ = [
     "LOCAL_RELATION",
@@ -88,10 +91,6 @@ def _randomising(ds: Dataset) -> bool:
     return ds.vote_local_epsilon is not None
 
 
-def _insert(session: Session, table: Any) -> Any:
-    return (postgresql if is_postgres(session) else sqlite).insert(table)
-
-
 # ----------------------------------------------------------------------------- settings
 def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
     acct = ledger.account_for(session, ds.id)
@@ -100,8 +99,6 @@ def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
 
 
 def _settings_out(session: Session, ds: Dataset) -> VoteSettingsOut:
-    from app.core.onebit import flip_probability
-
     eps0, cap = ds.vote_local_epsilon, ds.votes_per_user_cap
     n_votes = session.scalar(select(func.count()).select_from(Vote).where(Vote.dataset_id == ds.id)) or 0
     entry = _local_entry(session, ds) if eps0 is not None else None
@@ -120,8 +117,6 @@ def get_vote_settings(session: Session, *, dataset: str) -> VoteSettingsOut:
 
 def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
     """Parameters that give the local entry's event its meaning."""
-    from app.core.onebit import flip_probability
-
     return {
         "mechanism": "randomised_response",
         "applied": "once per vote at ingestion (server, CSPRNG) or by the client, never repeated",
@@ -168,8 +163,6 @@ def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | 
             details={"dataset": ds.name, "local_epsilon": ds.vote_local_epsilon,
                      "votes_per_user_cap": ds.votes_per_user_cap})
     if local_epsilon is not None:
-        from app.core.onebit import local_randomisation_event
-
         assert votes_per_user_cap is not None
         event = local_randomisation_event(float(local_epsilon), int(votes_per_user_cap))
         ledger.record_local_guarantee(session, dataset=ds, event=event, actor=actor,
@@ -279,7 +272,7 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[str]:
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
               for (u, i), r in zip(pairs, b.rows)]
     for start in range(0, len(values), 1000):
-        stmt = _insert(session, Vote.__table__).values(values[start:start + 1000])
+        stmt = insert_for(session, Vote.__table__).values(values[start:start + 1000])
         session.execute(stmt.on_conflict_do_update(
             index_elements=["dataset_id", "user_id", "item_id"],
             set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at}))
@@ -289,8 +282,6 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[str]:
 def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, list[str]]:
     """The bits to store for ``rows`` and who randomised each: the server randomises the raw
     votes once, here, with a fresh CSPRNG-seeded generator; client bits are kept as sent."""
-    from app.core.onebit import randomize_votes
-
     raw = np.fromiter((r.vote for r in rows), dtype=np.int8, count=len(rows))
     by_client = np.fromiter((r.randomised for r in rows), dtype=bool, count=len(rows))
     bits = raw.copy()
@@ -440,8 +431,6 @@ def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int
 def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> None:
     """Refuse a free, pre-randomised run unless the data set still randomises votes with exactly
     ``local_epsilon``: a public fact (its vote settings), checked before any vote is read."""
-    from app.platform_errors import InvalidRequest
-
     if local_epsilon is None or ds.vote_local_epsilon != float(local_epsilon):
         raise InvalidRequest(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
                              "a pre-randomised (free) run cannot train on its votes")
@@ -477,8 +466,6 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
     ``user_rows`` defaults to the data set's declared public bound ``max_users`` (add/remove-one-
     user relation; excess voters are dropped at random, never refused).
     """
-    from app.platform_errors import InvalidRequest
-
     out = dict(params or {})
     if ds.max_users is not None:
         out.setdefault("user_rows", max(2, int(ds.max_users)))

@@ -175,7 +175,7 @@ def seed_ratings(env: Env, n_users: int = 60, n_items: int = 24, seed: int = 0, 
 def train_and_publish(env: Env, epsilon: float = 2.0, dataset: str = "default",
                       hyper: dict | None = None) -> int:
     """Start a run through the admin API and execute it in this process; return the version id."""
-    from app.services.training import run_training
+    from app.services.training.runner import run_training
 
     r = env.client.post(f"/v1/admin/datasets/{dataset}/trainings", headers=env.admin,
                         json={"epsilon": epsilon, "hyperparameters": hyper or SMALL_DPALS})

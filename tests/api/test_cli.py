@@ -268,7 +268,7 @@ def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pyt
     """``privrec train --follow`` submits over the admin service path, a real embedded worker
     trains it, the bar walks the public stages to "published" and the command exits 0."""
     from app.config import get_settings
-    from app.services.embedded_worker import EmbeddedWorker
+    from app.services.training.embedded_worker import EmbeddedWorker
     from app.db.session import session_scope
     from sqlalchemy import text
 
@@ -314,7 +314,7 @@ def test_train_follow_exits_1_when_the_run_fails(cli_env: Path, monkeypatch: pyt
     """A real failure in the worker (the artifact folder is a file, so publishing fails after the
     private read): the bar ends at "failed", the error is the fixed category, exit code 1."""
     from app.config import get_settings
-    from app.services.embedded_worker import EmbeddedWorker
+    from app.services.training.embedded_worker import EmbeddedWorker
 
     assert cli.main(["migrate"]) == 0
     _seed_small(cli_env)

@@ -202,12 +202,12 @@ def test_unexpected_errors_are_500_in_the_shape_without_private_values(sqlite_en
 
 def test_bulk_import_round_trips_awkward_ids(env: Env) -> None:
     """CSV ids are free text: quotes, backslashes, commas, braces, 'NULL', unicode survive."""
-    from app.services import ingest
+    from app.services import catalog, ingest
 
     weird = ['a"b', "c\\d", "e,f", "{g}", "NULL", "ünï ✓", " sp "]
     rows = [(u, i, 1.0 + k % 4) for k, (u, i) in enumerate((u, i) for u in weird for i in weird)]
     with env.session() as s:
-        assert ingest.import_items(s, dataset="default", rows=[(i, None, []) for i in weird]) == {
+        assert catalog.import_items(s, dataset="default", rows=[(i, None, []) for i in weird]) == {
             "created": len(weird), "updated": 0}
         assert ingest.import_ratings(s, dataset="default", rows=rows) == len(rows)
         s.commit()

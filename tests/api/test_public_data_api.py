@@ -212,7 +212,7 @@ def test_item_tokens() -> None:
 
 # ---------------------------------------------------------------------------- training over HTTP
 def test_dpcmf_over_http_uses_public_data_and_recommends_a_cold_item(sqlite_env: Env) -> None:
-    from app.services.training import run_training
+    from app.services.training.runner import run_training
 
     env = sqlite_env
     seed_ratings(env)  # i0..i23 with categories "even"/"odd"
@@ -251,10 +251,10 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     reset_settings_cache()
     assert cli.main(["migrate"]) == 0
     from app.db.session import session_scope
-    from app.services import ingest
+    from app.services import catalog, ingest
 
     with session_scope() as s:
-        ingest.import_items(s, dataset="default", rows=[(f"i{k}", None, []) for k in range(5)])
+        catalog.import_items(s, dataset="default", rows=[(f"i{k}", None, []) for k in range(5)])
         ingest.import_ratings(s, dataset="default", rows=[("u0", f"i{k}", 3.0) for k in range(5)])
     yield tmp_path
     dispose_engines()

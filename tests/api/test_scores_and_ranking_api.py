@@ -18,7 +18,7 @@ def _scale(env: Env) -> tuple[float, float]:
 
 
 def _train(env: Env, epsilon: float, **body) -> dict:
-    from app.services.training import run_training
+    from app.services.training.runner import run_training
 
     r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin, json={"epsilon": epsilon, **body})
     assert r.status_code == 202, r.text

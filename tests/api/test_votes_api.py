@@ -310,7 +310,7 @@ def test_vote_settings_over_the_budget_are_refused(env: Env) -> None:
 def test_votes_to_onebit_model_to_recommendations_over_http(env: Env) -> None:
     """Settings -> randomised votes -> onebit run without epsilon (post-processing, charged 0)
     -> privileged probabilities for a voter, the DP-popular fallback for a non-voter."""
-    from app.services.training import run_training
+    from app.services.training.runner import run_training
 
     add_items(env, 12, DS)
     assert _settings(env, 2.0, 4).status_code == 200
@@ -346,7 +346,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     from app import cli
     from app.config import reset_settings_cache
     from app.db.session import dispose_engines, session_scope
-    from app.services import budget, ingest, votes
+    from app.services import budget, catalog, votes
     from app.schemas.ingest import ItemIn
 
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
@@ -361,7 +361,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
             budget.ensure_dataset(s, DS, rating_min=1.0, rating_max=5.0, epsilon_cap=10.0, delta=1e-6,
                                   relation="replace_vote_values", person_budget=DS)
             for k in range(4):
-                ingest.upsert_item(s, dataset=DS, item_id=f"i{k}", data=ItemIn())
+                catalog.upsert_item(s, dataset=DS, item_id=f"i{k}", data=ItemIn())
             votes.set_vote_settings(s, dataset=DS, local_epsilon=LN3, votes_per_user_cap=4, actor="test")
         path = tmp_path / "votes.csv"
         path.write_text("user,item,vote\n" + "".join(f"u{u},i{k},1\n" for u in range(30) for k in range(4)))

@@ -16,7 +16,8 @@ from app.auth import issue_token
 from app.db.models import LedgerEntry, TrainingRun
 from app.db.session import session_scope
 from app.main import create_app
-from app.services import training
+from app.services.training import dispatch
+from app.services.training import runner
 from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
 
 CLOSED = "redis://127.0.0.1:9/0"
@@ -47,20 +48,20 @@ def test_broker_down_training_is_recorded_once_and_sent_when_the_broker_is_back(
         kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id)))
         assert kinds == ["reservation"] and s.get(TrainingRun, run_id).enqueued_at is None
     assert client.get("/ready").status_code == 503
-    assert training.drain_outbox(url=db_url, settings=down) == []  # still down: stays in the outbox
+    assert dispatch.drain_outbox(url=db_url, settings=down) == []  # still down: stays in the outbox
 
     up = make_settings(tmp_path, db_url, redis_url=redis_url, secret_key=secret)
-    assert training.drain_outbox(url=db_url, settings=up) == [run_id]
+    assert dispatch.drain_outbox(url=db_url, settings=up) == [run_id]
     broker = redis.Redis.from_url(redis_url)
     try:
-        assert broker.llen(training.QUEUE) == 1  # the message is with the broker, once
+        assert broker.llen(dispatch.QUEUE) == 1  # the message is with the broker, once
     finally:
-        broker.delete(training.QUEUE)
+        broker.delete(dispatch.QUEUE)
         broker.close()
     with session_scope(db_url) as s:
         assert s.get(TrainingRun, run_id).enqueued_at is not None
-    assert training.drain_outbox(url=db_url, settings=up) == []
-    assert training.run_training(run_id, url=db_url, settings=up) == "succeeded"
+    assert dispatch.drain_outbox(url=db_url, settings=up) == []
+    assert runner.run_training(run_id, url=db_url, settings=up) == "succeeded"
     with session_scope(db_url) as s:
         kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id).order_by(LedgerEntry.seq)))
         assert kinds == ["reservation", "commit"]

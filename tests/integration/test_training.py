@@ -14,8 +14,13 @@ from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded, InvalidRequest, NoActiveModel
-from app.services import budget, training
-from app.services.embedded_worker import start_embedded_worker
+from app.services import budget
+from app.services import bulk_read
+from app.services.training import dispatch
+from app.services.training import runner
+from app.services.training import schedule
+from app.services.training import requests as train_requests
+from app.services.training.embedded_worker import start_embedded_worker
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 
 HYPER = {"rank": 4, "n_steps": 2, "contribution_bound": 20}
@@ -25,7 +30,7 @@ def _start(url: str, **kw) -> int:
     args = dict(dataset="default", epsilon=2.0, hyperparameters=HYPER, actor="admin")
     args.update(kw)
     with session_scope(url) as s:
-        return training.start_training(s, **args).id
+        return train_requests.start_training(s, **args).id
 
 
 def _run(url, run_id) -> TrainingRun:
@@ -60,7 +65,7 @@ def test_train_publish_and_serve(seeded, settings):
         assert reserved.parameters["contribution_bound"] == 20
         with pytest.raises(NoActiveModel):
             model_store.get_active_model(s, "default")
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     run = _run(url, run_id)
     assert (run.status, run.progress, run.refunded, run.private_data_read) == ("succeeded", 1.0, False, True)
     assert "seed" not in run.config
@@ -84,11 +89,11 @@ def test_train_publish_and_serve(seeded, settings):
 def test_redelivered_run_charges_once(seeded, settings):
     url = seeded
     run_id = _start(url)
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         spent = budget.get_budget(s, "default").spent_epsilon_rdp
     for _ in range(2):  # the broker delivers the same task again
-        assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+        assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     assert _kinds(url, run_id) == ["reservation", "commit"]
     with session_scope(url) as s:
         assert s.scalar(select(func.count()).select_from(ModelVersion)) == 1
@@ -118,7 +123,7 @@ def test_empty_dataset_trains_a_noise_only_model_and_is_charged(db_url, settings
     _items_only(db_url)
     hyper = HYPER if algorithm != "dpfw" else {"n_steps": 3}
     run_id = _start(db_url, algorithm=algorithm, hyperparameters=hyper)
-    assert training.run_training(run_id, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=db_url, settings=settings) == "succeeded"
     run = _run(db_url, run_id)
     assert run.private_data_read and not run.refunded and run.error is None
     assert _kinds(db_url, run_id) == ["reservation", "commit"]
@@ -131,7 +136,7 @@ def test_empty_dataset_trains_a_noise_only_model_and_is_charged(db_url, settings
 def test_a_catalogue_without_items_is_refused_before_anything_is_reserved(db_url):
     create_dataset(db_url, cap=10.0)  # the catalogue is public: refusing on it reveals nothing
     with session_scope(db_url) as s, pytest.raises(InvalidRequest, match="item"):
-        training.start_training(s, dataset="default", epsilon=1.0, actor="admin")
+        train_requests.start_training(s, dataset="default", epsilon=1.0, actor="admin")
     with session_scope(db_url) as s:
         assert budget.get_budget(s, "default").n_entries == 1  # the account's opening entry only
 
@@ -152,7 +157,7 @@ def test_failure_after_the_private_read_is_charged_and_names_only_a_category(see
     with session_scope(seeded) as s:
         n_ratings = s.scalar(select(func.count()).select_from(__import__("app.db.models", fromlist=["Rating"]).Rating))
     with caplog.at_level(logging.DEBUG):
-        assert training.run_training(run_id, url=seeded, settings=settings) == "failed"
+        assert runner.run_training(run_id, url=seeded, settings=settings) == "failed"
     run = _run(seeded, run_id)
     assert run.status == "failed" and run.private_data_read and not run.refunded
     assert "out_of_memory" in run.error and "charged" in run.error
@@ -170,7 +175,7 @@ def test_failure_before_the_private_read_is_refunded(seeded, settings):
     with session_scope(seeded) as s:
         run = s.get(TrainingRun, run_id)
         run.config = {**run.config, "noise_multiplier": run.config["noise_multiplier"] / 2}
-    assert training.run_training(run_id, url=seeded, settings=settings) == "failed"
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "failed"
     run = _run(seeded, run_id)
     assert run.refunded and not run.private_data_read and "no longer matches" in run.error
     assert _kinds(seeded, run_id) == ["reservation", "refund"]
@@ -215,11 +220,11 @@ def test_fraction_of_remaining_budget(seeded):
 def test_rollback_and_cache_pick_up_new_versions(seeded, settings):
     url = seeded
     first = _start(url)
-    assert training.run_training(first, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(first, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         v1, m1 = model_store.get_active_model(s, "default")
     second = _start(url)
-    assert training.run_training(second, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(second, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         v2, m2 = model_store.get_active_model(s, "default")  # no restart, no cache flush
         assert v2.id != v1.id and v2.run_id == second
@@ -235,7 +240,7 @@ def test_rollback_and_cache_pick_up_new_versions(seeded, settings):
 
 def test_tampered_artifact_is_refused(seeded, settings):
     run_id = _start(seeded)
-    assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "succeeded"
     model_store.clear_cache()
     with session_scope(seeded) as s:
         row = model_store.get_active_version(s, "default")
@@ -251,14 +256,14 @@ def test_tampered_artifact_is_refused(seeded, settings):
 def test_stale_running_run_fails_closed(seeded, settings):
     url = seeded
     published = _start(url)
-    assert training.run_training(published, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(published, url=url, settings=settings) == "succeeded"
     run_id = _start(url)
     with session_scope(url) as s:  # a worker claimed it and then vanished
         run = s.get(TrainingRun, run_id)
         run.status, run.started_at, run.heartbeat_at, run.attempts = "running", None, None, 1
         spent = budget.get_budget(s, "default").spent_epsilon_rdp
     # a redelivered task finds it stale and fails it without refund
-    assert training.run_training(run_id, url=url, settings=settings) == "failed"
+    assert runner.run_training(run_id, url=url, settings=settings) == "failed"
     run = _run(url, run_id)
     assert run.status == "failed" and not run.refunded and "vanished" in run.error
     assert _kinds(url, run_id) == ["reservation"]
@@ -273,10 +278,10 @@ def test_live_running_run_is_not_taken_over(seeded, settings):
         run = s.get(TrainingRun, run_id)
         run.status = "running"
         run.started_at = run.heartbeat_at = __import__("app.db.models", fromlist=["utcnow"]).utcnow()
-    assert training.run_training(run_id, url=seeded, settings=settings) == "busy"
-    assert training.reap_stale_runs(url=seeded, settings=settings) == []
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "busy"
+    assert runner.reap_stale_runs(url=seeded, settings=settings) == []
     time.sleep(settings.run_stale_after_s + 0.5)
-    assert training.reap_stale_runs(url=seeded, settings=settings) == [run_id]
+    assert runner.reap_stale_runs(url=seeded, settings=settings) == [run_id]
     run = _run(seeded, run_id)
     assert run.status == "failed" and not run.refunded
 
@@ -288,19 +293,19 @@ def test_scheduled_retrain_decides_from_public_facts_only(db_url, settings):
     url = db_url
     create_dataset(url, cap=3.0)
     _items_only(url)
-    sched = lambda: training.scheduled_retrain(url=url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    sched = lambda: schedule.scheduled_retrain(url=url, settings=settings, enqueue=False)["default"]  # noqa: E731
     out = sched()  # no ratings at all: still a run (noise-only model)
     assert out.startswith("started:")
     run_id = int(out.split(":")[1])
     assert sched() == "skipped:busy"
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     seed_ratings(url, "default", synthetic_ratings())
     out = sched()
     assert out.startswith("started:")
-    assert training.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
+    assert runner.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
     out = sched()  # nothing changed since: retrained all the same
     assert out.startswith("started:")
-    assert training.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
+    assert runner.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         spent = budget.get_budget(s, "default").spent_epsilon_rdp
         budget.change_cap(s, "default", new_cap=spent + 0.05, reason=None, actor="admin")
@@ -316,7 +321,7 @@ def test_scheduled_retrain_decides_from_public_facts_only(db_url, settings):
 def test_embedded_worker_runs_queued_trainings(seeded, settings):
     worker = start_embedded_worker(settings, url=seeded, schedule=False)
     try:
-        run_id = training.submit_training(
+        run_id = train_requests.submit_training(
             url=seeded, settings=settings, dataset="default", epsilon=1.0, hyperparameters=HYPER, actor="admin"
         )
         deadline = time.monotonic() + 90
@@ -333,13 +338,13 @@ def test_embedded_worker_runs_queued_trainings(seeded, settings):
 def test_outbox_sends_unsent_runs_and_resends_lost_ones_at_most_once_per_period(seeded, settings):
     run_id = _start(seeded)  # committed, never handed to a broker: in the outbox
     assert _run(seeded, run_id).enqueued_at is None
-    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == [run_id]
+    assert dispatch.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == [run_id]
     assert _run(seeded, run_id).enqueued_at is not None
-    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == []
-    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=0) == [run_id]  # lost message
-    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=5) == []
-    assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
-    assert training.drain_outbox(url=seeded, settings=settings, older_than_s=0) == []
+    assert dispatch.drain_outbox(url=seeded, settings=settings, older_than_s=3600) == []
+    assert dispatch.drain_outbox(url=seeded, settings=settings, older_than_s=0) == [run_id]  # lost message
+    assert dispatch.drain_outbox(url=seeded, settings=settings, older_than_s=5) == []
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    assert dispatch.drain_outbox(url=seeded, settings=settings, older_than_s=0) == []
 
 
 def test_worker_startup_reaps_its_dead_incarnations_runs_at_once(seeded, settings):
@@ -353,7 +358,7 @@ def test_worker_startup_reaps_its_dead_incarnations_runs_at_once(seeded, setting
             run = s.get(TrainingRun, run_id)
             run.status, run.worker, run.attempts = "running", worker, 1
             run.started_at = run.heartbeat_at = utcnow()  # fresh heartbeats
-    out = training.worker_startup("celery:w1@host:", url=seeded, settings=settings)
+    out = schedule.worker_startup("celery:w1@host:", url=seeded, settings=settings)
     assert out["reaped"] == [mine]
     assert _run(seeded, mine).status == "failed" and "vanished" in _run(seeded, mine).error
     assert _run(seeded, mine).private_data_read and not _run(seeded, mine).refunded
@@ -366,7 +371,7 @@ def test_load_ratings_round_trips_the_stored_ratings(db_url):
     original = synthetic_ratings(seed=3)
     seed_ratings(db_url, "default", original)
     with session_scope(db_url) as s:
-        loaded = training.load_ratings(s, budget.get_dataset(s, "default"))
+        loaded = bulk_read.load_ratings(s, budget.get_dataset(s, "default"))
     assert loaded.nnz == original.nnz and loaded.n_items == original.n_items
 
     def triples(r, item_name):

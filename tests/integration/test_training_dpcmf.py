@@ -18,7 +18,13 @@ from app.core.algorithms import get_algorithm
 from app.db.models import Dataset, Item, Rating, User
 from app.db.session import session_scope
 from app.schemas.serving import RecommendationQuery
-from app.services import public_data, recommend, training
+from app.services import public_data
+from app.services.serving import published
+from app.services.serving import recommend
+from app.services.training import runner
+from app.services.training import schedule
+from app.services.serving import active as serving_active
+from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 
 # Half the items are trained privately: at epsilon 10 the count noise (std ~11) is far below the
@@ -43,7 +49,7 @@ def seeded(db_url):
     create_dataset(db_url, cap=3 * EPSILON)
     seed_ratings(db_url, "default", synthetic_ratings(n_users=600, n_ratings=6000))
     model_store.clear_cache()
-    recommend.invalidate_catalog()  # items are edited below without the ingest service
+    serving_active.invalidate_catalog()  # items are edited below without the ingest service
     with session_scope(db_url) as s:
         ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
         for item in s.scalars(select(Item).where(Item.dataset_id == ds.id)):
@@ -66,7 +72,7 @@ def seeded(db_url):
 
 def _start(url: str, algorithm: str, hyper: dict) -> int:
     with session_scope(url) as s:
-        return training.start_training(s, dataset="default", algorithm=algorithm, epsilon=EPSILON,
+        return train_requests.start_training(s, dataset="default", algorithm=algorithm, epsilon=EPSILON,
                                        hyperparameters=hyper, actor="admin").id
 
 
@@ -138,7 +144,7 @@ def test_similarities_come_only_from_the_declared_public_sources(seeded):
 def test_dpcmf_trains_publishes_and_recommends_cold_start_items(seeded, settings):
     url = seeded
     run_id = _start(url, "dpcmf", CMF_HYPER)
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         row, model = model_store.get_active_model(s, "default")
         assert row.algorithm == "dpcmf" and model.algorithm == "dpcmf"
@@ -147,7 +153,7 @@ def test_dpcmf_trains_publishes_and_recommends_cold_start_items(seeded, settings
             assert model.trained_mask[pos[item]] and np.linalg.norm(model.item_factors[pos[item]]) > 0
         assert not model.trained_mask[pos["cold_none"]]
         assert not np.any(model.item_factors[pos["cold_none"]])
-        info = recommend.model_info(s, dataset="default")
+        info = published.model_info(s, dataset="default")
         used = {src["name"]: src for src in info.privacy["public_sources"]}
         assert used["public_users"]["rows"] == 4 and used["similarities"]["rows"] == 2
         assert used["metadata"]["rows"] > 0 and set(info.privacy["cold_start_items"]) >= {"cold_meta", "cold_sim"}
@@ -162,7 +168,7 @@ def test_dpcmf_trains_publishes_and_recommends_cold_start_items(seeded, settings
 def test_dpals_on_the_same_data_cannot_recommend_cold_items(seeded, settings):
     """The contrast that makes the cold-start test meaningful: DPALS leaves them untrained."""
     run_id = _start(seeded, "dpals", DPALS_HYPER)
-    assert training.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "succeeded"
     with session_scope(seeded) as s:
         out = recommend.recommend_for_user(s, dataset="default", user_id="u3", query=RecommendationQuery(n=100))
         assert not {"cold_meta", "cold_sim"} & {x.item_id for x in out.items}
@@ -171,8 +177,8 @@ def test_dpals_on_the_same_data_cannot_recommend_cold_items(seeded, settings):
 def test_scheduled_retraining_keeps_the_active_algorithm_and_its_public_hyperparameters(seeded, settings):
     """A DP-CMF model is retrained as DP-CMF (same α), re-calibrated to the retrain epsilon,
     not replaced by a DPALS model; without an active model the default is DPALS."""
-    sched = lambda: training.scheduled_retrain(url=seeded, settings=settings, enqueue=False)["default"]  # noqa: E731
-    assert training.run_training(_start(seeded, "dpcmf", CMF_HYPER), url=seeded, settings=settings) == "succeeded"
+    sched = lambda: schedule.scheduled_retrain(url=seeded, settings=settings, enqueue=False)["default"]  # noqa: E731
+    assert runner.run_training(_start(seeded, "dpcmf", CMF_HYPER), url=seeded, settings=settings) == "succeeded"
     with session_scope(seeded) as s:
         from app.db.models import bump_ratings_version
 

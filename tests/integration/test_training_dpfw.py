@@ -12,7 +12,10 @@ from app.core.mf.dpfw import FrankWolfeModel, replay_user
 from app.db.session import session_scope
 from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
-from app.services import recommend, training
+from app.services.serving import popular
+from app.services.serving import recommend
+from app.services.training import runner
+from app.services.training import requests as train_requests
 from app.services.ingest import user_ratings_arrays
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 
@@ -31,7 +34,7 @@ def _start(url: str, **kw) -> int:
     args = dict(dataset="default", algorithm="dpfw", epsilon=2.0, hyperparameters=HYPER, actor="admin")
     args.update(kw)
     with session_scope(url) as s:
-        return training.start_training(s, **args).id
+        return train_requests.start_training(s, **args).id
 
 
 def test_dpfw_trains_publishes_and_serves(seeded, settings):
@@ -42,7 +45,7 @@ def test_dpfw_trains_publishes_and_serves(seeded, settings):
         assert reserved.parameters["algorithm"] == "dpfw"
         assert reserved.parameters["eigen_method"] == "dense"  # "auto" resolved at reservation (60 items)
         assert reserved.epsilon <= 2.0 + 1e-9
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         row, model = model_store.get_active_model(s, "default")
         assert isinstance(model, FrankWolfeModel) and row.algorithm == "dpfw"
@@ -59,7 +62,7 @@ def test_dpfw_trains_publishes_and_serves(seeded, settings):
         for scored in out.items:
             assert scored.item_id not in set(item_ids)
             assert scored.score == pytest.approx(scores[positions[scored.item_id]])
-        popular = recommend.popular(s, dataset="default", n=3)
+        popular = popular.popular(s, dataset="default", n=3)
         assert len(popular.items) == 3  # DP counts released (and charged) by DPFW
 
 

@@ -19,7 +19,14 @@ from app.db.session import session_scope
 from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
 from app.schemas.votes import VoteIn, VoteRow
-from app.services import budget, recommend, training, votes
+from app.services import budget, votes
+from app.services.serving import popular
+from app.services.serving import published
+from app.services.serving import recommend
+from app.services.training import runner
+from app.services.training import schedule
+from app.services.serving import similar
+from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset
 
 N_USERS, N_ITEMS, PER_USER = 120, 24, 12
@@ -49,7 +56,7 @@ def _start(url: str, **kw) -> int:
     args = dict(dataset="default", algorithm="onebit", hyperparameters=dict(HYPER), actor="admin")
     args.update(kw)
     with session_scope(url) as s:
-        return training.start_training(s, **args).id
+        return train_requests.start_training(s, **args).id
 
 
 def _entries(url: str) -> list[tuple[str, int | None, float | None, dict]]:
@@ -69,7 +76,7 @@ def test_randomised_votes_train_for_free_and_serve_voters(db_url, settings):
         assert run.config["pre_randomised"] is True and run.config["local_epsilon"] == 2.0
         assert run.config["votes_per_user"] == PER_USER and run.epsilon_charged == 0.0
         spent_before = ledger.spent(s, ledger.account_for(s, run.dataset_id)).epsilon_rdp
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     kinds = _entries(url)
     assert [k for k, *_ in kinds] == ["open", "local", "reservation", "commit"]
     local, reservation = kinds[1], kinds[2]
@@ -84,9 +91,9 @@ def test_randomised_votes_train_for_free_and_serve_voters(db_url, settings):
         _check_voter_scores(s, model)
         out = recommend.recommend_for_user(s, dataset="default", user_id="stranger", query=RecommendationQuery(n=5))
         assert out.fallback and out.fallback_reason == "dp_popular: user has no votes" and len(out.items) == 5
-        assert len(recommend.popular(s, dataset="default", n=3).items) == 3
-        assert len(recommend.similar(s, dataset="default", item_id="i0", n=3).items) == 3
-        page = recommend.embeddings_page(s, dataset="default", offset=0, limit=5)
+        assert len(popular.popular(s, dataset="default", n=3).items) == 3
+        assert len(similar.similar(s, dataset="default", item_id="i0", n=3).items) == 3
+        page = published.embeddings_page(s, dataset="default", offset=0, limit=5)
         assert page.rank == model.rank and len(page.items[0].vector) == model.rank
 
 
@@ -123,7 +130,7 @@ def test_raw_votes_grap_is_charged_its_user_level_event(db_url, settings):
         assert res.parameters["level"] == "user" and res.parameters["votes_per_user"] == PER_USER
         assert 0 < res.epsilon <= 3.0 + 1e-9
         assert res.epsilon == pytest.approx(epsilon_rdp(onebit.onebit_event(config), 1e-6))
-    assert training.run_training(run_id, url=url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
         out = recommend.recommend_for_user(s, dataset="default", user_id="u5", query=RecommendationQuery(n=4))
         assert not out.fallback and all(0.0 <= it.score <= 1.0 for it in out.items)
@@ -157,7 +164,7 @@ def test_a_free_run_refuses_votes_stored_after_randomisation_was_turned_off(db_u
     with session_scope(db_url) as s:
         votes.upsert_votes_batch(s, dataset="default", rows=[
             VoteRow(user_id=f"u{u}", item_id=f"i{i}", vote=1) for u in range(20) for i in range(3)])
-    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+    assert runner.run_training(run_id, url=db_url, settings=settings) == "failed"
     with session_scope(db_url) as s:
         run = s.get(TrainingRun, run_id)
         assert "no longer randomises" in run.error and run.refunded
@@ -175,7 +182,7 @@ def test_too_large_vote_matrix_is_refused_from_public_facts_or_charged(db_url, s
         _start(db_url, epsilon=1.0, hyperparameters={**HYPER, "user_rows": 11})
     monkeypatch.setattr("app.core.onebit.train.MAX_ENTRIES", N_USERS * N_ITEMS - 1)
     run_id = _start(db_url, epsilon=1.0)
-    assert training.run_training(run_id, url=db_url, settings=settings) == "failed"
+    assert runner.run_training(run_id, url=db_url, settings=settings) == "failed"
     with session_scope(db_url) as s:
         run = s.get(TrainingRun, run_id)
         assert "charged" in run.error and str(N_USERS) not in run.error and not run.refunded
@@ -198,7 +205,7 @@ def test_a_free_run_never_reads_a_bit_not_randomised_with_its_epsilon0(db_url, s
         item = s.query(Item).filter_by(dataset_id=ds.id, external_id="i0").one()
         s.add(Vote(dataset_id=ds.id, user_id=user.id, item_id=item.id, value=1, randomised=False))
     run_id = _start(db_url)
-    assert training.run_training(run_id, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(run_id, url=db_url, settings=settings) == "succeeded"
     with session_scope(db_url) as s:
         ds = get_dataset(s, "default")
         read, _ = votes.load_votes(s, ds, local_epsilon=2.0)
@@ -216,14 +223,14 @@ def test_user_rows_pads_for_add_remove_and_drops_excess_voters(db_url, settings)
     with session_scope(db_url) as s:
         params = ledger.reservation_for(s, ok).parameters
         assert params["user_rows"] == N_USERS + 30 and params["neighbouring_relation"] == "add_or_remove_one_user"
-    assert training.run_training(ok, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(ok, url=db_url, settings=settings) == "succeeded"
     with session_scope(db_url) as s:
         _, model = model_store.get_active_model(s, "default")
         assert model.config["user_rows"] == N_USERS + 30 and model.metadata["user_rows"] == N_USERS + 30
         assert model.metadata["voter_count_public"] is False
         spent = ledger.spent(s, ledger.account_for(s, budget.get_dataset(s, "default").id)).epsilon_rdp
     small = _start(db_url, epsilon=2.0, hyperparameters={**grap, "user_rows": N_USERS - 20})
-    assert training.run_training(small, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(small, url=db_url, settings=settings) == "succeeded"
     with session_scope(db_url) as s:
         run = s.get(TrainingRun, small)
         assert run.error is None and not run.refunded and run.private_data_read
@@ -239,14 +246,14 @@ def test_scheduled_retraining_follows_the_declared_kind(db_url, settings):
     create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     with session_scope(db_url) as s:
         get_dataset(s, "default").kind = "votes"
-    sched = lambda: training.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    sched = lambda: schedule.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731
     _seed(db_url, eps0=2.0)
     outcome = sched()
     assert outcome.startswith("started:")
     with session_scope(db_url) as s:
         run = s.get(TrainingRun, int(outcome.split(":")[1]))
         assert run.algorithm == "onebit" and run.epsilon_charged == 0.0 and run.trigger == "schedule"
-    assert training.run_training(run.id, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(run.id, url=db_url, settings=settings) == "succeeded"
     outcome = sched()  # unchanged data: retrained all the same (no "skipped:unchanged" bit)  # retrains the active one-bit model's algorithm and hyper-parameters, still free
     assert outcome.startswith("started:")
     with session_scope(db_url) as s:

@@ -19,7 +19,10 @@ from app import model_store
 from app.config import Settings
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
-from app.services import budget, training
+from app.services import budget
+from app.services.training import dispatch
+from app.services.training import runner
+from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +74,7 @@ def _kinds(url: str, run_id: int) -> list[str]:
 def _start_worker(settings: Settings, tmp_path: Path, name: str) -> subprocess.Popen:
     log = open(tmp_path / f"{name}.log", "w")
     cmd = [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", training.QUEUE,
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", dispatch.QUEUE,
         "-c", "1", "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
     ]
     return subprocess.Popen(cmd, cwd=REPO, env=_env(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,7 +93,7 @@ def _queue_drained(redis_url: str) -> bool:
 
     client = redis.Redis.from_url(redis_url)
     try:
-        return client.llen(training.QUEUE) == 0 and client.hlen("unacked") == 0
+        return client.llen(dispatch.QUEUE) == 0 and client.hlen("unacked") == 0
     finally:
         client.close()
 
@@ -108,7 +111,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
     worker = _start_worker(settings, tmp_path, "w1")
     try:
         # 1. request -> Celery -> train -> publish
-        first = training.submit_training(
+        first = train_requests.submit_training(
             url=pg_url, settings=settings, dataset="default", epsilon=1.0, hyperparameters=SMALL, actor="admin"
         )
         run = _wait(pg_url, first, lambda r: r.status in ("succeeded", "failed"))
@@ -120,7 +123,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
 
         # 2. the broker delivers the same task twice more: no second charge, no second model
         for _ in range(2):
-            training.enqueue_run(first, settings)
+            dispatch.enqueue_run(first, settings=settings)
         deadline = time.monotonic() + 60
         while not _queue_drained(redis_url) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -132,7 +135,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
             assert s.get(TrainingRun, first).attempts == 1
 
         # 3. a long run; the worker is killed (SIGKILL, whole process group) mid-training
-        slow = training.submit_training(
+        slow = train_requests.submit_training(
             url=pg_url, settings=settings, dataset="default", epsilon=1.0, hyperparameters=SLOW, actor="admin"
         )
         _wait(pg_url, slow, lambda r: r.status == "running" and r.progress > 0.1, timeout=180)
@@ -161,7 +164,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
 _TRAIN_SCRIPT = """
 import sys
 from app.config import Settings
-from app.services.training import run_training
+from app.services.training.runner import run_training
 settings = Settings(database_url=sys.argv[1], artifact_dir=sys.argv[3], run_heartbeat_s=0.5, run_stale_after_s=3.0)
 print(run_training(int(sys.argv[2]), url=sys.argv[1], settings=settings), flush=True)
 """
@@ -173,10 +176,10 @@ def test_killed_training_process_fails_closed(db_url, tmp_path):
     settings = make_settings(tmp_path, db_url, run_heartbeat_s=0.5, run_stale_after_s=3.0)
     create_dataset(db_url, cap=20.0)
     seed_ratings(db_url, "default", synthetic_ratings(2000, 400, 40_000))
-    first = training.submit_training(url=db_url, settings=settings, dataset="default", epsilon=1.0,
+    first = train_requests.submit_training(url=db_url, settings=settings, dataset="default", epsilon=1.0,
                                      hyperparameters=SMALL, actor="admin")
-    assert training.run_training(first, url=db_url, settings=settings) == "succeeded"
-    slow = training.submit_training(url=db_url, settings=settings, dataset="default", epsilon=1.0,
+    assert runner.run_training(first, url=db_url, settings=settings) == "succeeded"
+    slow = train_requests.submit_training(url=db_url, settings=settings, dataset="default", epsilon=1.0,
                                     hyperparameters=SLOW, actor="admin")
     with session_scope(db_url) as s:
         spent = budget.get_budget(s, "default").spent_epsilon_rdp
@@ -189,13 +192,13 @@ def test_killed_training_process_fails_closed(db_url, tmp_path):
         _wait(db_url, slow, lambda r: r.status == "running" and r.progress > 0.1, timeout=180)
     finally:
         _kill(proc)
-    assert training.reap_stale_runs(url=db_url, settings=settings) == []  # heartbeat still fresh
+    assert runner.reap_stale_runs(url=db_url, settings=settings) == []  # heartbeat still fresh
     time.sleep(settings.run_stale_after_s + 0.5)
-    assert training.reap_stale_runs(url=db_url, settings=settings) == [slow]
+    assert runner.reap_stale_runs(url=db_url, settings=settings) == [slow]
     run = _status(db_url, slow)
     assert run.status == "failed" and not run.refunded
     assert _kinds(db_url, slow) == ["reservation"]
-    assert training.run_training(slow, url=db_url, settings=settings) == "failed"  # redelivery: no-op
+    assert runner.run_training(slow, url=db_url, settings=settings) == "failed"  # redelivery: no-op
     with session_scope(db_url) as s:
         assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
         assert model_store.get_active_version(s, "default").id == active_id

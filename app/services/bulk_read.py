@@ -1,64 +1,24 @@
-"""What each algorithm trains on, read from the database in one transaction.
+"""Bulk reads of the (user, item, value) tables of a data set into a :class:`Ratings`.
 
-An algorithm's ``data`` kind (``app.core.algorithms.Algorithm.data``) names its inputs:
-
-* ``"ratings"``: the data set's ratings as a :class:`Ratings` (items = every item of the data set);
-* ``"ratings+public"`` (DP-CMF): the private ratings without public users' rows, plus the public
-  item data (metadata tokens, public similarities, public users' ratings) as ``public=``;
-* ``"votes"`` (one-bit mechanisms): the thumbs up/down votes as a :class:`Ratings` of +-1.
-
-Each loader returns ``(data, extra keyword arguments for Algorithm.train)``.
+Ratings and votes are read the same way: binary ``COPY`` on PostgreSQL, ``fetchmany`` chunks
+elsewhere, then one ``np.unique`` / ``np.searchsorted`` pass onto the data set's catalogue
+(items = every item of the data set, so the model's item space is public). Used by training
+inputs and by the public-data and votes services; it imports no other service.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.algorithms import Algorithm
 from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item
 from app.db.session import is_postgres
 
-__all__ = ["load_ratings", "load_triplets", "ratings_from_triplets", "load_training_inputs", "item_index", "DATA_KINDS"]
-
-Loader = Callable[[Session, Dataset], tuple[Ratings, dict[str, Any]]]
-DATA_KINDS = ("ratings", "ratings+public", "votes")
-
-
-def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm, *,
-                         local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
-    """The training data of ``algo`` on ``ds`` and the extra keyword arguments of its ``train``.
-
-    ``local_epsilon`` (votes only): read only the bits randomised at ingestion with exactly this
-    ε0 (a free, pre-randomised run); any other row is never read.
-    """
-    kind = getattr(algo, "data", "ratings")
-    if local_epsilon is not None:
-        if kind != "votes":
-            raise ValueError("local_epsilon filters votes only")
-        from app.services.votes import load_votes
-
-        return load_votes(session, ds, local_epsilon=local_epsilon)
-    return _loader(kind)(session, ds)
-
-
-def _loader(kind: str) -> Loader:
-    if kind == "ratings":
-        return lambda session, ds: (load_ratings(session, ds), {})
-    if kind == "ratings+public":
-        from app.services.public_data import load_ratings_and_public
-
-        return load_ratings_and_public
-    if kind == "votes":
-        from app.services.votes import load_votes
-
-        return load_votes
-    raise ValueError(f"unknown training data kind {kind!r}; known: {DATA_KINDS}")
+__all__ = ["load_ratings", "load_triplets", "ratings_from_triplets", "item_index", "Triplets"]
 
 
 def item_index(session: Session, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,9 @@
 """In-process training worker for the embedded (SQLite, no Redis) mode.
 
 A daemon thread that claims queued runs oldest first and executes them through the same
-``app.services.training.run_training`` the Celery task calls; it also reaps runs whose worker
-vanished and, every ``RETRAIN_INTERVAL_S``, runs the scheduled retraining (the beat's job).
-The database is the queue: ``enqueue_run`` only wakes the thread early.
+:func:`app.services.training.runner.run_training` the Celery task calls; it also reaps runs
+whose worker vanished and, every ``RETRAIN_INTERVAL_S``, runs the scheduled retraining (the
+beat's job). The database is the queue: ``dispatch.enqueue_run`` only wakes the thread early.
 """
 
 from __future__ import annotations
@@ -11,32 +11,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 
 from sqlalchemy import select
 
-from app.config import Settings, get_settings
+from app.config import Settings
 from app.db.models import TrainingRun
 from app.db.session import session_scope
-from app.services import training
+from app.services.training.dispatch import register_waker, unregister_waker
+from app.services.training.runner import reap_stale_runs, run_training
+from app.services.training.schedule import scheduled_retrain
 
-__all__ = ["EmbeddedWorker", "start_embedded_worker", "wake_workers"]
+__all__ = ["EmbeddedWorker", "start_embedded_worker"]
 
 log = logging.getLogger(__name__)
-_workers: "weakref.WeakSet[EmbeddedWorker]" = weakref.WeakSet()
-
-
-def wake_workers() -> None:
-    """Wake every embedded worker of this process (a run was just enqueued)."""
-    for worker in list(_workers):
-        worker.wake()
 
 
 class EmbeddedWorker:
     """One background thread running queued trainings one at a time."""
 
-    def __init__(self, settings: Settings | None = None, *, url: str | None = None, schedule: bool = True) -> None:
-        self.settings = settings or get_settings()
+    def __init__(self, settings: Settings, *, url: str | None = None, schedule: bool = True) -> None:
+        self.settings = settings
         self.url = url or self.settings.database_url
         self.schedule = schedule and self.settings.retrain_enabled
         self._wake = threading.Event()
@@ -47,7 +41,7 @@ class EmbeddedWorker:
         self.completed: list[tuple[int, str]] = []
 
     def start(self) -> "EmbeddedWorker":
-        _workers.add(self)
+        register_waker(self)
         self._thread.start()
         return self
 
@@ -59,7 +53,7 @@ class EmbeddedWorker:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
-        _workers.discard(self)
+        unregister_waker(self)
 
     @property
     def alive(self) -> bool:
@@ -73,15 +67,15 @@ class EmbeddedWorker:
         """Maintenance, then at most one queued run; returns its id (None when idle)."""
         now = time.monotonic()
         if now >= self._next_reap:
-            training.reap_stale_runs(url=self.url, settings=self.settings)
+            reap_stale_runs(url=self.url, settings=self.settings)
             self._next_reap = now + self.settings.run_heartbeat_s
         if self.schedule and now >= self._next_retrain:
             self._next_retrain = now + self.settings.retrain_interval_s
-            training.scheduled_retrain(url=self.url, settings=self.settings, enqueue=False)
+            scheduled_retrain(url=self.url, settings=self.settings, enqueue=False)
         run_id = self._next_queued()
         if run_id is None:
             return None
-        outcome = training.run_training(run_id, url=self.url, settings=self.settings, worker=f"embedded:{id(self):x}")
+        outcome = run_training(run_id, url=self.url, settings=self.settings, worker=f"embedded:{id(self):x}")
         self.completed.append((run_id, outcome))
         return run_id
 
@@ -97,6 +91,6 @@ class EmbeddedWorker:
                 self._wake.clear()
 
 
-def start_embedded_worker(settings: Settings | None = None, *, url: str | None = None, schedule: bool = True) -> EmbeddedWorker:
+def start_embedded_worker(settings: Settings, *, url: str | None = None, schedule: bool = True) -> EmbeddedWorker:
     """Start and return the in-process worker (call ``.stop()`` at shutdown)."""
     return EmbeddedWorker(settings, url=url, schedule=schedule).start()

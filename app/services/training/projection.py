@@ -18,11 +18,13 @@ from dp_accounting import dp_event
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
 from app.core.algorithms import get_algorithm
+from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
 from app.platform_errors import InvalidRequest
-from app.services import training
 from app.services.budget import get_dataset
+from app.services.training.requests import (MIN_EPSILON, base_config, data_params, n_items_of,
+                                            resolved_hyperparameters)
+from app.services.training.schedule import retrain_choice
 
 __all__ = ["Projection", "MAX_AFFORDABLE", "project_run"]
 
@@ -52,7 +54,7 @@ class Projection:
 def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict[str, Any], str | None]:
     """The active model's algorithm, public hyper-parameters and objective (what retraining
     would run), or ``algorithm`` with its defaults; DPALS on an empty data set."""
-    active = training._retrain_algorithm(session, ds)  # noqa: SLF001 - the same choice as the scheduler
+    active = retrain_choice(session, ds)  # the same choice as the scheduler
     if algorithm is None:
         return active or ("dpals", {}, None)
     if active is not None and active[0] == algorithm:
@@ -63,15 +65,14 @@ def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict
 def _event(session: Session, ds: Any, acct: Any, algorithm: str, params: dict[str, Any],
            objective: str | None, epsilon: float) -> tuple[dp_event.DpEvent, dict[str, Any]]:
     """The run's event and hyper-parameters, built as
-    :func:`app.services.training.start_training` builds them (ε-aware defaults when none)."""
+    :func:`app.services.training.requests.start_training` builds them (ε-aware defaults when none)."""
     try:
         algo = get_algorithm(algorithm)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
-    n_items = training._n_items(session, ds)  # noqa: SLF001 - the public catalogue size
-    params = training._resolved_hyperparameters(  # noqa: SLF001
-        algo, ds, params, objective, float(epsilon), acct.delta, n_items)
-    base = training._base_config(algo, ds, training._data_params(algo, ds, params))  # noqa: SLF001
+    n_items = n_items_of(session, ds)  # the public catalogue size
+    params = resolved_hyperparameters(algo, ds, params, objective, float(epsilon), acct.delta, n_items)
+    base = base_config(algo, ds, data_params(algo, ds, params))
     try:
         config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
     except ValueError as exc:
@@ -105,8 +106,8 @@ def _affordable(history: list[dp_event.DpEvent], event: dp_event.DpEvent, cap: f
 
 def project_run(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> Projection:
     """Cost of one more run at ``epsilon`` and how many such runs the cap still allows."""
-    if not (math.isfinite(epsilon) and epsilon >= training.MIN_EPSILON):
-        raise InvalidRequest(f"epsilon must be a finite number >= {training.MIN_EPSILON}")
+    if not (math.isfinite(epsilon) and epsilon >= MIN_EPSILON):
+        raise InvalidRequest(f"epsilon must be a finite number >= {MIN_EPSILON}")
     ds = get_dataset(session, dataset)
     acct = ledger.account_for(session, ds.id)
     name, params, objective = _choice(session, ds, algorithm)

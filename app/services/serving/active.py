@@ -1,0 +1,180 @@
+"""The active published model of a data set, cached per version, and the public catalogue facts
+serving filters with (inactive items, categories), cached per data set with a short TTL.
+
+Everything here is public: the published release (item factors, DP counts, public config) and
+the public catalogue. ``invalidate_catalog`` is called after a committed item write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from app.db.models import Dataset, Item, ModelVersion
+from app.model_store import get_active_model
+from app.schemas.serving import ScoredItem
+from app.services.ingest import user_ratings_arrays
+
+__all__ = ["CATALOG_TTL_S", "ServedModel", "Catalog", "ActiveModel", "active", "active_with_ratings",
+           "invalidate_catalog", "catalog", "item_mask", "scored_items"]
+
+CATALOG_TTL_S = 30.0
+
+
+@dataclass
+class ServedModel:
+    """A published model plus derived lookups (public data only), cached per version and shared
+    by request threads; ``row`` is the requesting session's own ORM row (set per request)."""
+
+    model: Any
+    positions: dict[str, int]
+    version_id: int = 0
+    dataset_id: int = 0
+    algorithm: str = ""
+    npy: bytes | None = None
+    masks: dict[Any, np.ndarray] = field(default_factory=dict)
+    rating_range: tuple[float, float] | None = None  # the data set's public scale
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Public catalogue facts used for filtering: inactive items, category -> items."""
+
+    stamp: float
+    inactive: frozenset[str]
+    by_category: dict[str, frozenset[str]]
+
+
+_lock = threading.Lock()
+_refresh_lock = threading.Lock()
+_serving: dict[tuple[int, str], ServedModel] = {}
+_catalogs: dict[str, Catalog] = {}
+
+
+@dataclass
+class ActiveModel:
+    """One request's view: its own ORM row plus the shared per-version cache."""
+
+    row: ModelVersion
+    cache: ServedModel
+
+    @property
+    def model(self) -> Any:
+        return self.cache.model
+
+    @property
+    def positions(self) -> dict[str, int]:
+        return self.cache.positions
+
+
+def active(session: Session, dataset: str) -> ActiveModel:
+    """The active model of ``dataset`` with its id index (404 ``no_active_model`` when none)."""
+    row, model = get_active_model(session, dataset)
+    key = (row.id, row.sha256)
+    cached = _serving.get(key)
+    if cached is None:
+        positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
+        ds = session.get(Dataset, row.dataset_id)
+        cached = ServedModel(model=model, positions=positions, version_id=row.id, dataset_id=row.dataset_id,
+                          algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))
+        with _lock:
+            if len(_serving) > 8:
+                _serving.clear()
+            _serving[key] = cached
+    return ActiveModel(row=row, cache=cached)
+
+
+# One round trip for the hot path: the active version's key plus this user's own ratings.
+_ACTIVE_AND_RATINGS = text(
+    "SELECT mv.id, mv.sha256, i.external_id, r.value "
+    "FROM datasets d "
+    "JOIN model_versions mv ON mv.dataset_id = d.id AND mv.active "
+    "LEFT JOIN users u ON u.external_id = :user "
+    "LEFT JOIN ratings r ON r.dataset_id = d.id AND r.user_id = u.id "
+    "LEFT JOIN items i ON i.id = r.item_id "
+    "WHERE d.name = :dataset"
+)
+
+
+def active_with_ratings(session: Session, dataset: str, user_id: str) -> tuple[ServedModel, list[str], list[float]]:
+    """The active model (cached per version) and the one user's ratings, in one query."""
+    rows = session.execute(_ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id}).all()
+    cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
+    if cached is None:  # cold cache, no active model or unknown data set: the full path
+        cached = active(session, dataset).cache
+        if not rows or rows[0][0] != cached.version_id:  # activation raced with this request
+            items, values = user_ratings_arrays(session, dataset_id=cached.dataset_id, user_id=user_id)
+            return cached, items, values
+    items = [r[2] for r in rows if r[2] is not None]
+    values = [float(r[3]) for r in rows if r[2] is not None]
+    return cached, items, values
+
+
+def invalidate_catalog(dataset: str | None = None) -> None:
+    """Forget cached catalogue facts (called after item writes in this process)."""
+    with _lock:
+        if dataset is None:
+            _catalogs.clear()
+        else:
+            _catalogs.pop(dataset, None)
+
+
+def _load_catalog(session: Session, dataset_id: int) -> Catalog:
+    inactive: set[str] = set()
+    by_category: dict[str, set[str]] = {}
+    for ext, cats, is_active in session.execute(
+        select(Item.external_id, Item.categories, Item.active).where(Item.dataset_id == dataset_id)
+    ):
+        if not is_active:
+            inactive.add(ext)
+        for c in cats or ():
+            by_category.setdefault(str(c), set()).add(ext)
+    return Catalog(stamp=time.monotonic(), inactive=frozenset(inactive),
+                    by_category={k: frozenset(v) for k, v in by_category.items()})
+
+
+def catalog(session: Session, dataset_id: int, dataset: str) -> Catalog:
+    """The cached catalogue; after the TTL one thread reloads it while the others keep using
+    the previous copy (no thundering herd on large catalogues)."""
+    cat = _catalogs.get(dataset)
+    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
+        return cat
+    if not _refresh_lock.acquire(blocking=cat is None):
+        return cat  # type: ignore[return-value]  # another thread is refreshing
+    try:
+        current = _catalogs.get(dataset)
+        if current is not None and current is not cat and time.monotonic() - current.stamp < CATALOG_TTL_S:
+            return current
+        fresh = _load_catalog(session, dataset_id)
+        with _lock:
+            _catalogs[dataset] = fresh
+        return fresh
+    finally:
+        _refresh_lock.release()
+
+
+def item_mask(active_: ActiveModel, key: Any, ids: frozenset[str]) -> np.ndarray:
+    """Boolean mask over the model's items for ``ids`` (cached per catalogue stamp; read-only)."""
+    serving = active_.cache
+    mask = serving.masks.get(key)
+    if mask is None:
+        mask = np.zeros(serving.model.n_items, dtype=bool)
+        rows = [serving.positions[i] for i in ids if i in serving.positions]
+        mask[np.asarray(rows, dtype=np.int64)] = True
+        mask.setflags(write=False)
+        if len(serving.masks) > 256:
+            serving.masks.clear()
+        serving.masks[key] = mask
+    return mask
+
+
+def scored_items(serving: ActiveModel, idx: np.ndarray, scores: np.ndarray | None) -> list[ScoredItem]:
+    ids = np.asarray(serving.model.item_ids)[idx].tolist()
+    values = [None] * len(ids) if scores is None else [float(x) for x in scores]
+    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))]

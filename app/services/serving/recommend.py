@@ -1,0 +1,118 @@
+"""Privileged recommendations for one user.
+
+They read the *active published model* (:mod:`app.services.serving.active`) and additionally
+the one requesting user's own ratings (or votes) and nothing else (joint DP: post-processing of
+the public release, not charged). Scores and user vectors are never logged or stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.api.errors import Unprocessable
+from app.core.algorithms import get_algorithm, score_kind
+from app.core.mf import foldin
+from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
+from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
+from app.services.serving.popular import popular_indices
+from app.services.votes import user_votes_arrays
+
+__all__ = ["recommend_for_user"]
+
+
+def recommend_for_user(session: Session, *, dataset: str, user_id: str,
+                       query: RecommendationQuery) -> RecommendationsOut:
+    """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
+    user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
+    cache, item_ids, values = active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    algorithm = get_algorithm(cache.algorithm)
+    noun = "ratings"
+    if algorithm.data == "votes":
+        noun = "votes"
+        item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
+    s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
+    model = s.model
+    rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
+    known = rated >= 0
+    rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
+    kind = score_kind(cache.algorithm, model)
+    usable = int(np.count_nonzero(model.trained_mask[rated_idx])) if len(rated_idx) else 0
+    reason = None
+    if usable == 0:
+        reason = f"user has no {noun}" if not item_ids else f"none of the user's {noun} is for an item in the trained set"
+    out = dict(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm, score_kind=kind)
+    if query.items is not None:
+        return RecommendationsOut(**out, fallback=False, fallback_reason=None,
+                                  items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
+    allowed = _allowed(session, s, dataset, query)
+    allowed[rated_idx] = False
+    out["notes"] = _category_notes(session, s, dataset, query)
+    if reason is not None:
+        idx, _ = popular_indices(s, query.n, allowed)
+        scores = _baseline_scores(s, kind)
+        items = scored_items(s, idx, None if scores is None else scores[idx])
+        counts = np.asarray(model.item_counts, dtype=np.float64)[idx]
+        items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, counts)]
+        return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
+    scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
+    if kind != "ranking_score":
+        allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
+    idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
+    return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+
+
+def _allowed(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
+    """Candidate mask: active items, in ``categories`` when given, not in ``exclude``."""
+    cat = catalog(session, s.cache.dataset_id, dataset)
+    allowed = ~item_mask(s, ("inactive", cat.stamp), cat.inactive)
+    if query.categories is not None:
+        in_cats = np.zeros(s.model.n_items, dtype=bool)
+        for c in query.categories:
+            in_cats |= item_mask(s, ("cat", c, cat.stamp), cat.by_category.get(c, frozenset()))
+        allowed &= in_cats
+    if query.exclude:
+        ex = [s.positions[i] for i in query.exclude if i in s.positions]
+        allowed[np.asarray(ex, dtype=np.int64)] = False
+    return allowed
+
+
+def _category_notes(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> list[str]:
+    """Say so when a requested category is carried by no item (the list would be silently empty)."""
+    if not query.categories:
+        return []
+    known = catalog(session, s.cache.dataset_id, dataset).by_category
+    return [f"no item carries category {c!r}" for c in query.categories if c not in known]
+
+
+def _on_scale(s: ActiveModel, kind: str, scores: np.ndarray) -> np.ndarray:
+    """Predicted ratings clipped into the data set's range (a safety net: the model's own
+    shrinkage keeps them on the scale, see quality-defaults' rmse_unclipped)."""
+    if kind != "predicted_rating" or s.cache.rating_range is None:
+        return scores
+    lo, hi = s.cache.rating_range
+    return np.clip(scores, lo, hi)
+
+
+def _baseline_scores(s: ActiveModel, kind: str) -> np.ndarray | None:
+    """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
+    if not hasattr(s.model, "item_biases"):
+        return None
+    return _on_scale(s, kind, foldin.predict_ratings(s.model, np.zeros(s.model.rank)))
+
+
+def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarray, rated_vals: np.ndarray,
+                 items: list[str]) -> list[ScoredItem]:
+    """Exactly ``items``, best first, each with its score (baseline-flagged outside the trained set)."""
+    unknown = [i for i in items if i not in s.positions]
+    if unknown:
+        raise Unprocessable(f"{len(unknown)} item id(s) are not in the active model", code="unknown_items",
+                            details={"unknown_items": unknown[:100]})
+    idx = np.asarray([s.positions[i] for i in items], dtype=np.int64)
+    scores = _on_scale(s, kind, algorithm.score(s.model, rated_idx, rated_vals))[idx]
+    order = np.argsort(-scores, kind="stable")
+    trained = s.model.trained_mask
+    return [ScoredItem(item_id=items[k], score=float(scores[k]), rank=r + 1, baseline=not bool(trained[idx[k]]))
+            for r, k in enumerate(order)]

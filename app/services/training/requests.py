@@ -1,0 +1,278 @@
+"""Training requests: the run's privacy event from public facts, reserved before any data is read.
+
+``start_training`` (API, CLI, scheduler) computes the run's event from the calibrated config
+*before* any data is read, inserts the run (``queued``) and reserves the event in the ledger in
+the caller's transaction. The caller commits, then hands the run to
+:func:`app.services.training.dispatch.enqueue_run` (the run row is the outbox). Every check here
+reads public facts only: the data set's declarations, its public catalogue size, the budget.
+Calibration follows the algorithm's own accountant (``app.core.algorithms``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.config import Settings
+from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
+from app.core.onebit import check_public_shape as onebit_public_shape
+from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
+from app.db.models import Dataset, Item, TrainingRun
+from app.db.session import session_scope
+from app.platform_errors import BudgetExceeded, InvalidRequest, NotFound
+from app.services.budget import get_dataset
+from app.services.training.dispatch import enqueue_run
+from app.services.votes import votes_training_params
+
+__all__ = [
+    "MIN_EPSILON",
+    "SECRET_CONFIG_KEYS",
+    "base_config",
+    "data_params",
+    "resolved_hyperparameters",
+    "check_public_shape",
+    "n_items_of",
+    "public_facts",
+    "start_training",
+    "submit_training",
+    "get_run",
+    "list_runs",
+    "run_dict",
+]
+
+SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
+MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
+
+
+def base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None):
+    """The (uncalibrated) config: defaults + caller's public hyper-parameters."""
+    params = dict(hyperparameters or {})
+    for key in SECRET_CONFIG_KEYS:
+        if key in params:
+            raise InvalidRequest(f"hyper-parameter {key!r} cannot be chosen: the service draws it secretly per run")
+    try:
+        return algo.config_from_params(params, (ds.rating_min, ds.rating_max))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"invalid {algo.name} hyper-parameters: {exc}") from exc
+
+
+def public_facts(session: Session, ds: Dataset) -> dict[str, Any]:
+    """What training may know about a data set before reading private data: admin declarations
+    and the public catalogue only (kind, the declared bound on its users, rating range, items)."""
+    return {"kind": ds.kind, "max_users": ds.max_users, "rating_range": (ds.rating_min, ds.rating_max),
+            "n_items": n_items_of(session, ds)}
+
+
+def data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Hyper-parameters with what the data set decides for the algorithm's data kind (votes:
+    randomisation at ingestion forces ``pre_randomised`` / ``local_epsilon``; ``user_rows``
+    defaults to the declared ``max_users``)."""
+    if algo.data != "votes":
+        return hyperparameters
+    return votes_training_params(ds, hyperparameters)
+
+
+def resolved_hyperparameters(
+    algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None, objective: str | None,
+    epsilon: float, delta: float, n_items: int,
+) -> dict[str, Any]:
+    """The caller's hyper-parameters, or the ε-aware defaults (public facts only) when none."""
+    try:
+        params, _ = resolve_hyperparameters(
+            algo.name, dict(hyperparameters or {}), objective=objective, epsilon=epsilon, delta=delta,
+            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items, max_users=ds.max_users,
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    return params
+
+
+_MIN_ITEMS = {"dpfw": 2, "onebit": 2}  # the catalogue size each algorithm needs (default 1)
+
+
+def check_public_shape(algo: Algorithm, config: Any, n_items: int) -> None:
+    """Size limits decided from public facts before any data is read (422 otherwise)."""
+    need = _MIN_ITEMS.get(algo.name, 1)
+    if n_items < need:
+        raise InvalidRequest(f"{algo.name} needs at least {need} item(s) in the data set's public catalogue: "
+                             "add items first (PUT /v1/datasets/{dataset}/items/{item_id} or privrec import-items)")
+    if algo.name != "onebit":
+        return
+    try:
+        onebit_public_shape(config, n_items)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid onebit run: {exc}") from exc
+
+
+def n_items_of(session: Session, ds: Dataset) -> int:
+    """The public catalogue size (every item of the data set, as training loads them)."""
+    return int(session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0)
+
+
+
+def start_training(
+    session: Session,
+    *,
+    dataset: str,
+    algorithm: str = "dpals",
+    epsilon: float | None = None,
+    epsilon_fraction: float | None = None,
+    hyperparameters: dict[str, Any] | None = None,
+    objective: str | None = None,
+    actor: str,
+    trigger: str = "manual",
+    idempotency_key: str | None = None,
+) -> TrainingRun:
+    """Create a queued run and reserve its privacy cost (in the caller's transaction).
+
+    Exactly one of ``epsilon`` (this run's target) or ``epsilon_fraction`` (of the remaining
+    budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
+    ``onebit`` on votes randomised at ingestion, whose guarantee the ledger already holds); it
+    is still reserved and committed, with a zero-cost event, so the ledger lists every run.
+    Raises InvalidRequest / BudgetExceeded; does not commit. After committing, call
+    :func:`enqueue_run` with the run id.
+    """
+    try:
+        algo = get_algorithm(algorithm)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    free_run = epsilon is None and epsilon_fraction is None
+    if epsilon is not None and epsilon_fraction is not None:
+        raise InvalidRequest("give exactly one of epsilon or epsilon_fraction")
+    if epsilon is not None and (
+        not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < MIN_EPSILON
+    ):
+        raise InvalidRequest(f"epsilon must be a finite number >= {MIN_EPSILON}")
+    if epsilon_fraction is not None and (
+        not isinstance(epsilon_fraction, (int, float)) or not math.isfinite(epsilon_fraction) or not 0 < epsilon_fraction <= 1
+    ):
+        raise InvalidRequest("epsilon_fraction must lie in (0, 1]")
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
+        raise InvalidRequest("idempotency_key must have 1 to 128 characters")
+    ds = get_dataset(session, dataset)
+    acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
+    if idempotency_key is not None:
+        existing = session.scalar(
+            select(TrainingRun).where(TrainingRun.dataset_id == ds.id, TrainingRun.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            return existing
+    if epsilon is None and not free_run:
+        prior = ledger.spent(session, acct).epsilon_rdp
+        # a hair below the fraction: calibration tolerance must not push the total over the cap
+        epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
+        if not epsilon >= MIN_EPSILON:
+            raise BudgetExceeded(
+                dataset=ds.name,
+                prior_spent_epsilon=ledger.round_up(prior),
+                requested_epsilon=ledger.round_up(max(epsilon, 0.0)),
+                would_spend_epsilon=ledger.round_up(prior + max(epsilon, MIN_EPSILON)),
+                epsilon_cap=acct.epsilon_cap,
+                delta=acct.delta,
+            )
+    n_items = n_items_of(session, ds)
+    if not free_run:
+        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
+    elif objective is not None:
+        raise InvalidRequest(f"{algo.name} has no objective choice")
+    base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
+    if free_run:
+        config, epsilon = base, 0.0
+    else:
+        try:
+            config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
+        except ValueError as exc:
+            raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
+    check_public_shape(algo, config, n_items)
+    event = algo.event(config, n_items)
+    if free_run and _eps_rdp(event, acct.delta) != 0.0:
+        raise InvalidRequest("give exactly one of epsilon or epsilon_fraction (only a run that costs "
+                             "nothing, e.g. onebit on votes randomised at ingestion, may omit both)")
+    charged = ledger.event_as_charged(acct, ds, event, algo.event_parameters(config))  # account's relation
+    run = TrainingRun(
+        dataset_id=ds.id,
+        algorithm=algorithm,
+        config=algo.public_config(config),
+        requested_epsilon=float(epsilon),
+        delta=acct.delta,
+        epsilon_charged=_eps_rdp(charged, acct.delta),
+        status="queued",
+        progress=0.0,
+        stage="queued",
+        trigger=trigger,
+        actor=actor,
+        idempotency_key=idempotency_key,
+        ratings_version=ds.ratings_version,
+    )
+    session.add(run)
+    session.flush()
+    ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor, run_id=run.id)
+    return run
+
+
+
+def submit_training(*, settings: Settings, url: str | None = None, **kwargs: Any) -> int:
+    """``start_training`` in its own transaction, committed, then enqueued; returns the run id."""
+    url = url or settings.database_url
+    with session_scope(url) as session:
+        run = start_training(session, **kwargs)
+        run_id = run.id
+    enqueue_run(run_id, settings=settings, url=url)
+    return run_id
+
+
+def get_run(session: Session, run_id: int, dataset: str | None = None) -> TrainingRun:
+    """Training run ``run_id`` (of ``dataset`` when given); NotFound otherwise."""
+    run = session.get(TrainingRun, run_id)
+    if run is None or (dataset is not None and run.dataset.name != dataset):
+        raise NotFound(f"training run {run_id} not found")
+    return run
+
+
+def list_runs(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[TrainingRun], int]:
+    """One page of runs (newest first) and the total count."""
+    if offset < 0 or limit < 1:
+        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    ds = get_dataset(session, dataset)
+    total = session.scalar(select(func.count()).select_from(TrainingRun).where(TrainingRun.dataset_id == ds.id)) or 0
+    rows = list(
+        session.scalars(
+            select(TrainingRun).where(TrainingRun.dataset_id == ds.id).order_by(TrainingRun.id.desc()).offset(offset).limit(limit)
+        )
+    )
+    return rows, int(total)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def run_dict(run: TrainingRun) -> dict[str, Any]:
+    """JSON-safe view of a run (public config only)."""
+    return {
+        "id": run.id,
+        "dataset": run.dataset.name if run.dataset is not None else None,
+        "algorithm": run.algorithm,
+        "config": run.config,
+        "requested_epsilon": run.requested_epsilon,
+        "epsilon_charged": None if run.epsilon_charged is None else ledger.round_up(run.epsilon_charged),
+        "delta": run.delta,
+        "status": run.status,
+        "progress": run.progress,
+        "stage": run.stage,
+        "error": run.error,
+        "trigger": run.trigger,
+        "actor": run.actor,
+        "refunded": run.refunded,
+        "private_data_read": run.private_data_read,
+        "enqueued": run.enqueued_at is not None,
+        "attempts": run.attempts,
+        "created_at": _iso(run.created_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+    }
+

@@ -1,0 +1,372 @@
+"""Training runner: run by id -> claim -> public checks -> private read -> train -> publish.
+
+The same :func:`run_training` body runs in a Celery worker (``workers.tasks``) and in the
+embedded in-process worker (:mod:`app.services.training.embedded_worker`). State lives in the
+database: it claims a ``queued`` run (a finished run is a no-op, so redelivery never trains or
+charges twice; a ``running`` run whose heartbeat went stale was lost by a vanished worker and is
+failed with its reservation counted as spent), checks what it can from public facts (the data
+set's settings, the catalogue size, the reservation), commits ``private_data_read`` and only
+then reads the private data, trains with a fresh secret seed and publishes: inserts the model
+version, commits the ledger reservation and swaps the active version in one transaction.
+
+**Once private data has been read, the run is charged, whatever happens.** A failure before
+``private_data_read`` (public facts only) refunds the reservation and names its reason; after,
+nothing is refunded and the run records a fixed error category, never the exception's text
+(a numpy MemoryError names array shapes, i.e. counts). Data-dependent outcomes are not failures:
+an empty data set trains a noise-only model, excess voters are dropped at random (one-bit).
+The released outputs of a run are those its algorithm names (``app.core.algorithms``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app import ledger, model_store
+from app.config import Settings
+from app.core.algorithms import Algorithm, get_algorithm
+from app.core.privacy.accounting import epsilon_pld as _eps_pld
+from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
+from app.core.privacy.accounting import event_to_json
+from app.db.models import TrainingRun, as_aware, utcnow
+from app.db.session import is_postgres, session_scope
+from app.platform_errors import Conflict
+from app.services.budget import get_dataset
+from app.services.training.inputs import load_training_inputs
+from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
+from app.services.votes import check_pre_randomised_settings, lock_pre_randomised
+
+__all__ = [
+    "ERROR_CATEGORIES",
+    "error_category",
+    "run_training",
+    "reap_stale_runs",
+    "lock_run",
+    "is_stale",
+    "fail_vanished",
+]
+
+log = logging.getLogger(__name__)
+
+_ERROR_LIMIT = 2000
+# What a failed run records once private data was read: a fixed category per exception type,
+# never the exception's text (it may carry shapes or values derived from the data).
+ERROR_CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (
+    (MemoryError, "out_of_memory"),
+    (ArithmeticError, "numerical"),
+    (ValueError, "rejected_by_algorithm"),
+    (OSError, "io"),
+    (KeyboardInterrupt, "interrupted"),
+    (SystemExit, "interrupted"),
+)
+_CHARGED_ERROR = ("training failed after reading private data (category: {category}); the run is charged: "
+                  "its privacy reservation is spent and never refunded. Details are withheld because they "
+                  "could depend on the data.")
+
+
+def lock_run(session: Session, run_id: int) -> TrainingRun | None:
+    stmt = select(TrainingRun).where(TrainingRun.id == run_id)
+    if is_postgres(session):
+        stmt = stmt.with_for_update()
+    return session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
+
+
+def is_stale(run: TrainingRun, stale_after_s: float) -> bool:
+    beat = as_aware(run.heartbeat_at or run.started_at)
+    return beat is None or utcnow() - beat > timedelta(seconds=stale_after_s)
+
+
+def error_category(exc: BaseException) -> str:
+    """The fixed, data-independent category recorded for a failure after the private read."""
+    for kind, category in ERROR_CATEGORIES:
+        if isinstance(exc, kind):
+            return category
+    return "internal"
+
+
+def _failure_text(exc: BaseException, private_data_read: bool) -> str:
+    """A public failure's reason (before the read: public facts only), else the fixed category."""
+    if private_data_read:
+        return _CHARGED_ERROR.format(category=error_category(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _fail(session: Session, run: TrainingRun, exc: BaseException, *, actor: str) -> None:
+    """Mark ``run`` failed. Refund its reservation only when no private data was read: from
+    then on the run is charged whatever happens, and its error is a fixed category."""
+    error = _failure_text(exc, run.private_data_read)
+    run.status = "failed"
+    run.error = error[:_ERROR_LIMIT]
+    run.finished_at = utcnow()
+    run.stage = "failed"
+    if not run.private_data_read:
+        entry = ledger.refund(session, dataset=run.dataset, run_id=run.id, actor=actor,
+                              reason=f"run failed before reading any private data: {error[:200]}")
+        run.refunded = entry is not None
+    session.flush()
+
+
+def fail_vanished(session: Session, run: TrainingRun) -> None:
+    """A worker died mid-run: fail closed, the reservation stays spent."""
+    run.status = "failed"
+    run.error = "the worker running this training vanished; its privacy reservation is counted as spent"
+    run.finished_at = utcnow()
+    run.stage = "failed"
+    run.private_data_read = True  # unknown whether it read private data: charged, never refund
+    session.flush()
+
+
+def _worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class _Heartbeat:
+    """Background thread updating ``heartbeat_at`` of a running run."""
+
+    def __init__(self, run_id: int, url: str | None, interval_s: float) -> None:
+        self._run_id, self._url, self._interval = run_id, url, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                with session_scope(self._url) as s:
+                    s.execute(
+                        update(TrainingRun)
+                        .where(TrainingRun.id == self._run_id, TrainingRun.status == "running")
+                        .values(heartbeat_at=utcnow())
+                    )
+            except Exception:  # pragma: no cover - transient DB trouble must not kill training
+                log.warning("heartbeat of run %s failed", self._run_id, exc_info=True)
+
+
+def _progress_writer(run_id: int, url: str | None) -> Callable[[float, str], None]:
+    """Callback for the core: writes progress (training spans 0.10..0.90) and stage."""
+    last = [0.0]
+
+    def write(fraction: float, stage: str) -> None:
+        now = time.monotonic()
+        if fraction < 1.0 and now - last[0] < 0.5:
+            return
+        last[0] = now
+        _set_progress(run_id, url, 0.10 + 0.80 * min(max(float(fraction), 0.0), 1.0), f"training: {stage}"[:64])
+
+    return write
+
+
+def _set_progress(run_id: int, url: str | None, progress: float, stage: str) -> None:
+    with session_scope(url) as s:
+        s.execute(
+            update(TrainingRun)
+            .where(TrainingRun.id == run_id, TrainingRun.status == "running")
+            .values(progress=progress, stage=stage, heartbeat_at=utcnow())
+        )
+
+
+def _claim(run_id: int, url: str | None, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
+    """Move a queued run to running. Returns (outcome, run info) with outcome in
+    'claimed' | 'succeeded' | 'failed' | 'busy' | 'missing'."""
+    with session_scope(url) as s:
+        run = lock_run(s, run_id)
+        if run is None:
+            return "missing", None
+        if run.status in ("succeeded", "failed"):
+            return run.status, None
+        if run.status == "running":
+            if not is_stale(run, stale_after_s):
+                return "busy", None
+            fail_vanished(s, run)
+            return "failed", None
+        if ledger.reservation_for(s, run.id) is None:  # cannot happen through start_training
+            run.status, run.error, run.finished_at = "failed", "no privacy reservation for this run", utcnow()
+            return "failed", None
+        run.status = "running"
+        run.attempts += 1
+        run.worker = worker[:128]
+        run.started_at = run.heartbeat_at = utcnow()
+        run.stage, run.progress = "checking", 0.02
+        return "claimed", {"dataset": run.dataset.name, "config": dict(run.config), "algorithm": run.algorithm}
+
+
+def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None) -> str:
+    """Execute training run ``run_id`` end to end. Returns the run's outcome:
+    'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing'."""
+    s_ = settings
+    url = url or s_.database_url
+    outcome, info = _claim(run_id, url, worker or _worker_name(), s_.run_stale_after_s)
+    if outcome != "claimed":
+        log.info("training run %s not started: %s", run_id, outcome)
+        return outcome
+    assert info is not None
+    try:
+        with _Heartbeat(run_id, url, s_.run_heartbeat_s):
+            model = _train(run_id, url, info)
+            _set_progress(run_id, url, 0.95, "publishing")
+            _publish(run_id, url, model, s_)
+        return "succeeded"
+    except BaseException as exc:  # noqa: BLE001 - every failure must land in the run row
+        _record_failure(run_id, url, exc)
+        if not isinstance(exc, Exception):
+            raise
+        return "failed"
+
+
+def _record_failure(run_id: int, url: str | None, exc: BaseException) -> None:
+    """Fail the run (refund only before the private read); log nothing derived from the data."""
+    try:
+        with session_scope(url) as s:
+            run = lock_run(s, run_id)
+            if run is None or run.status != "running":
+                return
+            read = run.private_data_read
+            _fail(s, run, exc, actor="worker")
+        if read:
+            log.warning("training run %s failed after reading private data (category %s)", run_id, error_category(exc))
+        else:
+            log.warning("training run %s failed before reading private data: %s: %s", run_id, type(exc).__name__, exc)
+    except Exception:  # pragma: no cover
+        log.error("could not record the failure of run %s", run_id)
+
+
+def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm, config: Any) -> dict[str, Any]:
+    """Everything checkable from public facts, before the private read (a failure refunds):
+    the data set's vote settings for a free run, the reservation against the config and the
+    public catalogue size. Returns the reserved event."""
+    with session_scope(url) as s:
+        ds = get_dataset(s, info["dataset"])
+        if info["config"].get("pre_randomised"):
+            check_pre_randomised_settings(ds, info["config"].get("local_epsilon"))
+        reserved = ledger.reservation_for(s, run_id)
+        reserved_event = dict(reserved.event) if reserved else None
+        n_items = n_items_of(s, ds)
+    if reserved_event != event_to_json(algo.event(config, n_items)):
+        raise RuntimeError("the run's config no longer matches its privacy reservation")
+    return reserved_event
+
+
+def _read_private(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm):
+    """Commit ``private_data_read`` (the point of no refund), then read the training data.
+
+    A free pre-randomised run locks the data set's vote settings, re-checks them (public) and
+    reads only the bits randomised with its ε0 (``load_votes``), so which bits exist never
+    decides whether it fails."""
+    _mark_private_data_read(run_id, url)
+    with session_scope(url) as s:
+        ds = get_dataset(s, info["dataset"])
+        local_epsilon = info["config"].get("local_epsilon") if info["config"].get("pre_randomised") else None
+        if local_epsilon is not None:
+            ds = lock_pre_randomised(s, ds, local_epsilon)
+        version = ds.ratings_version
+        data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon)
+        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
+    return data, extra_inputs
+
+
+def _train(run_id: int, url: str | None, info: dict[str, Any]) -> Any:
+    algo = get_algorithm(info["algorithm"])
+    # the secret seed never leaves the worker: models publish their config without it
+    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
+    reserved_event = _public_checks(run_id, url, info, algo, config)
+    ratings, extra_inputs = _read_private(run_id, url, info, algo)
+    if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
+        raise RuntimeError("the run's config no longer matches its privacy reservation")
+    _set_progress(run_id, url, 0.10, "training")
+    model = algo.train(ratings, config, progress=_progress_writer(run_id, url), **extra_inputs)
+    del ratings
+    if model.event is None or event_to_json(model.event) != reserved_event:
+        raise RuntimeError("the trained model's privacy event differs from the reservation")
+    if any(key in model.config for key in SECRET_CONFIG_KEYS):
+        raise RuntimeError("the trained model's config carries a secret")
+    return model
+
+
+def _mark_private_data_read(run_id: int, url: str | None) -> None:
+    """Commit the point of no refund before the first private byte is read."""
+    with session_scope(url) as s:
+        s.execute(
+            update(TrainingRun)
+            .where(TrainingRun.id == run_id)
+            .values(private_data_read=True, stage="reading data", progress=0.05, heartbeat_at=utcnow())
+        )
+
+
+def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
+    with session_scope(url) as s:
+        run = s.get(TrainingRun, run_id)
+        dataset_name = run.dataset.name
+        delta = run.delta
+    path = model_store.artifact_path_for(dataset_name, run_id, settings.artifact_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    npz_path, sha = get_algorithm(model.algorithm).save(model, path)  # sha256 covers arrays and metadata
+    artifact = str(npz_path)
+    eps = _eps_rdp(model.event, delta)
+    eps_pld = _eps_pld(model.event, delta)
+    metrics = {
+        "n_items": model.n_items,
+        "n_trained_items": int(np.count_nonzero(model.trained_mask)),  # the DP frequent set
+        "rank": model.rank,
+        "epsilon_rdp": eps,
+        "epsilon_pld": eps_pld,
+        "delta": delta,
+    }
+    with session_scope(url) as s:
+        run = lock_run(s, run_id)
+        if run is None or run.status != "running":
+            raise Conflict(f"run {run_id} is no longer running; not publishing")
+        ds = run.dataset
+        ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={
+            "artifact_sha256": sha,
+            "released": ["item_factors", "item_counts", "global_mean", "frequent_items", "metrics"],
+            "post_processing": "per-user scoring from the published model and the user's own ratings or votes; not charged",
+        })
+        version = model_store.publish_version(
+            s, dataset=ds, run=run, model=model, artifact_path=artifact, sha256=sha,
+            epsilon=eps, epsilon_pld=eps_pld, delta=delta, metrics=metrics,
+        )
+        run.status, run.progress, run.stage, run.finished_at = "succeeded", 1.0, "published", utcnow()
+        log.info("run %s published model version %s of %r", run_id, version.id, ds.name)
+
+
+
+def reap_stale_runs(*, settings: Settings, url: str | None = None,
+                    dead_worker_prefix: str | None = None) -> list[int]:
+    """Fail running runs whose worker vanished (reservation stays spent): a stale heartbeat, or
+    (``dead_worker_prefix``, at a worker's start-up) a run held by this worker's dead previous
+    incarnation, which is failed at once."""
+    s_ = settings
+    url = url or s_.database_url
+    failed: list[int] = []
+    with session_scope(url) as s:
+        ids = list(s.scalars(select(TrainingRun.id).where(TrainingRun.status == "running")))
+    for run_id in ids:
+        with session_scope(url) as s:
+            run = lock_run(s, run_id)
+            if run is None or run.status != "running":
+                continue
+            dead = dead_worker_prefix is not None and (run.worker or "").startswith(dead_worker_prefix)
+            if dead or is_stale(run, s_.run_stale_after_s):
+                fail_vanished(s, run)
+                failed.append(run_id)
+    if failed:
+        log.warning("failed %d training run(s) whose worker vanished", len(failed))
+    return failed
+

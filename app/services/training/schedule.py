@@ -1,0 +1,101 @@
+"""Scheduled work: periodic retraining and a worker's start-up maintenance.
+
+Retraining is decided from public facts only (the schedule, the data set's declared kind, its
+active model, runs in flight and the budget), never from whether its data changed or exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db.models import Dataset, ModelVersion, TrainingRun
+from app.db.session import session_scope
+from app.platform_errors import BudgetExceeded, InvalidRequest
+from app.services.budget import get_dataset
+from app.services.training.dispatch import drain_outbox, enqueue_run
+from app.services.training.requests import start_training
+from app.services.training.runner import reap_stale_runs
+
+__all__ = ["scheduled_retrain", "retrain_choice", "worker_startup"]
+
+log = logging.getLogger(__name__)
+
+
+def worker_startup(worker_prefix: str, *, settings: Settings, url: str | None = None) -> dict[str, list[int]]:
+    """What a worker does when it starts: fail the runs its dead previous incarnation (same
+    ``worker_prefix``) or any vanished worker left ``running``, then drain the outbox."""
+    reaped = reap_stale_runs(url=url, settings=settings, dead_worker_prefix=worker_prefix)
+    return {"reaped": reaped, "sent": drain_outbox(url=url, settings=settings)}
+
+
+
+def scheduled_retrain(*, settings: Settings, url: str | None = None, enqueue: bool = True) -> dict[str, str]:
+    """Periodic retraining of every data set, decided from public facts only (the schedule, the
+    data set's declared kind, its active model, runs in flight and the budget): never from
+    whether its data changed or exists. Per data set the outcome is one of 'started:<run id>',
+    'skipped:busy', 'skipped:budget', 'skipped:invalid'."""
+    s_ = settings
+    url = url or s_.database_url
+    outcomes: dict[str, str] = {}
+    with session_scope(url) as s:
+        names = list(s.scalars(select(Dataset.name).order_by(Dataset.id)))
+    for name in names:
+        outcome, run_id = _retrain_one(name, url, s_)
+        outcomes[name] = outcome
+        if run_id is not None and enqueue:
+            enqueue_run(run_id, settings=s_, url=url)
+    return outcomes
+
+
+_SERVICE_SET_KEYS = ("pre_randomised", "local_epsilon")  # forced by the data set, never passed back
+_KIND_ALGORITHMS = {"ratings": "dpals", "votes": "onebit"}  # without an active model
+
+
+def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], str | None]:
+    """What scheduled retraining runs: the active model's algorithm with its published
+    hyper-parameters (re-calibrated to the retrain epsilon), so a DP-CMF or one-bit model is
+    not replaced by a DPALS one; without an active model, the default algorithm of the data
+    set's declared kind (DPALS for ratings, one-bit for votes), never chosen from the data. A
+    model trained on the ε-aware defaults is retrained on the defaults re-derived at the
+    retrain's ε (with its objective)."""
+    active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
+    if active is not None:
+        run = session.get(TrainingRun, active.run_id)
+        if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
+            return active.algorithm, {}, run.config.get("objective")
+        return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}, None
+    return _KIND_ALGORITHMS[ds.kind], {}, None
+
+
+def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, int | None]:
+    with session_scope(url) as s:
+        ds = get_dataset(s, name)
+        busy = s.scalar(
+            select(func.count()).select_from(TrainingRun).where(
+                TrainingRun.dataset_id == ds.id, TrainingRun.status.in_(("queued", "running"))
+            )
+        )
+        if busy:
+            return "skipped:busy", None
+        algorithm, hyperparameters, objective = retrain_choice(s, ds)
+        free = (algorithm == "onebit" and ds.vote_local_epsilon is not None
+                and hyperparameters.get("mechanism", "inp") == "inp")  # post-processing of stored bits
+        try:
+            run = start_training(
+                s, dataset=name, algorithm=algorithm, epsilon=None if free else settings.retrain_epsilon,
+                hyperparameters=hyperparameters, objective=objective, actor="scheduler", trigger="schedule",
+            )
+        except BudgetExceeded as exc:
+            s.rollback()
+            log.info("scheduled retraining of %r skipped: %s", name, exc.message)
+            return "skipped:budget", None
+        except InvalidRequest as exc:  # e.g. the active model's hyper-parameters no longer apply
+            s.rollback()
+            log.warning("scheduled retraining of %r skipped: %s", name, exc.message)
+            return "skipped:invalid", None
+        return f"started:{run.id}", run.id
