@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -39,6 +40,7 @@ from app.schemas.admin import TrainingIn
 from app.services import admin, budget, catalog, ingest, public_data, votes
 from app.services.serving.active import invalidate_catalog
 from app.services.training.dispatch import QUEUE
+from app.services.unit_of_work import after_commit, commit
 
 __all__ = ["main", "build_parser"]
 
@@ -201,7 +203,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with get_sessionmaker(settings.database_url)() as session:
         run_id = admin.start_training(session, dataset=args.dataset, body=body,
                                       actor=f"cli:{os.environ.get('USER', 'unknown')}")
-        session.commit()
+        commit(session)
     sent = admin.enqueue(run_id, settings)
     print(json.dumps({"run_id": run_id, "status": "queued", "enqueued": sent}), flush=True)
     if not args.follow:
@@ -315,7 +317,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
                     exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
                                    f"before it were imported)")
                     raise
-                session.commit()
+                commit(session)
             total += result
             bar.update(len(chunk))
             chunk.clear()
@@ -357,8 +359,8 @@ def cmd_import_items(args: argparse.Namespace) -> int:
     while chunk := list(itertools.islice(rows, args.chunk)):
         with maker() as session:
             out = catalog.import_items(session, dataset=args.dataset, rows=chunk)
-            session.commit()
-        invalidate_catalog(args.dataset)
+            after_commit(session, partial(invalidate_catalog, args.dataset))
+            commit(session)
         totals = {key: totals[key] + out[key] for key in totals}
     print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
@@ -387,7 +389,7 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
         while chunk := list(itertools.islice(rows, args.chunk)):
             with maker() as session:
                 out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
-                session.commit()
+                commit(session)
             totals = {key: totals[key] + out[key] for key in totals}
             bar.update(len(chunk))
         _finish(bar)
@@ -410,7 +412,7 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
             declared_public=args.declare_public, actor=f"cli:{os.environ.get('USER', 'unknown')}")
         out = public_data.replace_neighbours(session, dataset=args.dataset, source=args.source,
                                              rows=list(lists.items()), max_rows=None)
-        session.commit()
+        commit(session)
     print(json.dumps({"dataset": args.dataset, **out.model_dump(), "provenance": source.provenance}))
     return 0
 

@@ -42,9 +42,6 @@ class Settings(BaseSettings):
 
     # --- API limits
     max_batch_size: int = Field(10_000, ge=1, le=10_000)
-    max_page_size: int = Field(1000, ge=1, le=100_000)
-    default_page_size: int = Field(100, ge=1)
-    max_recommendations: int = Field(1000, ge=1)
 
     # --- data set / budget defaults (used when the default data set is created)
     default_dataset: str = "default"
@@ -54,7 +51,6 @@ class Settings(BaseSettings):
     default_delta: float = Field(1e-6, gt=0, lt=1)
 
     # --- training and scheduling
-    default_algorithm: Literal["dpals"] = "dpals"
     retrain_interval_s: int = Field(24 * 3600, ge=1)
     retrain_epsilon: float = Field(1.0, gt=0)
     retrain_enabled: bool = True
@@ -97,8 +93,6 @@ class Settings(BaseSettings):
             raise ValueError("RUN_STALE_AFTER_S must exceed RUN_HEARTBEAT_S")
         if self.access_token_ttl_s > self.max_token_ttl_s:
             raise ValueError("ACCESS_TOKEN_TTL_S must not exceed MAX_TOKEN_TTL_S")
-        if self.default_page_size > self.max_page_size:
-            raise ValueError("DEFAULT_PAGE_SIZE must not exceed MAX_PAGE_SIZE")
         if self.redis_url is not None and self.redis_url.strip() == "":
             self.redis_url = None
         return self

@@ -29,6 +29,7 @@ from app.db.migrate import upgrade_head
 from app.db.session import get_sessionmaker
 from app.services import budget, demo
 from app.services.training.embedded_worker import start_embedded_worker
+from app.services.unit_of_work import commit
 
 log = logging.getLogger("privrec")
 
@@ -147,10 +148,11 @@ def _startup(app: FastAPI, settings: Settings) -> None:
     upgrade_head(settings.database_url)
     with app.state.sessionmaker() as session:
         budget.bootstrap(session, settings)
-        session.commit()
+        commit(session)
     if settings.seed_demo:
         with app.state.sessionmaker() as session:
             demo.seed_if_empty(session, dataset=settings.default_dataset, settings=settings)  # logs the seeding itself
+            commit(session)
     if settings.embedded_worker:
         app.state.worker = start_embedded_worker(settings)
 

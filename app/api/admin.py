@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep
+from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
 from app.api.params import DatasetP
 from app.schemas.admin import (MAX_EPSILON_CAP, PERSON_BUDGET_NAME, BudgetOut, CapChangeIn, DatasetIn, DatasetOut,
                                DatasetPatchIn, LedgerEntryOut, ModelVersionOut, PersonBudgetIn, PersonBudgetOut,
                                ProjectionOut, TrainingAccepted, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import admin as svc
+from app.services.unit_of_work import commit
 
 router = APIRouter(tags=["admin"])
 
@@ -23,18 +24,14 @@ PersonBudgetP = Annotated[str, Path(min_length=1, max_length=64, pattern=PERSON_
 
 @router.post("/datasets", response_model=DatasetOut, status_code=201,
              summary="Create a data set with its own privacy budget")
-def post_dataset(body: DatasetIn, admin: AdminPrincipal, session: SessionDep) -> DatasetOut:
-    out = svc.create_dataset(session, body=body, actor=f"admin:{admin.subject}")
-    session.commit()
-    return out
+def post_dataset(body: DatasetIn, admin: AdminPrincipal, session: WriteSessionDep) -> DatasetOut:
+    return svc.create_dataset(session, body=body, actor=f"admin:{admin.subject}")
 
 
 @router.patch("/datasets/{dataset}", response_model=DatasetOut,
               summary="Change a data set's declared kind or its public bound on users (max_users)")
-def patch_dataset(dataset: DatasetP, body: DatasetPatchIn, _: AdminPrincipal, session: SessionDep) -> DatasetOut:
-    out = svc.update_dataset(session, dataset=dataset, body=body)
-    session.commit()
-    return out
+def patch_dataset(dataset: DatasetP, body: DatasetPatchIn, _: AdminPrincipal, session: WriteSessionDep) -> DatasetOut:
+    return svc.update_dataset(session, dataset=dataset, body=body)
 
 
 @router.get("/datasets", response_model=Page[DatasetOut], summary="Data sets and their budgets")
@@ -62,11 +59,9 @@ def get_projection(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
 @router.patch("/datasets/{dataset}/budget", response_model=BudgetOut,
               summary="Change the epsilon cap (audited)",
               description="Raising the cap needs a `reason`; lowering it below what is spent is refused (409).")
-def patch_budget(dataset: DatasetP, body: CapChangeIn, admin: AdminPrincipal, session: SessionDep) -> BudgetOut:
-    out = svc.change_cap(session, dataset=dataset, epsilon_cap=body.epsilon_cap, reason=body.reason,
+def patch_budget(dataset: DatasetP, body: CapChangeIn, admin: AdminPrincipal, session: WriteSessionDep) -> BudgetOut:
+    return svc.change_cap(session, dataset=dataset, epsilon_cap=body.epsilon_cap, reason=body.reason,
                          actor=f"admin:{admin.subject}")
-    session.commit()
-    return out
 
 
 @router.get("/person-budgets/{name}", response_model=PersonBudgetOut, summary="Per-person budget")
@@ -80,10 +75,8 @@ def get_person_budget(name: PersonBudgetP, _: AdminPrincipal, session: SessionDe
                         "locked reservation as the data set's own cap. Raising the cap needs a `reason`; "
                         "lowering it below the spend, or changing its delta or relation, is refused (409).")
 def put_person_budget(name: PersonBudgetP, body: PersonBudgetIn, admin: AdminPrincipal,
-                      session: SessionDep) -> PersonBudgetOut:
-    out = svc.put_person_budget(session, name=name, body=body, actor=f"admin:{admin.subject}")
-    session.commit()
-    return out
+                      session: WriteSessionDep) -> PersonBudgetOut:
+    return svc.put_person_budget(session, name=name, body=body, actor=f"admin:{admin.subject}")
 
 
 @router.get("/datasets/{dataset}/ledger", response_model=Page[LedgerEntryOut],
@@ -102,7 +95,7 @@ def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset
 def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep,
                   settings: SettingsDep) -> TrainingAccepted:
     run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{admin.subject}")
-    session.commit()
+    commit(session)  # the unit of work, committed here: the answer says whether the enqueue after it worked
     sent = svc.enqueue(run_id, settings)
     return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}", enqueued=sent)
 
@@ -126,7 +119,5 @@ def list_models(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offse
 
 @router.post("/datasets/{dataset}/models/{version_id}/activate", response_model=ModelVersionOut,
              summary="Activate a model version (rollback)")
-def activate_model(dataset: DatasetP, version_id: IdP, admin: AdminPrincipal, session: SessionDep) -> ModelVersionOut:
-    out = svc.activate(session, dataset=dataset, version_id=version_id, actor=f"admin:{admin.subject}")
-    session.commit()
-    return out
+def activate_model(dataset: DatasetP, version_id: IdP, admin: AdminPrincipal, session: WriteSessionDep) -> ModelVersionOut:
+    return svc.activate(session, dataset=dataset, version_id=version_id, actor=f"admin:{admin.subject}")

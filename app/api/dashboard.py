@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,13 +22,14 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep
+from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
 from app.api.errors import Forbidden, Unauthorized
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings
 from app.schemas.admin import MAX_EPSILON_CAP, TrainingIn
 from app.services import admin as svc
+from app.services.unit_of_work import after_commit
 
 __all__ = ["router", "COOKIE", "chart_svg"]
 
@@ -221,17 +223,15 @@ def _key(item: Any) -> int:
 
 
 @router.post("/dashboard/api/datasets/{dataset}/trainings", status_code=202)
-def start_training(dataset: DatasetP, body: TrainingIn, claims: CsrfAdmin, session: SessionDep,
+def start_training(dataset: DatasetP, body: TrainingIn, claims: CsrfAdmin, session: WriteSessionDep,
                    settings: SettingsDep) -> dict[str, Any]:
     run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{claims['sub']}")
-    session.commit()
-    svc.enqueue(run_id, settings)
+    after_commit(session, partial(svc.enqueue, run_id, settings))  # never before the reservation is durable
     return {"run_id": run_id, "status": "queued"}
 
 
 @router.post("/dashboard/api/datasets/{dataset}/models/{version_id}/activate")
 def activate(dataset: DatasetP, version_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)], claims: CsrfAdmin,
-             session: SessionDep) -> dict[str, Any]:
+             session: WriteSessionDep) -> dict[str, Any]:
     out = svc.activate(session, dataset=dataset, version_id=int(version_id), actor=f"admin:{claims['sub']}")
-    session.commit()
     return out.model_dump(mode="json")

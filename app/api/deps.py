@@ -18,15 +18,18 @@ from app.api.errors import Forbidden, PayloadTooLarge, Unauthorized
 from app.auth import Principal, TokenError, decode_token
 from app.config import Settings
 from app.schemas.common import MAX_OFFSET
+from app.services.unit_of_work import commit
 
 __all__ = [
     "SettingsDep",
     "SessionDep",
+    "WriteSessionDep",
     "CurrentPrincipal",
     "AdminPrincipal",
     "OffsetQ",
     "LimitQ",
     "get_session",
+    "get_write_session",
     "run_with_session",
     "require_user_access",
     "require_ingest_access",
@@ -57,6 +60,23 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_write_session(request: Request) -> Iterator[Session]:
+    """A session for a writing route: its unit of work commits once, right after the route
+    returned without error (before the response is sent), then runs its after-commit actions
+    (:mod:`app.services.unit_of_work`); on any error everything is rolled back."""
+    session = request.app.state.sessionmaker()
+    try:
+        yield session
+        commit(session)
+    finally:
+        session.rollback()
+        session.close()
+
+
+# scope="function": the commit runs when the route returns, so a failed commit is the response
+WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function")]
 
 
 async def run_with_session(request: Request, work: Callable[[Session], T]) -> T:

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
-                          require_user_access)
+                          WriteSessionDep, require_user_access)
 from app.api.errors import Forbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
@@ -55,12 +55,10 @@ def _require_own_user(principal: Principal, user_id: str) -> None:
             summary="Make my ratings public (or private again); own user token only",
             description=CONSENT_DOC)
 def put_public_ratings(dataset: DatasetP, user_id: UserP, body: PublicRatingsIn, principal: CurrentPrincipal,
-                       session: SessionDep) -> PublicRatingsOut:
+                       session: WriteSessionDep) -> PublicRatingsOut:
     _require_own_user(principal, user_id)
-    out = svc.set_public_ratings(session, dataset=dataset, user_id=user_id, public=body.public,
+    return svc.set_public_ratings(session, dataset=dataset, user_id=user_id, public=body.public,
                                  actor=f"user:{principal.subject}")
-    session.commit()
-    return out
 
 
 @router.get("/datasets/{dataset}/users/{user_id}/public-ratings", response_model=PublicRatingsOut,
@@ -96,10 +94,9 @@ def list_consent_events(dataset: DatasetP, _: AdminPrincipal, session: SessionDe
                   "non-empty `provenance` (URL or citation); 422 otherwise. Similarities computed from this "
                   "service's ratings are private data and must not be uploaded.")
 def put_similarity_source(dataset: DatasetP, source: SourceP, body: SimilaritySourceIn, admin: AdminPrincipal,
-                          session: SessionDep, response: Response) -> SimilaritySourceOut:
+                          session: WriteSessionDep, response: Response) -> SimilaritySourceOut:
     out, created = svc.put_similarity_source(session, dataset=dataset, name=source, provenance=body.provenance,
                                              declared_public=body.declared_public, actor=f"admin:{admin.subject}")
-    session.commit()
     response.status_code = 201 if created else 200
     return out
 
@@ -120,20 +117,17 @@ def get_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincipal,
 
 @admin_router.delete("/datasets/{dataset}/similarity-sources/{source}", status_code=204,
                      summary="Delete a similarity source and its neighbour lists")
-def delete_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincipal, session: SessionDep) -> Response:
+def delete_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincipal, session: WriteSessionDep) -> Response:
     svc.delete_similarity_source(session, dataset=dataset, name=source)
-    session.commit()
     return Response(status_code=204)
 
 
 @admin_router.post("/datasets/{dataset}/similarity-sources/{source}/neighbours", response_model=NeighbourBatchOut,
                    summary="Replace items' top-K neighbour lists, all or nothing")
 def post_neighbours(dataset: DatasetP, source: SourceP, body: NeighbourBatchIn, _: AdminPrincipal,
-                    session: SessionDep, settings: SettingsDep) -> NeighbourBatchOut:
+                    session: WriteSessionDep, settings: SettingsDep) -> NeighbourBatchOut:
     rows = [(r.item_id, [(n.item_id, n.score) for n in r.neighbours]) for r in body.rows]
-    out = svc.replace_neighbours(session, dataset=dataset, source=source, rows=rows, max_rows=settings.max_batch_size)
-    session.commit()
-    return out
+    return svc.replace_neighbours(session, dataset=dataset, source=source, rows=rows, max_rows=settings.max_batch_size)
 
 
 @admin_router.get("/datasets/{dataset}/similarity-sources/{source}/neighbours/{item_id}",

@@ -8,7 +8,7 @@ from typing import Sequence
 from fastapi import APIRouter
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
-                          require_batch_within, require_ingest_access, require_user_access)
+                          WriteSessionDep, require_batch_within, require_ingest_access, require_user_access)
 from app.api.errors import Forbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
@@ -48,35 +48,30 @@ def _require_own_device_for_client_bits(principal: Principal, rows: Sequence[Vot
 @router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],
             summary="Store one vote (thumbs up/down)", description=VOTE_DESCRIPTION)
 def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, principal: CurrentPrincipal,
-             session: SessionDep) -> VoteWriteOut:
+             session: WriteSessionDep) -> VoteWriteOut:
     require_ingest_access(principal, user_id)
     _require_own_device_for_client_bits(principal, [body])
-    out = svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
-    session.commit()
-    return out
+    return svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
 
 
 @router.post("/datasets/{dataset}/votes/batch", response_model=VoteBatchOut, tags=["ingest"],
              summary="Store up to 10,000 votes, all or nothing, with a result per row",
              description=VOTE_DESCRIPTION)
-def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPrincipal, session: SessionDep,
+def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPrincipal, session: WriteSessionDep,
                      settings: SettingsDep) -> VoteBatchOut:
     require_batch_within(len(body.votes), settings)
     for user in {r.user_id for r in body.votes}:
         require_ingest_access(principal, user)
     _require_own_device_for_client_bits(principal, body.votes)
-    out = svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
-    session.commit()
-    return out
+    return svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
 
 
 @router.delete("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteDeletedOut,
                tags=["ingest"], summary="Delete one vote", description=svc.DELETE_NOTE)
 def delete_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, principal: CurrentPrincipal,
-                session: SessionDep) -> VoteDeletedOut:
+                session: WriteSessionDep) -> VoteDeletedOut:
     require_ingest_access(principal, user_id)
     n = svc.delete_vote(session, dataset=dataset, user_id=user_id, item_id=item_id)
-    session.commit()
     return VoteDeletedOut(deleted=n, note=svc.DELETE_NOTE)
 
 
@@ -105,8 +100,6 @@ def get_vote_settings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep)
         "post-processing. A guarantee recorded earlier stays charged (the ledger is append-only)."),
 )
 def put_vote_settings(dataset: DatasetP, body: VoteSettingsIn, admin: AdminPrincipal,
-                      session: SessionDep) -> VoteSettingsOut:
-    out = svc.set_vote_settings(session, dataset=dataset, local_epsilon=body.local_epsilon,
+                      session: WriteSessionDep) -> VoteSettingsOut:
+    return svc.set_vote_settings(session, dataset=dataset, local_epsilon=body.local_epsilon,
                                 votes_per_user_cap=body.votes_per_user_cap, actor=f"admin:{admin.subject}")
-    session.commit()
-    return out

@@ -5,6 +5,7 @@ can recommend out of the box. Seeded only into an empty database."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import numpy as np
 from sqlalchemy import func, select
@@ -17,6 +18,7 @@ from app.schemas.ingest import ItemIn
 from app.services import catalog, ingest
 from app.services.training.dispatch import enqueue_run
 from app.services.training.requests import start_training
+from app.services.unit_of_work import after_commit
 
 __all__ = ["DEMO_CATEGORIES", "seed_if_empty", "seed"]
 
@@ -50,17 +52,16 @@ def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 
 
 
 def seed_if_empty(session: Session, *, dataset: str, settings: Settings) -> bool:
-    """Seed ``dataset`` and queue a first training run when it holds nothing yet: one commit for
-    the data and the run's reservation, the enqueue after it."""
+    """Seed ``dataset`` and reserve a first training run when it holds nothing yet (the caller
+    commits both at once; the run is enqueued after that commit)."""
     ds = catalog.get_dataset(session, dataset)
     if not _is_empty(session, ds.id):
         return False
     n = seed(session, dataset=ds.name)
     run_id = _start_demo_run(session, ds.name, settings)
-    session.commit()
-    log.info("demo data set %r seeded with %d synthetic ratings", ds.name, n)
+    after_commit(session, lambda: log.info("demo data set %r seeded with %d synthetic ratings", dataset, n))
     if run_id is not None:
-        enqueue_run(run_id, settings=settings)
+        after_commit(session, partial(enqueue_run, run_id, settings=settings))
     return True
 
 

@@ -12,7 +12,7 @@ from app.core.mf.dpfw import FrankWolfeModel, replay_user
 from app.db.session import session_scope
 from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
-from app.services.serving import popular
+from app.services.serving import popular as serving_popular
 from app.services.serving import recommend
 from app.services.training import runner
 from app.services.training import requests as train_requests
@@ -62,7 +62,7 @@ def test_dpfw_trains_publishes_and_serves(seeded, settings):
         for scored in out.items:
             assert scored.item_id not in set(item_ids)
             assert scored.score == pytest.approx(scores[positions[scored.item_id]])
-        popular = popular.popular(s, dataset="default", n=3)
+        popular = serving_popular.popular(s, dataset="default", n=3)
         assert len(popular.items) == 3  # DP counts released (and charged) by DPFW
 
 
