@@ -22,7 +22,7 @@ from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
-from app.ledger import lock_account, round_up
+from app.ledger import lock_account
 from app.platform_errors import Conflict, InvalidRequest, NoActiveModel, NotFound
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "list_versions",
     "publish_version",
     "activate_version",
-    "version_dict",
     "clear_cache",
 ]
 
@@ -188,24 +187,3 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
         _swap_active(session, row.dataset_id, row)
     log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
     return row
-
-
-def version_dict(row: ModelVersion) -> dict[str, Any]:
-    """JSON-safe public view of a version row."""
-    return {
-        "id": row.id,
-        "version": row.version,
-        "run_id": row.run_id,
-        "algorithm": row.algorithm,
-        "sha256": row.sha256,
-        "epsilon": round_up(row.epsilon),
-        "epsilon_pld": None if row.epsilon_pld is None else round_up(row.epsilon_pld),
-        "delta": row.delta,
-        "n_items": row.n_items,
-        "rank": row.rank,
-        "metrics": row.metrics,
-        "metadata": row.model_metadata,
-        "active": row.active,
-        "created_at": row.created_at.isoformat() if row.created_at else None,
-        "activated_at": row.activated_at.isoformat() if row.activated_at else None,
-    }

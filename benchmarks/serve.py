@@ -54,8 +54,7 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     from app.core.data.synthetic import production_synthetic
     from app.db.migrate import upgrade_head
     from app.db.session import get_sessionmaker
-    from app.services import budget, ingest
-    from app.services import catalog
+    from app.services import budget, catalog, ingest
     from app.services.training import runner
     from app.services.training import requests as train_requests
 

@@ -163,7 +163,7 @@ class _StateCollector:
             for name, algorithm, status, n in rows:
                 runs.add_metric([name, algorithm, status], float(n))
             for name in session.scalars(select(Dataset.name).order_by(Dataset.name)):
-                view = budget.get_budget(session, name)
+                view = budget.get_budget(session, dataset=name)
                 spent.add_metric([name], view.spent_epsilon_rdp)
                 cap.add_metric([name], view.epsilon_cap)
         yield runs

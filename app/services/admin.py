@@ -1,5 +1,5 @@
-"""Admin use cases: thin adapters from the platform's budget, training and model-store services
-to the API's response models. Nothing here commits; the routes do."""
+"""Admin use cases: data sets, budgets, trainings and model versions, as the API's typed response
+models. Nothing here commits: the caller's unit of work does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from app import model_store
 from app.api.errors import Conflict
 from app.config import Settings
-from app.db.models import Dataset
+from app.db.models import Dataset, ModelVersion
+from app.ledger import round_up
 from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
                                PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
@@ -33,6 +34,7 @@ __all__ = [
     "enqueue",
     "run_view",
     "runs_page",
+    "version_out",
     "versions_page",
     "activate",
     "projection",
@@ -90,32 +92,33 @@ def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetO
 
 def budget_view(session: Session, *, dataset: str) -> BudgetOut:
     """Cap, delta, spend (RDP and PLD), remaining and runs."""
-    return BudgetOut(**budget.get_budget(session, dataset).to_dict())
+    return BudgetOut.model_validate(budget.get_budget(session, dataset=dataset), from_attributes=True)
 
 
 def person_budget_view(session: Session, *, name: str) -> PersonBudgetOut:
     """A per-person budget with its composed spend over its data sets."""
-    return PersonBudgetOut(**budget.get_person_budget(session, name).to_dict())
+    return PersonBudgetOut.model_validate(budget.get_person_budget(session, name=name), from_attributes=True)
 
 
 def put_person_budget(session: Session, *, name: str, body: PersonBudgetIn, actor: str) -> PersonBudgetOut:
     """Create a per-person budget or change its cap (audited)."""
     relation = None if body.neighbouring_relation is None else body.neighbouring_relation.value
-    view = budget.put_person_budget(session, name, epsilon_cap=body.epsilon_cap, delta=body.delta, relation=relation,
+    view = budget.put_person_budget(session, name=name, epsilon_cap=body.epsilon_cap, delta=body.delta, relation=relation,
                                     reason=body.reason, actor=actor)
-    return PersonBudgetOut(**view.to_dict())
+    return PersonBudgetOut.model_validate(view, from_attributes=True)
 
 
 def change_cap(session: Session, *, dataset: str, epsilon_cap: float, reason: str | None, actor: str) -> BudgetOut:
     """Change the cap (raising needs a reason; lowering below spend is refused with 409)."""
-    return BudgetOut(**budget.change_cap(session, dataset, new_cap=epsilon_cap, reason=reason, actor=actor).to_dict())
+    view = budget.change_cap(session, dataset=dataset, new_cap=epsilon_cap, reason=reason, actor=actor)
+    return BudgetOut.model_validate(view, from_attributes=True)
 
 
 def ledger_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[LedgerEntryOut]:
     """One page of ledger entries with their event trees and parameters."""
-    rows, total = budget.list_ledger(session, dataset, offset=offset, limit=limit)
-    items = [LedgerEntryOut(**budget.ledger_entry_dict(r)) for r in rows]
-    return Page[LedgerEntryOut].build(items, total=total, offset=offset, limit=limit)
+    rows, total = budget.list_ledger(session, dataset=dataset, offset=offset, limit=limit)
+    return Page[LedgerEntryOut].build([budget.ledger_entry_out(r) for r in rows], total=total, offset=offset,
+                                      limit=limit)
 
 
 def start_training(session: Session, *, dataset: str, body: TrainingIn, actor: str) -> int:
@@ -135,25 +138,36 @@ def enqueue(run_id: int, settings: Settings) -> bool:
 
 
 def run_view(session: Session, *, run_id: int) -> TrainingRunOut:
-    return TrainingRunOut(**training.run_dict(training.get_run(session, run_id)))
+    """One run's status, progress and charge."""
+    return training.run_out(training.get_run(session, run_id=run_id))
 
 
 def runs_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[TrainingRunOut]:
-    rows, total = training.list_runs(session, dataset, offset=offset, limit=limit)
-    return Page[TrainingRunOut].build([TrainingRunOut(**training.run_dict(r)) for r in rows],
-                                      total=total, offset=offset, limit=limit)
+    """One page of the data set's runs, newest first."""
+    rows, total = training.list_runs(session, dataset=dataset, offset=offset, limit=limit)
+    return Page[TrainingRunOut].build([training.run_out(r) for r in rows], total=total, offset=offset, limit=limit)
+
+
+def version_out(row: ModelVersion) -> ModelVersionOut:
+    """The public view of a model version (its release: epsilons rounded up, metrics, metadata)."""
+    return ModelVersionOut(
+        id=row.id, version=row.version, run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
+        epsilon=round_up(row.epsilon), epsilon_pld=None if row.epsilon_pld is None else round_up(row.epsilon_pld),
+        delta=row.delta, n_items=row.n_items, rank=row.rank, metrics=row.metrics, metadata=row.model_metadata,
+        active=row.active, created_at=row.created_at.isoformat() if row.created_at else None,
+        activated_at=row.activated_at.isoformat() if row.activated_at else None,
+    )
 
 
 def versions_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[ModelVersionOut]:
+    """One page of the data set's model versions."""
     rows, total = model_store.list_versions(session, dataset, offset=offset, limit=limit)
-    return Page[ModelVersionOut].build([ModelVersionOut(**model_store.version_dict(r)) for r in rows],
-                                       total=total, offset=offset, limit=limit)
+    return Page[ModelVersionOut].build([version_out(r) for r in rows], total=total, offset=offset, limit=limit)
 
 
 def activate(session: Session, *, dataset: str, version_id: int, actor: str) -> ModelVersionOut:
     """Make an older (or newer) version active: a rollback in one transaction."""
-    row = model_store.activate_version(session, dataset, version_id, actor=actor)
-    return ModelVersionOut(**model_store.version_dict(row))
+    return version_out(model_store.activate_version(session, dataset, version_id, actor=actor))
 
 
 def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> dict[str, Any]:
@@ -163,4 +177,4 @@ def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str
 
 def chain_status(session: Session, *, dataset: str) -> dict[str, Any]:
     """The hash chain's verification (every hash and every stored spend recomputed)."""
-    return budget.verify_ledger(session, dataset, recompute_spend=True)
+    return budget.verify_ledger(session, dataset=dataset, recompute_spend=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
@@ -12,6 +12,7 @@ from app import ledger
 from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
 from app.platform_errors import Conflict, InvalidRequest, NotFound
+from app.schemas.admin import LedgerEntryOut
 
 __all__ = [
     "BudgetView",
@@ -24,7 +25,7 @@ __all__ = [
     "get_budget",
     "change_cap",
     "list_ledger",
-    "ledger_entry_dict",
+    "ledger_entry_out",
     "verify_ledger",
 ]
 
@@ -42,9 +43,6 @@ class PersonBudgetView:
     remaining_epsilon: float
     datasets: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,6 @@ class BudgetView:
     neighbouring_relation: str = "add_or_remove_one_user"  # the account's: every number above holds under it
     neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
     person_budget: PersonBudgetView | None = None  # the per-person bound this data set counts against
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def get_dataset(session: Session, name: str) -> Dataset:
@@ -126,7 +121,7 @@ def _account(session: Session, ds: Dataset) -> BudgetAccount:
     return ledger.account_for(session, ds.id)
 
 
-def get_budget(session: Session, dataset: str) -> BudgetView:
+def get_budget(session: Session, *, dataset: str) -> BudgetView:
     """Cap, delta, spent (RDP and PLD), remaining and run counts of a data set."""
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
@@ -176,13 +171,13 @@ def _person_view(session: Session, pb: PersonBudget) -> PersonBudgetView:
     )
 
 
-def get_person_budget(session: Session, name: str) -> PersonBudgetView:
+def get_person_budget(session: Session, *, name: str) -> PersonBudgetView:
     """A per-person budget: cap, delta, relation, composed spend over its data sets, cap history."""
     return _person_view(session, ledger.person_budget_named(session, name))
 
 
 def put_person_budget(
-    session: Session, name: str, *, epsilon_cap: float, delta: float | None, relation: str | None,
+    session: Session, *, name: str, epsilon_cap: float, delta: float | None, relation: str | None,
     reason: str | None, actor: str,
 ) -> PersonBudgetView:
     """Create the per-person budget ``name`` or change its cap (audited; delta and relation are fixed
@@ -203,14 +198,14 @@ def put_person_budget(
                                                           actor=actor))
 
 
-def change_cap(session: Session, dataset: str, *, new_cap: float, reason: str | None, actor: str) -> BudgetView:
+def change_cap(session: Session, *, dataset: str, new_cap: float, reason: str | None, actor: str) -> BudgetView:
     """Change the epsilon cap (audited in the ledger). Does not commit."""
     ds = get_dataset(session, dataset)
     ledger.record_cap_change(session, dataset=ds, new_cap=new_cap, reason=reason, actor=actor)
-    return get_budget(session, dataset)
+    return get_budget(session, dataset=dataset)
 
 
-def list_ledger(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[LedgerEntry], int]:
+def list_ledger(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[LedgerEntry], int]:
     """One page of the data set's ledger entries in sequence order, and the total count."""
     if offset < 0 or limit < 1:
         raise InvalidRequest("offset must be >= 0 and limit >= 1")
@@ -225,28 +220,28 @@ def list_ledger(session: Session, dataset: str, *, offset: int = 0, limit: int =
     return rows, int(total)
 
 
-def ledger_entry_dict(entry: LedgerEntry) -> dict[str, Any]:
-    """JSON-safe view of one entry, including its event tree and parameters."""
-    return {
-        "seq": entry.seq,
-        "kind": entry.kind,
-        "run_id": entry.run_id,
-        "actor": entry.actor,
-        "created_at": entry.created_at,
-        "event": entry.event,
-        "parameters": entry.parameters,
-        "epsilon": None if entry.epsilon is None else ledger.round_up(entry.epsilon),
-        "spent_epsilon_rdp": ledger.round_up(entry.spent_rdp),
-        "spent_epsilon_pld": None if entry.spent_pld is None else ledger.round_up(entry.spent_pld),
-        "epsilon_cap": entry.epsilon_cap,
-        "delta": entry.delta,
-        "reason": entry.reason,
-        "prev_hash": entry.prev_hash,
-        "hash": entry.hash,
-    }
+def ledger_entry_out(entry: LedgerEntry) -> LedgerEntryOut:
+    """The public view of one entry, including its event tree and parameters."""
+    return LedgerEntryOut(
+        seq=entry.seq,
+        kind=entry.kind,
+        run_id=entry.run_id,
+        actor=entry.actor,
+        created_at=entry.created_at,
+        event=entry.event,
+        parameters=entry.parameters,
+        epsilon=None if entry.epsilon is None else ledger.round_up(entry.epsilon),
+        spent_epsilon_rdp=ledger.round_up(entry.spent_rdp),
+        spent_epsilon_pld=None if entry.spent_pld is None else ledger.round_up(entry.spent_pld),
+        epsilon_cap=entry.epsilon_cap,
+        delta=entry.delta,
+        reason=entry.reason,
+        prev_hash=entry.prev_hash,
+        hash=entry.hash,
+    )
 
 
-def verify_ledger(session: Session, dataset: str, *, recompute_spend: bool = False) -> dict[str, Any]:
+def verify_ledger(session: Session, *, dataset: str, recompute_spend: bool = False) -> dict[str, Any]:
     """Check the data set's hash chain (and optionally every stored spend) end to end."""
     ds = get_dataset(session, dataset)
     check = ledger.verify_chain(session, _account(session, ds).id, recompute_spend=recompute_spend)

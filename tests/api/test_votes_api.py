@@ -356,7 +356,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     try:
         assert cli.main(["migrate"]) == 0
         with session_scope() as s:
-            budget.put_person_budget(s, DS, epsilon_cap=10.0, delta=1e-6, relation="replace_vote_values",
+            budget.put_person_budget(s, name=DS, epsilon_cap=10.0, delta=1e-6, relation="replace_vote_values",
                                      reason=None, actor="test")
             budget.ensure_dataset(s, DS, rating_min=1.0, rating_max=5.0, epsilon_cap=10.0, delta=1e-6,
                                   relation="replace_vote_values", person_budget=DS)

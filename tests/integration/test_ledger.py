@@ -104,7 +104,7 @@ def test_reservation_is_idempotent_per_run(db_url):
     with session_scope(db_url) as s:
         n = s.scalar(select(text("count(*)")).select_from(LedgerEntry).where(LedgerEntry.kind == "reservation"))
         assert n == 1
-        view = budget.get_budget(s, "default")
+        view = budget.get_budget(s, dataset="default")
         assert view.spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
 
 
@@ -118,7 +118,7 @@ def test_refund_rules(db_url):
             ledger.refund(s, dataset=ds, run_id=a, actor="worker", reason="too late")
     with session_scope(db_url) as s:
         ds = budget.get_dataset(s, "default")
-        before = budget.get_budget(s, "default").spent_epsilon_rdp
+        before = budget.get_budget(s, dataset="default").spent_epsilon_rdp
         r1 = ledger.refund(s, dataset=ds, run_id=b, actor="worker", reason="failed early")
         r2 = ledger.refund(s, dataset=ds, run_id=b, actor="worker", reason="again")
         assert r1.id == r2.id
@@ -127,7 +127,7 @@ def test_refund_rules(db_url):
         with pytest.raises(Conflict):
             ledger.reserve(s, dataset=ds, event=gaussian(Z), parameters={}, actor="x", run_id=b)
     with session_scope(db_url) as s:
-        after = budget.get_budget(s, "default")
+        after = budget.get_budget(s, dataset="default")
         assert after.spent_epsilon_rdp < before
         assert after.spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
         assert after.n_charged_runs == 1
@@ -142,7 +142,7 @@ def test_hash_chain_detects_tampering(db_url):
     with session_scope(db_url) as s:
         acct_id = ledger.account_for(s, budget.get_dataset(s, "default").id).id
         assert ledger.verify_chain(s, acct_id).ok
-        assert budget.verify_ledger(s, "default", recompute_spend=True) == {
+        assert budget.verify_ledger(s, dataset="default", recompute_spend=True) == {
             "dataset": "default", "ok": True, "n_entries": 4, "bad_seq": None, "reason": None}
     # lower a recorded spend: the content hash no longer matches
     with session_scope(db_url) as s:
@@ -150,7 +150,7 @@ def test_hash_chain_detects_tampering(db_url):
     with session_scope(db_url) as s:
         check = ledger.verify_chain(s, acct_id)
         assert not check.ok and check.bad_seq == 3
-        assert budget.verify_ledger(s, "default")["bad_seq"] == 3
+        assert budget.verify_ledger(s, dataset="default")["bad_seq"] == 3
     # rewrite an entry *and* its hash: the next entry's prev_hash breaks
     with session_scope(db_url) as s:
         entry = s.scalar(select(LedgerEntry).where(LedgerEntry.seq == 2))
@@ -170,29 +170,29 @@ def test_cap_changes_are_audited(db_url):
     create_dataset(db_url, cap=5.0, delta=DELTA)
     _reserve(db_url, z=2.0)
     with session_scope(db_url) as s:
-        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
         with pytest.raises(InvalidRequest):
-            budget.change_cap(s, "default", new_cap=8.0, reason="  ", actor="admin")
+            budget.change_cap(s, dataset="default", new_cap=8.0, reason="  ", actor="admin")
         with pytest.raises(CapChangeRefused) as info:
-            budget.change_cap(s, "default", new_cap=spent / 2, reason="shrink", actor="admin")
+            budget.change_cap(s, dataset="default", new_cap=spent / 2, reason="shrink", actor="admin")
         assert info.value.details["spent_epsilon"] == spent
         with pytest.raises(InvalidRequest):
-            budget.change_cap(s, "default", new_cap=float("nan"), reason="x", actor="admin")
+            budget.change_cap(s, dataset="default", new_cap=float("nan"), reason="x", actor="admin")
     with session_scope(db_url) as s:
-        view = budget.change_cap(s, "default", new_cap=8.0, reason="quarterly review", actor="admin")
+        view = budget.change_cap(s, dataset="default", new_cap=8.0, reason="quarterly review", actor="admin")
         assert view.epsilon_cap == 8.0
-        view = budget.change_cap(s, "default", new_cap=spent + 0.5, reason=None, actor="admin")  # lowering: no reason needed
+        view = budget.change_cap(s, dataset="default", new_cap=spent + 0.5, reason=None, actor="admin")  # lowering: no reason needed
     with session_scope(db_url) as s:
-        rows, total = budget.list_ledger(s, "default")
+        rows, total = budget.list_ledger(s, dataset="default")
         kinds = [r.kind for r in rows]
         assert kinds == ["open", "reservation", "cap_change", "cap_change"]
         raised = rows[2]
         assert raised.reason == "quarterly review" and raised.actor == "admin"
         assert raised.parameters == {"old_cap": 5.0, "new_cap": 8.0}
-        view = budget.get_budget(s, "default")
+        view = budget.get_budget(s, dataset="default")
         assert view.epsilon_cap == spent + 0.5
         assert view.remaining_epsilon <= view.epsilon_cap - view.spent_epsilon_rdp + 1e-12
-        entry = budget.ledger_entry_dict(rows[1])
+        entry = budget.ledger_entry_out(rows[1]).model_dump()
         assert entry["event"]["class_name"] == "GaussianDpEvent"
         assert entry["parameters"]["neighbouring_relation"] == "add_or_remove_one_user"
 

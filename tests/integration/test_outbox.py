@@ -16,8 +16,7 @@ from app.auth import issue_token
 from app.db.models import LedgerEntry, TrainingRun
 from app.db.session import session_scope
 from app.main import create_app
-from app.services.training import dispatch
-from app.services.training import runner
+from app.services.training import dispatch, runner
 from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
 
 CLOSED = "redis://127.0.0.1:9/0"

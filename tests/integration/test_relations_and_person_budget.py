@@ -63,7 +63,7 @@ def test_an_account_refuses_a_guarantee_that_does_not_imply_its_relation(db_url)
         _reserve(db_url, "ratings", parameters={"neighbouring_relation": "someone"})
     assert _n_entries(db_url) == before
     with session_scope(db_url) as s:
-        view = budget.get_budget(s, "ratings")
+        view = budget.get_budget(s, dataset="ratings")
         assert view.neighbouring_relation == "add_or_remove_one_user" and view.spent_epsilon_rdp == 0.0
 
 
@@ -85,7 +85,7 @@ def test_a_weaker_account_charges_add_remove_events_by_group_privacy(db_url):
         acct = ledger.account_for(s, budget.get_dataset(s, "votes").id)
         assert ledger.spent(s, acct).epsilon_rdp == pytest.approx(expected, rel=1e-12)
         assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
-        view = budget.get_budget(s, "votes")
+        view = budget.get_budget(s, dataset="votes")
         assert view.neighbouring_relation == "replace_vote_values"
         assert view.neighbouring_relations == ["add_or_remove_one_user", "replace_vote_values"]
         assert view.spent_epsilon_rdp == ledger.round_up(expected)
@@ -111,7 +111,7 @@ def test_a_person_in_two_data_sets_has_one_allowance(db_url):
     assert d["person_budget"] == "all" and d["dataset"] == "b" and d["epsilon_cap"] == person_cap
     assert d["prior_spent_epsilon"] == ledger.round_up(one) and d["would_spend_epsilon"] >= two - 1e-6
     with session_scope(db_url) as s:
-        view = budget.get_budget(s, "b")
+        view = budget.get_budget(s, dataset="b")
         assert view.spent_epsilon_rdp == 0.0 and view.remaining_epsilon == 10.0  # its own cap is untouched
         person = view.person_budget
         assert person.name == "all" and person.datasets == ["a", "b"]
@@ -120,30 +120,30 @@ def test_a_person_in_two_data_sets_has_one_allowance(db_url):
         ledger.refund(s, dataset=budget.get_dataset(s, "a"), run_id=first, actor="tester", reason="test")
     _reserve(db_url, "b")  # the refund released the person's allowance too
     with session_scope(db_url) as s:
-        assert budget.get_person_budget(s, "all").spent_epsilon_rdp == ledger.round_up(one)
+        assert budget.get_person_budget(s, name="all").spent_epsilon_rdp == ledger.round_up(one)
 
 
 def test_person_budget_relation_and_cap_rules(db_url):
     with session_scope(db_url) as s:
-        budget.put_person_budget(s, "weak", epsilon_cap=5.0, delta=DELTA, relation="replace_one_user",
+        budget.put_person_budget(s, name="weak", epsilon_cap=5.0, delta=DELTA, relation="replace_one_user",
                                  reason=None, actor="tester")
     with pytest.raises(RelationRefused, match="does not imply"):  # `all` is add/remove
         create_dataset(db_url, "votes", relation="replace_vote_values", person_budget="all")
     create_dataset(db_url, "ratings", person_budget="weak", person_cap=5.0)  # add/remove implies replace
     run = _reserve(db_url, "ratings")
     with session_scope(db_url) as s:
-        weak = budget.get_person_budget(s, "weak")
+        weak = budget.get_person_budget(s, name="weak")
         # the person budget composes the add/remove event converted to its own relation
         assert weak.spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z / 2), DELTA))
-        assert budget.get_budget(s, "ratings").spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
+        assert budget.get_budget(s, dataset="ratings").spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
         assert ledger.reservation_for(s, run).parameters["person_budget"] == "weak"
         with pytest.raises(InvalidRequest, match="requires a reason"):
-            budget.put_person_budget(s, "weak", epsilon_cap=6.0, delta=None, relation=None, reason=None, actor="t")
+            budget.put_person_budget(s, name="weak", epsilon_cap=6.0, delta=None, relation=None, reason=None, actor="t")
         with pytest.raises(CapChangeRefused):
-            budget.put_person_budget(s, "weak", epsilon_cap=0.01, delta=None, relation=None, reason=None, actor="t")
+            budget.put_person_budget(s, name="weak", epsilon_cap=0.01, delta=None, relation=None, reason=None, actor="t")
         with pytest.raises(Exception, match="cannot change"):
-            budget.put_person_budget(s, "weak", epsilon_cap=5.0, delta=1e-5, relation=None, reason=None, actor="t")
-        out = budget.put_person_budget(s, "weak", epsilon_cap=6.0, delta=None, relation=None, reason="more",
+            budget.put_person_budget(s, name="weak", epsilon_cap=5.0, delta=1e-5, relation=None, reason=None, actor="t")
+        out = budget.put_person_budget(s, name="weak", epsilon_cap=6.0, delta=None, relation=None, reason="more",
                                        actor="admin:root")
         assert out.epsilon_cap == 6.0 and out.history[-1]["reason"] == "more" and out.history[-1]["old_cap"] == 5.0
 
@@ -250,10 +250,10 @@ def test_migration_0004_declares_the_weakest_relation_and_one_person_budget(db_u
             assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
         # the votes account now shows its spend with the add/remove reservation converted
         converted = epsilon_rdp(compose([local_randomisation_event(0.5, 2), gaussian(Z / 2)]), DELTA)
-        view = budget.get_budget(s, "votes")
+        view = budget.get_budget(s, dataset="votes")
         assert view.neighbouring_relation == "replace_vote_values"
         assert view.spent_epsilon_rdp == ledger.round_up(converted)
-        assert budget.get_budget(s, "ratings").spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
+        assert budget.get_budget(s, dataset="ratings").spent_epsilon_rdp == ledger.round_up(epsilon_rdp(gaussian(Z), DELTA))
         person = epsilon_rdp(compose([local_randomisation_event(0.5, 2), gaussian(Z / 2), gaussian(Z / 2)]), DELTA)
         assert view.person_budget.spent_epsilon_rdp == ledger.round_up(person)
     _reserve(db_url, "votes")  # the next charge composes the converted history

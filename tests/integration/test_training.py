@@ -14,11 +14,8 @@ from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded, InvalidRequest, NoActiveModel
-from app.services import budget
-from app.services import bulk_read
-from app.services.training import dispatch
-from app.services.training import runner
-from app.services.training import schedule
+from app.services import admin, budget, bulk_read
+from app.services.training import dispatch, runner, schedule
 from app.services.training import requests as train_requests
 from app.services.training.embedded_worker import start_embedded_worker
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
@@ -57,7 +54,7 @@ def test_train_publish_and_serve(seeded, settings):
     url = seeded
     run_id = _start(url)
     with session_scope(url) as s:
-        view = budget.get_budget(s, "default")
+        view = budget.get_budget(s, dataset="default")
         reserved = ledger.reservation_for(s, run_id)
         assert view.runs["queued"] == 1
         assert view.spent_epsilon_rdp == ledger.round_up(reserved.spent_rdp)
@@ -79,10 +76,10 @@ def test_train_publish_and_serve(seeded, settings):
         assert event_to_json(model.event) == ledger.reservation_for(s, run_id).event
         assert row.epsilon == pytest.approx(epsilon_rdp(model.event, row.delta))
         assert row.metrics["n_trained_items"] == int(model.trained_mask.sum())
-        info = model_store.version_dict(row)
+        info = admin.version_out(row).model_dump()
         assert info["active"] and info["sha256"] == row.sha256
         # the ledger's spend equals the RDP epsilon of the composed reservations (one run)
-        assert budget.get_budget(s, "default").spent_epsilon_rdp == ledger.round_up(row.epsilon)
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == ledger.round_up(row.epsilon)
         assert ledger.verify_chain(s, ledger.account_for(s, row.dataset_id).id, recompute_spend=True).ok
 
 
@@ -91,13 +88,13 @@ def test_redelivered_run_charges_once(seeded, settings):
     run_id = _start(url)
     assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
-        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
     for _ in range(2):  # the broker delivers the same task again
         assert runner.run_training(run_id, url=url, settings=settings) == "succeeded"
     assert _kinds(url, run_id) == ["reservation", "commit"]
     with session_scope(url) as s:
         assert s.scalar(select(func.count()).select_from(ModelVersion)) == 1
-        assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent
         assert s.get(TrainingRun, run_id).attempts == 1
 
 
@@ -130,7 +127,7 @@ def test_empty_dataset_trains_a_noise_only_model_and_is_charged(db_url, settings
     with session_scope(db_url) as s:
         row, model = model_store.get_active_model(s, "default")
         assert row.run_id == run_id and model.n_items == 60
-        assert budget.get_budget(s, "default").spent_epsilon_rdp > 0
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp > 0
 
 
 def test_a_catalogue_without_items_is_refused_before_anything_is_reserved(db_url):
@@ -138,7 +135,7 @@ def test_a_catalogue_without_items_is_refused_before_anything_is_reserved(db_url
     with session_scope(db_url) as s, pytest.raises(InvalidRequest, match="item"):
         train_requests.start_training(s, dataset="default", epsilon=1.0, actor="admin")
     with session_scope(db_url) as s:
-        assert budget.get_budget(s, "default").n_entries == 1  # the account's opening entry only
+        assert budget.get_budget(s, dataset="default").n_entries == 1  # the account's opening entry only
 
 
 def test_failure_after_the_private_read_is_charged_and_names_only_a_category(seeded, settings, monkeypatch, caplog):
@@ -165,7 +162,7 @@ def test_failure_after_the_private_read_is_charged_and_names_only_a_category(see
     assert "shape" not in caplog.text and str(n_ratings) not in caplog.text
     assert _kinds(seeded, run_id) == ["reservation"]  # spent, no refund
     with session_scope(seeded) as s:
-        assert budget.get_budget(s, "default").spent_epsilon_rdp > 0
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp > 0
 
 
 def test_failure_before_the_private_read_is_refunded(seeded, settings):
@@ -180,7 +177,7 @@ def test_failure_before_the_private_read_is_refunded(seeded, settings):
     assert run.refunded and not run.private_data_read and "no longer matches" in run.error
     assert _kinds(seeded, run_id) == ["reservation", "refund"]
     with session_scope(seeded) as s:
-        view = budget.get_budget(s, "default")
+        view = budget.get_budget(s, dataset="default")
         assert view.spent_epsilon_rdp == 0.0 and view.remaining_epsilon == 10.0
 
 
@@ -209,7 +206,7 @@ def test_bad_training_requests_write_nothing(seeded):
 def test_fraction_of_remaining_budget(seeded):
     run_id = _start(seeded, epsilon=None, epsilon_fraction=1.0)
     with session_scope(seeded) as s:
-        view = budget.get_budget(s, "default")
+        view = budget.get_budget(s, dataset="default")
         assert 9.99 < view.spent_epsilon_rdp <= 10.0
         assert view.remaining_epsilon >= 0.0
     with pytest.raises(BudgetExceeded):
@@ -261,14 +258,14 @@ def test_stale_running_run_fails_closed(seeded, settings):
     with session_scope(url) as s:  # a worker claimed it and then vanished
         run = s.get(TrainingRun, run_id)
         run.status, run.started_at, run.heartbeat_at, run.attempts = "running", None, None, 1
-        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
     # a redelivered task finds it stale and fails it without refund
     assert runner.run_training(run_id, url=url, settings=settings) == "failed"
     run = _run(url, run_id)
     assert run.status == "failed" and not run.refunded and "vanished" in run.error
     assert _kinds(url, run_id) == ["reservation"]
     with session_scope(url) as s:
-        assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent
         assert model_store.get_active_version(s, "default").run_id == published
 
 
@@ -307,13 +304,13 @@ def test_scheduled_retrain_decides_from_public_facts_only(db_url, settings):
     assert out.startswith("started:")
     assert runner.run_training(int(out.split(":")[1]), url=url, settings=settings) == "succeeded"
     with session_scope(url) as s:
-        spent = budget.get_budget(s, "default").spent_epsilon_rdp
-        budget.change_cap(s, "default", new_cap=spent + 0.05, reason=None, actor="admin")
+        spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
+        budget.change_cap(s, dataset="default", new_cap=spent + 0.05, reason=None, actor="admin")
     with session_scope(url) as s:
-        before = budget.get_budget(s, "default")
+        before = budget.get_budget(s, dataset="default")
     assert sched() == "skipped:budget"
     with session_scope(url) as s:
-        after = budget.get_budget(s, "default")
+        after = budget.get_budget(s, dataset="default")
         assert after.n_entries == before.n_entries and after.runs == before.runs
 
 

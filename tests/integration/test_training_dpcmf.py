@@ -19,11 +19,9 @@ from app.db.models import Dataset, Item, Rating, User
 from app.db.session import session_scope
 from app.schemas.serving import RecommendationQuery
 from app.services import public_data
-from app.services.serving import published
-from app.services.serving import recommend
-from app.services.training import runner
-from app.services.training import schedule
 from app.services.serving import active as serving_active
+from app.services.serving import published, recommend
+from app.services.training import runner, schedule
 from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 

@@ -20,12 +20,8 @@ from app.platform_errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
 from app.schemas.votes import VoteIn, VoteRow
 from app.services import budget, votes
-from app.services.serving import popular
-from app.services.serving import published
-from app.services.serving import recommend
-from app.services.training import runner
-from app.services.training import schedule
-from app.services.serving import similar
+from app.services.serving import popular, published, recommend, similar
+from app.services.training import runner, schedule
 from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset
 

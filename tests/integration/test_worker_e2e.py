@@ -20,8 +20,7 @@ from app.config import Settings
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
 from app.services import budget
-from app.services.training import dispatch
-from app.services.training import runner
+from app.services.training import dispatch, runner
 from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
 
@@ -119,7 +118,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
         with session_scope(pg_url) as s:
             active = model_store.get_active_version(s, "default")
             assert active.run_id == first
-            spent = budget.get_budget(s, "default").spent_epsilon_rdp
+            spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
 
         # 2. the broker delivers the same task twice more: no second charge, no second model
         for _ in range(2):
@@ -131,7 +130,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
         assert _kinds(pg_url, first) == ["reservation", "commit"]
         with session_scope(pg_url) as s:
             assert s.scalar(select(func.count()).select_from(ModelVersion)) == 1
-            assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+            assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent
             assert s.get(TrainingRun, first).attempts == 1
 
         # 3. a long run; the worker is killed (SIGKILL, whole process group) mid-training
@@ -143,7 +142,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
         run = _status(pg_url, slow)
         assert run.status == "running" and run.private_data_read  # past the read: charged whatever happens
         with session_scope(pg_url) as s:
-            spent_with_slow = budget.get_budget(s, "default").spent_epsilon_rdp
+            spent_with_slow = budget.get_budget(s, dataset="default").spent_epsilon_rdp
         assert spent_with_slow > spent
 
         # 4. the same node starts again at once: its start-up fails the run its dead incarnation
@@ -153,7 +152,7 @@ def test_celery_worker_trains_charges_once_and_survives_a_kill(pg_url, redis_url
         assert "vanished" in run.error and not run.refunded
         assert _kinds(pg_url, slow) == ["reservation"]  # counted as spent, charged once
         with session_scope(pg_url) as s:
-            assert budget.get_budget(s, "default").spent_epsilon_rdp == spent_with_slow
+            assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent_with_slow
             row, _model = model_store.get_active_model(s, "default")
             assert row.id == active.id  # the active model is untouched
             assert s.scalar(select(func.count()).select_from(ModelVersion)) == 1
@@ -182,7 +181,7 @@ def test_killed_training_process_fails_closed(db_url, tmp_path):
     slow = train_requests.submit_training(url=db_url, settings=settings, dataset="default", epsilon=1.0,
                                     hyperparameters=SLOW, actor="admin")
     with session_scope(db_url) as s:
-        spent = budget.get_budget(s, "default").spent_epsilon_rdp
+        spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
         active_id = model_store.get_active_version(s, "default").id
     proc = subprocess.Popen(
         [sys.executable, "-c", _TRAIN_SCRIPT, db_url, str(slow), str(settings.artifact_dir)],
@@ -200,7 +199,7 @@ def test_killed_training_process_fails_closed(db_url, tmp_path):
     assert _kinds(db_url, slow) == ["reservation"]
     assert runner.run_training(slow, url=db_url, settings=settings) == "failed"  # redelivery: no-op
     with session_scope(db_url) as s:
-        assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+        assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent
         assert model_store.get_active_version(s, "default").id == active_id
 
 
@@ -240,16 +239,16 @@ def test_celery_beat_retrains_on_schedule_from_public_facts_within_budget(pg_url
         # nothing changed: retrained all the same (whether data changed is not public)
         _wait_for(lambda: [r.status for r in _scheduled_runs(pg_url)][:2] == ["succeeded"] * 2, 120, "a second run")
         with session_scope(pg_url) as s:
-            budget.change_cap(s, "default", new_cap=budget.get_budget(s, "default").spent_epsilon_rdp + 0.01,
+            budget.change_cap(s, dataset="default", new_cap=budget.get_budget(s, dataset="default").spent_epsilon_rdp + 0.01,
                               reason=None, actor="admin")
         _wait_for(lambda: all(r.status in ("succeeded", "failed") for r in _scheduled_runs(pg_url)), 120, "runs to end")
         n_runs = len(_scheduled_runs(pg_url))
         with session_scope(pg_url) as s:
-            spent = budget.get_budget(s, "default").spent_epsilon_rdp
+            spent = budget.get_budget(s, dataset="default").spent_epsilon_rdp
         time.sleep(3 * settings.retrain_interval_s + 1)  # the budget would be exceeded: no more runs
         assert len(_scheduled_runs(pg_url)) == n_runs
         with session_scope(pg_url) as s:
-            assert budget.get_budget(s, "default").spent_epsilon_rdp == spent
+            assert budget.get_budget(s, dataset="default").spent_epsilon_rdp == spent
             assert model_store.get_active_version(s, "default").run_id == _scheduled_runs(pg_url)[-1].id
     finally:
         _kill(beat)

@@ -11,6 +11,7 @@ Calibration follows the algorithm's own accountant (``app.core.algorithms``).
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -24,6 +25,7 @@ from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, TrainingRun
 from app.db.session import session_scope
 from app.platform_errors import BudgetExceeded, InvalidRequest, NotFound
+from app.schemas.admin import TrainingRunOut
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run
 from app.services.votes import votes_training_params
@@ -41,7 +43,7 @@ __all__ = [
     "submit_training",
     "get_run",
     "list_runs",
-    "run_dict",
+    "run_out",
 ]
 
 SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
@@ -225,7 +227,7 @@ def submit_training(*, settings: Settings, url: str | None = None, **kwargs: Any
     return run_id
 
 
-def get_run(session: Session, run_id: int, dataset: str | None = None) -> TrainingRun:
+def get_run(session: Session, *, run_id: int, dataset: str | None = None) -> TrainingRun:
     """Training run ``run_id`` (of ``dataset`` when given); NotFound otherwise."""
     run = session.get(TrainingRun, run_id)
     if run is None or (dataset is not None and run.dataset.name != dataset):
@@ -233,7 +235,7 @@ def get_run(session: Session, run_id: int, dataset: str | None = None) -> Traini
     return run
 
 
-def list_runs(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[TrainingRun], int]:
+def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[TrainingRun], int]:
     """One page of runs (newest first) and the total count."""
     if offset < 0 or limit < 1:
         raise InvalidRequest("offset must be >= 0 and limit >= 1")
@@ -247,32 +249,32 @@ def list_runs(session: Session, dataset: str, *, offset: int = 0, limit: int = 1
     return rows, int(total)
 
 
-def _iso(value: Any) -> str | None:
+def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def run_dict(run: TrainingRun) -> dict[str, Any]:
-    """JSON-safe view of a run (public config only)."""
-    return {
-        "id": run.id,
-        "dataset": run.dataset.name if run.dataset is not None else None,
-        "algorithm": run.algorithm,
-        "config": run.config,
-        "requested_epsilon": run.requested_epsilon,
-        "epsilon_charged": None if run.epsilon_charged is None else ledger.round_up(run.epsilon_charged),
-        "delta": run.delta,
-        "status": run.status,
-        "progress": run.progress,
-        "stage": run.stage,
-        "error": run.error,
-        "trigger": run.trigger,
-        "actor": run.actor,
-        "refunded": run.refunded,
-        "private_data_read": run.private_data_read,
-        "enqueued": run.enqueued_at is not None,
-        "attempts": run.attempts,
-        "created_at": _iso(run.created_at),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-    }
+def run_out(run: TrainingRun) -> TrainingRunOut:
+    """The public view of a run (its public config only: the secret seed never reaches the row)."""
+    return TrainingRunOut(
+        id=run.id,
+        dataset=run.dataset.name if run.dataset is not None else None,
+        algorithm=run.algorithm,
+        config=run.config,
+        requested_epsilon=run.requested_epsilon,
+        epsilon_charged=None if run.epsilon_charged is None else ledger.round_up(run.epsilon_charged),
+        delta=run.delta,
+        status=run.status,
+        progress=run.progress,
+        stage=run.stage,
+        error=run.error,
+        trigger=run.trigger,
+        actor=run.actor,
+        refunded=run.refunded,
+        private_data_read=run.private_data_read,
+        enqueued=run.enqueued_at is not None,
+        attempts=run.attempts,
+        created_at=_iso(run.created_at),
+        started_at=_iso(run.started_at),
+        finished_at=_iso(run.finished_at),
+    )
 
