@@ -31,7 +31,7 @@ import scipy.sparse.linalg as spla
 
 from app.core.mf.als import ALSConfig, train_als
 from app.core.mf.dpals import DPALSConfig, calibrate as calibrate_dpals, train_dpals
-from app.core.mf.dpals import GaussianReleaser
+from app.core.privacy.releaser import GaussianReleaser
 from app.core.mf.dpfw import (
     DPFWConfig,
     calibrate as calibrate_dpfw,

@@ -13,11 +13,9 @@ from app.core.mf.als import iter_grams
 from app.core.privacy.discrete_noise import GridGaussian
 from app.core.mf.dpals import (
     DPALSConfig,
-    GaussianReleaser,
     PublicState,
     bound_contributions,
     calibrate,
-    clip_rows,
     count_statistic,
     dpals_event,
     item_bias_statistic,
@@ -25,12 +23,12 @@ from app.core.mf.dpals import (
     mean_statistics,
     project_psd,
     solve_side,
-    symmetric_noise,
     train_dpals,
     user_regularisation,
-    per_user_sample,
 )
 from app.core.data.ratings import Ratings
+from app.core.privacy.releaser import GaussianReleaser, symmetric_noise
+from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample
 
 K = 6  # contribution bound used throughout
 
@@ -366,12 +364,10 @@ def test_a_user_without_ratings_trains_and_folds_in_to_zero():
 
 
 def test_per_row_selection_matches_brute_force():
-    from app.core.mf.dpals import _lowest_k_per_row
-
     rng = np.random.default_rng(0)
     rows = np.sort(rng.integers(0, 50, 2000))
     keys = rng.random(2000)
-    kept = _lowest_k_per_row(rows, keys, 7)
+    kept = lowest_k_per_row(rows, keys, 7)
     for r in range(50):
         idx = np.flatnonzero(rows == r)
         assert set(np.flatnonzero(kept & (rows == r))) == set(idx[np.argsort(keys[idx])[:7]])

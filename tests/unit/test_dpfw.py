@@ -11,7 +11,7 @@ import pytest
 
 from app.core.privacy import accounting
 from app.core.mf.artifact import ArtifactError
-from app.core.mf.dpals import GaussianReleaser
+from app.core.privacy.releaser import GaussianReleaser
 from app.core.mf.dpfw import (
     DPFWConfig,
     LocalState,

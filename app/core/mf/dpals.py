@@ -38,21 +38,20 @@ from dp_accounting import dp_event
 
 from app.core.privacy import accounting
 from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
-from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian
-from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems, symmetric_from_upper
+from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems
 from app.core.parallel import parallel_map
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.data.ratings import Ratings
+from app.core.privacy.releaser import GaussianReleaser
+from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample, sort_pairs
 
 __all__ = [
     "CONTRIBUTION_MODES",
     "DPALSConfig",
-    "GaussianReleaser",
     "Preprocessed",
     "PublicState",
     "BoundedData",
     "public_preprocessing",
-    "per_user_sample",
     "bound_contributions",
     "dpals_event",
     "public_config",
@@ -64,9 +63,7 @@ __all__ = [
     "DPALSFit",
     "PublicItemTerms",
     "public_model",
-    "clip_rows",
     "project_psd",
-    "symmetric_noise",
 ]
 
 CONTRIBUTION_MODES = ("uniform", "tail", "adaptive_weights")
@@ -246,69 +243,6 @@ def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALS
     return replace(config, noise_multiplier=base * scale)
 
 
-class GaussianReleaser:
-    """Adds calibrated Gaussian noise and records one ``GaussianDpEvent`` per release.
-
-    The run's event is rebuilt from this record and must equal the reserved event, so a noise
-    draw that is missing (or extra) cannot go unnoticed.
-    """
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-        self.releases: list[tuple[str, float, float]] = []  # (name, sensitivity, multiplier)
-
-    @property
-    def rng(self) -> np.random.Generator:
-        return self._rng
-
-    def record(self, name: str, sensitivity: float, multiplier: float) -> float:
-        """Record one release and return its noise std (= sensitivity x multiplier)."""
-        if not (sensitivity > 0 and multiplier > 0):
-            raise ValueError("sensitivity and noise multiplier must be > 0")
-        self.releases.append((name, float(sensitivity), float(multiplier)))
-        return sensitivity * multiplier
-
-    def record_grid(self, name: str, sensitivity: float, multiplier: float, changed: int) -> GridGaussian:
-        """Record one release drawn on a grid (exact discrete Gaussian, ``app.core.privacy.discrete_noise``);
-        ``changed`` bounds the coordinates one user can change."""
-        self.record(name, sensitivity, multiplier)
-        return grid_gaussian(sensitivity, multiplier, changed)
-
-    def vector(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
-        """round(value/g)·g plus exact discrete Gaussian noise on the grid (charged GaussianDpEvent)."""
-        value = np.asarray(value)
-        return self.record_grid(name, sensitivity, multiplier, max(value.size, 1)).release(self._rng, value)
-
-    def symmetric(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
-        """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
-        rank = value.shape[-1]
-        changed = max(value.size // (rank * rank), 1) * rank * (rank + 1) // 2
-        return self.record_grid(name, sensitivity, multiplier, changed).release_symmetric(self._rng, value)
-
-    def event(self, n_steps: int, per_step: int) -> dp_event.DpEvent:
-        """Rebuild the event from the record (pre-processing releases, then T identical steps)."""
-        n_pre = len(self.releases) - n_steps * per_step
-        pre = [accounting.gaussian(m) for _, _, m in self.releases[:n_pre]]
-        steps = [self.releases[n_pre + t * per_step : n_pre + (t + 1) * per_step] for t in range(n_steps)]
-        if any([m for _, _, m in s] != [m for _, _, m in steps[0]] for s in steps):
-            raise RuntimeError("training steps released with different noise")
-        one_step = accounting.compose([accounting.gaussian(m) for _, _, m in steps[0]])
-        return accounting.compose(pre + [dp_event.SelfComposedDpEvent(one_step, n_steps)])
-
-
-def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
-    """Symmetric noise: i.i.d. N(0, std²) on the upper triangle (diagonal included), mirrored."""
-    rank = shape[-1]
-    upper = rng.normal(0.0, std, size=tuple(shape[:-2]) + (rank * (rank + 1) // 2,))
-    return symmetric_from_upper(upper, rank)
-
-
-def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
-    """clip(u, c) = u·min(1, c/‖u‖) per row (the paper prints max: a typo)."""
-    norms = np.linalg.norm(x, axis=1)
-    return x * np.minimum(1.0, bound / np.maximum(norms, 1e-300))[:, None]
-
-
 # ---------------------------------------------------------------------------- pre-processing
 @dataclass(frozen=True)
 class Preprocessed:
@@ -321,42 +255,6 @@ class Preprocessed:
     item_biases: np.ndarray  # DP item biases b̃_j (all items; zeros when item_bias is off)
     user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
-
-
-def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user."""
-    rows, _, _ = ratings.coo()
-    return _lowest_k_per_row(rows, rng.random(len(rows)), k)
-
-
-def _lowest_k_per_row(rows: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
-    """Mask keeping, within each row, the k entries with the smallest keys.
-
-    Rows with at most k entries are kept whole; only the longer rows are sorted.
-    """
-    counts = np.bincount(rows) if len(rows) else np.zeros(0, dtype=np.int64)
-    keep = np.ones(len(rows), dtype=bool)
-    long_rows = np.flatnonzero(counts[rows] > k) if len(rows) else np.zeros(0, dtype=np.int64)
-    if len(long_rows) == 0:
-        return keep
-    order = long_rows[_sort_by(rows[long_rows], _ranks(keys[long_rows]))]
-    sorted_rows = rows[order]
-    starts = np.concatenate([[0], np.cumsum(np.bincount(sorted_rows))])[sorted_rows]
-    keep[order[np.arange(len(order)) - starts >= k]] = False
-    return keep
-
-
-def _ranks(keys: np.ndarray) -> np.ndarray:
-    """0..n-1 ranks of ``keys`` (ties in an arbitrary but deterministic order)."""
-    ranks = np.empty(len(keys), dtype=np.int64)
-    ranks[np.argsort(keys)] = np.arange(len(keys))
-    return ranks
-
-
-def _sort_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
-    """Argsort by (major, minor), non-negative integers, distinct pairs: one int64 sort."""
-    span = int(minor.max()) + 1 if len(minor) else 1
-    return np.argsort(major.astype(np.int64) * span + minor)
 
 
 def count_statistic(cols: np.ndarray, weights: np.ndarray, n_items: int) -> np.ndarray:
@@ -535,11 +433,11 @@ def _bound_contributions(
     """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² = B."""
     k = config.contribution_bound
     if config.contribution_mode == "uniform":
-        return _lowest_k_per_row(rows, rng.random(len(rows)), k), None
+        return lowest_k_per_row(rows, rng.random(len(rows)), k), None
     if config.contribution_mode == "tail":
         # the k least frequent items of each user (ties broken at random)
         keys = counts[cols] + 0.5 * rng.random(len(rows)) / (1.0 + counts.max())
-        return _lowest_k_per_row(rows, keys, k), None
+        return lowest_k_per_row(rows, keys, k), None
     weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
     return np.ones(len(rows), dtype=bool), weights
 
@@ -548,7 +446,7 @@ def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> Solv
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
-    order = _sort_by(major, minor)
+    order = sort_pairs(major, minor)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
     w = None if weights is None else weights[order]
     return make_plan(indptr, minor[order], vals[order], n_minor, w)

@@ -63,9 +63,10 @@ from dp_accounting import dp_event
 
 from app.core.privacy import accounting
 from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
-from app.core.mf.dpals import GaussianReleaser, per_user_sample
 from app.core.mf.foldin import candidate_items, top_n
 from app.core.data.ratings import Ratings
+from app.core.privacy.releaser import GaussianReleaser
+from app.core.privacy.sampling import clip_scale, per_user_sample
 
 __all__ = [
     "EIGEN_METHODS",
@@ -247,11 +248,6 @@ def _row_norms(row_of: np.ndarray, values: np.ndarray, n_users: int) -> np.ndarr
     return np.sqrt(np.bincount(row_of, weights=values * values, minlength=n_users))
 
 
-def _clip_scale(norms: np.ndarray, bound: float) -> np.ndarray:
-    """min(1, L/‖row‖) (1 for empty rows): the factor of Π_{L,Ω}."""
-    return np.minimum(1.0, bound / np.maximum(norms, 1e-300))
-
-
 def _rows_from_arrays(rows, cols, values, n_users, n_items, config: DPFWConfig, keep: np.ndarray | None) -> PrivateRows:
     counts = np.bincount(rows, minlength=n_users)
     sums = np.bincount(rows, weights=values, minlength=n_users)
@@ -260,7 +256,7 @@ def _rows_from_arrays(rows, cols, values, n_users, n_items, config: DPFWConfig, 
     centred = values - means[rows]
     if keep is not None:
         rows, cols, centred = rows[keep], cols[keep], centred[keep]
-    centred = centred * _clip_scale(_row_norms(rows, centred, n_users), config.row_clip)[rows]
+    centred = centred * clip_scale(_row_norms(rows, centred, n_users), config.row_clip)[rows]
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_users))]).astype(np.int64)
     return PrivateRows(indptr=indptr, indices=cols.astype(np.int64), target=centred, row_of=rows,
                        means=means, n_items=n_items)
@@ -361,7 +357,7 @@ def local_update(
     u = _row_products(rows, a, v) / scale if scale > 0 else np.zeros(rows.n_users)
     shrink, gain = 1.0 - 1.0 / n_steps, nuclear_norm / n_steps
     values = shrink * state.values - gain * u[rows.row_of] * v[rows.indices]
-    factor = _clip_scale(_row_norms(rows.row_of, values, rows.n_users), row_clip)
+    factor = clip_scale(_row_norms(rows.row_of, values, rows.n_users), row_clip)
     state.values = values * factor[rows.row_of]
     coef = state.coefficients
     coef[:, :step] *= shrink

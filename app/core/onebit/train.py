@@ -22,7 +22,6 @@ from dp_accounting import dp_event
 from app.core.privacy import accounting
 from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
 from app.core.privacy.discrete_noise import grid_gaussian
-from app.core.mf.dpals import per_user_sample
 from app.core.mf.foldin import candidate_items, top_n
 from app.core.privacy.laplace import (
     discrete_laplace_noise,
@@ -43,6 +42,7 @@ from app.core.onebit.privacy import (
     randomize_votes,
 )
 from app.core.data.ratings import Ratings
+from app.core.privacy.sampling import per_user_sample
 
 __all__ = [
     "GaussianRelease",

@@ -54,6 +54,7 @@ __all__ = [
     "exp_neg_bounds",
     "GridGaussian",
     "grid_gaussian",
+    "mirror_upper",
     "noise_switched_off",
     "noise_is_off",
 ]
@@ -382,10 +383,15 @@ class GridGaussian:
     def release_symmetric(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored."""
         rank = value.shape[-1]
-        upper, mirror = _triangle_maps(rank)
+        upper, _ = _triangle_maps(rank)
         flat = value.reshape(-1, rank * rank)
-        released = self.release(rng, np.take(flat, upper, axis=1))
-        return np.take(released, mirror, axis=1).reshape(value.shape)
+        return mirror_upper(self.release(rng, np.take(flat, upper, axis=1)), rank).reshape(value.shape)
+
+
+def mirror_upper(upper: np.ndarray, rank: int) -> np.ndarray:
+    """Symmetric (..., rank, rank) matrices from their upper triangles (``np.triu_indices`` order)."""
+    _, mirror = _triangle_maps(rank)
+    return np.take(upper, mirror, axis=-1).reshape(upper.shape[:-1] + (rank, rank))
 
 
 @functools.lru_cache(maxsize=16)
