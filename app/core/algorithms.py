@@ -1,171 +1,361 @@
-"""The private training algorithms the service can run, behind one interface.
+"""The private training algorithms the service can run, behind one typed interface.
 
-Each entry knows how to build its config from public hyper-parameters, calibrate it to a target
-(ε, δ), give the run's ``DpEvent`` before any data is read (for the ledger reservation), train,
-store and load its public artifact, and score items for one user from that artifact plus the
-user's own ratings (privileged post-processing).
+Each :class:`Algorithm` knows how to build its config from public hyper-parameters, calibrate it to
+a target (ε, δ), give the run's ``DpEvent`` before any data is read (for the ledger reservation),
+train, name what the run publishes, store and load its public artifact, and score items for one
+user from that artifact plus the user's own ratings (privileged post-processing, joint DP:
+Jain, Thakkar & Thakurta 2018, arXiv:1712.09765, Definition 1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from abc import ABC, abstractmethod
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 from dp_accounting import dp_event
 
 from app.core import onebit
+from app.core.arrays import AnyArray, BoolArray, FloatArray, IntArray
+from app.core.data.ratings import Ratings
 from app.core.mf import defaults, dpals, dpcmf, dpfw, foldin
 from app.core.mf.artifact import load_model, save_model
+from app.core.mf.model import PublicModel
 
-__all__ = ["Algorithm", "ALGORITHMS", "SCORE_KINDS", "get_algorithm", "resolve_hyperparameters", "score_kind"]
+__all__ = [
+    "ALGORITHMS", "Algorithm", "DataKind", "PopularityKind", "PublishedModel", "SCORE_KINDS", "ScoreKind",
+    "get_algorithm", "resolve_hyperparameters", "score_kind",
+]
 
-Recommend = Callable[..., tuple[np.ndarray, np.ndarray]]
-Score = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """Uniform access to one algorithm (see the module docstring)."""
-
-    name: str
-    config_from_params: Callable[[dict[str, Any], tuple[float, float]], Any]
-    config_from_dict: Callable[[dict[str, Any]], Any]
-    public_config: Callable[[Any], dict[str, Any]]
-    calibrate: Callable[[float, float, Any, int], Any]
-    event: Callable[[Any, int], dp_event.DpEvent]
-    event_parameters: Callable[[Any], dict[str, Any]]
-    train: Callable[..., Any]
-    save: Callable[[Any, Path], tuple[Path, str]]
-    load: Callable[[Path, str | None], Any]
-    recommend: Recommend
-    score: Score  # every item's score for one user (the same solve as ``recommend``)
-    data: str = "ratings"  # "ratings+public": ``train`` also takes ``public=`` (a dpcmf.PublicData)
+DataKind = Literal["ratings", "ratings+public", "votes"]
+ScoreKind = Literal["predicted_rating", "ranking_score", "p_thumbs_up"]
+PopularityKind = Literal["dp_count", "mean_p_thumbs_up"]
+SCORE_KINDS: tuple[ScoreKind, ...] = ("predicted_rating", "ranking_score", "p_thumbs_up")
+Progress = Callable[[float, str], None]
 
 
-# ---------------------------------------------------------------------------- DPALS
+class PublishedModel(Protocol):
+    """The item-side view every published model offers (serving, embeddings, similar items)."""
+
+    @property
+    def algorithm(self) -> str: ...
+    @property
+    def item_ids(self) -> AnyArray: ...
+    @property
+    def item_factors(self) -> FloatArray: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def event(self) -> dp_event.DpEvent | None: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def trained_mask(self) -> BoolArray: ...
+    def item_index(self) -> dict[Any, int]: ...
+
+
+ConfigT = TypeVar("ConfigT")
+ModelT = TypeVar("ModelT", bound=PublishedModel)
+
+
+class Algorithm(ABC, Generic[ConfigT, ModelT]):
+    """One private training algorithm (see the module docstring).
+
+    ``data`` names the training inputs ("ratings+public": ``train`` also takes ``public=``, a
+    :class:`app.core.mf.dpcmf.PublicData`). ``released_outputs`` names everything the run publishes:
+    the artifact's arrays (item ids, public catalogue, aside) and its released scalars.
+    ``popularity_kind`` says what :meth:`popularity` (the ``/popular`` order) is.
+    """
+
+    name: ClassVar[str]
+    data: ClassVar[DataKind] = "ratings"
+    released_outputs: ClassVar[tuple[str, ...]]
+    popularity_kind: ClassVar[PopularityKind] = "dp_count"
+
+    @abstractmethod
+    def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> ConfigT:
+        """The config from public hyper-parameters and the data set's public rating range."""
+
+    @abstractmethod
+    def config_from_dict(self, data: dict[str, Any]) -> ConfigT:
+        """The config from its stored dictionary (``ValueError`` on unknown or invalid fields)."""
+
+    @abstractmethod
+    def public_config(self, config: ConfigT) -> dict[str, Any]:
+        """The config as published (no seed)."""
+
+    @abstractmethod
+    def calibrate(self, epsilon: float, delta: float, config: ConfigT, n_items: int) -> ConfigT:
+        """``config`` with its noise set so the run is (ε, δ)-DP."""
+
+    @abstractmethod
+    def event(self, config: ConfigT, n_items: int) -> dp_event.DpEvent:
+        """The run's event from public facts alone, before any data is read."""
+
+    @abstractmethod
+    def event_parameters(self, config: ConfigT) -> dict[str, Any]:
+        """What gives the event its meaning (relation, bounds, clipping norms)."""
+
+    @abstractmethod
+    def train(self, data: Ratings, config: ConfigT, *, progress: Progress | None = None, **inputs: Any) -> ModelT:
+        """Train on the private ``data``; the model's event is checked against :meth:`event`."""
+
+    @abstractmethod
+    def save(self, model: ModelT, path: Path) -> tuple[Path, str]:
+        """Write the sealed artifact; (npz path, sha256)."""
+
+    @abstractmethod
+    def load(self, path: str | Path, sha256: str | None) -> ModelT:
+        """Read and verify an artifact of :meth:`save`."""
+
+    @abstractmethod
+    def score(self, model: ModelT, item_idx: IntArray, values: FloatArray) -> FloatArray:
+        """Every item's score for one user from her own ratings (the same solve as :meth:`recommend`)."""
+
+    @abstractmethod
+    def recommend(
+        self, model: ModelT, item_idx: IntArray, values: FloatArray, n: int, *,
+        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
+    ) -> tuple[IntArray, FloatArray]:
+        """Top-``n`` (indices, scores) for one user, her rated items and ``exclude_idx`` left out."""
+
+    def score_kind(self, model: ModelT) -> ScoreKind:
+        """What :meth:`score` means: a predicted rating on the data set's scale by default."""
+        return "predicted_rating"
+
+    @abstractmethod
+    def popularity(self, model: ModelT) -> FloatArray:
+        """Per-item popularity released with the model, the ``/popular`` order (its meaning:
+        ``popularity_kind``)."""
+
+
 def _with_fixed_range(params: dict[str, Any], rating_range: tuple[float, float]) -> dict[str, Any]:
     if "rating_range" in params and [float(x) for x in params["rating_range"]] != list(rating_range):
         raise ValueError("rating_range is the data set's public range and cannot be overridden")
     return {**params, "rating_range": list(rating_range)}
 
 
-def _dpals_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
-    return dpals.DPALSConfig.from_dict(_with_fixed_range(params, rating_range))
+_FACTOR_OUTPUTS = ("item_factors", "item_biases", "item_counts", "trained_mask", "global_mean", "user_reg")
 
 
-def _dpals_save(model: Any, path: Path) -> tuple[Path, str]:
-    info = save_model(model, path)
-    return info.npz_path, info.sha256
+class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
+    """Shared by the DPALS family: a :class:`PublicModel` artifact and fold-in serving."""
+
+    released_outputs = _FACTOR_OUTPUTS
+
+    def save(self, model: PublicModel, path: Path) -> tuple[Path, str]:
+        info = save_model(model, path)
+        return info.npz_path, info.sha256
+
+    def load(self, path: str | Path, sha256: str | None) -> PublicModel:
+        return load_model(path, expected_sha256=sha256)
+
+    def score(self, model: PublicModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
+        return foldin.user_scores(model, item_idx, values)
+
+    def recommend(
+        self, model: PublicModel, item_idx: IntArray, values: FloatArray, n: int, *,
+        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
+    ) -> tuple[IntArray, FloatArray]:
+        return foldin.recommend(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
+
+    def score_kind(self, model: PublicModel) -> ScoreKind:
+        return "ranking_score" if foldin.is_ranking(model) else "predicted_rating"
+
+    def popularity(self, model: PublicModel) -> FloatArray:
+        return np.asarray(model.item_counts, dtype=np.float64)
 
 
-DPALS = Algorithm(
-    name="dpals",
-    config_from_params=_dpals_config,
-    config_from_dict=dpals.DPALSConfig.from_dict,
-    public_config=dpals.public_config,
-    calibrate=lambda eps, delta, config, n_items: dpals.calibrate(eps, delta, config),
-    event=lambda config, n_items: dpals.dpals_event(config),
-    event_parameters=dpals.event_parameters,
-    train=dpals.train_dpals,
-    save=_dpals_save,
-    load=lambda path, sha: load_model(path, expected_sha256=sha),
-    recommend=foldin.recommend,
-    score=foldin.user_scores,
-)
+# ---------------------------------------------------------------------------- DPALS
+class DPALSAlgorithm(_FactorModelAlgorithm[dpals.DPALSConfig]):
+    """Private ALS (Chien et al. 2021, arXiv:2107.09802, Algorithms 1 and 3): :mod:`app.core.mf.dpals`."""
+
+    name = "dpals"
+
+    def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
+        return dpals.DPALSConfig.from_dict(_with_fixed_range(params, rating_range))
+
+    def config_from_dict(self, data: dict[str, Any]) -> dpals.DPALSConfig:
+        return dpals.DPALSConfig.from_dict(data)
+
+    def public_config(self, config: dpals.DPALSConfig) -> dict[str, Any]:
+        return dpals.public_config(config)
+
+    def calibrate(self, epsilon: float, delta: float, config: dpals.DPALSConfig, n_items: int) -> dpals.DPALSConfig:
+        return dpals.calibrate(epsilon, delta, config)
+
+    def event(self, config: dpals.DPALSConfig, n_items: int) -> dp_event.DpEvent:
+        return dpals.dpals_event(config)
+
+    def event_parameters(self, config: dpals.DPALSConfig) -> dict[str, Any]:
+        return dpals.event_parameters(config)
+
+    def train(self, data: Ratings, config: dpals.DPALSConfig, *, progress: Progress | None = None,
+              **inputs: Any) -> PublicModel:
+        return dpals.train_dpals(data, config, progress=progress, **inputs)
+
+
+# ---------------------------------------------------------------------------- DP-CMF
+class DPCMFAlgorithm(_FactorModelAlgorithm[dpcmf.DPCMFConfig]):
+    """DPALS with public item data (Curmei et al. 2023, arXiv:2309.11516, Eq. 2): :mod:`app.core.mf.dpcmf`."""
+
+    name = "dpcmf"
+    data = "ratings+public"
+
+    def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpcmf.DPCMFConfig:
+        return dpcmf.DPCMFConfig.from_dict(_with_fixed_range(params, rating_range))
+
+    def config_from_dict(self, data: dict[str, Any]) -> dpcmf.DPCMFConfig:
+        return dpcmf.DPCMFConfig.from_dict(data)
+
+    def public_config(self, config: dpcmf.DPCMFConfig) -> dict[str, Any]:
+        return dpcmf.public_config(config)
+
+    def calibrate(self, epsilon: float, delta: float, config: dpcmf.DPCMFConfig, n_items: int) -> dpcmf.DPCMFConfig:
+        return dpcmf.calibrate(epsilon, delta, config)
+
+    def event(self, config: dpcmf.DPCMFConfig, n_items: int) -> dp_event.DpEvent:
+        return dpcmf.dpcmf_event(config)
+
+    def event_parameters(self, config: dpcmf.DPCMFConfig) -> dict[str, Any]:
+        return dpcmf.event_parameters(config)
+
+    def train(self, data: Ratings, config: dpcmf.DPCMFConfig, *, progress: Progress | None = None,
+              **inputs: Any) -> PublicModel:
+        return dpcmf.train_dpcmf(data, config, progress=progress, **inputs)
 
 
 # ---------------------------------------------------------------------------- DPFW
-def _dpfw_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpfw.DPFWConfig:
-    if "rating_range" in params:
-        raise ValueError("DPFW takes no rating_range: users centre by their own mean")
-    midpoint = 0.5 * (rating_range[0] + rating_range[1])  # public offset for users without ratings
-    return dpfw.DPFWConfig.from_dict({"default_mean": midpoint, **params})
+class DPFWAlgorithm(Algorithm[dpfw.DPFWConfig, dpfw.FrankWolfeModel]):
+    """Private Frank-Wolfe (Jain, Thakkar & Thakurta 2018, arXiv:1712.09765, Algorithm 1): :mod:`app.core.mf.dpfw`."""
 
+    name = "dpfw"
+    released_outputs = ("directions", "scales", "item_counts")
 
-def _dpfw_calibrate(eps: float, delta: float, config: dpfw.DPFWConfig, n_items: int) -> dpfw.DPFWConfig:
-    """Resolve "auto" against today's catalogue size first, so the reserved event never drifts."""
-    resolved = replace(config, eigen_method=config.method(n_items))
-    return dpfw.calibrate(eps, delta, resolved, n_items)
+    def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpfw.DPFWConfig:
+        if "rating_range" in params:
+            raise ValueError("DPFW takes no rating_range: users centre by their own mean")
+        midpoint = 0.5 * (rating_range[0] + rating_range[1])  # public offset for users without ratings
+        return dpfw.DPFWConfig.from_dict({"default_mean": midpoint, **params})
 
+    def config_from_dict(self, data: dict[str, Any]) -> dpfw.DPFWConfig:
+        return dpfw.DPFWConfig.from_dict(data)
 
-def _dpfw_save(model: Any, path: Path) -> tuple[Path, str]:
-    npz_path, _, sha = dpfw.save_frank_wolfe(model, path)
-    return npz_path, sha
+    def public_config(self, config: dpfw.DPFWConfig) -> dict[str, Any]:
+        return dpfw.public_config(config)
 
+    def calibrate(self, epsilon: float, delta: float, config: dpfw.DPFWConfig, n_items: int) -> dpfw.DPFWConfig:
+        """Resolve "auto" against today's catalogue size first, so the reserved event never drifts."""
+        resolved = replace(config, eigen_method=config.method(n_items))
+        return dpfw.calibrate(epsilon, delta, resolved, n_items)
 
-DPFW = Algorithm(
-    name="dpfw",
-    config_from_params=_dpfw_config,
-    config_from_dict=dpfw.DPFWConfig.from_dict,
-    public_config=dpfw.public_config,
-    calibrate=_dpfw_calibrate,
-    event=lambda config, n_items: dpfw.dpfw_event(config, n_items),
-    event_parameters=dpfw.event_parameters,
-    train=dpfw.train_dpfw,
-    save=_dpfw_save,
-    load=lambda path, sha: dpfw.load_frank_wolfe(path, expected_sha256=sha),
-    recommend=dpfw.recommend_dpfw,
-    score=dpfw.replay_user,
-)
+    def event(self, config: dpfw.DPFWConfig, n_items: int) -> dp_event.DpEvent:
+        return dpfw.dpfw_event(config, n_items)
 
-# ---------------------------------------------------------------------------- DP-CMF
-def _dpcmf_config(params: dict[str, Any], rating_range: tuple[float, float]) -> dpcmf.DPCMFConfig:
-    return dpcmf.DPCMFConfig.from_dict(_with_fixed_range(params, rating_range))
+    def event_parameters(self, config: dpfw.DPFWConfig) -> dict[str, Any]:
+        return dpfw.event_parameters(config)
 
+    def train(self, data: Ratings, config: dpfw.DPFWConfig, *, progress: Progress | None = None,
+              **inputs: Any) -> dpfw.FrankWolfeModel:
+        return dpfw.train_dpfw(data, config, progress=progress, **inputs)
 
-DPCMF = Algorithm(
-    name="dpcmf",
-    config_from_params=_dpcmf_config,
-    config_from_dict=dpcmf.DPCMFConfig.from_dict,
-    public_config=dpcmf.public_config,
-    calibrate=lambda eps, delta, config, n_items: dpcmf.calibrate(eps, delta, config),
-    event=lambda config, n_items: dpcmf.dpcmf_event(config),
-    event_parameters=dpcmf.event_parameters,
-    train=dpcmf.train_dpcmf,
-    save=_dpals_save,
-    load=lambda path, sha: load_model(path, expected_sha256=sha),
-    recommend=foldin.recommend,
-    score=foldin.user_scores,
-    data="ratings+public",
-)
+    def save(self, model: dpfw.FrankWolfeModel, path: Path) -> tuple[Path, str]:
+        npz_path, _, sha = dpfw.save_frank_wolfe(model, path)
+        return npz_path, sha
+
+    def load(self, path: str | Path, sha256: str | None) -> dpfw.FrankWolfeModel:
+        return dpfw.load_frank_wolfe(path, expected_sha256=sha256)
+
+    def score(self, model: dpfw.FrankWolfeModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
+        return dpfw.replay_user(model, item_idx, values)
+
+    def recommend(
+        self, model: dpfw.FrankWolfeModel, item_idx: IntArray, values: FloatArray, n: int, *,
+        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
+    ) -> tuple[IntArray, FloatArray]:
+        return dpfw.recommend_dpfw(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
+
+    def popularity(self, model: dpfw.FrankWolfeModel) -> FloatArray:
+        return np.asarray(model.item_counts, dtype=np.float64)
+
 
 # ---------------------------------------------------------------------------- one-bit (votes)
-def _onebit_config(params: dict[str, Any], rating_range: tuple[float, float]) -> onebit.OneBitConfig:
-    if "rating_range" in params:
-        raise ValueError("one-bit completion trains on +1/-1 votes and takes no rating_range")
-    return onebit.OneBitConfig.from_dict(params)
+class OneBitAlgorithm(Algorithm[onebit.OneBitConfig, onebit.OneBitModel]):
+    """One-bit completion on ±1 votes (Li et al. 2021, arXiv:2110.00719, Algorithms 1-4): :mod:`app.core.onebit`.
+
+    It releases no counts: its popularity is the mean predicted P(thumbs up) per item, a
+    post-processing of the private estimate.
+    """
+
+    name = "onebit"
+    data = "votes"
+    released_outputs = ("item_factors", "item_like_probability")
+    popularity_kind = "mean_p_thumbs_up"
+
+    def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> onebit.OneBitConfig:
+        if "rating_range" in params:
+            raise ValueError("one-bit completion trains on +1/-1 votes and takes no rating_range")
+        return onebit.OneBitConfig.from_dict(params)
+
+    def config_from_dict(self, data: dict[str, Any]) -> onebit.OneBitConfig:
+        return onebit.OneBitConfig.from_dict(data)
+
+    def public_config(self, config: onebit.OneBitConfig) -> dict[str, Any]:
+        return onebit.public_config(config)
+
+    def calibrate(self, epsilon: float, delta: float, config: onebit.OneBitConfig, n_items: int) -> onebit.OneBitConfig:
+        return onebit.calibrate(epsilon, delta, config, n_items)
+
+    def event(self, config: onebit.OneBitConfig, n_items: int) -> dp_event.DpEvent:
+        return onebit.onebit_event(config, n_items)
+
+    def event_parameters(self, config: onebit.OneBitConfig) -> dict[str, Any]:
+        return onebit.event_parameters(config)
+
+    def train(self, data: Ratings, config: onebit.OneBitConfig, *, progress: Progress | None = None,
+              **inputs: Any) -> onebit.OneBitModel:
+        return onebit.train_onebit(data, config, progress=progress, **inputs)
+
+    def save(self, model: onebit.OneBitModel, path: Path) -> tuple[Path, str]:
+        return onebit.save_onebit(model, path)
+
+    def load(self, path: str | Path, sha256: str | None) -> onebit.OneBitModel:
+        return onebit.load_onebit(path, sha256)
+
+    def score(self, model: onebit.OneBitModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
+        return onebit.user_scores(model, item_idx, values)
+
+    def recommend(
+        self, model: onebit.OneBitModel, item_idx: IntArray, values: FloatArray, n: int, *,
+        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
+    ) -> tuple[IntArray, FloatArray]:
+        return onebit.recommend_onebit(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
+
+    def score_kind(self, model: onebit.OneBitModel) -> ScoreKind:
+        return "p_thumbs_up"
+
+    def popularity(self, model: onebit.OneBitModel) -> FloatArray:
+        return np.asarray(model.item_like_probability, dtype=np.float64)
 
 
-ONEBIT = Algorithm(
-    name="onebit",
-    config_from_params=_onebit_config,
-    config_from_dict=onebit.OneBitConfig.from_dict,
-    public_config=onebit.public_config,
-    calibrate=onebit.calibrate,
-    event=onebit.onebit_event,
-    event_parameters=onebit.event_parameters,
-    train=onebit.train_onebit,
-    save=onebit.save_onebit,
-    load=lambda path, sha: onebit.load_onebit(path, sha),
-    recommend=onebit.recommend_onebit,
-    score=onebit.user_scores,
-    data="votes",
-)
-
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (DPALS, DPFW, DPCMF, ONEBIT)}
-
-SCORE_KINDS = ("predicted_rating", "ranking_score", "p_thumbs_up")
+DPALS = DPALSAlgorithm()
+DPFW = DPFWAlgorithm()
+DPCMF = DPCMFAlgorithm()
+ONEBIT = OneBitAlgorithm()
+ALGORITHMS: dict[str, Algorithm[Any, Any]] = {a.name: a for a in (DPALS, DPFW, DPCMF, ONEBIT)}
 
 
-def score_kind(name: str, model: Any) -> str:
+def score_kind(name: str, model: PublishedModel) -> ScoreKind:
     """What ``score`` means for a model of algorithm ``name``: a predicted rating on the data
     set's scale, a ranking score (higher is better, no scale), or P(thumbs up)."""
-    if get_algorithm(name).data == "votes":
-        return "p_thumbs_up"
-    config = getattr(model, "config", {}) or {}
-    return "ranking_score" if config.get("objective") == "ranking" else "predicted_rating"
+    kind: ScoreKind = get_algorithm(name).score_kind(model)
+    return kind
 
 
 # algorithms whose hyper-parameters the ε-aware rule (app.core.mf.defaults) can fill in
@@ -206,10 +396,9 @@ def resolve_hyperparameters(
     return resolved, True
 
 
-def get_algorithm(name: str) -> Algorithm:
+def get_algorithm(name: str) -> Algorithm[Any, Any]:
     """The algorithm called ``name`` (``ValueError`` listing the available ones otherwise)."""
     try:
         return ALGORITHMS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; available: {sorted(ALGORITHMS)}") from None
-

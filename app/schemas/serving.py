@@ -58,7 +58,8 @@ class ScoredItem(BaseModel):
         "True when the item is outside the trained set: its score is the baseline prediction "
         "(DP mean + the user's offset + the item's DP bias), with no personal factor term."))
     dp_count: float | None = Field(default=None, description=(
-        "The item's DP-noisy count: given in a popularity fallback, whose order it decides."))
+        "The item's DP-noisy count: given in a popularity fallback, whose order it decides (null for "
+        "one-bit, which releases no counts and orders by mean P(thumbs up))."))
 
 
 class RecommendationsOut(BaseModel):
@@ -120,10 +121,16 @@ class SimilarOut(BaseModel):
 
 class PopularItem(BaseModel):
     item_id: str
-    dp_count: float = Field(description="The DP-noisy count released with the model.")
+    popularity: float = Field(description="The value the list is ordered by; its meaning is the response's "
+                                          "`popularity_kind`.")
+    dp_count: float | None = Field(default=None, description=(
+        "The DP-noisy count released with the model; null when the model releases no counts (one-bit)."))
     rank: int
 
 
 class PopularOut(BaseModel):
     model_version: int
+    popularity_kind: Literal["dp_count", "mean_p_thumbs_up"] = Field(description=(
+        "What `popularity` is: the DP-noisy item count, or (one-bit) the mean predicted P(thumbs up) "
+        "over users, a post-processing of the private estimate."))
     items: list[PopularItem]

@@ -141,7 +141,6 @@ def test_a_catalogue_without_items_is_refused_before_anything_is_reserved(db_url
 def test_failure_after_the_private_read_is_charged_and_names_only_a_category(seeded, settings, monkeypatch, caplog):
     """A numpy MemoryError's text carries array shapes (counts): once private data was read the
     run is charged, never refunded, and neither its error row nor the log holds that text."""
-    import dataclasses
     import logging
 
     from app.core import algorithms
@@ -149,7 +148,7 @@ def test_failure_after_the_private_read_is_charged_and_names_only_a_category(see
     def out_of_memory(ratings, config, **_):
         raise MemoryError(f"Unable to allocate array with shape ({ratings.n_users}, {ratings.nnz}) and data type float64")
 
-    monkeypatch.setitem(algorithms.ALGORITHMS, "dpals", dataclasses.replace(algorithms.DPALS, train=out_of_memory))
+    monkeypatch.setattr(algorithms.ALGORITHMS["dpals"], "train", out_of_memory)
     run_id = _start(seeded)
     with session_scope(seeded) as s:
         n_ratings = s.scalar(select(func.count()).select_from(__import__("app.db.models", fromlist=["Rating"]).Rating))

@@ -82,12 +82,20 @@ def test_randomised_votes_train_for_free_and_serve_voters(db_url, settings):
         acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
         assert ledger.spent(s, acct).epsilon_rdp == pytest.approx(spent_before) == pytest.approx(local[2])
         assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+        commit = s.query(LedgerEntry).filter(LedgerEntry.kind == "commit").one()
+        assert commit.parameters["released"] == ["item_factors", "item_like_probability", "metrics"]
         row, model = model_store.get_active_model(s, "default")
         assert row.algorithm == "onebit" and row.epsilon == 0.0 and isinstance(model, onebit.OneBitModel)
         _check_voter_scores(s, model)
         out = recommend.recommend_for_user(s, dataset="default", user_id="stranger", query=RecommendationQuery(n=5))
         assert out.fallback and out.fallback_reason == "dp_popular: user has no votes" and len(out.items) == 5
-        assert len(popular.popular(s, dataset="default", n=3).items) == 3
+        top = popular.popular(s, dataset="default", n=3)
+        assert len(top.items) == 3
+        # one-bit releases no counts: /popular serves its mean P(thumbs up), labelled as such
+        assert top.popularity_kind == "mean_p_thumbs_up"
+        assert all(x.dp_count is None and 0.0 < x.popularity < 1.0 for x in top.items)
+        assert [x.popularity for x in top.items] == sorted(model.item_like_probability, reverse=True)[:3]
+        assert all(x.dp_count is None for x in out.items)  # the fallback above: no count either
         assert len(similar.similar(s, dataset="default", item_id="i0", n=3).items) == 3
         page = published.embeddings_page(s, dataset="default", offset=0, limit=5)
         assert page.rank == model.rank and len(page.items[0].vector) == model.rank

@@ -65,7 +65,7 @@ __all__ = [
     "user_scores",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 names the like-probabilities item_like_probability (1: item_counts)
 Progress = Callable[[float, str], None]
 
 
@@ -325,7 +325,7 @@ class OneBitModel:
 
     item_ids: np.ndarray
     item_factors: np.ndarray  # (n_items, rank) = V·sqrt(S)
-    item_counts: np.ndarray  # mean predicted P(thumbs up) per item
+    item_like_probability: np.ndarray  # mean predicted P(thumbs up) per item (no counts are released)
     config: dict[str, Any]
     event: dp_event.DpEvent
     metadata: dict[str, Any]
@@ -334,9 +334,9 @@ class OneBitModel:
 
     def __post_init__(self) -> None:
         n = len(self.item_ids)
-        if self.item_factors.ndim != 2 or self.item_factors.shape[0] != n or self.item_counts.shape != (n,):
-            raise ValueError("item_factors and item_counts must have one row per item")
-        if not (np.all(np.isfinite(self.item_factors)) and np.all(np.isfinite(self.item_counts))):
+        if self.item_factors.ndim != 2 or self.item_factors.shape[0] != n or self.item_like_probability.shape != (n,):
+            raise ValueError("item_factors and item_like_probability must have one row per item")
+        if not (np.all(np.isfinite(self.item_factors)) and np.all(np.isfinite(self.item_like_probability))):
             raise ValueError("the published arrays contain NaN or infinite values")
 
     @property
@@ -385,8 +385,8 @@ def train_with_estimate(votes: Ratings, config: OneBitConfig, *, progress: Progr
     factors, like, reconstruction = publish(estimate, config)
     metadata = {"private": True, **event_parameters(config), **facts,
                 "dp_accounting_version": accounting.DP_ACCOUNTING_VERSION,
-                "item_counts": "mean predicted like-probability over users (post-processing)"}
-    model = OneBitModel(item_ids=votes.item_ids, item_factors=factors, item_counts=like,
+                "item_like_probability": "mean predicted like-probability over users (post-processing)"}
+    model = OneBitModel(item_ids=votes.item_ids, item_factors=factors, item_like_probability=like,
                         config=public_config(config), event=event, metadata=metadata)
     if progress:
         progress(1.0, "done")
@@ -470,7 +470,7 @@ def save_onebit(model: OneBitModel, path: str | os.PathLike[str]) -> tuple[Path,
     """Write the sealed ``<path>.npz`` + ``<path>.json``; return (npz path, sha256)."""
     arrays = {"item_ids": storable_ids(model.item_ids),
               "item_factors": np.asarray(model.item_factors, dtype=np.float64),
-              "item_counts": np.asarray(model.item_counts, dtype=np.float64)}
+              "item_like_probability": np.asarray(model.item_like_probability, dtype=np.float64)}
     description = {"format_version": FORMAT_VERSION, "algorithm": model.algorithm, "n_items": model.n_items,
                    "rank": model.rank, "config": model.config, "metadata": model.metadata,
                    "event": accounting.event_to_json(model.event)}
@@ -481,10 +481,15 @@ def save_onebit(model: OneBitModel, path: str | os.PathLike[str]) -> tuple[Path,
 def load_onebit(path: str | os.PathLike[str], expected_sha256: str | None = None) -> OneBitModel:
     """Load and verify an artifact of :func:`save_onebit` (ArtifactError on any mismatch)."""
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
-    if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != "onebit":
-        raise ArtifactError(f"not a one-bit artifact of format {FORMAT_VERSION}")
-    if set(arrays) != {"item_ids", "item_factors", "item_counts"}:
+    version = stored.get("format_version")
+    like = _LIKE_ARRAY.get(version) if isinstance(version, int) else None
+    if like is None or stored.get("algorithm") != "onebit":
+        raise ArtifactError(f"not a one-bit artifact of format {sorted(_LIKE_ARRAY)}")
+    if set(arrays) != {"item_ids", "item_factors", like}:
         raise ArtifactError("unexpected arrays in a one-bit artifact")
     return OneBitModel(item_ids=arrays["item_ids"], item_factors=arrays["item_factors"],
-                       item_counts=arrays["item_counts"], config=stored["config"],
+                       item_like_probability=arrays[like], config=stored["config"],
                        event=accounting.event_from_json(stored["event"]), metadata=stored["metadata"])
+
+
+_LIKE_ARRAY = {1: "item_counts", FORMAT_VERSION: "item_like_probability"}  # array name by format version

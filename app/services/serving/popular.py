@@ -1,10 +1,12 @@
-"""Popular items by the DP counts released with the model (post-processing, not charged)."""
+"""Popular items by the popularity released with the model: DP counts, or one-bit's mean P(thumbs up)
+(post-processing, not charged)."""
 
 from __future__ import annotations
 
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.core.algorithms import get_algorithm
 from app.core.mf import foldin
 from app.schemas.serving import PopularItem, PopularOut
 from app.services.serving.active import ActiveModel, active, catalog, item_mask
@@ -13,16 +15,18 @@ __all__ = ["popular", "popular_indices"]
 
 
 def popular_indices(s: ActiveModel, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    counts = np.asarray(s.model.item_counts, dtype=np.float64)
-    return foldin.top_n(counts, n, np.flatnonzero(candidates))
+    """Top-``n`` candidates by the popularity the model's algorithm released (and those values)."""
+    return foldin.top_n(get_algorithm(s.cache.algorithm).popularity(s.model), n, np.flatnonzero(candidates))
 
 
 def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
-    """Most popular active items by the DP counts released with the model."""
+    """Most popular active items by the released popularity; ``popularity_kind`` says what it is."""
     s = active(session, dataset)
     cat = catalog(session, s.row.dataset_id, dataset)
     allowed = ~item_mask(s, ("inactive", cat.stamp), cat.inactive)
-    idx, counts = popular_indices(s, n, allowed)
+    idx, values = popular_indices(s, n, allowed)
     ids = np.asarray(s.model.item_ids)[idx].tolist()
-    return PopularOut(model_version=s.row.id, items=[
-        PopularItem(item_id=str(i), dp_count=float(c), rank=k + 1) for k, (i, c) in enumerate(zip(ids, counts))])
+    kind = get_algorithm(s.cache.algorithm).popularity_kind
+    return PopularOut(model_version=s.row.id, popularity_kind=kind, items=[
+        PopularItem(item_id=str(i), popularity=float(v), dp_count=float(v) if kind == "dp_count" else None,
+                    rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))])

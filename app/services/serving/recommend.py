@@ -51,11 +51,11 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     allowed[rated_idx] = False
     out["notes"] = _category_notes(session, s, dataset, query)
     if reason is not None:
-        idx, _ = popular_indices(s, query.n, allowed)
+        idx, popularity = popular_indices(s, query.n, allowed)
         scores = _baseline_scores(s, kind)
         items = scored_items(s, idx, None if scores is None else scores[idx])
-        counts = np.asarray(model.item_counts, dtype=np.float64)[idx]
-        items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, counts)]
+        if algorithm.popularity_kind == "dp_count":
+            items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity)]
         return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
     if kind != "ranking_score":

@@ -335,7 +335,7 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
         ds = run.dataset
         ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={
             "artifact_sha256": sha,
-            "released": ["item_factors", "item_counts", "global_mean", "frequent_items", "metrics"],
+            "released": [*get_algorithm(model.algorithm).released_outputs, "metrics"],
             "post_processing": "per-user scoring from the published model and the user's own ratings or votes; not charged",
         })
         version = model_store.publish_version(
