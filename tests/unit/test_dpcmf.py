@@ -292,27 +292,17 @@ def test_implicit_variant_trains_with_the_dpals_event():
     assert model.metadata["cold_start_items"]
 
 
-def test_registry_round_trip(tmp_path):
+def test_registry_entry_takes_public_data_and_keeps_the_dpals_event():
+    """DP-CMF specifics; the round trip every algorithm keeps is in test_algorithm_contract.py."""
     algo = get_algorithm("dpcmf")
     assert algo.data == "ratings+public" and get_algorithm("dpals").data == "ratings"
     config = algo.config_from_params({"rank": 3, "n_steps": 2, "contribution_bound": 8, "frequent_fraction": 0.5,
                                       "alpha_metadata": 4.0, "reg_item": 20.0}, (1.0, 5.0))
     config = algo.calibrate(5.0, 1e-5, config, N_ITEMS)
     assert algo.event(config, N_ITEMS) == dpals.dpals_event(config.dpals)
-    ratings = _ratings()
-    model = algo.train(ratings, config, progress=None, public=_metadata())
-    path, sha = algo.save(model, tmp_path / "m")
-    loaded = algo.load(path, sha)
-    assert loaded.algorithm == "dpcmf"
-    assert np.array_equal(loaded.item_factors, model.item_factors)
-    assert np.array_equal(loaded.trained_mask, model.trained_mask)
-    assert loaded.event == model.event
-    assert loaded.metadata["cold_start_items"] == model.metadata["cold_start_items"]
-    assert "seed" not in loaded.config and loaded.config["alpha_metadata"] == 4.0
-    assert algo.config_from_dict(loaded.config | {"seed": 0}).alpha_metadata == 4.0
-    items, values = ratings.user_row(3)
-    a = algo.recommend(model, items, values, 10)
-    b = algo.recommend(loaded, items, values, 10)
-    assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1])
+    model = algo.train(_ratings(), config, progress=None, public=_metadata())
+    assert model.algorithm == "dpcmf" and model.metadata["cold_start_items"]
+    assert "seed" not in model.config and model.config["alpha_metadata"] == 4.0
+    assert algo.config_from_dict(model.config | {"seed": 0}).alpha_metadata == 4.0
     with pytest.raises(ValueError):
         algo.config_from_params({"rating_range": [0, 1]}, (1.0, 5.0))

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from app.core.privacy import accounting
-from app.core.mf.artifact import ArtifactError
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.mf.dpfw import (
     DPFWConfig,
@@ -22,14 +21,12 @@ from app.core.mf.dpfw import (
     gram_product,
     gram_sensitivity,
     gram_statistic,
-    load_frank_wolfe,
     local_update,
     paper_sigma,
     predict_dpfw,
     prepare_rows,
     recommend_dpfw,
     replay_user,
-    save_frank_wolfe,
     top_eigenvector_dense,
     top_eigenvector_oja,
     train_dpfw,
@@ -350,23 +347,6 @@ def test_inflation_is_added_and_nothing_derived_from_the_data_is_logged(caplog):
 
 
 # ---------------------------------------------------------------------------- artifact
-def test_artifact_round_trip_and_hash_check(tmp_path):
-    ratings = _ratings()
-    model = train_dpfw(ratings, _config(eigen_method="oja"))
-    npz, js, sha = save_frank_wolfe(model, tmp_path / "fw")
-    loaded = load_frank_wolfe(tmp_path / "fw.npz", expected_sha256=sha)
-    assert np.array_equal(loaded.directions, model.directions) and np.array_equal(loaded.scales, model.scales)
-    assert loaded.event == model.event and loaded.config == model.config and loaded.metadata == model.metadata
-    idx, vals = ratings.user_row(2)
-    assert np.allclose(replay_user(loaded, idx, vals), replay_user(model, idx, vals))
-    with pytest.raises(ArtifactError, match="expected"):
-        load_frank_wolfe(tmp_path / "fw", expected_sha256="0" * 64)
-    text = js.read_text().replace('"row_clip": 2.5', '"row_clip": 25.0')
-    js.write_text(text)
-    with pytest.raises(ArtifactError, match="hash"):
-        load_frank_wolfe(tmp_path / "fw")
-
-
 def test_count_release_sensitivity_under_adding_a_maximal_user():
     from app.core.mf.dpfw import prepare_rows
 
