@@ -203,7 +203,7 @@ class DPALSAlgorithm(_FactorModelAlgorithm[dpals.DPALSConfig]):
 
 # ---------------------------------------------------------------------------- DP-CMF
 class DPCMFAlgorithm(_FactorModelAlgorithm[dpcmf.DPCMFConfig]):
-    """DPALS with public item data (Curmei et al. 2023, arXiv:2309.11516, Eq. 2): :mod:`app.core.mf.dpcmf`."""
+    """DPALS with public item data (Curmei et al. 2023, arXiv:2309.11516, Algorithm 1): :mod:`app.core.mf.dpcmf`."""
 
     name = "dpcmf"
     data = "ratings+public"

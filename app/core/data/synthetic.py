@@ -1,6 +1,6 @@
 """Seeded synthetic rating data.
 
-* :func:`paper_synthetic` - the DPALS paper's setup (Chien et al. 2021, Sec. 5 "Synthetic data"):
+* :func:`paper_synthetic` - the DPALS paper's setup (Chien et al. 2021, arXiv:2107.09802, Sec. 5 "Synthetic data"):
   rank-5 ground truth M* = U* V*^T with U*, V* random orthonormal (QR of a Gaussian), every entry
   observed independently with probability p = 20 log(n) / m (natural log), scaled so that the
   observed ratings have standard deviation 1 (predicting the global average gives RMSE ~ 1).

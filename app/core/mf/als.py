@@ -5,7 +5,7 @@ buckets of similar length, pads each bucket to one length and forms all per-row 
 G_i = Σ_j w_ij x_j x_jᵀ and right-hand sides b_i = Σ_j w_ij y_ij x_j with one contiguous batched
 matrix product per chunk. Exact ridge solves follow, batched as well.
 
-Loss (35) of Chien et al. 2021 (private-als-chien2021.txt L849-857), non-private:
+Loss of Chien et al. 2021 (arXiv:2107.09802, Eq. 35), non-private:
     Σ_Ω (M_ij − u_i·v_j)² + λ0‖UVᵀ‖² + Σ_i reg_user·c_i^ν‖u_i‖² + Σ_j reg_item·(c_j^μ / mean c^μ)‖v_j‖².
 """
 

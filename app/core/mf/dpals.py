@@ -1,7 +1,7 @@
-"""DPALS: private alternating least squares (Chien et al. 2021, private-als-chien2021.txt).
+"""DPALS: private alternating least squares (Chien et al. 2021, arXiv:2107.09802).
 
-Pre-processing is Algorithm 3 (L808-843) with the corrections of algorithms.md §1; training is the
-practical Algorithm 1 (L97-131). Privacy unit: one user and all of their ratings (add/remove).
+Pre-processing is the paper's Algorithm 3 with the corrections of algorithms.md §1; training is the
+practical Algorithm 1. Privacy unit: one user and all of their ratings (add/remove).
 
 Releases, each a Gaussian mechanism charged through a ``GaussianDpEvent`` whose noise multiplier is
 noise std / L2 sensitivity (k = contribution bound; B = k for sampling, B for adaptive weights):

@@ -1,12 +1,13 @@
-"""DP-CMF: DPALS with public item data (dp-cmf-public-item-features.txt; algorithms.md §3).
+"""DP-CMF: DPALS with public item data (Curmei, Krichene, Zhang & Sundararajan 2023, arXiv:2309.11516;
+algorithms.md §3).
 
 Collective factorisation of the private ratings M ≈ UVᵀ and a public matrix S ≈ WVᵀ whose rows are
 "fictitious users" (feature tokens, neighbour lists, opted-in public users), with V shared:
 
-    L = Σ_Ω c_ij (M_ij − u_i·v_j)² + λ Σ_j r_j‖v_j‖² + ... (DPALS loss (35))
+    L = Σ_Ω c_ij (M_ij − u_i·v_j)² + λ Σ_j r_j‖v_j‖² + ... (DPALS loss, arXiv:2107.09802 Eq. 35)
         + Σ_s α_s [ Σ_{(f,j)∈Ω_s} (S_fj − w_f·v_j)² + w0_F Σ_{f∈s, all j} (w_f·v_j)² ] + λ_F‖W‖²
 
-(paper eq. (1); the w0_F term is the implicit-ALS unobserved weight of Remark 3.1, Hu et al. 2008).
+(arXiv:2309.11516 Eq. 1; the w0_F term is the implicit-ALS unobserved weight of Remark 3.1, Hu et al. 2008).
 
 Steps (paper Algorithm 1; ALS updates eqs. (2)-(3)):
 

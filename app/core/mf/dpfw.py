@@ -1,7 +1,7 @@
-"""DPFW: private Frank-Wolfe matrix completion (Jain, Thakkar, Thakurta 2018; private-frank-wolfe-jain2018.txt).
+"""DPFW: private Frank-Wolfe matrix completion (Jain, Thakkar & Thakurta 2018, arXiv:1712.09765).
 
-Algorithm 1 (L124-139) with the corrections of algorithms.md §2; the private top eigenvector is
-either the dense noisy Gram matrix (Algorithm 1) or private Oja (Algorithm 2, L201-207).
+The paper's Algorithm 1 with the corrections of algorithms.md §2; the private top eigenvector is
+either the dense noisy Gram matrix (Algorithm 1) or private Oja (Algorithm 2).
 Privacy unit: one user and all of their ratings; neighbouring data sets add or remove one user.
 
 Pre-processing (privileged, nothing released): each user's ratings are centred by her own mean

@@ -22,7 +22,7 @@ class UserRegularisation:
     """The privileged user solve: ridge ``reg * c**exponent + gravity * VᵀV`` (c = #ratings) and
     the optional per-user centring offset.
 
-    Loss (35) of Chien et al. 2021 with the normaliser folded into the public constant ``reg``.
+    Loss of Chien et al. 2021 (arXiv:2107.09802, Eq. 35) with the normaliser folded into the public constant ``reg``.
     """
 
     reg: float

@@ -1,4 +1,5 @@
-"""Link functions and numerically stable one-bit log-likelihoods (Davenport et al. 2014; Li et al. §3.2).
+"""Link functions and numerically stable one-bit log-likelihoods (Davenport et al. 2014,
+arXiv:1209.3672; Li et al., arXiv:2110.00719 §3.2).
 
 A vote y ∈ {±1} on entry x has P(y = +1) = h(x), with h(x) = 1/(1+e^{−x}) (logistic) or Φ(x)
 (probit, noise scale σ = 1 as in the paper's experiments). Both noises are symmetric, so

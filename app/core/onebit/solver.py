@@ -1,4 +1,5 @@
-"""Projections and projected-gradient solvers over nuclear-norm balls (Davenport et al. 2014 §5).
+"""Projections and projected-gradient solvers over nuclear-norm balls (Davenport et al. 2014,
+arXiv:1209.3672 §5).
 
 Two kinds of solver:
 

@@ -1,4 +1,5 @@
-"""One-bit DP matrix completion: the four mechanisms, the public model and the privileged fit.
+"""One-bit DP matrix completion: the four mechanisms (Li et al., arXiv:2110.00719, Algorithms 1-4), the
+public model and the privileged fit.
 
 The private estimate M̂ (d1 × d2) is never published. The public output is its post-processing:
 item embeddings V·sqrt(S) from the rank-r truncated SVD of clip(M̂, ±α), and per item the mean
