@@ -125,15 +125,15 @@ class Ratings:
     # ------------------------------------------------------------------ views
     @property
     def n_users(self) -> int:
-        return self.csr.shape[0]
+        return int(self.csr.shape[0])
 
     @property
     def n_items(self) -> int:
-        return self.csr.shape[1]
+        return int(self.csr.shape[1])
 
     @property
     def nnz(self) -> int:
-        return self.csr.nnz
+        return int(self.csr.nnz)
 
     def coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row indices, column indices, values) in CSR order."""

@@ -270,7 +270,8 @@ def load_ml1m_rating_split(root: str | Path | None = None) -> tuple[Ratings, Rat
     fold[_pair_positions(ratings, table[:, 0], table[:, 1])] = table[:, 2]
     if np.any(fold < 0):
         raise ValueError(f"{path} does not assign every rating to a fold")
-    return tuple(ratings.select(fold == f) for f in range(3))  # type: ignore[return-value]
+    train, validation, test = (ratings.select(fold == f) for f in range(3))
+    return train, validation, test
 
 
 def load_ml1m_ranking_split(

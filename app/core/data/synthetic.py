@@ -157,7 +157,7 @@ def _weighted_draws(weights: np.ndarray, size: int, rng: np.random.Generator) ->
     """``size`` i.i.d. indices with P(j) proportional to ``weights[j]``."""
     if size < 20 * len(weights):  # small draws: a CDF search is cheaper than building a table
         cdf = np.cumsum(weights)
-        return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(weights) - 1)
+        return np.asarray(np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(weights) - 1))
     prob, alias = _alias_table(weights)
     idx = rng.integers(0, len(weights), size)
     return np.where(rng.random(size) < prob[idx], idx, alias[idx])

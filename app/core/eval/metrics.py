@@ -17,7 +17,7 @@ history are :class:`Ratings`, scipy sparse matrices, or sequences of item-index 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -148,7 +148,7 @@ def _member(mat: sp.csr_matrix, rows: np.ndarray, items: np.ndarray) -> np.ndarr
     if len(keys) == 0:
         return np.zeros(q.shape, dtype=bool)
     pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    return (keys[pos] == q) & (items >= 0)
+    return np.asarray((keys[pos] == q) & (items >= 0))
 
 
 def top_k(scores: np.ndarray, k: int, exclude: ItemSets | None = None) -> np.ndarray:
@@ -190,9 +190,9 @@ def top_k(scores: np.ndarray, k: int, exclude: ItemSets | None = None) -> np.nda
     return best.astype(np.int64)
 
 
-def _lists_to_topk(lists: Scores, history: sp.csr_matrix, k: int, n_items: int) -> np.ndarray:
+def _lists_to_topk(lists: np.ndarray | Sequence[np.ndarray], history: sp.csr_matrix, k: int, n_items: int) -> np.ndarray:
     """Top-k lists (int array or sequence) -> (n, k) after dropping history items, -1 padded."""
-    rows_l = [np.asarray(x, dtype=np.int64).ravel() for x in lists]  # type: ignore[union-attr]
+    rows_l = [np.asarray(x, dtype=np.int64).ravel() for x in lists]
     width = max([len(r) for r in rows_l] + [1])
     arr = np.full((len(rows_l), width), -1, dtype=np.int64)
     for b, r in enumerate(rows_l):
@@ -234,7 +234,7 @@ def ranking_metrics(
     n_items: int | None = None,
     batch_size: int = 1024,
     per_user: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Recall@k and NDCG@k averaged over users with a non-empty target.
 
     ``scores``: a float (n_eval x n_items) array; a callable taking an int array of eval-row
@@ -248,7 +248,7 @@ def ranking_metrics(
     if isinstance(targets, Ratings):
         n_eval, m = targets.n_users, targets.n_items
     elif sp.issparse(targets):
-        n_eval, m = targets.shape
+        n_eval, m = np.shape(targets)
     else:
         n_eval = len(targets)
         m = n_items if n_items is not None else getattr(scores, "shape", (0, 0))[-1]
@@ -274,23 +274,23 @@ def ranking_metrics(
             [top_k(scores[lo : lo + batch_size], k, hist[lo : lo + batch_size]) for lo in range(0, n_eval, batch_size)]
         ) if n_eval else np.empty((0, k), dtype=np.int64)
     else:
-        if len(scores) != n_eval:  # type: ignore[arg-type]
-            raise ValueError(f"got {len(scores)} top-k lists for {n_eval} users")  # type: ignore[arg-type]
+        if len(scores) != n_eval:
+            raise ValueError(f"got {len(scores)} top-k lists for {n_eval} users")
         topk = _lists_to_topk(scores, hist, k, m)
     recall, ndcg, has = _per_user(topk, target, k)
     if not has.any():
         raise ValueError("no evaluated user has a non-empty target")
-    out = {f"recall@{k}": float(recall[has].mean()), f"ndcg@{k}": float(ndcg[has].mean()), "users": int(has.sum())}
+    out: dict[str, Any] = {f"recall@{k}": float(recall[has].mean()), f"ndcg@{k}": float(ndcg[has].mean()), "users": int(has.sum())}
     if per_user:
         out.update(recall=recall, ndcg=ndcg, has_target=has)
     return out
 
 
-def recall_at_k(scores: Scores, targets: ItemSets, history: ItemSets | None = None, k: int = 20, **kw) -> float:
+def recall_at_k(scores: Scores, targets: ItemSets, history: ItemSets | None = None, k: int = 20, **kw: Any) -> float:
     """Recall@k = mean over users with a target of |top-k ∩ target| / min(k, |target|)."""
-    return ranking_metrics(scores, targets, history, k, **kw)[f"recall@{k}"]
+    return float(ranking_metrics(scores, targets, history, k, **kw)[f"recall@{k}"])
 
 
-def ndcg_at_k(scores: Scores, targets: ItemSets, history: ItemSets | None = None, k: int = 20, **kw) -> float:
+def ndcg_at_k(scores: Scores, targets: ItemSets, history: ItemSets | None = None, k: int = 20, **kw: Any) -> float:
     """NDCG@k with binary gains and ideal DCG over min(k, |target|) positions."""
-    return ranking_metrics(scores, targets, history, k, **kw)[f"ndcg@{k}"]
+    return float(ranking_metrics(scores, targets, history, k, **kw)[f"ndcg@{k}"])

@@ -44,7 +44,7 @@ _MAX_ROWS_PER_CHUNK = 1024  # rows per chunk: bounds the (g, r, r) Gram batch
 def _padded_length(count: np.ndarray) -> np.ndarray:
     count = np.asarray(count, dtype=np.int64)
     step = np.maximum(1, 2 ** np.maximum(0, np.floor(np.log2(np.maximum(count, 1))).astype(np.int64) - 3))
-    return ((count + step - 1) // step) * step
+    return np.asarray(((count + step - 1) // step) * step)
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def solve_side(
     # Gram matrices in ``gram_dtype`` (float32: several times faster batched BLAS), solves in
     # float64. Used only for solves whose output is never released as such (user steps,
     # fold-in, non-private ALS); the DP item statistics are always formed in float64.
-    padded = np.vstack([factors, np.zeros((1, rank))]).astype(gram_dtype)
+    padded: np.ndarray = np.vstack([factors, np.zeros((1, rank))]).astype(gram_dtype)
 
     def solve(bucket: Bucket) -> None:
         length = bucket.cols.shape[1]
@@ -205,7 +205,7 @@ def solve_side_cg(
 
         def apply(p: np.ndarray) -> np.ndarray:
             ap = np.matmul(x.transpose(0, 2, 1), np.matmul(x, p[:, :, None]))[:, :, 0] + lam * p
-            return ap if shared32 is None else ap + p @ shared32
+            return np.asarray(ap if shared32 is None else ap + p @ shared32)
 
         b = np.matmul(x.transpose(0, 2, 1), _weighted_targets(bucket).astype(np.float32)[:, :, None])[:, :, 0]
         u = start[bucket.rows].astype(np.float32)
@@ -232,7 +232,7 @@ def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.nda
     kernel = np.matmul(x, xt).astype(np.float64)
     kernel += ridge[:, None, None] * np.eye(x.shape[1])
     alpha = np.linalg.solve(kernel, _weighted_targets(bucket)[:, :, None])
-    return np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0]  # in the Grams' dtype: no float64 copy of X
+    return np.asarray(np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0])  # in the Grams' dtype: no float64 copy of X
 
 
 def item_ridge_weights(counts: np.ndarray, exponent: float) -> np.ndarray:
@@ -309,7 +309,8 @@ def train_als(ratings: Ratings, config: ALSConfig, *, progress: Progress | None 
     item_factors = rng.normal(0.0, config.init_scale, size=(ratings.n_items, config.rank))
     user_factors = np.zeros((ratings.n_users, config.rank))
 
-    def side(plan: SolvePlan, factors: np.ndarray, ridge: np.ndarray, shared, previous: np.ndarray) -> np.ndarray:
+    def side(plan: SolvePlan, factors: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None,
+             previous: np.ndarray) -> np.ndarray:
         if config.solver == "cg":
             return solve_side_cg(plan, factors, ridge, previous, config.cg_steps, shared)
         return solve_side(plan, factors, ridge, shared)

@@ -95,7 +95,7 @@ def write_sealed(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], de
     base = _base_path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # the stub's allow_pickle: bool meets **arrays; no array has that name
     npz = buffer.getvalue()
     sha = _digest(npz, description)
     npz_path, json_path = base.with_suffix(".npz"), base.with_suffix(".json")
@@ -139,7 +139,7 @@ def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = No
     """Load and verify an artifact written by :func:`save_model`."""
     data, stored = read_sealed(path, expected_sha256=expected_sha256)
     version = stored.get("format_version")
-    expected = {1: _ARRAYS_V1, FORMAT_VERSION: _ARRAYS}.get(version)
+    expected = {1: _ARRAYS_V1, FORMAT_VERSION: _ARRAYS}.get(version) if isinstance(version, int) else None
     if expected is None:
         raise ArtifactError(f"unsupported artifact format {version!r}")
     if set(data) != set(expected):
@@ -156,5 +156,5 @@ def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = No
         config=stored["config"],
         event=None if event is None else accounting.event_from_json(event),
         metadata=stored["metadata"],
-        item_biases=data.get("item_biases"),
+        item_biases=data.get("item_biases", np.zeros(len(data["item_ids"]))),  # format 1: no item bias
     )

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Self
 
 import numpy as np
 from dp_accounting import dp_event
@@ -205,7 +205,7 @@ class DPALSConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DPALSConfig":
+    def from_dict(cls, data: dict[str, Any]) -> Self:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown {cls.__name__.removesuffix('Config')} parameters: {sorted(unknown)}")
@@ -257,7 +257,7 @@ class Preprocessed:
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
 
 
-def count_statistic(cols: np.ndarray, weights: np.ndarray, n_items: int) -> np.ndarray:
+def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int) -> np.ndarray:
     """Per-item (weighted) counts: the statistic of both count releases."""
     return np.bincount(cols, weights=weights, minlength=n_items).astype(np.float64)
 
@@ -271,7 +271,7 @@ def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, e
     """c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}), so Σ_j c_ij² = B for every user."""
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
     per_user = np.bincount(rows, weights=powered)
-    return np.sqrt(budget * powered / per_user[rows])
+    return np.asarray(np.sqrt(budget * powered / per_user[rows]))
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,7 @@ def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
     if config.objective != "ranking" or config.popularity_prior == 0:
         return np.zeros(len(counts))
     logs = np.log(np.maximum(counts, 1.0))
-    return config.popularity_prior * logs / max(float(logs.max()), 1e-12)
+    return np.asarray(config.popularity_prior * logs / max(float(logs.max()), 1e-12))
 
 
 def positives(ratings: Ratings, threshold: float) -> Ratings:
@@ -442,7 +442,8 @@ def _bound_contributions(
     return np.ones(len(rows), dtype=bool), weights
 
 
-def _plan(rows, cols, vals, weights, n_users, n_items, *, by_item: bool) -> SolvePlan:
+def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndarray | None, n_users: int,
+          n_items: int, *, by_item: bool) -> SolvePlan:
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
@@ -518,7 +519,7 @@ def _item_step(
     return item_factors
 
 
-def _item_chunks(plan: SolvePlan):
+def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
     """The plan's buckets, then the items without any selected rating in blocks of 1024."""
     yield from plan.buckets
     empty = np.flatnonzero(plan.counts == 0)
@@ -526,7 +527,7 @@ def _item_chunks(plan: SolvePlan):
         yield empty[start : start + 1024]
 
 
-def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int):
+def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(items, Σ c_ij u uᵀ, Σ c_ij M_ij u) of one chunk (zeros for items without data)."""
     if isinstance(chunk, Bucket):
         return (chunk.rows, *bucket_gram(chunk, padded))
@@ -579,7 +580,7 @@ def _solve_filtered(
     eigval, rhs = wiener_filter(eigval, eigvec, rhs, kappa)
     if gravity is None and public is None:
         proj = np.einsum("nji,nj->ni", eigvec, rhs)
-        return np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None]))
+        return np.asarray(np.einsum("nij,nj->ni", eigvec, proj / (eigval + ridge[:, None])))
     system = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
     if gravity is not None:
         system += gravity

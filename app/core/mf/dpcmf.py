@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 import scipy.sparse as sp
 from dp_accounting import dp_event
 
 from app.core.mf import dpals
-from app.core.mf.als import iter_grams, make_plan, solve_side
+from app.core.mf.als import SolvePlan, iter_grams, make_plan, solve_side
 from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 
@@ -149,7 +150,7 @@ def metadata_source(item_tokens: Sequence[Sequence[str]], *, min_items: int = 1)
     return PublicSource("metadata", matrix, tuple(kept))
 
 
-def similarity_source(item_idx, neighbour_idx, scores, n_items: int) -> PublicSource:
+def similarity_source(item_idx: ArrayLike, neighbour_idx: ArrayLike, scores: ArrayLike, n_items: int) -> PublicSource:
     """S with one row per item j that has neighbours: S[row(j), k] = score(j, k) (top-K lists).
 
     The similarities must come from a public source (never from private ratings). Each row acts
@@ -175,7 +176,7 @@ def similarity_source(item_idx, neighbour_idx, scores, n_items: int) -> PublicSo
     return PublicSource("similarities", matrix, tuple(str(j) for j in owners.tolist()))
 
 
-def split_public_users(ratings: Ratings, public_user_ids) -> tuple[Ratings, PublicSource]:
+def split_public_users(ratings: Ratings, public_user_ids: Iterable[Any]) -> tuple[Ratings, PublicSource]:
     """(private ratings without the public users, their ratings as the ``public_users`` source).
 
     The private part keeps the item list and order (so S's columns stay aligned) and drops the
@@ -284,7 +285,7 @@ class _PublicSide:
     blocks: list[_Block]
     config: DPCMFConfig
     tail_factors: np.ndarray = field(init=False)
-    feature_plans: list = field(init=False)
+    feature_plans: list[SolvePlan] = field(init=False)
     item_plan: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -301,7 +302,7 @@ class _PublicSide:
     @property
     def covered(self) -> np.ndarray:
         """Items with at least one public entry."""
-        return self.item_plan.counts > 0
+        return np.asarray(self.item_plan.counts > 0)
 
     def feature_factors(self, item_factors: np.ndarray) -> list[np.ndarray]:
         """W_s: w_f = (Σ_{Ω_f} v vᵀ + w0 VᵀV + (λ_F/α_s) I)⁻¹ Σ_{Ω_f} S_fj v_j (paper eq. (3))."""

@@ -221,7 +221,7 @@ def _inflation(config: DPFWConfig, sigma: float, n_items: int) -> float:
     """sqrt(σ·log(n/β))·n^{1/4} (Alg. 1) when enabled, else 0."""
     if not config.eigen_inflation:
         return 0.0
-    return math.sqrt(sigma * max(math.log(n_items / config.failure_probability), 0.0)) * n_items**0.25
+    return float(math.sqrt(sigma * max(math.log(n_items / config.failure_probability), 0.0)) * n_items**0.25)
 
 
 # ---------------------------------------------------------------------------- private rows
@@ -248,7 +248,8 @@ def _row_norms(row_of: np.ndarray, values: np.ndarray, n_users: int) -> np.ndarr
     return np.sqrt(np.bincount(row_of, weights=values * values, minlength=n_users))
 
 
-def _rows_from_arrays(rows, cols, values, n_users, n_items, config: DPFWConfig, keep: np.ndarray | None) -> PrivateRows:
+def _rows_from_arrays(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n_users: int, n_items: int,
+                      config: DPFWConfig, keep: np.ndarray | None) -> PrivateRows:
     counts = np.bincount(rows, minlength=n_users)
     sums = np.bincount(rows, weights=values, minlength=n_users)
     means = np.full(n_users, float(config.default_mean))
@@ -268,7 +269,9 @@ def prepare_rows(ratings: Ratings, config: DPFWConfig, rng: np.random.Generator 
     ``cap=False`` (fold-in) keeps all of the user's ratings.
     """
     rows, cols, values = ratings.coo()
-    keep = per_user_sample(ratings, config.max_ratings_per_user, rng) if cap else None
+    if cap and rng is None:
+        raise ValueError("the per-user cap samples with a generator: pass rng")
+    keep = per_user_sample(ratings, config.max_ratings_per_user, rng) if cap and rng is not None else None
     return _rows_from_arrays(rows, cols, values, ratings.n_users, ratings.n_items, config, keep)
 
 
@@ -297,7 +300,7 @@ def gram_statistic(rows: PrivateRows, a: np.ndarray, chunk_entries: int = 1 << 2
         for lo in range(0, m, step):
             block = matrix[lo : lo + step].toarray()
             w += block.T @ block
-    return 0.5 * (w + w.T)
+    return np.asarray(0.5 * (w + w.T))
 
 
 def top_eigenvector_dense(
@@ -321,7 +324,7 @@ def top_eigenvector_oja(
     sigma = sensitivity * config.noise_multiplier
     eta = config.oja_learning_rate or 1.0 / (config.oja_iterations * sigma * math.sqrt(n))
     v = releaser.rng.normal(0.0, 1.0, size=n)  # data-free start
-    v /= max(np.linalg.norm(v), 1e-300)
+    v /= max(float(np.linalg.norm(v)), 1e-300)
     for _ in range(config.oja_iterations):
         noisy = releaser.vector("oja_product", gram_product(rows, a, v), sensitivity, config.noise_multiplier)
         step = v + eta * noisy
@@ -451,7 +454,7 @@ def _train_with_trace(
     directions = np.zeros((ratings.n_items, n_releases))
     scales = np.zeros(n_releases)
     eigen = top_eigenvector_dense if method == "dense" else top_eigenvector_oja
-    params = {"nuclear_norm": config.nuclear_norm, "n_steps": config.n_steps, "row_clip": config.row_clip}
+    params: dict[str, Any] = {"nuclear_norm": config.nuclear_norm, "n_steps": config.n_steps, "row_clip": config.row_clip}
     for step in range(n_releases):
         v, lam2, sigma = eigen(rows, state.values - rows.target, config, releaser)
         lam = math.sqrt(max(lam2, 0.0))
@@ -541,7 +544,7 @@ def predict_dpfw(model: FrankWolfeModel, history: Ratings, test: Ratings) -> np.
     for lo in range(0, test.nnz, step):
         r, c = rows[lo : lo + step], cols[lo : lo + step]
         out[lo : lo + step] = np.einsum("ij,ij->i", coef[r], model.directions[c])
-    return out + means[rows]
+    return np.asarray(out + means[rows])
 
 
 def _user_rows(model: FrankWolfeModel, item_idx: np.ndarray, values: np.ndarray) -> PrivateRows:
@@ -567,7 +570,7 @@ def replay_user(model: FrankWolfeModel, item_idx: np.ndarray, values: np.ndarray
     """
     rows = _user_rows(model, item_idx, values)
     state = _replay(rows, model.directions, model.scales, _params(model))
-    return rows.means[0] + model.directions @ state.coefficients[0]
+    return np.asarray(rows.means[0] + model.directions @ state.coefficients[0])
 
 
 def recommend_dpfw(

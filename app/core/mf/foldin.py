@@ -27,7 +27,7 @@ __all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_o
 def _gravity_matrix(model: PublicModel) -> np.ndarray:
     """λ0·VᵀV over the published factors (cached per model object)."""
     v = model.item_factors
-    return model.user_reg.gravity * (v.T @ v)
+    return np.asarray(model.user_reg.gravity * (v.T @ v))
 
 
 def _as_index_array(item_idx: np.ndarray, n_items: int) -> np.ndarray:
@@ -128,7 +128,7 @@ def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float |
     """offset + b̃_j + u·v_j for every item (offset defaults to m̃). Untrained items have v_j = 0,
     so they get the baseline m̃ + b_u + b̃_j."""
     base = model.global_mean if offset is None else offset
-    return base + model.item_biases + model.item_factors @ user_vector
+    return np.asarray(base + model.item_biases + model.item_factors @ user_vector)
 
 
 def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:

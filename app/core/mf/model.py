@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from dp_accounting import dp_event
 
 __all__ = ["PublicModel", "UserRegularisation"]
@@ -34,7 +35,7 @@ class UserRegularisation:
         counts = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)
         return self.reg * counts**self.exponent
 
-    def user_bias(self, residual_sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    def user_bias(self, residual_sums: ArrayLike, counts: ArrayLike) -> np.ndarray:
         """Shrunken own-mean offset b_i = Σ_j (r_ij − m̃) / (c_i + s), from the user's own ratings.
 
         Privileged: a function of user i's data only, so centring by it keeps each user's
@@ -60,13 +61,14 @@ class PublicModel:
     config: dict[str, Any]
     event: dp_event.DpEvent | None  # None only for the non-private baseline
     metadata: dict[str, Any] = field(default_factory=dict)
-    item_biases: np.ndarray | None = None  # DP item biases b̃_j (None: zeros, no item bias)
+    # DP item biases b̃_j; None (no item bias) becomes zeros in __post_init__, so it is always an array
+    item_biases: np.ndarray = None  # type: ignore[assignment]  # None is replaced by zeros at construction
 
     def __post_init__(self) -> None:
         n = len(self.item_ids)
-        if self.item_biases is None:
-            object.__setattr__(self, "item_biases", np.zeros(n))
-        if np.shape(self.item_biases) != (n,) or not np.all(np.isfinite(self.item_biases)):
+        biases = np.zeros(n) if self.item_biases is None else self.item_biases
+        object.__setattr__(self, "item_biases", biases)
+        if np.shape(biases) != (n,) or not np.all(np.isfinite(biases)):
             raise ValueError("item_biases must hold one finite value per item")
         if self.item_factors.ndim != 2 or self.item_factors.shape[0] != n:
             raise ValueError("item_factors must have one row per item")

@@ -14,7 +14,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import log_ndtr
+
+from app.core.arrays import FloatArray
 
 __all__ = [
     "LINKS",
@@ -37,26 +40,25 @@ def _check_link(link: str) -> None:
         raise ValueError(f"link must be one of {LINKS}, got {link!r}")
 
 
-def log_h(t: np.ndarray, link: str) -> np.ndarray:
+def log_h(t: ArrayLike, link: str) -> FloatArray:
     """log h(t)."""
     _check_link(link)
-    t = np.asarray(t, dtype=np.float64)
-    return -np.logaddexp(0.0, -t) if link == "logistic" else log_ndtr(t)
+    x = np.asarray(t, dtype=np.float64)
+    return np.asarray(-np.logaddexp(0.0, -x) if link == "logistic" else log_ndtr(x), dtype=np.float64)
 
 
-def _log_dh(t: np.ndarray, link: str) -> np.ndarray:
+def _log_dh(t: FloatArray, link: str) -> FloatArray:
     """log h'(t): logistic σ(t)σ(−t), probit φ(t)."""
-    t = np.asarray(t, dtype=np.float64)
     if link == "logistic":
-        return -np.logaddexp(0.0, -t) - np.logaddexp(0.0, t)
+        return np.asarray(-np.logaddexp(0.0, -t) - np.logaddexp(0.0, t))
     return -0.5 * t * t - _LOG_SQRT_2PI
 
 
-def _log_c(t: np.ndarray, link: str, flip: float) -> np.ndarray:
+def _log_c(t: FloatArray, link: str, flip: float) -> FloatArray:
     """log c(t), c = p + (1 − 2p) h (p = 0: log h)."""
     if flip == 0.0:
         return log_h(t, link)
-    return np.logaddexp(math.log(flip), math.log1p(-2.0 * flip) + log_h(t, link))
+    return np.asarray(np.logaddexp(math.log(flip), math.log1p(-2.0 * flip) + log_h(t, link)))
 
 
 def _check_flip(flip: float) -> float:
@@ -66,27 +68,27 @@ def _check_flip(flip: float) -> float:
     return flip
 
 
-def prob_up(x: np.ndarray, link: str) -> np.ndarray:
+def prob_up(x: ArrayLike, link: str) -> FloatArray:
     """P(thumbs up) = h(x)."""
     return np.exp(log_h(x, link))
 
 
-def loss(x: np.ndarray, y: np.ndarray, link: str, flip: float = 0.0) -> np.ndarray:
+def loss(x: ArrayLike, y: ArrayLike, link: str, flip: float = 0.0) -> FloatArray:
     """Per-entry negative log-likelihood −log c(yx) (Li et al. eq. (2)/(4))."""
     _check_link(link)
     return -_log_c(np.asarray(y) * np.asarray(x, dtype=np.float64), link, _check_flip(flip))
 
 
-def dloss(x: np.ndarray, y: np.ndarray, link: str, flip: float = 0.0) -> np.ndarray:
+def dloss(x: ArrayLike, y: ArrayLike, link: str, flip: float = 0.0) -> FloatArray:
     """d/dx of :func:`loss`: −y (1−2p) h'(yx) / c(yx)."""
     _check_link(link)
     flip = _check_flip(flip)
-    y = np.asarray(y, dtype=np.float64)
-    t = y * np.asarray(x, dtype=np.float64)
-    return -y * np.exp(math.log1p(-2.0 * flip) + _log_dh(t, link) - _log_c(t, link, flip))
+    votes = np.asarray(y, dtype=np.float64)
+    t = votes * np.asarray(x, dtype=np.float64)
+    return -votes * np.exp(math.log1p(-2.0 * flip) + _log_dh(t, link) - _log_c(t, link, flip))
 
 
-def huber_loss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndarray:
+def huber_loss(x: ArrayLike, y: ArrayLike, link: str, alpha: float) -> FloatArray:
     """f(yx) for yx >= −α, its tangent line below: convex, |f'| <= :func:`gradient_bound`.
 
     f_α is C¹ but not C² at t = −α (f'' jumps from f''(−α) to 0). Objective perturbation only
@@ -98,18 +100,17 @@ def huber_loss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndar
     [0, λ_h], so the Jacobian ratio bound of train.objp_minimiser holds almost everywhere, which
     suffices for the probability of every event. A C² blend would move ζ or λ_h, so none is made.
     """
-    y = np.asarray(y, dtype=np.float64)
-    t = y * np.asarray(x, dtype=np.float64)
+    t = np.asarray(y, dtype=np.float64) * np.asarray(x, dtype=np.float64)
     f0 = float(loss(-alpha, 1.0, link))
     slope = float(dloss(-alpha, 1.0, link))
     return np.where(t >= -alpha, loss(np.maximum(t, -alpha), 1.0, link), f0 + slope * (t + alpha))
 
 
-def huber_dloss(x: np.ndarray, y: np.ndarray, link: str, alpha: float) -> np.ndarray:
+def huber_dloss(x: ArrayLike, y: ArrayLike, link: str, alpha: float) -> FloatArray:
     """d/dx of :func:`huber_loss`: y·f'(max(yx, −α))."""
-    y = np.asarray(y, dtype=np.float64)
-    t = y * np.asarray(x, dtype=np.float64)
-    return y * dloss(np.maximum(t, -alpha), 1.0, link)
+    votes = np.asarray(y, dtype=np.float64)
+    t = votes * np.asarray(x, dtype=np.float64)
+    return votes * dloss(np.maximum(t, -alpha), 1.0, link)
 
 
 def gradient_bound(link: str, alpha: float) -> float:

@@ -251,7 +251,12 @@ class OneBitConfig:
         """The flip probability the solver debiases for (0 for grap/objp/outp)."""
         if self.mechanism != "inp":
             return 0.0
-        return flip_probability(self.local_epsilon if self.pre_randomised else self.epsilon)
+        return flip_probability(self.inp_epsilon)
+
+    @property
+    def inp_epsilon(self) -> float:
+        """ε0 of InP's randomised response: the ingestion's local ε (pre-randomised votes) or this run's ε."""
+        return self.local_epsilon if self.local_epsilon is not None and self.pre_randomised else self.epsilon
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -390,7 +395,7 @@ def event_parameters(config: OneBitConfig) -> dict[str, Any]:
               "votes_per_user": k, "user_rows": config.user_rows, "user_rows_public": True,
               "voter_count_public": config.user_rows is None}
     if config.mechanism == "inp":
-        eps0 = config.local_epsilon if config.pre_randomised else config.epsilon
+        eps0 = config.inp_epsilon
         return {**common, "neighbouring_relation": Relation.REPLACE_VOTE_VALUES.value,
                 "protects": "vote values only; which items a user voted on is not hidden",
                 "randomised_at": "ingestion" if config.pre_randomised else "training",

@@ -55,7 +55,7 @@ def l1_threshold(s: np.ndarray, tau: float) -> float:
 
 def _shrink(u: np.ndarray, s: np.ndarray, vt: np.ndarray, theta: float) -> np.ndarray:
     keep = s > theta
-    return (u[:, keep] * (s[keep] - theta)) @ vt[keep]
+    return np.asarray((u[:, keep] * (s[keep] - theta)) @ vt[keep])
 
 
 def _full_projection(y: np.ndarray, tau: float) -> np.ndarray:

@@ -198,7 +198,8 @@ def grap_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -
     def noisy(g: np.ndarray) -> np.ndarray:
         snapped = snap_to_grid(np.clip(g, -config.clamp, config.clamp), grid)
         count[0] += 1
-        return grid * (snapped + discrete_laplace_noise(rng, a, g.shape)).astype(np.float64)
+        noisy: np.ndarray = (snapped + discrete_laplace_noise(rng, a, g.shape)).astype(np.float64)
+        return grid * noisy
 
     estimate = _solve(data, config, lambda x: links.dloss(x, data.values, config.link), noisy)
     return estimate, count[0]
@@ -224,7 +225,7 @@ def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) 
 
     def gradient(x: np.ndarray) -> np.ndarray:
         entry = links.huber_dloss(x[data.rows, data.cols], data.values, config.link, config.alpha)
-        return data.sparse_gradient(entry) + ridge * x + noise
+        return np.asarray(data.sparse_gradient(entry) + ridge * x + noise)
 
     return solver.minimise_strongly_convex(
         gradient, data.shape, tau=config.radius(*data.shape), smooth=links.curvature_bound(config.link) + ridge,

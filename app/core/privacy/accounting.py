@@ -244,10 +244,10 @@ def _logsumexp(values: Sequence[float]) -> float:
     return top + math.log(sum(math.exp(v - top) for v in values))
 
 
-class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):  # type: ignore[misc]  # dp_accounting is untyped
     """The library's RDP accountant plus discrete Laplace and binary RR (as pure-ε pairs)."""
 
-    def _maybe_compose(self, event, count, do_compose):  # type: ignore[override]
+    def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> Any:
         event = _as_pure_pair(event)
         if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
             if do_compose:
@@ -257,10 +257,10 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
         return super()._maybe_compose(event, count, do_compose)
 
 
-class _PldAccountant(pld_privacy_accountant.PLDAccountant):
+class _PldAccountant(pld_privacy_accountant.PLDAccountant):  # type: ignore[misc]  # dp_accounting is untyped
     """The library's PLD accountant with binary RR charged as its pure-ε pair (DLap(ε, 1))."""
 
-    def _maybe_compose(self, event, count, do_compose):  # type: ignore[override]
+    def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool) -> Any:
         return super()._maybe_compose(_as_pure_pair(event), count, do_compose)
 
 
@@ -333,7 +333,7 @@ def count_gaussian_releases(event: dp_event.DpEvent) -> int:
     if isinstance(event, dp_event.GaussianDpEvent):
         return 1
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return event.count * count_gaussian_releases(event.event)
+        return int(event.count) * count_gaussian_releases(event.event)
     if isinstance(event, dp_event.ComposedDpEvent):
         return sum(count_gaussian_releases(e) for e in event.events)
     return 0
@@ -358,7 +358,8 @@ def event_to_json(event: dp_event.DpEvent) -> dict[str, Any]:
     """A JSON-safe dict describing ``event`` (via ``DpEvent.to_named_tuple``)."""
     if not isinstance(event, dp_event.DpEvent):
         raise TypeError(f"expected a DpEvent, got {type(event).__name__}")
-    return _named_tuple_to_json(event.to_named_tuple())
+    described: dict[str, Any] = _named_tuple_to_json(event.to_named_tuple())
+    return described
 
 
 def _event_class(module_name: Any, class_name: Any) -> type[dp_event.DpEvent]:

@@ -45,6 +45,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from app.core.arrays import BoolArray
+
 __all__ = [
     "GRID_RESOLUTION",
     "bernoulli_exp",
@@ -196,7 +198,8 @@ def _uniform_cells(rng: np.random.Generator, n: int, extra_bits: int = 0) -> np.
     bit_generator = getattr(rng, "bit_generator", None)
     if bit_generator is None:
         return rng.integers(0, 1 << (_UNIFORM_BITS + extra_bits), size=n, dtype=np.int64)
-    return (bit_generator.random_raw(n) >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
+    raw = np.asarray(bit_generator.random_raw(n), dtype=np.uint64)  # numpy types random_raw as Any
+    return (raw >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
 
 
 def _minus_log_uniform(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +217,7 @@ def _below_exp(rng: np.random.Generator, cells: np.ndarray, gamma: np.ndarray,
     """
     y, cell_slack = _minus_log_uniform(cells)
     gap = y - gamma
-    below = gap > 0
+    below: np.ndarray = gap > 0
     for i in np.flatnonzero(np.abs(gap) <= cell_slack + (y + gamma + 64.0) * _MARGIN):
         below[i] = _LazyUniform(rng, int(cells[i]), _UNIFORM_BITS).below_exp(exact_gamma(int(i)))
     return below
@@ -280,8 +283,9 @@ def _signed_laplace_block(rng: np.random.Generator, s: int, t: int, n: int) -> n
     """Accepted draws of ±M (M geometric, uniform sign, −0 rejected) from n proposals."""
     magnitude = _geometric(rng, s, t, n)
     negative = rng.integers(0, 2, size=n, dtype=np.int64).astype(bool)
-    keep = ~(negative & (magnitude == 0))
-    return np.where(negative, -magnitude, magnitude)[keep]
+    keep: BoolArray = ~(negative & (magnitude == 0))
+    signed: np.ndarray = np.where(negative, -magnitude, magnitude)
+    return signed[keep]
 
 
 def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float) -> np.ndarray:
@@ -315,7 +319,7 @@ def discrete_gaussian_pmf(sigma: int, support: np.ndarray) -> np.ndarray:
     """pmf of N_Z(0, σ²) on ``support`` (normalised over |x| <= 60σ; for tests)."""
     grid = np.arange(-60 * sigma, 60 * sigma + 1)
     weights = np.exp(-(grid.astype(np.float64) ** 2) / (2.0 * sigma * sigma))
-    return np.exp(-(np.asarray(support, dtype=np.float64) ** 2) / (2.0 * sigma * sigma)) / weights.sum()
+    return np.asarray(np.exp(-(np.asarray(support, dtype=np.float64) ** 2) / (2.0 * sigma * sigma)) / weights.sum())
 
 
 def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
@@ -378,7 +382,8 @@ class GridGaussian:
     def release(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
         """g·(round(value/g) + N_Z(0, S²)) elementwise, as float64."""
         counts = np.rint(np.clip(np.asarray(value, dtype=np.float64) / self.grid, -_CLIP, _CLIP)).astype(np.int64)
-        return self.grid * (counts + discrete_gaussian(rng, self.sigma, counts.shape)).astype(np.float64)
+        noisy: np.ndarray = (counts + discrete_gaussian(rng, self.sigma, counts.shape)).astype(np.float64)
+        return self.grid * noisy
 
     def release_symmetric(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored."""

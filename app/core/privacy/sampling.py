@@ -53,9 +53,9 @@ def sort_pairs(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
 
 def clip_scale(norms: np.ndarray, bound: float) -> np.ndarray:
     """min(1, c/‖u‖) per row: the factor that clips a row of norm ``norms`` to ``bound``."""
-    return np.minimum(1.0, bound / np.maximum(norms, 1e-300))
+    return np.asarray(np.minimum(1.0, bound / np.maximum(norms, 1e-300)))
 
 
 def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
     """clip(u, c) = u·min(1, c/‖u‖) per row (the paper prints max: a typo)."""
-    return x * clip_scale(np.linalg.norm(x, axis=1), bound)[:, None]
+    return np.asarray(x * clip_scale(np.linalg.norm(x, axis=1), bound)[:, None])
