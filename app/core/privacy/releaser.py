@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 from dp_accounting import dp_event
+from numpy.typing import ArrayLike
 
+from app.core.arrays import FloatArray
 from app.core.privacy import accounting
 from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper
 
@@ -45,12 +47,12 @@ class GaussianReleaser:
         self.record(name, sensitivity, multiplier)
         return grid_gaussian(sensitivity, multiplier, changed)
 
-    def vector(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
+    def vector(self, name: str, value: ArrayLike, sensitivity: float, multiplier: float) -> FloatArray:
         """round(value/g)·g plus exact discrete Gaussian noise on the grid (charged GaussianDpEvent)."""
-        value = np.asarray(value)
-        return self.record_grid(name, sensitivity, multiplier, max(value.size, 1)).release(self._rng, value)
+        statistic = np.asarray(value)
+        return self.record_grid(name, sensitivity, multiplier, max(statistic.size, 1)).release(self._rng, statistic)
 
-    def symmetric(self, name: str, value: np.ndarray, sensitivity: float, multiplier: float) -> np.ndarray:
+    def symmetric(self, name: str, value: FloatArray, sensitivity: float, multiplier: float) -> FloatArray:
         """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
         rank = value.shape[-1]
         changed = max(value.size // (rank * rank), 1) * rank * (rank + 1) // 2
@@ -67,7 +69,7 @@ class GaussianReleaser:
         return accounting.compose(pre + [dp_event.SelfComposedDpEvent(one_step, n_steps)])
 
 
-def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+def symmetric_noise(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> FloatArray:
     """Symmetric noise: i.i.d. N(0, std²) on the upper triangle (diagonal included), mirrored."""
     rank = shape[-1]
     upper = rng.normal(0.0, std, size=tuple(shape[:-2]) + (rank * (rank + 1) // 2,))

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.core.arrays import BoolArray, FloatArray, IntArray
 from app.core.data.ratings import Ratings
 
 __all__ = ["clip_rows", "clip_scale", "lowest_k_per_row", "per_user_sample", "sort_pairs"]
 
 
-def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> np.ndarray:
+def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> BoolArray:
     """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user."""
     rows, _, _ = ratings.coo()
     return lowest_k_per_row(rows, rng.random(len(rows)), k)
 
 
-def lowest_k_per_row(rows: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
+def lowest_k_per_row(rows: IntArray, keys: FloatArray, k: int) -> BoolArray:
     """Mask keeping, within each row, the k entries with the smallest keys.
 
     Rows with at most k entries are kept whole; only the longer rows are sorted.
@@ -38,24 +39,24 @@ def lowest_k_per_row(rows: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
-def _ranks(keys: np.ndarray) -> np.ndarray:
+def _ranks(keys: FloatArray) -> IntArray:
     """0..n-1 ranks of ``keys`` (ties in an arbitrary but deterministic order)."""
     ranks = np.empty(len(keys), dtype=np.int64)
     ranks[np.argsort(keys)] = np.arange(len(keys))
     return ranks
 
 
-def sort_pairs(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+def sort_pairs(major: IntArray, minor: IntArray) -> IntArray:
     """Argsort by (major, minor), non-negative integers, distinct pairs: one int64 sort."""
     span = int(minor.max()) + 1 if len(minor) else 1
     return np.argsort(major.astype(np.int64) * span + minor)
 
 
-def clip_scale(norms: np.ndarray, bound: float) -> np.ndarray:
+def clip_scale(norms: FloatArray, bound: float) -> FloatArray:
     """min(1, c/‖u‖) per row: the factor that clips a row of norm ``norms`` to ``bound``."""
     return np.asarray(np.minimum(1.0, bound / np.maximum(norms, 1e-300)))
 
 
-def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
+def clip_rows(x: FloatArray, bound: float) -> FloatArray:
     """clip(u, c) = u·min(1, c/‖u‖) per row (the paper prints max: a typo)."""
     return np.asarray(x * clip_scale(np.linalg.norm(x, axis=1), bound)[:, None])
