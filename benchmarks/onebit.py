@@ -161,7 +161,7 @@ def served_accuracy(model: onebit_train.OneBitModel, train: Ratings, test: Ratin
 def _outp_model(train: Ratings, config: OneBitConfig, minimiser: np.ndarray) -> tuple[onebit_train.OneBitModel, np.ndarray]:
     released = onebit_train.outp_release(minimiser, config, np.random.default_rng(config.seed))
     factors, like, rec = onebit_train.publish(released, config)
-    model = onebit_train.OneBitModel(item_ids=train.item_ids, item_factors=factors, item_counts=like,
+    model = onebit_train.OneBitModel(item_ids=train.item_ids, item_factors=factors, item_like_probability=like,
                                      config=privacy.public_config(config), event=privacy.onebit_event(config),
                                      metadata={})
     return model, rec
