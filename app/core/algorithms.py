@@ -354,8 +354,7 @@ ALGORITHMS: dict[str, Algorithm[Any, Any]] = {a.name: a for a in (DPALS, DPFW, D
 def score_kind(name: str, model: PublishedModel) -> ScoreKind:
     """What ``score`` means for a model of algorithm ``name``: a predicted rating on the data
     set's scale, a ranking score (higher is better, no scale), or P(thumbs up)."""
-    kind: ScoreKind = get_algorithm(name).score_kind(model)
-    return kind
+    return get_algorithm(name).score_kind(model)
 
 
 # algorithms whose hyper-parameters the ε-aware rule (app.core.mf.defaults) can fill in
