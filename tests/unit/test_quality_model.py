@@ -135,3 +135,12 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(5.0, 100)["reg_gravity"] < rule(5.0, 3000)["reg_gravity"]  # small dense catalogue: less gravity
     assert rule(5.0, 100)["frequent_fraction"] == 0.5  # never fewer than 50 trained items
     assert small["defaults_rule"] == defaults.RULE_VERSION == 2
+
+
+def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
+    def rule(n_items: int) -> dict:
+        return defaults.default_hyperparameters(objective="rating", epsilon=5.0, delta=1e-6,
+                                                rating_range=(-10.0, 10.0), n_items=n_items)
+
+    assert rule(3000)["self_calibration"] and rule(3000)["frequent_fraction"] == 0.4
+    assert rule(100)["frequent_fraction"] == 1.0 and rule(200)["frequent_fraction"] == 0.5
