@@ -144,3 +144,20 @@ def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
 
     assert rule(3000)["self_calibration"] and rule(3000)["frequent_fraction"] == 0.4
     assert rule(100)["frequent_fraction"] == 1.0 and rule(200)["frequent_fraction"] == 0.5
+
+
+@pytest.mark.parametrize("objective", ["rating", "ranking"])
+def test_dpcmf_defaults_weigh_public_sources_less_as_the_noise_falls(objective: str):
+    def resolve(eps: float) -> dict:
+        params, used = resolve_hyperparameters("dpcmf", {}, objective=objective, epsilon=eps, delta=1e-6,
+                                               rating_range=(1.0, 5.0), n_items=3000)
+        assert used
+        return params
+
+    small, large = resolve(1.0), resolve(20.0)
+    assert small["alpha_metadata"] == pytest.approx(20 * large["alpha_metadata"]) and large["alpha_metadata"] > 0
+    assert small["alpha_public_users"] > 0 and small["alpha_similarities"] > 0
+    dpals_rule = defaults.default_hyperparameters(objective=objective, epsilon=1.0, delta=1e-6,
+                                                  rating_range=(1.0, 5.0), n_items=3000)
+    assert {k: small[k] for k in dpals_rule} == dpals_rule  # DPALS's rule plus the public side
+    get_algorithm("dpcmf").config_from_params(small, (1.0, 5.0))  # a valid DP-CMF config

@@ -61,7 +61,7 @@ validation split at δ = 1e-6 (one-factor variations around the best of the refe
 ``benchmarks/quality_defaults.py``) and checked on ML-100K and Jester-1. One structure at every ε:
 rank 32, three steps, adaptive contribution weights (B = 60; they beat the paper's ``tail`` bound
 by 0.01–0.02 at every ε), ridge 160 without the popularity exponent, user clip 0.3, no Wiener
-filter (it removed 0.02 of Recall at ε = 1–20 here: the prior already does its job). Three laws:
+filter (it removed 0.02 of Recall at ε = 1–20 here: the prior already does its job). Four laws:
 
 * DP-popularity prior γ = min(4, 2/ε · (1000/n_items)^¼): dominant at small ε, where the factors
   are noise, faint at large ε, where it only breaks ties (validation Recall@20 at γ = 0.3 / 1 / 2:
@@ -72,21 +72,23 @@ filter (it removed 0.02 of Recall at ε = 1–20 here: the prior already does it
 * gravity λ0 = 0.5·min(1, n_items/1000): "unobserved means disliked" holds in a large catalogue,
   not in a small dense one (Jester-1, 100 items: λ0 = 0.5 puts the model 0.05–0.07 below
   popularity at ε ≥ 5; 0.05 puts it 0.005–0.017 above).
+* the counts' share of the budget, count_noise_ratio = min(2, 2ε): below ε = 1 the ranking is
+  mostly the DP popularity, so its counts get more of the budget (ML-1M at ε = 0.5: 0.151 → 0.165).
 
 ========================  =====  =====  =====  =====  =====  =====
 ranking, validation R@20  ε=0.5  ε=1    ε=2    ε=5    ε=10   ε=20
 ========================  =====  =====  =====  =====  =====  =====
 ML-1M rule 1              .161   .169   .170   .182   .232   .249
-ML-1M rule 2              .151   .186   .211   .275   .295   .309
-ML-1M DP popularity       .119   .165   .169   .172   .172   .172
+ML-1M rule 2              .165   .186   .211   .275   .295   .309
+ML-1M DP popularity       .161   .165   .169   .172   .172   .172
 ML-100K rule 1            .039   .081   .114   .194   .202   .225
-ML-100K rule 2            .034   .063   .178   .252   .279   .292
+ML-100K rule 2            .044   .063   .178   .252   .279   .292
 Jester-1 rule 1           .600   .600   .604   .603   .612   .617
-Jester-1 rule 2           .601   .608   .619   .616   .612   .605
+Jester-1 rule 2           .600   .608   .619   .616   .612   .605
 ========================  =====  =====  =====  =====  =====  =====
 
-(one seed; DP popularity of the same rule-2 run: ML-100K .028 / .060 / .096 / .187 / .194 / .215,
-Jester-1 .598 / .601 / .602 / .601 / .602 / .602.)
+(one seed; DP popularity of the same rule-2 run: ML-100K .040 / .060 / .096 / .187 / .194 / .215,
+Jester-1 .601 / .601 / .602 / .601 / .602 / .602.)
 """
 
 from __future__ import annotations
@@ -94,9 +96,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["RULE_VERSION", "default_hyperparameters"]
+__all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
 RULE_VERSION = 2
+# DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
+CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 50.0}
+CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 100.0}
 
 
 def _band(epsilon: float) -> int:
@@ -193,3 +198,38 @@ def default_hyperparameters(
     else:
         raise ValueError("objective must be 'rating' or 'ranking'")
     return {**params, "defaults_rule": RULE_VERSION}
+
+
+def default_cmf_hyperparameters(
+    *,
+    objective: str,
+    epsilon: float,
+    delta: float,
+    rating_range: tuple[float, float],
+    n_items: int,
+    max_users: int | None = None,
+) -> dict[str, Any]:
+    """DP-CMF's defaults: DPALS's rule for (ε, δ) plus the weight α_s of each public source.
+
+    Public data is exact, the private statistics are noisy, so a source's weight falls as the
+    noise does: α_metadata = α_similarities = CMF_METADATA_WEIGHT[objective]/ε. ML-1M genres,
+    validation RMSE (seed 0) for α = 0 (DPALS) / 15 / 30 / 60 / 300 / 1000: ε = 1: 0.995 / 0.994 /
+    0.986 / 0.979 / 0.978 / —; ε = 5: 0.959 / 0.957 / 0.951 / 0.946 / 0.947 / 0.949; ε = 20:
+    0.918 / 0.917 / 0.914 / 0.915 / 0.932 / 0.936 — the best α falls like 1/ε, hence 500/ε.
+    Ranking (λ_F = 100), validation Recall@20 for α = 0 / 1 / 10 / 50: ε = 1: 0.186 / 0.186 /
+    0.190 / 0.193; ε = 5: 0.275 / 0.273 / 0.281 / —; ε = 20: 0.309 / 0.309 / 0.303 / —, hence 50/ε.
+    Public users' ratings are real ratings, not side
+    information: a constant α_public_users = 100 (the cmf suite's grid point; not re-derived here).
+    A source the run does not have is simply absent (its α is then unused).
+    """
+    params = default_hyperparameters(objective=objective, epsilon=epsilon, delta=delta, rating_range=rating_range,
+                                     n_items=n_items, max_users=max_users)
+    metadata = round(CMF_METADATA_WEIGHT[objective] / epsilon, 6)
+    return {
+        **params,
+        "alpha_metadata": metadata,
+        "alpha_similarities": metadata,
+        "alpha_public_users": 100.0,
+        "reg_feature": CMF_FEATURE_RIDGE[objective],
+        "public_unobserved_weight": 0.1,
+    }

@@ -20,7 +20,7 @@ from app.core.mf.als import make_plan, solve_side
 from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 
-__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items", "self_calibrated_solve", "self_calibrating", "leave_one_out_press"]
+__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items", "self_calibrated_solve", "self_calibrated_batch", "self_calibrating", "leave_one_out_press"]
 
 
 @lru_cache(maxsize=8)
@@ -115,34 +115,48 @@ def self_calibrated_solve(x: np.ndarray, y: np.ndarray, ridge: float, shared: np
     statistic), so every candidate costs O(n r) after one r×r eigen-decomposition; the candidate
     with the smallest sum of squared leave-out residuals wins (ties: the smaller ridge).
     """
-    rank = x.shape[1]
-    system = x.T @ x if shared is None else x.T @ x + shared
-    if len(y) < MIN_CALIBRATION_RATINGS:
-        return np.linalg.solve(system + ridge * np.eye(rank), x.T @ y)
+    return self_calibrated_batch(x[None], y[None], np.array([ridge]), shared)[0]
+
+
+def self_calibrated_batch(x: np.ndarray, y: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+    """:func:`self_calibrated_solve` for g users at once: ``x`` (g, L, r) and ``y`` (g, L) padded
+    with zero rows (which change neither a solve nor a leave-out residual), ``ridge`` (g,)."""
+    rank = x.shape[-1]
+    system = np.matmul(np.swapaxes(x, 1, 2), x)
+    if shared is not None:
+        system = system + shared
     eigval, eigvec = np.linalg.eigh(system)
     eigval = np.maximum(eigval, 0.0)
-    ridges = ridge + np.asarray(CALIBRATION_RIDGES) * max(float(eigval.mean()), 1e-12)
-    press, coef = _leave_one_out(x @ eigvec, eigval, y, ridges)
-    best = int(np.argmin(press))
-    if float(np.sum(y**2)) < press[best]:
-        return np.zeros(rank)
-    return eigvec @ coef[:, best]
+    ridges = ridge[:, None] + np.asarray(CALIBRATION_RIDGES)[None, :] * np.maximum(eigval.mean(axis=1), 1e-12)[:, None]
+    press, coef = _leave_one_out(np.matmul(x, eigvec), eigval, y, ridges)
+    best = np.argmin(press, axis=1)
+    chosen = np.take_along_axis(coef, best[:, None, None], axis=2)[:, :, 0]
+    users = np.matmul(eigvec, chosen[:, :, None])[:, :, 0]
+    baseline = np.sum(y**2, axis=1) < press[np.arange(len(best)), best]
+    users[baseline] = 0.0
+    few = np.count_nonzero(x.any(axis=2), axis=1) < MIN_CALIBRATION_RATINGS
+    if few.any():  # a leave-out needs something left: the plain solve
+        plain = system[few] + ridge[few, None, None] * np.eye(rank)
+        users[few] = np.linalg.solve(plain, np.matmul(np.swapaxes(x[few], 1, 2), y[few][:, :, None]))[:, :, 0]
+    return users
 
 
 def leave_one_out_press(x: np.ndarray, y: np.ndarray, ridges: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
     """Σ_i (y_i − x_iᵀu_{−i})² of the ridge solve u = (XᵀX + S + λI)⁻¹Xᵀy, one value per λ in ``ridges``."""
     system = x.T @ x if shared is None else x.T @ x + shared
     eigval, eigvec = np.linalg.eigh(system)
-    return _leave_one_out(x @ eigvec, np.maximum(eigval, 0.0), y, np.asarray(ridges, dtype=np.float64))[0]
+    ridges = np.asarray(ridges, dtype=np.float64)[None, :]
+    return _leave_one_out((x @ eigvec)[None], np.maximum(eigval, 0.0)[None], y[None], ridges)[0][0]
 
 
 def _leave_one_out(projected: np.ndarray, eigval: np.ndarray, y: np.ndarray, ridges: np.ndarray):
-    """(PRESS per ridge, solutions in the eigenbasis (r, candidates)) from P = XQ and G's eigenvalues."""
-    inverse = 1.0 / (eigval[:, None] + ridges[None, :])
-    coef = (projected.T @ y)[:, None] * inverse
-    leverage = (projected**2) @ inverse
-    residual = (y[:, None] - projected @ coef) / np.maximum(1.0 - leverage, 1e-9)
-    return np.sum(residual**2, axis=0), coef
+    """(PRESS (g, K), solutions in each eigenbasis (g, r, K)) from P = XQ (g, L, r), the eigenvalues
+    (g, r) of each system, targets (g, L) and K candidate ridges per user (g, K)."""
+    inverse = 1.0 / (eigval[:, :, None] + ridges[:, None, :])
+    coef = np.matmul(np.swapaxes(projected, 1, 2), y[:, :, None]) * inverse
+    leverage = np.matmul(projected**2, inverse)
+    residual = (y[:, :, None] - np.matmul(projected, coef)) / np.maximum(1.0 - leverage, 1e-9)
+    return np.sum(residual**2, axis=1), coef
 
 
 def _clip_centred(model: PublicModel, centred: np.ndarray) -> np.ndarray:
@@ -183,13 +197,14 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
 def _self_calibrated_users(
     model: PublicModel, indptr: np.ndarray, cols: np.ndarray, centred: np.ndarray, gravity: np.ndarray | None
 ) -> np.ndarray:
-    """:func:`self_calibrated_solve` for every user of a CSR layout (users without data get 0)."""
-    counts = np.diff(indptr)
-    ridges = model.user_reg.ridge(counts)
-    users = np.zeros((len(counts), model.rank))
-    for user in np.flatnonzero(counts):
-        span = slice(indptr[user], indptr[user + 1])
-        users[user] = self_calibrated_solve(model.item_factors[cols[span]], centred[span], float(ridges[user]), gravity)
+    """:func:`self_calibrated_batch` for every user of a CSR layout, bucket by bucket (users
+    without data get 0)."""
+    plan = make_plan(indptr, cols, centred, model.n_items)
+    ridges = model.user_reg.ridge(plan.counts)
+    padded = np.vstack([model.item_factors, np.zeros((1, model.rank))])
+    users = np.zeros((plan.n_rows, model.rank))
+    for bucket in plan.buckets:
+        users[bucket.rows] = self_calibrated_batch(padded[bucket.cols], bucket.values, ridges[bucket.rows], gravity)
     return users
 
 
