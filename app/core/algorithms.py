@@ -388,7 +388,8 @@ def resolve_hyperparameters(
         raise ValueError(f"{name} has no objective choice (objectives apply to {', '.join(_DEFAULTED)})")
     if params or name not in _DEFAULTED:
         return ({**params, "objective": objective} if objective else dict(params)), False
-    resolved = defaults.default_hyperparameters(
+    rule = defaults.default_cmf_hyperparameters if name == "dpcmf" else defaults.default_hyperparameters
+    resolved = rule(
         objective=objective or "rating", epsilon=epsilon, delta=delta, rating_range=rating_range,
         n_items=n_items, max_users=max_users,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.core.mf.defaults import RULE_VERSION
 from tests.api.conftest import Env, seed_ratings, train_and_publish
 
 R = "/v1/datasets/default"
@@ -31,7 +32,7 @@ def _train(env: Env, epsilon: float, **body) -> dict:
 def test_default_training_serves_predicted_ratings_inside_the_range(env: Env, epsilon: float) -> None:
     seed_ratings(env)
     run = _train(env, epsilon)  # no hyper-parameters: the ε-aware defaults
-    assert run["config"]["defaults_rule"] == 1 and run["config"]["objective"] == "rating"
+    assert run["config"]["defaults_rule"] == RULE_VERSION and run["config"]["objective"] == "rating"
     lo, hi = _scale(env)
     for user in ("u0", "u1", "u7", "newcomer"):
         body = env.client.get(f"{R}/users/{user}/recommendations", params={"n": 24}, headers=env.auth(user)).json()

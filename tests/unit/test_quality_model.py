@@ -120,3 +120,43 @@ def test_ranking_objective_trains_on_positives_only():
     model = train_dpals(low, calibrate(5.0, 1e-6, replace(config, frequent_fraction=1.0)))
     # no signal survives the filter: the factors carry (almost) nothing next to the prior
     assert np.abs(model.item_factors).max() < 0.5 * np.abs(model.item_biases).max() + 1e-12
+
+
+def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
+    def rule(eps: float, n_items: int) -> dict:
+        return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6,
+                                                rating_range=(1.0, 5.0), n_items=n_items)
+
+    small, large = rule(1.0, 3000), rule(20.0, 3000)
+    assert small["popularity_prior"] > large["popularity_prior"] > 0  # the prior fades as the noise falls
+    assert small["frequent_fraction"] < large["frequent_fraction"]  # more items carry signal
+    assert rule(0.5, 3000)["count_noise_ratio"] < small["count_noise_ratio"] < large["count_noise_ratio"] == 2.0
+    assert rule(5.0, 100)["reg_gravity"] < rule(5.0, 3000)["reg_gravity"]  # small dense catalogue: less gravity
+    assert rule(5.0, 100)["frequent_fraction"] == 0.5  # never fewer than 50 trained items
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 2
+
+
+def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
+    def rule(n_items: int) -> dict:
+        return defaults.default_hyperparameters(objective="rating", epsilon=5.0, delta=1e-6,
+                                                rating_range=(-10.0, 10.0), n_items=n_items)
+
+    assert rule(3000)["self_calibration"] and rule(3000)["frequent_fraction"] == 0.4
+    assert rule(100)["frequent_fraction"] == 1.0 and rule(200)["frequent_fraction"] == 0.5
+
+
+@pytest.mark.parametrize("objective", ["rating", "ranking"])
+def test_dpcmf_defaults_weigh_public_sources_less_as_the_noise_falls(objective: str):
+    def resolve(eps: float) -> dict:
+        params, used = resolve_hyperparameters("dpcmf", {}, objective=objective, epsilon=eps, delta=1e-6,
+                                               rating_range=(1.0, 5.0), n_items=3000)
+        assert used
+        return params
+
+    small, large = resolve(1.0), resolve(20.0)
+    assert small["alpha_metadata"] == pytest.approx(20 * large["alpha_metadata"]) and large["alpha_metadata"] > 0
+    assert small["alpha_public_users"] > 0 and small["alpha_similarities"] > 0
+    dpals_rule = defaults.default_hyperparameters(objective=objective, epsilon=1.0, delta=1e-6,
+                                                  rating_range=(1.0, 5.0), n_items=3000)
+    assert {k: small[k] for k in dpals_rule} == dpals_rule  # DPALS's rule plus the public side
+    get_algorithm("dpcmf").config_from_params(small, (1.0, 5.0))  # a valid DP-CMF config

@@ -119,6 +119,7 @@ class DPALSConfig:
     item_bias_shrinkage: float = 10.0  # s_b: pseudo-count pulling b̃_j towards 0 (data noise)
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
+    self_calibration: bool = False  # fold-in: each user's ridge by leave-out on her ratings (foldin.py)
     init_scale: float = 1.0
     defaults_rule: int | None = None  # set when the ε-aware rule (app.core.mf.defaults) chose the values
     seed: int = 0
@@ -153,6 +154,8 @@ class DPALSConfig:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         if self.reg_item == 0:
             raise ValueError("reg_item must be > 0 (the noisy item systems need a ridge)")
+        if not isinstance(self.self_calibration, bool):
+            raise ValueError("self_calibration must be a boolean")
         if self.public_mean is not None and not math.isfinite(self.public_mean):
             raise ValueError("public_mean must be finite")
         self._check_objective()

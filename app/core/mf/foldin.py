@@ -20,7 +20,7 @@ from app.core.mf.als import make_plan, solve_side
 from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 
-__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items"]
+__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items", "self_calibrated_solve", "self_calibrated_batch", "self_calibrating", "leave_one_out_press"]
 
 
 @lru_cache(maxsize=8)
@@ -85,10 +85,78 @@ def fold_in(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> np.
         return np.zeros(model.rank)
     centred = _clip_centred(model, values - offset - centring_biases(model)[idx])
     x = model.item_factors[idx]
-    system = x.T @ x + model.user_reg.ridge(np.array([len(idx)]))[0] * np.eye(model.rank)
-    if model.user_reg.gravity:
-        system += _gravity_matrix(model)
+    ridge = float(model.user_reg.ridge(np.array([len(idx)]))[0])
+    gravity = _gravity_matrix(model) if model.user_reg.gravity else None
+    if self_calibrating(model):
+        return self_calibrated_solve(x, centred, ridge, gravity)
+    system = x.T @ x + ridge * np.eye(model.rank)
+    if gravity is not None:
+        system += gravity
     return np.linalg.solve(system, x.T @ centred)
+
+
+# extra ridge tried by the self-calibration, in units of the mean eigenvalue of the user's system
+CALIBRATION_RIDGES = (0.0, 1 / 64, 1 / 16, 1 / 4, 1.0, 4.0, 16.0)
+MIN_CALIBRATION_RATINGS = 3  # fewer ratings: the plain solve (a leave-out needs something left)
+
+
+def self_calibrating(model: PublicModel) -> bool:
+    """Whether the model's fold-in picks each user's ridge from her own ratings (rating objective)."""
+    return bool(model.config.get("self_calibration")) and not is_ranking(model)
+
+
+def self_calibrated_solve(x: np.ndarray, y: np.ndarray, ridge: float, shared: np.ndarray | None) -> np.ndarray:
+    """The user's embedding with her ridge chosen by exact leave-one-out on her own ratings.
+
+    Per-user self-calibration (issue 11 item 4; privileged post-processing, free): candidates are
+    the model's ridge plus t·ḡ (t in :data:`CALIBRATION_RIDGES`, ḡ the mean eigenvalue of
+    XᵀX + λ0 K) and u = 0 (the user's baseline alone). With A = XᵀX + S + λI, the leave-one-out
+    residual of rating i is (y_i − ŷ_i)/(1 − x_iᵀA⁻¹x_i) (Sherman–Morrison; Allen 1974, the PRESS
+    statistic), so every candidate costs O(n r) after one r×r eigen-decomposition; the candidate
+    with the smallest sum of squared leave-out residuals wins (ties: the smaller ridge).
+    """
+    return self_calibrated_batch(x[None], y[None], np.array([ridge]), shared)[0]
+
+
+def self_calibrated_batch(x: np.ndarray, y: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+    """:func:`self_calibrated_solve` for g users at once: ``x`` (g, L, r) and ``y`` (g, L) padded
+    with zero rows (which change neither a solve nor a leave-out residual), ``ridge`` (g,)."""
+    rank = x.shape[-1]
+    system = np.matmul(np.swapaxes(x, 1, 2), x)
+    if shared is not None:
+        system = system + shared
+    eigval, eigvec = np.linalg.eigh(system)
+    eigval = np.maximum(eigval, 0.0)
+    ridges = ridge[:, None] + np.asarray(CALIBRATION_RIDGES)[None, :] * np.maximum(eigval.mean(axis=1), 1e-12)[:, None]
+    press, coef = _leave_one_out(np.matmul(x, eigvec), eigval, y, ridges)
+    best = np.argmin(press, axis=1)
+    chosen = np.take_along_axis(coef, best[:, None, None], axis=2)[:, :, 0]
+    users = np.matmul(eigvec, chosen[:, :, None])[:, :, 0]
+    baseline = np.sum(y**2, axis=1) < press[np.arange(len(best)), best]
+    users[baseline] = 0.0
+    few = np.count_nonzero(x.any(axis=2), axis=1) < MIN_CALIBRATION_RATINGS
+    if few.any():  # a leave-out needs something left: the plain solve
+        plain = system[few] + ridge[few, None, None] * np.eye(rank)
+        users[few] = np.linalg.solve(plain, np.matmul(np.swapaxes(x[few], 1, 2), y[few][:, :, None]))[:, :, 0]
+    return users
+
+
+def leave_one_out_press(x: np.ndarray, y: np.ndarray, ridges: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
+    """Σ_i (y_i − x_iᵀu_{−i})² of the ridge solve u = (XᵀX + S + λI)⁻¹Xᵀy, one value per λ in ``ridges``."""
+    system = x.T @ x if shared is None else x.T @ x + shared
+    eigval, eigvec = np.linalg.eigh(system)
+    ridges = np.asarray(ridges, dtype=np.float64)[None, :]
+    return _leave_one_out((x @ eigvec)[None], np.maximum(eigval, 0.0)[None], y[None], ridges)[0][0]
+
+
+def _leave_one_out(projected: np.ndarray, eigval: np.ndarray, y: np.ndarray, ridges: np.ndarray):
+    """(PRESS (g, K), solutions in each eigenbasis (g, r, K)) from P = XQ (g, L, r), the eigenvalues
+    (g, r) of each system, targets (g, L) and K candidate ridges per user (g, K)."""
+    inverse = 1.0 / (eigval[:, :, None] + ridges[:, None, :])
+    coef = np.matmul(np.swapaxes(projected, 1, 2), y[:, :, None]) * inverse
+    leverage = np.matmul(projected**2, inverse)
+    residual = (y[:, :, None] - np.matmul(projected, coef)) / np.maximum(1.0 - leverage, 1e-9)
+    return np.sum(residual**2, axis=1), coef
 
 
 def _clip_centred(model: PublicModel, centred: np.ndarray) -> np.ndarray:
@@ -117,11 +185,27 @@ def fold_in_users(model: PublicModel, ratings: Ratings) -> np.ndarray:
     rows, cols = rows[keep], cols[keep]
     centred = _clip_centred(model, values[keep] - offsets[rows] - centring_biases(model)[cols])
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=ratings.n_users))])
-    plan = make_plan(indptr, cols, centred, model.n_items)
     gravity = _gravity_matrix(model) if model.user_reg.gravity else None
+    if self_calibrating(model):
+        return _self_calibrated_users(model, indptr, cols, centred, gravity)
+    plan = make_plan(indptr, cols, centred, model.n_items)
     # float64 Grams, as in fold_in: a float32 Gram's rounding (2^-24 relative) is amplified by the
     # system's condition number (small ridges), and evaluation must score what serving serves
     return solve_side(plan, model.item_factors, model.user_reg.ridge(plan.counts), gravity, gram_dtype=np.float64)
+
+
+def _self_calibrated_users(
+    model: PublicModel, indptr: np.ndarray, cols: np.ndarray, centred: np.ndarray, gravity: np.ndarray | None
+) -> np.ndarray:
+    """:func:`self_calibrated_batch` for every user of a CSR layout, bucket by bucket (users
+    without data get 0)."""
+    plan = make_plan(indptr, cols, centred, model.n_items)
+    ridges = model.user_reg.ridge(plan.counts)
+    padded = np.vstack([model.item_factors, np.zeros((1, model.rank))])
+    users = np.zeros((plan.n_rows, model.rank))
+    for bucket in plan.buckets:
+        users[bucket.rows] = self_calibrated_batch(padded[bucket.cols], bucket.values, ridges[bucket.rows], gravity)
+    return users
 
 
 def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
