@@ -70,3 +70,11 @@ def test_cached_token_verification_refuses_what_decode_refuses() -> None:
     time.sleep(2.1)  # past exp: the cached entry may not outlive the token
     with pytest.raises(TokenError, match="expired"):
         decode_token_cached(good, secret=SECRET)
+
+
+def test_ratings_digest_names_the_ratings_as_read() -> None:
+    digest = trained_scoring.ratings_digest(["a", "b"], [4.0, 2.0])
+    assert digest == trained_scoring.ratings_digest(["a", "b"], [4.0, 2.0])
+    assert digest != trained_scoring.ratings_digest(["a", "b"], [4.0, 2.5])
+    assert digest != trained_scoring.ratings_digest(["b", "a"], [2.0, 4.0])  # order changes the solve's sums
+    assert digest != trained_scoring.ratings_digest(["a"], [4.0])

@@ -59,7 +59,8 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, counts)]
         return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
     if trained_scoring.applies(algorithm.score, kind):
-        state_key = (cache.version_id, cache.sha256, user_id, tuple(item_ids), tuple(values))
+        state_key = (cache.version_id, cache.sha256, user_id,
+                     trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
         return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))

@@ -16,6 +16,7 @@ logged or stored elsewhere.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import numpy as np
 
 from app.core.mf import foldin
 
-__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "user_state", "trained_scores", "trained_top_n",
+__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores", "trained_top_n",
            "clear_user_states"]
 
 USER_STATE_CAPACITY = 20_000  # users per process (≈ 1 KiB each at r = 64)
@@ -57,6 +58,12 @@ def trained_rows(model: Any) -> TrainedRows:
 
 _states: OrderedDict[Hashable, tuple[np.ndarray, float | None]] = OrderedDict()
 _states_lock = threading.Lock()
+
+
+def ratings_digest(item_ids: list[str], values: list[float]) -> bytes:
+    """A 128-bit digest of the ratings as read (order included: the solve sums in that order),
+    so a cache key stays small however many ratings the user has."""
+    return hashlib.blake2b(repr((item_ids, values)).encode(), digest_size=16).digest()
 
 
 def user_state(model: Any, key: Hashable, rated_idx: np.ndarray,
