@@ -12,6 +12,7 @@ Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds th
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "TokenError",
     "issue_token",
     "decode_token",
+    "decode_token_cached",
 ]
 
 ALGORITHM = "HS256"
@@ -124,6 +126,38 @@ def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway:
     """Verify signature, issuer, expiry and lifetime (``exp - iat <= max_lifetime_s``, so a
     token signed with a longer life than configured is refused); return the principal or raise
     :class:`TokenError`."""
+    return _principal(_verified_claims(token, secret=secret, algorithm=algorithm, leeway=leeway,
+                                       max_lifetime_s=max_lifetime_s))
+
+
+def decode_token_cached(token: str, *, secret: str, algorithm: str = ALGORITHM,
+                        max_lifetime_s: int = MAX_LIFETIME_S) -> Principal:
+    """:func:`decode_token` for the request path: a verified token is remembered in this process
+    for at most ``VERIFIED_TTL_S`` seconds and never past its own ``exp`` (tokens cannot be
+    revoked, so this changes no answer); refused tokens are never remembered."""
+    key = (token, secret, algorithm, max_lifetime_s)
+    hit = _verified.get(key)
+    now = time.time()
+    if hit is not None and now < hit[1]:
+        return hit[0]
+    claims = _verified_claims(token, secret=secret, algorithm=algorithm, max_lifetime_s=max_lifetime_s)
+    principal = _principal(claims)
+    with _verified_lock:
+        if len(_verified) >= VERIFIED_CAPACITY:
+            _verified.clear()
+        _verified[key] = (principal, min(float(claims["exp"]), now + VERIFIED_TTL_S))
+    return principal
+
+
+VERIFIED_TTL_S = 30.0
+VERIFIED_CAPACITY = 50_000
+_verified: dict[tuple[str, str, str, int], tuple[Principal, float]] = {}
+_verified_lock = threading.Lock()
+
+
+def _verified_claims(token: str, *, secret: str, algorithm: str, max_lifetime_s: int,
+                     leeway: float = 0.0) -> dict:
+    """The claims of a token whose signature, issuer, expiry and lifetime check out."""
     try:
         claims = jwt.decode(
             token, secret, algorithms=[algorithm], issuer=ISSUER, leeway=leeway,
@@ -135,6 +169,11 @@ def decode_token(token: str, *, secret: str, algorithm: str = ALGORITHM, leeway:
         raise TokenError("invalid token") from exc
     if not _lifetime_within(claims, max_lifetime_s):
         raise TokenError("token lifetime exceeds the maximum")
+    return claims
+
+
+def _principal(claims: dict) -> Principal:
+    """The principal named by verified ``claims`` (TokenError on an unknown kind or scope misuse)."""
     kind = claims.get("typ")
     subject = claims.get("sub")
     if kind not in _KINDS or not isinstance(subject, str) or not subject:

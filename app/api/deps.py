@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.api.errors import Forbidden, PayloadTooLarge, Unauthorized
-from app.auth import Principal, TokenError, decode_token
+from app.auth import Principal, TokenError, decode_token_cached
 from app.config import Settings
 from app.schemas.common import MAX_OFFSET
 from app.services.unit_of_work import commit
@@ -108,8 +108,8 @@ async def get_principal(
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("a bearer token is required", code="missing_token")
     try:
-        return decode_token(credentials.credentials, secret=settings.secret_key,
-                            algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
+        return decode_token_cached(credentials.credentials, secret=settings.secret_key,
+                                   algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
     except TokenError as exc:
         code = "token_expired" if "expired" in str(exc) else "invalid_token"
         raise Unauthorized(str(exc), code=code) from None

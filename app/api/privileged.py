@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access, run_with_session
 from app.api.params import DatasetP, UserP
@@ -45,18 +45,24 @@ async def get_recommendations(
     n: Annotated[int, Query(ge=1, le=MAX_N)] = 10,
     category: Annotated[list[str] | None, Query(max_length=64, description="Repeatable category filter.")] = None,
     exclude: Annotated[list[ExternalId] | None, Query(max_length=1000, description="Repeatable item id to exclude.")] = None,
-) -> RecommendationsOut:
+) -> Response:
     require_user_access(principal, user_id)
     query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
-    return await run_with_session(
-        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query))
+    return _json(await run_with_session(
+        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
 
 
 @router.post("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
              summary="Top-N recommendations for the user (filters in the body)",
              description=RECO_DESCRIPTION)
 async def post_recommendations(request: Request, dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
-                               principal: CurrentPrincipal) -> RecommendationsOut:
+                               principal: CurrentPrincipal) -> Response:
     require_user_access(principal, user_id)
-    return await run_with_session(
-        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body))
+    return _json(await run_with_session(
+        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body)))
+
+
+def _json(out: RecommendationsOut) -> Response:
+    """Serialised once (pydantic-core): a returned model would be validated again against
+    ``response_model`` before the same serialisation."""
+    return Response(content=out.model_dump_json(), media_type="application/json")

@@ -22,6 +22,7 @@ __all__ = [
     "normalise_url",
     "get_engine",
     "get_sessionmaker",
+    "get_read_engine",
     "session_scope",
     "dispose_engines",
     "is_sqlite",
@@ -31,6 +32,7 @@ __all__ = [
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker[Session]] = {}
+_read_engines: dict[str, Engine] = {}
 
 
 def normalise_url(url: str) -> str:
@@ -114,12 +116,29 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         session.close()
 
 
+def get_read_engine(engine: Engine) -> Engine:
+    """A PostgreSQL engine for single-statement reads on hot paths, beside ``engine`` (same URL
+    and pool size): autocommit (no BEGIN/ROLLBACK round trips; one statement is one snapshot),
+    no pre-ping and no reset on return, so a read is exactly one round trip. Callers retry once
+    when a pooled connection turns out to be dead (``DBAPIError.connection_invalidated``)."""
+    key = engine.url.render_as_string(hide_password=False)
+    with _lock:
+        read = _read_engines.get(key)
+        if read is None:
+            size = engine.pool.size() if hasattr(engine.pool, "size") else 5
+            read = _read_engines[key] = create_engine(
+                engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_reset_on_return=None,
+                pool_size=size, max_overflow=size)
+        return read
+
+
 def dispose_engines() -> None:
     """Close every pooled connection and forget the engines (tests, forked workers)."""
     with _lock:
-        for engine in _engines.values():
+        for engine in [*_engines.values(), *_read_engines.values()]:
             engine.dispose()
         _engines.clear()
+        _read_engines.clear()
         _makers.clear()
 
 

@@ -20,6 +20,7 @@ from app.db.models import Dataset, Item, ModelVersion
 from app.model_store import get_active_model
 from app.schemas.serving import ScoredItem
 from app.services.ingest import user_ratings_arrays
+from app.services.serving.hot_read import read_rows
 
 __all__ = ["CATALOG_TTL_S", "ServedModel", "Catalog", "ActiveModel", "active", "active_with_ratings",
            "invalidate_catalog", "catalog", "item_mask", "scored_items"]
@@ -35,11 +36,13 @@ class ServedModel:
     model: Any
     positions: dict[str, int]
     version_id: int = 0
+    sha256: str = ""  # the artifact's digest: with version_id, names the published model
     dataset_id: int = 0
     algorithm: str = ""
     npy: bytes | None = None
     masks: dict[Any, np.ndarray] = field(default_factory=dict)
     rating_range: tuple[float, float] | None = None  # the data set's public scale
+    trained: Any = None  # trained_scoring.TrainedRows, built on first use
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,9 @@ def active(session: Session, dataset: str) -> ActiveModel:
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
         ds = session.get(Dataset, row.dataset_id)
-        cached = ServedModel(model=model, positions=positions, version_id=row.id, dataset_id=row.dataset_id,
-                          algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))
+        cached = ServedModel(model=model, positions=positions, version_id=row.id, sha256=row.sha256,
+                             dataset_id=row.dataset_id,
+                             algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))
         with _lock:
             if len(_serving) > 8:
                 _serving.clear()
@@ -104,7 +108,7 @@ _ACTIVE_AND_RATINGS = text(
 
 def active_with_ratings(session: Session, dataset: str, user_id: str) -> tuple[ServedModel, list[str], list[float]]:
     """The active model (cached per version) and the one user's ratings, in one query."""
-    rows = session.execute(_ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id}).all()
+    rows = read_rows(session, _ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
     cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
     if cached is None:  # cold cache, no active model or unknown data set: the full path
         cached = active(session, dataset).cache

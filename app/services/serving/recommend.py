@@ -17,6 +17,7 @@ from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
 from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
+from app.services.serving import trained_scoring
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
@@ -57,11 +58,26 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         if algorithm.popularity_kind == "dp_count":
             items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity)]
         return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
+    if trained_scoring.applies(algorithm.score, kind):
+        state_key = (cache.version_id, cache.sha256, user_id,
+                     trained_scoring.ratings_digest(item_ids, values))
+        idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
+        return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
     if kind != "ranking_score":
         allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
     idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
     return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+
+
+def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.ndarray, rated_vals: np.ndarray,
+                   n: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-N over the trained rows with the user's cached state (same result as the full path)."""
+    if s.cache.trained is None:
+        s.cache.trained = trained_scoring.trained_rows(s.model)
+    vector, offset = trained_scoring.user_state(s.model, state_key, rated_idx, rated_vals)
+    scores = _on_scale(s, kind, trained_scoring.trained_scores(s.model, s.cache.trained, vector, offset))
+    return trained_scoring.trained_top_n(s.cache.trained, scores, n, allowed)
 
 
 def _allowed(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
