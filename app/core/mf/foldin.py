@@ -115,7 +115,8 @@ def self_calibrated_solve(x: np.ndarray, y: np.ndarray, ridge: float, shared: np
     statistic), so every candidate costs O(n r) after one r×r eigen-decomposition; the candidate
     with the smallest sum of squared leave-out residuals wins (ties: the smaller ridge).
     """
-    return self_calibrated_batch(x[None], y[None], np.array([ridge]), shared)[0]
+    solved: np.ndarray = self_calibrated_batch(x[None], y[None], np.array([ridge]), shared)[0]
+    return solved
 
 
 def self_calibrated_batch(x: np.ndarray, y: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
@@ -138,7 +139,8 @@ def self_calibrated_batch(x: np.ndarray, y: np.ndarray, ridge: np.ndarray, share
     if few.any():  # a leave-out needs something left: the plain solve
         plain = system[few] + ridge[few, None, None] * np.eye(rank)
         users[few] = np.linalg.solve(plain, np.matmul(np.swapaxes(x[few], 1, 2), y[few][:, :, None]))[:, :, 0]
-    return users
+    result: np.ndarray = users
+    return result
 
 
 def leave_one_out_press(x: np.ndarray, y: np.ndarray, ridges: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
@@ -146,10 +148,12 @@ def leave_one_out_press(x: np.ndarray, y: np.ndarray, ridges: np.ndarray, shared
     system = x.T @ x if shared is None else x.T @ x + shared
     eigval, eigvec = np.linalg.eigh(system)
     ridges = np.asarray(ridges, dtype=np.float64)[None, :]
-    return _leave_one_out((x @ eigvec)[None], np.maximum(eigval, 0.0)[None], y[None], ridges)[0][0]
+    press: np.ndarray = _leave_one_out((x @ eigvec)[None], np.maximum(eigval, 0.0)[None], y[None], ridges)[0][0]
+    return press
 
 
-def _leave_one_out(projected: np.ndarray, eigval: np.ndarray, y: np.ndarray, ridges: np.ndarray):
+def _leave_one_out(projected: np.ndarray, eigval: np.ndarray, y: np.ndarray,
+                   ridges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(PRESS (g, K), solutions in each eigenbasis (g, r, K)) from P = XQ (g, L, r), the eigenvalues
     (g, r) of each system, targets (g, L) and K candidate ridges per user (g, K)."""
     inverse = 1.0 / (eigval[:, :, None] + ridges[:, None, :])
