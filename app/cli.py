@@ -307,7 +307,7 @@ def _finish(bar) -> None:
 
 def cmd_import_csv(args: argparse.Namespace) -> int:
     """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
-    from app.api.errors import APIError
+    from app.errors import PrivrecError
     from app.services import ingest
 
     settings = _settings()
@@ -324,7 +324,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
             with maker() as session:
                 try:
                     result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
-                except APIError as exc:
+                except PrivrecError as exc:
                     exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
                                    f"before it were imported)")
                     raise
@@ -582,8 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.api.errors import APIError
-    from app.platform_errors import PlatformError
+    from app.errors import PrivrecError
 
     from pydantic import ValidationError
     from sqlalchemy.exc import InterfaceError, OperationalError
@@ -591,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (APIError, PlatformError) as exc:
+    except PrivrecError as exc:
         detail = f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else ""
         raise SystemExit(f"privrec {args.command}: {exc.message}{detail}") from None
     except ValidationError as exc:  # settings: one line, never the rejected value (e.g. a secret)

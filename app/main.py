@@ -17,10 +17,11 @@ from app.api import admin, dashboard, health, ingest, observability, privileged,
 from app.api import public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
-from app.api.errors import PayloadTooLarge, install_error_handlers, render
+from app.api.errors import install_error_handlers, render
 from app.api.health import __version__
 from app.api.openapi_yaml import to_yaml
 from app.config import Settings, get_settings
+from app.errors import PayloadTooLarge
 from app.db.session import get_sessionmaker
 
 log = logging.getLogger("privrec")

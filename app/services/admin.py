@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
                                PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
+from app.errors import Conflict
 from app.schemas.common import Page
 
 __all__ = [
@@ -58,7 +59,6 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
 
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
     """Create a data set with its budget account (409 when the name is taken)."""
-    from app.api.errors import Conflict
     from app.db.models import Dataset
     from app.services import budget
 

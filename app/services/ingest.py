@@ -2,7 +2,7 @@
 
 Every write is idempotent (upserts keyed by data set, user and item) and bumps the data set's
 ``ratings_version`` in the same transaction. Functions never commit; the caller does. Invalid
-input raises an :class:`~app.api.errors.APIError` before anything is written. Rating values are
+input raises an :class:`~app.errors.PrivrecError` before anything is written. Rating values are
 never logged.
 """
 
@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api.errors import NotFound, Unprocessable
+from app.errors import NotFound, Unprocessable
 from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version,
                            bump_ratings_version_sharded)
 from app.schemas.common import Page

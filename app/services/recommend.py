@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound, Unprocessable
+from app.errors import NotFound, Unprocessable
 from app.core.mf import foldin
 from app.core.algorithms import get_algorithm, score_kind
 from app.db.models import Dataset, Item, ModelVersion

@@ -48,7 +48,7 @@ from app.core.algorithms import ALGORITHMS as _ALGORITHMS
 from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
 from app.db.models import Dataset, Item, ModelVersion, TrainingRun, utcnow
 from app.db.session import is_postgres, session_scope
-from app.platform_errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
+from app.errors import BudgetExceeded, Conflict, InvalidRequest, NotFound
 from app.services.budget import get_dataset
 from app.services.training_inputs import load_ratings, load_training_inputs
 

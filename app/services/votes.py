@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.api.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, InvalidRequest, NotFound, Unprocessable
 from app.core.privacy.accounting import Relation
 from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
@@ -440,8 +440,6 @@ def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int
 def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> None:
     """Refuse a free, pre-randomised run unless the data set still randomises votes with exactly
     ``local_epsilon``: a public fact (its vote settings), checked before any vote is read."""
-    from app.platform_errors import InvalidRequest
-
     if local_epsilon is None or ds.vote_local_epsilon != float(local_epsilon):
         raise InvalidRequest(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
                              "a pre-randomised (free) run cannot train on its votes")
@@ -477,8 +475,6 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
     ``user_rows`` defaults to the data set's declared public bound ``max_users`` (add/remove-one-
     user relation; excess voters are dropped at random, never refused).
     """
-    from app.platform_errors import InvalidRequest
-
     out = dict(params or {})
     if ds.max_users is not None:
         out.setdefault("user_rows", max(2, int(ds.max_users)))
