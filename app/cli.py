@@ -28,14 +28,13 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from tqdm import tqdm
 from uvicorn.supervisors import Multiprocess
 
-from app.api.errors import APIError
+from app.errors import PrivrecError
 from app.auth import issue_token
 from app.config import Settings, get_settings, reset_settings_cache
 from app.db.migrate import alembic_config, current_revision, upgrade_head
 from app.db.models import Dataset, TrainingRun
 from app.db.session import get_sessionmaker, session_scope
 from app.main import create_app, openapi_yaml
-from app.platform_errors import PlatformError
 from app.schemas.admin import TrainingIn
 from app.services import admin, budget, catalog, ingest, public_data, votes
 from app.services.serving.active import invalidate_catalog
@@ -313,7 +312,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
             with maker() as session:
                 try:
                     result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
-                except APIError as exc:
+                except PrivrecError as exc:
                     exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
                                    f"before it were imported)")
                     raise
@@ -565,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (APIError, PlatformError) as exc:
+    except PrivrecError as exc:
         detail = f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else ""
         raise SystemExit(f"privrec {args.command}: {exc.message}{detail}") from None
     except ValidationError as exc:  # settings: one line, never the rejected value (e.g. a secret)

@@ -60,7 +60,7 @@ from app.core.privacy.accounting import (
 )
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
-from app.platform_errors import (BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound,
+from app.errors import (BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound,
                                  PersonBudgetExceeded, RelationRefused)
 
 __all__ = [

@@ -20,7 +20,8 @@ from app.api import admin, dashboard, health, ingest, observability, privileged,
 from app.api import public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
-from app.api.errors import PayloadTooLarge, install_error_handlers, render
+from app.api.errors import install_error_handlers, render
+from app.errors import PayloadTooLarge
 from app.api.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml

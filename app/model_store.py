@@ -23,7 +23,7 @@ from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
 from app.ledger import lock_account
-from app.platform_errors import Conflict, InvalidRequest, NoActiveModel, NotFound
+from app.errors import Conflict, InvalidRequest, NoActiveModel, NotFound
 
 __all__ = [
     "artifact_path_for",

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
-from app.api.errors import Forbidden, Unauthorized
+from app.errors import Forbidden, Unauthorized
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings

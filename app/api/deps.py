@@ -14,7 +14,7 @@ import anyio.to_thread
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.api.errors import Forbidden, PayloadTooLarge, Unauthorized
+from app.errors import Forbidden, PayloadTooLarge, Unauthorized
 from app.auth import Principal, TokenError, decode_token_cached
 from app.config import Settings
 from app.schemas.common import MAX_OFFSET

@@ -1,8 +1,9 @@
 """One error shape for the whole API: ``{"error": {"code", "message", "details"}}``.
 
-Every failure the service reports is an :class:`APIError` (or is converted into one by the
-handlers below: request validation errors, malformed JSON, unknown routes, unexpected
-exceptions). :data:`ERROR_RESPONSES` lists the shape in the OpenAPI document of every route.
+Every failure the service reports is an :class:`app.errors.PrivrecError`, rendered by one handler;
+the handlers below convert the rest (request validation errors, malformed JSON, unknown routes,
+an unreachable database, unexpected exceptions) into the same shape. :data:`ERROR_RESPONSES` lists
+the shape in the OpenAPI document of every route.
 """
 
 from __future__ import annotations
@@ -19,76 +20,18 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.errors import PrivrecError
+
 log = logging.getLogger("privrec.api")
 
 __all__ = [
-    "APIError",
-    "BadRequest",
-    "Unauthorized",
-    "Forbidden",
-    "NotFound",
-    "Conflict",
-    "PayloadTooLarge",
-    "Unprocessable",
-    "ServiceUnavailable",
     "ErrorBody",
     "ErrorResponse",
     "ERROR_RESPONSES",
     "errors",
+    "render",
     "install_error_handlers",
 ]
-
-
-class APIError(Exception):
-    """Base class of every error the API renders; subclasses fix the HTTP status."""
-
-    status_code: int = 400
-    code: str = "bad_request"
-
-    def __init__(self, message: str, *, code: str | None = None, details: Any = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if code is not None:
-            self.code = code
-        self.details = details
-        self.headers = headers
-
-
-class BadRequest(APIError):
-    status_code, code = 400, "bad_request"
-
-
-class Unauthorized(APIError):
-    status_code, code = 401, "unauthorized"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        kw.setdefault("headers", {"WWW-Authenticate": "Bearer"})
-        super().__init__(message, **kw)
-
-
-class Forbidden(APIError):
-    status_code, code = 403, "forbidden"
-
-
-class NotFound(APIError):
-    status_code, code = 404, "not_found"
-
-
-class Conflict(APIError):
-    status_code, code = 409, "conflict"
-
-
-class PayloadTooLarge(APIError):
-    status_code, code = 413, "payload_too_large"
-
-
-class Unprocessable(APIError):
-    status_code, code = 422, "validation_error"
-
-
-class ServiceUnavailable(APIError):
-    status_code, code = 503, "unavailable"
 
 
 class ErrorBody(BaseModel):
@@ -157,13 +100,8 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+async def _privrec_error(_: Request, exc: PrivrecError) -> JSONResponse:
     return render(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
-
-
-async def _platform_error(_: Request, exc: Exception) -> JSONResponse:
-    return render(getattr(exc, "status_code", 400), getattr(exc, "code", "error"),
-                  getattr(exc, "message", str(exc)), getattr(exc, "details", None))
 
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -222,10 +160,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
-    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
-    from app.platform_errors import PlatformError
-
-    app.add_exception_handler(PlatformError, _platform_error)
+    app.add_exception_handler(PrivrecError, _privrec_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_exception)  # type: ignore[arg-type]
     from sqlalchemy.exc import InterfaceError, OperationalError

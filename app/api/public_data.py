@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_user_access)
-from app.api.errors import Forbidden
+from app.errors import Forbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.schemas.common import Page

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_batch_within, require_ingest_access, require_user_access)
-from app.api.errors import Forbidden
+from app.errors import Forbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.schemas.common import Page

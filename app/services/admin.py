@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
-from app.api.errors import Conflict
+from app.errors import Conflict
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion
 from app.ledger import round_up

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
-from app.platform_errors import Conflict, InvalidRequest, NotFound
+from app.errors import Conflict, InvalidRequest, NotFound
 from app.schemas.admin import LedgerEntryOut
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Sequence
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound, Unprocessable
+from app.errors import NotFound, Unprocessable
 from app.db.dialect import CHUNK, chunks, insert_for, pg_array
 from app.db.models import Dataset, Item, bump_ratings_version, utcnow
 from app.db.session import is_postgres

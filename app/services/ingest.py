@@ -2,7 +2,7 @@
 
 Every write is idempotent (upserts keyed by data set, user and item) and bumps the data set's
 ``ratings_version`` in the same transaction. Functions never commit; the caller does. Invalid
-input raises an :class:`~app.api.errors.APIError` before anything is written. Rating values are
+input raises an :class:`~app.errors.PrivrecError` before anything is written. Rating values are
 never logged.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound, Unprocessable
+from app.errors import NotFound, Unprocessable
 from app.db.dialect import CHUNK, chunks, insert_for, pg_array
 from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
                            utcnow)

@@ -21,7 +21,7 @@ Values are stripped of surrounding white space and otherwise kept as given (case
 empty strings give nothing. Tokens carried by fewer than :data:`MIN_TOKEN_ITEMS` items are dropped
 (a token on one item ties that item to nothing).
 
-Functions never commit; the caller does. Invalid input raises an ``APIError`` before anything
+Functions never commit; the caller does. Invalid input raises a ``PrivrecError`` before anything
 is written.
 """
 
@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound, PayloadTooLarge, Unprocessable
+from app.errors import NotFound, PayloadTooLarge, Unprocessable
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.core.data.ratings import Ratings
 from app.db.dialect import chunks

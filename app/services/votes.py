@@ -31,14 +31,14 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.api.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, NotFound, Unprocessable
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
 from app.db.dialect import insert_for
 from app.db.session import is_postgres
-from app.platform_errors import InvalidRequest
+from app.errors import InvalidRequest
 from app.schemas.common import Page
 from app.schemas.votes import (VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
                                VoteWriteOut)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from app.api.errors import PayloadTooLarge
+from app.errors import PayloadTooLarge
 from tests.api.conftest import SMALL_DPALS, Env, add_items, seed_ratings
 
 R = "/v1/datasets/default"

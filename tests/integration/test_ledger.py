@@ -11,7 +11,7 @@ from app import ledger
 from app.core.privacy.accounting import compose, epsilon_rdp, gaussian
 from app.db.models import LedgerEntry, TrainingRun
 from app.db.session import session_scope
-from app.platform_errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest
+from app.errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest
 from app.services import budget
 from tests.integration.platform_helpers import create_dataset
 
@@ -212,7 +212,7 @@ from app import ledger
 from app.core.privacy.accounting import gaussian
 from app.db.models import TrainingRun
 from app.db.session import session_scope
-from app.platform_errors import BudgetExceeded
+from app.errors import BudgetExceeded
 from app.services import budget
 url, z, start_at = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 name = sys.argv[4] if len(sys.argv) > 4 else "default"

@@ -15,7 +15,7 @@ from app.core.onebit import local_randomisation_event
 from app.db.migrate import alembic_config, upgrade_head
 from app.db.models import BudgetAccount, LedgerEntry, PersonBudget, TrainingRun
 from app.db.session import dispose_engines, normalise_url, session_scope
-from app.platform_errors import (BudgetExceeded, CapChangeRefused, InvalidRequest, PersonBudgetExceeded,
+from app.errors import (BudgetExceeded, CapChangeRefused, InvalidRequest, PersonBudgetExceeded,
                                  RelationRefused)
 from app.services import budget
 from tests.integration.platform_helpers import create_dataset

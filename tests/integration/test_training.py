@@ -13,7 +13,7 @@ from app import ledger, model_store
 from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
 from app.db.session import session_scope
-from app.platform_errors import BudgetExceeded, InvalidRequest, NoActiveModel
+from app.errors import BudgetExceeded, InvalidRequest, NoActiveModel
 from app.services import admin, budget, bulk_read
 from app.services.training import dispatch, runner, schedule
 from app.services.training import requests as train_requests

@@ -10,7 +10,7 @@ from app import ledger, model_store
 from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.core.mf.dpfw import FrankWolfeModel, replay_user
 from app.db.session import session_scope
-from app.platform_errors import InvalidRequest
+from app.errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
 from app.services.serving import popular as serving_popular
 from app.services.serving import recommend

@@ -16,7 +16,7 @@ from app.core import onebit
 from app.core.privacy.accounting import epsilon_rdp, event_from_json
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
-from app.platform_errors import InvalidRequest
+from app.errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
 from app.schemas.votes import VoteIn, VoteRow
 from app.services import budget, votes
@@ -273,7 +273,7 @@ def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
 
     from sqlalchemy import select
 
-    from app.api.errors import Conflict
+    from app.errors import Conflict
     from app.db.models import Dataset, User, Vote, VoteAllowance
 
     create_dataset(db_url, cap=30.0, relation="replace_vote_values")

@@ -136,8 +136,6 @@ def test_no_import_circles(graph: Graph) -> None:
     assert circles(graph) == []
 
 
-@pytest.mark.xfail(strict=True, reason="services still raise app.api.errors until the error family "
-                   "(app/errors.py, branch i14api) lands; strict: remove this mark when it passes")
 def test_services_never_import_the_api(graph: Graph) -> None:
     assert arrows(graph, "app.services", "app.api") == []
 

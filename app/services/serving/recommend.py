@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.api.errors import Unprocessable
+from app.errors import Unprocessable
 from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem

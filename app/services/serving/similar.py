@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.api.errors import NotFound
+from app.errors import NotFound
 from app.core.mf import foldin
 from app.schemas.serving import SimilarOut
 from app.services.serving.active import active, catalog, item_mask, scored_items

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.core.algorithms import get_algorithm
 from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
-from app.platform_errors import InvalidRequest
+from app.errors import InvalidRequest
 from app.services.budget import get_dataset
 from app.services.training.requests import (MIN_EPSILON, base_config, data_params, n_items_of,
                                             resolved_hyperparameters)

@@ -24,7 +24,7 @@ from app.core.onebit import check_public_shape as onebit_public_shape
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, TrainingRun
 from app.db.session import session_scope
-from app.platform_errors import BudgetExceeded, InvalidRequest, NotFound
+from app.errors import BudgetExceeded, InvalidRequest, NotFound
 from app.schemas.admin import TrainingRunOut
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run

@@ -40,7 +40,7 @@ from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
 from app.db.models import TrainingRun, as_aware, utcnow
 from app.db.session import is_postgres, session_scope
-from app.platform_errors import Conflict
+from app.errors import Conflict
 from app.services.budget import get_dataset
 from app.services.training.inputs import load_training_inputs
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion, TrainingRun
 from app.db.session import session_scope
-from app.platform_errors import BudgetExceeded, InvalidRequest
+from app.errors import BudgetExceeded, InvalidRequest
 from app.services.budget import get_dataset
 from app.services.training.dispatch import drain_outbox, enqueue_run
 from app.services.training.requests import start_training
