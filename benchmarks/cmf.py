@@ -26,7 +26,7 @@ public-side parameters (alpha, lambda_F, w0_F) from a small grid. Test scores: m
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np

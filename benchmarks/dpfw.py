@@ -36,7 +36,6 @@ from app.core.mf.dpfw import (
     DPFWConfig,
     calibrate as calibrate_dpfw,
     gram_product,
-    gram_statistic,
     predict_dpfw,
     prepare_rows,
     top_eigenvector_dense,

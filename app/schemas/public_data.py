@@ -3,7 +3,6 @@ lists, and users' consent to make their ratings public."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints

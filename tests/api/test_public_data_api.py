@@ -77,7 +77,7 @@ def test_only_the_users_own_token_sets_the_public_flag_and_every_change_is_audit
     assert [u["user_id"] for u in users["items"]] == ["bob"] and users["total"] == 1
     assert env.client.get(f"{A}/public-users", headers=env.auth("bob")).status_code == 403
     assert _consent(env, "alice", True, env.auth("alice")).status_code == 200
-    assert env.client.put(f"/v1/datasets/nope/users/alice/public-ratings", json={"public": True},
+    assert env.client.put("/v1/datasets/nope/users/alice/public-ratings", json={"public": True},
                           headers=env.auth("alice")).status_code == 404
 
 

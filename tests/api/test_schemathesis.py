@@ -5,7 +5,6 @@ documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterator
 
 import pytest

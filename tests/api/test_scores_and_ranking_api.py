@@ -21,7 +21,7 @@ def _scale(env: Env) -> tuple[float, float]:
 def _train(env: Env, epsilon: float, **body) -> dict:
     from app.services.training.runner import run_training
 
-    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin, json={"epsilon": epsilon, **body})
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin, json={"epsilon": epsilon, **body})
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
     assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
@@ -66,10 +66,10 @@ def test_rating_fallback_scores_are_baseline_ratings_not_counts(env: Env) -> Non
 
 def test_objective_is_refused_for_algorithms_without_one(env: Env) -> None:
     seed_ratings(env)
-    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin,
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
                         json={"epsilon": 1.0, "algorithm": "dpfw", "objective": "ranking"})
     assert r.status_code == 422
-    r = env.client.post(f"/v1/admin/datasets/default/trainings", headers=env.admin,
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
                         json={"epsilon": 1.0, "objective": "popularity"})
     assert r.status_code == 422
 

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from app import ledger, model_store
 from app.core.privacy.accounting import epsilon_rdp, event_to_json
-from app.db.models import LedgerEntry, ModelVersion, TrainingRun, bump_ratings_version
+from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
 from app.errors import BudgetExceeded, InvalidRequest, NoActiveModel
 from app.services import admin, budget, bulk_read

@@ -27,7 +27,7 @@ from app.core.mf.dpals import (
     user_regularisation,
 )
 from app.core.data.ratings import Ratings
-from app.core.privacy.releaser import GaussianReleaser, symmetric_noise
+from app.core.privacy.releaser import symmetric_noise
 from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample
 
 K = 6  # contribution bound used throughout
