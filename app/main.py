@@ -20,8 +20,8 @@ from app.api import admin, dashboard, health, ingest, observability, privileged,
 from app.api import public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
-from app.api.errors import install_error_handlers, render
-from app.errors import PayloadTooLarge
+from app.api.errors import install_error_handlers, render_error
+from app.errors import BodyTooLarge
 from app.api.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
@@ -96,9 +96,9 @@ class BodyLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _error(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes", code="body_too_large",
-                               details={"max_bytes": self.max_bytes})
+    def _error(self) -> BodyTooLarge:
+        return BodyTooLarge(f"request body exceeds {self.max_bytes} bytes",
+                            details={"max_bytes": self.max_bytes})
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -106,9 +106,7 @@ class BodyLimit:
             return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                err = self._error()
-                response = render(err.status_code, err.code, err.message, err.details)
-                await response(scope, receive, send)
+                await render_error(self._error())(scope, receive, send)
                 return
         seen = 0
         responded = False
@@ -123,8 +121,7 @@ class BodyLimit:
             if message["type"] == "http.request" and not responded:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    err = self._error()
-                    await render(err.status_code, err.code, err.message, err.details)(scope, receive, send)
+                    await render_error(self._error())(scope, receive, send)
                     responded = True
                     return {"type": "http.disconnect"}
             return message

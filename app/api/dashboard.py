@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
-from app.errors import Forbidden, Unauthorized
+from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings
@@ -65,7 +65,7 @@ async def session_admin(request: Request, settings: SettingsDep) -> dict[str, An
     """401 without a valid session cookie."""
     claims = _session_claims(request, settings)
     if claims is None:
-        raise Unauthorized("sign in to the dashboard first", code="no_session")
+        raise NoSession("sign in to the dashboard first")
     return claims
 
 
@@ -76,7 +76,7 @@ async def csrf_admin(request: Request, claims: SessionAdmin) -> dict[str, Any]:
     """Writes also need the session's CSRF value in ``X-CSRF-Token`` (403 otherwise)."""
     sent = request.headers.get("x-csrf-token", "")
     if not secrets.compare_digest(sent, str(claims["csrf"])):
-        raise Forbidden("missing or wrong CSRF token", code="csrf_failed")
+        raise CsrfFailed("missing or wrong CSRF token")
     return claims
 
 
@@ -90,9 +90,9 @@ def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_le
         principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
                                  max_lifetime_s=settings.max_token_ttl_s)
     except TokenError:
-        raise Unauthorized("invalid or expired token", code="invalid_token") from None
+        raise InvalidToken("invalid or expired token") from None
     if not principal.is_admin:
-        raise Forbidden("the dashboard needs an admin token", code="admin_required")
+        raise AdminRequired("the dashboard needs an admin token")
     token_exp = int(jwt.decode(token, options={"verify_signature": False})["exp"])
     value, _ = _issue_session(principal.subject, settings, min(token_exp, int(time.time()) + SESSION_TTL_S))
     response = Response(status_code=204)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_user_access)
-from app.errors import Forbidden
+from app.errors import OwnUserRequired, WrongSubject
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.schemas.common import Page
@@ -43,11 +43,11 @@ CONSENT_DOC = (
 def _require_own_user(principal: Principal, user_id: str) -> None:
     """403 unless the caller is the user themself (a user token whose subject is ``user_id``)."""
     if principal.kind != "user":
-        raise Forbidden(
+        raise OwnUserRequired(
             "only the user's own token may make their ratings public or private: the choice is the "
-            f"user's alone, so {principal.kind} tokens cannot set it", code="own_user_required")
+            f"user's alone, so {principal.kind} tokens cannot set it")
     if principal.subject != user_id:
-        raise Forbidden("the token may not set another user's choice", code="wrong_subject")
+        raise WrongSubject("the token may not set another user's choice")
 
 
 # ---------------------------------------------------------------------------- consent (user)

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_batch_within, require_ingest_access, require_user_access)
-from app.errors import Forbidden
+from app.errors import ClientRandomisationForbidden
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.schemas.common import Page
@@ -41,8 +41,8 @@ def _require_own_device_for_client_bits(principal: Principal, rows: Sequence[Vot
     server randomises them.
     """
     if principal.kind != "user" and any(r.randomised for r in rows):
-        raise Forbidden("only the user's own token may send a client-randomised vote; "
-                        "services send raw votes and the server randomises them", code="client_randomisation_forbidden")
+        raise ClientRandomisationForbidden("only the user's own token may send a client-randomised vote; "
+                                           "services send raw votes and the server randomises them")
 
 
 @router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
-from app.errors import Conflict
+from app.errors import DatasetExists
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion
 from app.ledger import round_up
@@ -61,7 +61,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
     """Create a data set with its budget account (409 when the name is taken)."""
     if session.scalar(select(Dataset.id).where(Dataset.name == body.name)) is not None:
-        raise Conflict(f"data set {body.name!r} exists", code="dataset_exists", details={"dataset": body.name})
+        raise DatasetExists(f"data set {body.name!r} exists", details={"dataset": body.name})
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor, relation=body.neighbouring_relation.value,
