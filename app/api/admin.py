@@ -53,7 +53,7 @@ def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> Bud
 def get_projection(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
                    epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP, description="The run's epsilon.")],
                    algorithm: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9_\-]+$")] = None) -> ProjectionOut:
-    return ProjectionOut(**svc.projection(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm))
+    return svc.projection(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm)
 
 
 @router.patch("/datasets/{dataset}/budget", response_model=BudgetOut,

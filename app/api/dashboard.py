@@ -175,7 +175,8 @@ def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
     entries = [e.model_dump(mode="json") for e in
                svc.ledger_page(session, dataset=dataset, offset=start, limit=CHART_POINTS).items]
     try:
-        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon)
+        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon).model_dump(
+            mode="json")
         projection_error = None
     except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. no algorithm applies yet)
         projection, projection_error = None, getattr(exc, "message", type(exc).__name__)

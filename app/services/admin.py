@@ -14,7 +14,7 @@ from app.config import Settings
 from app.db.models import Dataset, ModelVersion
 from app.ledger import round_up
 from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
-                               PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
+                               PersonBudgetIn, PersonBudgetOut, ProjectionOut, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import budget
 from app.services.training import dispatch, projection as proj
@@ -170,9 +170,10 @@ def activate(session: Session, *, dataset: str, version_id: int, actor: str) -> 
     return version_out(model_store.activate_version(session, dataset, version_id, actor=actor))
 
 
-def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> dict[str, Any]:
+def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> ProjectionOut:
     """What one more run at ``epsilon`` composes to and how many are affordable."""
-    return proj.project_run(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm).to_dict()
+    return ProjectionOut.model_validate(proj.project_run(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm),
+                                        from_attributes=True)
 
 
 def chain_status(session: Session, *, dataset: str) -> dict[str, Any]:
