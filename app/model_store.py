@@ -23,8 +23,8 @@ from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
 from app.ledger import lock_account
-from app.errors import (ArtifactMissing, ArtifactUnreadable, InvalidPage, NoActiveModel, UnknownDataset,
-                        UnknownModelVersion)
+from app.errors import ArtifactMissing, ArtifactUnreadable, NoActiveModel, UnknownDataset, UnknownModelVersion
+from app.schemas.common import require_valid_page
 
 __all__ = [
     "artifact_path_for",
@@ -116,8 +116,7 @@ def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion
 
 def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[ModelVersion], int]:
     """One page of versions (newest first) and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidPage("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = _dataset(session, dataset)
     total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
     rows = list(

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import AdminPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
+from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep
 from app.api.params import DatasetP
 from app.schemas.admin import (MAX_EPSILON_CAP, PERSON_BUDGET_NAME, BudgetOut, CapChangeIn, DatasetIn, DatasetOut,
                                DatasetPatchIn, LedgerEntryOut, ModelVersionOut, PersonBudgetIn, PersonBudgetOut,
@@ -35,8 +35,8 @@ def patch_dataset(dataset: DatasetP, body: DatasetPatchIn, _: AdminPrincipal, se
 
 
 @router.get("/datasets", response_model=Page[DatasetOut], summary="Data sets and their budgets")
-def list_datasets(_: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[DatasetOut]:
-    return svc.datasets_page(session, offset=offset, limit=limit)
+def list_datasets(_: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[DatasetOut]:
+    return svc.datasets_page(session, offset=page.offset, limit=page.limit)
 
 
 @router.get("/datasets/{dataset}/budget", response_model=BudgetOut, summary="Privacy budget")
@@ -81,9 +81,8 @@ def put_person_budget(name: PersonBudgetP, body: PersonBudgetIn, admin: AdminPri
 
 @router.get("/datasets/{dataset}/ledger", response_model=Page[LedgerEntryOut],
             summary="Ledger entries with event trees and parameters")
-def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-               limit: LimitQ = 100) -> Page[LedgerEntryOut]:
-    return svc.ledger_page(session, dataset=dataset, offset=offset, limit=limit)
+def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[LedgerEntryOut]:
+    return svc.ledger_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @router.post("/datasets/{dataset}/trainings", response_model=TrainingAccepted, status_code=202,
@@ -101,9 +100,8 @@ def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, se
 
 
 @router.get("/datasets/{dataset}/trainings", response_model=Page[TrainingRunOut], summary="Training runs")
-def list_trainings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-                   limit: LimitQ = 100) -> Page[TrainingRunOut]:
-    return svc.runs_page(session, dataset=dataset, offset=offset, limit=limit)
+def list_trainings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[TrainingRunOut]:
+    return svc.runs_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @router.get("/trainings/{run_id}", response_model=TrainingRunOut, summary="Training run status and progress")
@@ -112,9 +110,8 @@ def get_training(run_id: IdP, _: AdminPrincipal, session: SessionDep) -> Trainin
 
 
 @router.get("/datasets/{dataset}/models", response_model=Page[ModelVersionOut], summary="Model versions")
-def list_models(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-                limit: LimitQ = 100) -> Page[ModelVersionOut]:
-    return svc.versions_page(session, dataset=dataset, offset=offset, limit=limit)
+def list_models(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[ModelVersionOut]:
+    return svc.versions_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @router.post("/datasets/{dataset}/models/{version_id}/activate", response_model=ModelVersionOut,

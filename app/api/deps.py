@@ -6,7 +6,7 @@ thread for each of them; the session dependency (blocking I/O at close) stays sy
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Iterator, TypeVar
+from typing import Annotated, Awaitable, Callable, Iterator, TypeVar
 
 from fastapi import Depends, Query, Request
 import anyio
@@ -18,7 +18,7 @@ from app.errors import (AdminRequired, BatchTooLarge, InvalidToken, MissingToken
                         WrongSubject)
 from app.auth import Principal, TokenError, decode_token_cached
 from app.config import Settings
-from app.schemas.common import MAX_OFFSET
+from app.schemas.common import DEFAULT_PAGE_SIZE, MAX_OFFSET, MAX_PAGE_SIZE, PageRequest
 from app.services.unit_of_work import commit
 
 __all__ = [
@@ -27,8 +27,8 @@ __all__ = [
     "WriteSessionDep",
     "CurrentPrincipal",
     "AdminPrincipal",
-    "OffsetQ",
-    "LimitQ",
+    "PageQ",
+    "page_query",
     "get_session",
     "get_write_session",
     "run_with_session",
@@ -156,4 +156,17 @@ def require_item_writer(principal: Principal) -> None:
 
 
 OffsetQ = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Entries to skip.")]
-LimitQ = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1,000).")]
+LimitQ = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size (at most {MAX_PAGE_SIZE:,}).")]
+
+
+def page_query(default_limit: int = DEFAULT_PAGE_SIZE) -> Callable[..., Awaitable[PageRequest]]:
+    """The paging dependency of every list route: ``offset`` and ``limit`` query parameters
+    (``limit`` defaults to ``default_limit``), validated against MAX_OFFSET and MAX_PAGE_SIZE."""
+
+    async def page(offset: OffsetQ = 0, limit: LimitQ = default_limit) -> PageRequest:
+        return PageRequest(offset=offset, limit=limit)
+
+    return page
+
+
+PageQ = Annotated[PageRequest, Depends(page_query())]

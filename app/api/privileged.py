@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access, run_with_session
+from app.api.deps import CurrentPrincipal, PageQ, SessionDep, require_user_access, run_with_session
 from app.api.params import DatasetP, UserP
 from app.schemas.common import ExternalId, Page
 from app.schemas.ingest import RatingOut
@@ -32,10 +32,10 @@ RECO_DESCRIPTION = (
 @router.get("/datasets/{dataset}/users/{user_id}/ratings", response_model=Page[RatingOut],
             summary="The user's own ratings")
 def list_user_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
-                      session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[RatingOut]:
+                      session: SessionDep, page: PageQ) -> Page[RatingOut]:
     require_user_access(principal, user_id)
     return ingest_svc.list_user_ratings(session, dataset=dataset, user_id=user_id,
-                                        offset=offset, limit=limit)
+                                        offset=page.offset, limit=page.limit)
 
 
 @router.get("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from app.api.deps import LimitQ, OffsetQ, SessionDep
+from app.api.deps import PageQ, SessionDep
 from app.api.params import DatasetP, ItemP
 from app.schemas.common import Page
 from app.schemas.ingest import ItemOut
@@ -21,8 +21,8 @@ NQ = Annotated[int, Query(ge=1, le=MAX_N, description="How many items to return.
 
 
 @router.get("/datasets/{dataset}/items", response_model=Page[ItemOut], summary="List items")
-def list_items(dataset: DatasetP, session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[ItemOut]:
-    return catalog.list_items(session, dataset=dataset, offset=offset, limit=limit)
+def list_items(dataset: DatasetP, session: SessionDep, page: PageQ) -> Page[ItemOut]:
+    return catalog.list_items(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @router.get("/datasets/{dataset}/items/{item_id}", response_model=ItemOut, summary="One item")
@@ -38,9 +38,8 @@ def get_model(dataset: DatasetP, session: SessionDep) -> ModelInfoOut:
 
 @router.get("/datasets/{dataset}/model/embeddings", response_model=EmbeddingsPage,
             summary="Item embeddings of the active model, paged")
-def get_embeddings(dataset: DatasetP, session: SessionDep, offset: OffsetQ = 0,
-                   limit: LimitQ = 100) -> EmbeddingsPage:
-    return published.embeddings_page(session, dataset=dataset, offset=offset, limit=limit)
+def get_embeddings(dataset: DatasetP, session: SessionDep, page: PageQ) -> EmbeddingsPage:
+    return published.embeddings_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @router.get(

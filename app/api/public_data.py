@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
+from app.api.deps import (AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_user_access)
 from app.errors import OwnUserRequired, WrongSubject
 from app.api.params import DatasetP, ItemP, UserP
@@ -72,18 +72,16 @@ def get_public_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrin
 # ---------------------------------------------------------------------------- admin: public users
 @admin_router.get("/datasets/{dataset}/public-users", response_model=Page[PublicUserOut],
                   summary="Users whose ratings are public (by their own choice)")
-def list_public_users(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-                      limit: LimitQ = 100) -> Page[PublicUserOut]:
-    return svc.public_users_page(session, dataset=dataset, offset=offset, limit=limit)
+def list_public_users(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[PublicUserOut]:
+    return svc.public_users_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @admin_router.get("/datasets/{dataset}/public-ratings/events", response_model=Page[ConsentEventOut],
                   summary="Audit trail of public-ratings choices (oldest first)")
-def list_consent_events(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-                        limit: LimitQ = 100,
+def list_consent_events(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ,
                         user_id: Annotated[str | None, Query(max_length=128, description="Only this user.")] = None,
                         ) -> Page[ConsentEventOut]:
-    return svc.consent_events_page(session, dataset=dataset, offset=offset, limit=limit, user_id=user_id)
+    return svc.consent_events_page(session, dataset=dataset, offset=page.offset, limit=page.limit, user_id=user_id)
 
 
 # ---------------------------------------------------------------------------- admin: similarities
@@ -103,9 +101,9 @@ def put_similarity_source(dataset: DatasetP, source: SourceP, body: SimilaritySo
 
 @admin_router.get("/datasets/{dataset}/similarity-sources", response_model=Page[SimilaritySourceOut],
                   summary="Public similarity sources")
-def list_similarity_sources(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, offset: OffsetQ = 0,
-                            limit: LimitQ = 100) -> Page[SimilaritySourceOut]:
-    return svc.similarity_sources_page(session, dataset=dataset, offset=offset, limit=limit)
+def list_similarity_sources(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
+                            page: PageQ) -> Page[SimilaritySourceOut]:
+    return svc.similarity_sources_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
 @admin_router.get("/datasets/{dataset}/similarity-sources/{source}", response_model=SimilaritySourceOut,

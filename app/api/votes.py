@@ -7,7 +7,7 @@ from typing import Sequence
 
 from fastapi import APIRouter
 
-from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
+from app.api.deps import (AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep,
                           WriteSessionDep, require_batch_within, require_ingest_access, require_user_access)
 from app.errors import ClientRandomisationForbidden
 from app.api.params import DatasetP, ItemP, UserP
@@ -78,9 +78,9 @@ def delete_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, principal: Cu
 @router.get("/datasets/{dataset}/users/{user_id}/votes", response_model=Page[VoteOut], tags=["privileged"],
             summary="The user's own stored votes (randomised bits on a randomising data set)")
 def list_user_votes(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal, session: SessionDep,
-                    offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[VoteOut]:
+                    page: PageQ) -> Page[VoteOut]:
     require_user_access(principal, user_id)
-    return svc.list_user_votes(session, dataset=dataset, user_id=user_id, offset=offset, limit=limit)
+    return svc.list_user_votes(session, dataset=dataset, user_id=user_id, offset=page.offset, limit=page.limit)
 
 
 @admin_router.get("/datasets/{dataset}/vote-settings", response_model=VoteSettingsOut,

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
-from app.errors import (DeltaRequired, InvalidDatasetName, InvalidPage, InvalidRatingRange, PersonBudgetFixed,
-                        UnknownDataset)
+from app.errors import DeltaRequired, InvalidDatasetName, InvalidRatingRange, PersonBudgetFixed, UnknownDataset
 from app.schemas.admin import LedgerEntryOut
+from app.schemas.common import require_valid_page
 
 __all__ = [
     "BudgetView",
@@ -208,8 +208,7 @@ def change_cap(session: Session, *, dataset: str, new_cap: float, reason: str | 
 
 def list_ledger(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[LedgerEntry], int]:
     """One page of the data set's ledger entries in sequence order, and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidPage("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
     total = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0

@@ -25,8 +25,9 @@ from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, TrainingRun
 from app.db.session import session_scope
 from app.errors import (BudgetExceeded, CalibrationFailed, CatalogueTooSmall, InvalidEpsilon, InvalidHyperparameters,
-                        InvalidIdempotencyKey, InvalidPage, SecretHyperparameter, UnknownAlgorithm, UnknownTrainingRun)
+                        InvalidIdempotencyKey, SecretHyperparameter, UnknownAlgorithm, UnknownTrainingRun)
 from app.schemas.admin import TrainingRunOut
+from app.schemas.common import require_valid_page
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run
 from app.services.votes import votes_training_params
@@ -238,8 +239,7 @@ def get_run(session: Session, *, run_id: int, dataset: str | None = None) -> Tra
 
 def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[TrainingRun], int]:
     """One page of runs (newest first) and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidPage("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
     total = session.scalar(select(func.count()).select_from(TrainingRun).where(TrainingRun.dataset_id == ds.id)) or 0
     rows = list(
