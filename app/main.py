@@ -15,13 +15,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from threadpoolctl import threadpool_limits
 
-from app.api import admin, dashboard, health, ingest, observability, privileged, public
-from app.api import public_data
-from app.api import votes as votes_api
+from app.api import observability
+from app.api.routes import ROUTERS, dashboard, health
 from app.api.contract import install_error_docs
 from app.api.errors import install_error_handlers
 from app.api.middleware import install_middleware
-from app.api.health import __version__
+from app.api.routes.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
@@ -126,14 +125,8 @@ def create_app(settings: Settings) -> FastAPI:
     install_middleware(app, settings)
     app.include_router(health.router)
     app.include_router(observability.router)
-    app.include_router(ingest.router, prefix="/v1")
-    app.include_router(public.router, prefix="/v1")
-    app.include_router(privileged.router, prefix="/v1")
-    app.include_router(admin.router, prefix="/v1/admin")
-    app.include_router(public_data.router, prefix="/v1")
-    app.include_router(public_data.admin_router, prefix="/v1/admin")
-    app.include_router(votes_api.router, prefix="/v1")
-    app.include_router(votes_api.admin_router, prefix="/v1/admin")
+    for router in ROUTERS:
+        app.include_router(router, prefix="/v1")
     install_error_docs(app)
     _mount_dashboard(app)
     return app

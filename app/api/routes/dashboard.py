@@ -35,7 +35,7 @@ from app.services.unit_of_work import after_commit
 __all__ = ["router", "COOKIE", "chart_svg"]
 
 router = APIRouter(include_in_schema=False)
-templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
 
 COOKIE = "privrec_session"
 AUDIENCE = "privrec-dashboard"
