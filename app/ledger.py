@@ -60,8 +60,10 @@ from app.core.privacy.accounting import (
 )
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
-from app.errors import (BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound,
-                                 PersonBudgetExceeded, RelationRefused)
+from app.errors import (BudgetExceeded, CapChangeRefused, InvalidDelta, InvalidEpsilonCap, InvalidPersonBudgetName,
+                        InvalidRelation, NoBudgetAccount, NoReservation, PersonBudgetExceeded, PersonBudgetExists,
+                        PersonBudgetMissing, ReasonRequired, RelationRefused, ReservationMismatch, RunPublished,
+                        RunRefunded, UnknownPersonBudget)
 
 __all__ = [
     "GENESIS_HASH",
@@ -163,7 +165,7 @@ def account_for(session: Session, dataset_id: int) -> BudgetAccount:
     """The budget account of a data set (no lock)."""
     acct = session.scalar(select(BudgetAccount).where(BudgetAccount.dataset_id == dataset_id))
     if acct is None:
-        raise NotFound(f"data set {dataset_id} has no budget account")
+        raise NoBudgetAccount(f"data set {dataset_id} has no budget account")
     return acct
 
 
@@ -178,7 +180,7 @@ def lock_account(session: Session, dataset_id: int) -> BudgetAccount:
         stmt = stmt.with_for_update()
     acct = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
     if acct is None:
-        raise NotFound(f"data set {dataset_id} has no budget account")
+        raise NoBudgetAccount(f"data set {dataset_id} has no budget account")
     return acct
 
 
@@ -215,13 +217,13 @@ def open_account(
     the per-person budget ``person_budget`` (whose relation ``relation`` must imply)."""
     relation = _parse_or_invalid(relation)
     if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
-        raise InvalidRequest("epsilon cap must be a finite number > 0")
+        raise InvalidEpsilonCap("epsilon cap must be a finite number > 0")
     if not (math.isfinite(delta) and 0 < delta < 1):
-        raise InvalidRequest("delta must lie strictly between 0 and 1")
+        raise InvalidDelta("delta must lie strictly between 0 and 1")
     try:
         pb = person_budget_named(session, person_budget)
-    except NotFound as exc:  # a reference in the request body, not the addressed resource
-        raise InvalidRequest(f"{exc.message}; create it first (PUT /v1/admin/person-budgets/{{name}})",
+    except UnknownPersonBudget as exc:  # a reference in the request body, not the addressed resource
+        raise PersonBudgetMissing(f"{exc.message}; create it first (PUT /v1/admin/person-budgets/{{name}})",
                              person_budget=person_budget) from exc
     if not relation_implies(relation, parse_relation(pb.relation)):
         raise RelationRefused(
@@ -249,7 +251,7 @@ def _parse_or_invalid(relation: object) -> Relation:
     try:
         return parse_relation(relation)
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+        raise InvalidRelation(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------- person budgets
@@ -260,7 +262,7 @@ def person_budget_named(session: Session, name: str = DEFAULT_PERSON_BUDGET) -> 
         pb = open_person_budget(session, name, epsilon_cap=DEFAULT_PERSON_CAP, delta=DEFAULT_PERSON_DELTA,
                                 relation=Relation.ADD_OR_REMOVE_ONE_USER, actor="system")
     if pb is None:
-        raise NotFound(f"unknown person budget {name!r}", person_budget=name)
+        raise UnknownPersonBudget(f"unknown person budget {name!r}", person_budget=name)
     return pb
 
 
@@ -268,16 +270,16 @@ def open_person_budget(
     session: Session, name: str, *, epsilon_cap: float, delta: float, relation: Relation | str, actor: str,
     reason: str | None = None,
 ) -> PersonBudget:
-    """Create a per-person budget (``Conflict`` when ``name`` exists). Does not commit."""
+    """Create a per-person budget (``PersonBudgetExists`` when ``name`` exists). Does not commit."""
     relation = _parse_or_invalid(relation)
     if not name or len(name) > 64:
-        raise InvalidRequest("a person budget name must have 1 to 64 characters")
+        raise InvalidPersonBudgetName("a person budget name must have 1 to 64 characters")
     if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
-        raise InvalidRequest("epsilon cap must be a finite number > 0")
+        raise InvalidEpsilonCap("epsilon cap must be a finite number > 0")
     if not (math.isfinite(delta) and 0 < delta < 1):
-        raise InvalidRequest("delta must lie strictly between 0 and 1")
+        raise InvalidDelta("delta must lie strictly between 0 and 1")
     if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
-        raise Conflict(f"person budget {name!r} exists", person_budget=name)
+        raise PersonBudgetExists(f"person budget {name!r} exists", person_budget=name)
     pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
                       history=[_history_row(actor, None, float(epsilon_cap), reason or "created")])
     session.add(pb)
@@ -327,10 +329,10 @@ def change_person_cap(
 ) -> PersonBudget:
     """Change a person budget's cap (audited in its history); same rules as a data set's cap."""
     if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
-        raise InvalidRequest("the new cap must be a finite number > 0")
+        raise InvalidEpsilonCap("the new cap must be a finite number > 0")
     pb = lock_person_budget(session, person_budget_named(session, name).id)
     if new_cap > pb.epsilon_cap and not (reason and reason.strip()):
-        raise InvalidRequest("raising the privacy budget cap requires a reason")
+        raise ReasonRequired("raising the privacy budget cap requires a reason")
     current = person_spent(session, pb)
     if new_cap < current.epsilon_rdp:
         raise CapChangeRefused(
@@ -407,7 +409,7 @@ def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
     as charged under the account's relation."""
     acct = session.get(BudgetAccount, account_id)
     if acct is None:
-        raise NotFound(f"no budget account {account_id}")
+        raise NoBudgetAccount(f"no budget account {account_id}")
     entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
     refunded = {e.run_id for e in entries if e.kind == "refund"}
     return _charged_events(entries, refunded, account_relation(acct))
@@ -510,11 +512,11 @@ def reserve(
     acct = lock_account(session, dataset.id)
     _charged_under(acct, dataset, event, parameters)  # refuses a relation the account cannot take
     if _run_entry(session, run_id, "refund") is not None:
-        raise Conflict(f"training run {run_id} was refunded and cannot reserve again")
+        raise RunRefunded(f"training run {run_id} was refunded and cannot reserve again")
     existing = reservation_for(session, run_id)
     if existing is not None:
         if existing.event != event_json:
-            raise Conflict(f"training run {run_id} already holds a reservation for a different event")
+            raise ReservationMismatch(f"training run {run_id} already holds a reservation for a different event")
         return existing
     return _charge(session, acct, dataset, event, kind="reservation", run_id=run_id, actor=actor,
                    event_json=event_json, parameters=parameters)
@@ -633,9 +635,9 @@ def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, param
         return existing
     res = reservation_for(session, run_id)
     if res is None:
-        raise Conflict(f"training run {run_id} has no reservation to commit")
+        raise NoReservation(f"training run {run_id} has no reservation to commit")
     if _run_entry(session, run_id, "refund") is not None:
-        raise Conflict(f"training run {run_id} was refunded; its output must not be published")
+        raise RunRefunded(f"training run {run_id} was refunded; its output must not be published")
     last = _last_entry(session, acct.id)
     return _append(
         session,
@@ -661,7 +663,7 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
     if reservation_for(session, run_id) is None:
         return None
     if _run_entry(session, run_id, "commit") is not None:
-        raise Conflict(f"training run {run_id} was published; its charge cannot be refunded")
+        raise RunPublished(f"training run {run_id} was published; its charge cannot be refunded")
     # compose what stays charged once this run's reservation is released
     entries = _entries(session, acct.id, (*CHARGED_KINDS, "refund"))
     gone = {e.run_id for e in entries if e.kind == "refund"} | {run_id}
@@ -684,12 +686,12 @@ def record_cap_change(
 ) -> LedgerEntry:
     """Change the cap (audited). Raising needs a reason; lowering below the spend is refused."""
     if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
-        raise InvalidRequest("the new cap must be a finite number > 0")
+        raise InvalidEpsilonCap("the new cap must be a finite number > 0")
     acct = lock_account(session, dataset.id)
     old_cap = acct.epsilon_cap
     current = spent(session, acct)
     if new_cap > old_cap and not (reason and reason.strip()):
-        raise InvalidRequest("raising the privacy budget cap requires a reason")
+        raise ReasonRequired("raising the privacy budget cap requires a reason")
     if new_cap < current.epsilon_rdp:
         raise CapChangeRefused(
             f"cannot lower the cap to {new_cap}: epsilon {round_up(current.epsilon_rdp)} is already spent",

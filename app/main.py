@@ -7,7 +7,6 @@ embedded mode (no Redis), start-up work: migrations, demo data, the in-process t
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -16,13 +15,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from threadpoolctl import threadpool_limits
 
-from app.api import admin, dashboard, health, ingest, observability, privileged, public
-from app.api import public_data
-from app.api import votes as votes_api
+from app.api import observability
+from app.api.routes import ROUTERS, dashboard, health
 from app.api.contract import install_error_docs
-from app.api.errors import install_error_handlers, render
-from app.errors import PayloadTooLarge
-from app.api.health import __version__
+from app.api.errors import install_error_handlers
+from app.api.middleware import install_middleware
+from app.api.routes.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
@@ -48,8 +46,6 @@ privrec learns recommendations from users' ratings under **user-level differenti
 Every error has the shape `{"error": {"code", "message", "details"}}`.
 """
 
-MAX_BODY_BYTES = 16 * 1024 * 1024  # a full 10,000-row batch with 128-character ids is ~3 MiB
-
 TAGS = [
     {"name": "ingest", "description": "Write ratings and items (user token or service token with `ingest`)."},
     {"name": "public", "description": "DP outputs of the active model; no token needed."},
@@ -57,79 +53,6 @@ TAGS = [
     {"name": "admin", "description": "Privacy budget, ledger, trainings, model versions (admin token)."},
     {"name": "health", "description": "Probes."},
 ]
-
-
-class ServerTiming:
-    """ASGI middleware adding ``Server-Timing: app;dur=<ms>`` (time spent inside the app).
-
-    Opt-in (``SERVER_TIMING=true``): a precise per-request duration is a timing side channel
-    (e.g. a fold-in's cost grows with the user's history), so it is off by default."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-
-        async def send_with_timing(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                dur = (time.perf_counter() - start) * 1000.0
-                headers = list(message.get("headers", []))
-                headers.append((b"server-timing", f"app;dur={dur:.3f}".encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_timing)
-
-
-class BodyLimit:
-    """ASGI middleware refusing request bodies above ``max_bytes`` with the JSON 413 error.
-
-    A declared Content-Length is checked before anything is read; a streamed body is counted
-    while the route reads it; past the limit the 413 is sent and the rest of the request dropped.
-    """
-
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _error(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes", code="body_too_large",
-                               details={"max_bytes": self.max_bytes})
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                err = self._error()
-                response = render(err.status_code, err.code, err.message, err.details)
-                await response(scope, receive, send)
-                return
-        seen = 0
-        responded = False
-
-        async def guarded_send(message: dict) -> None:
-            if not responded:  # after our 413 the app's own response is dropped
-                await send(message)
-
-        async def counting_receive() -> dict:
-            nonlocal seen, responded
-            message = await receive()
-            if message["type"] == "http.request" and not responded:
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    err = self._error()
-                    await render(err.status_code, err.code, err.message, err.details)(scope, receive, send)
-                    responded = True
-                    return {"type": "http.disconnect"}
-            return message
-
-        await self.app(scope, counting_receive, guarded_send)
 
 
 def _limit_blas_threads() -> None:
@@ -199,20 +122,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sessionmaker = get_sessionmaker(settings.database_url)
     app.state.worker = None
     install_error_handlers(app)
-    app.add_middleware(BodyLimit)
-    if settings.server_timing:  # opt-in: response times can reveal data-dependent work
-        app.add_middleware(ServerTiming)
-    app.add_middleware(observability.RequestContext)
+    install_middleware(app, settings)
     app.include_router(health.router)
     app.include_router(observability.router)
-    app.include_router(ingest.router, prefix="/v1")
-    app.include_router(public.router, prefix="/v1")
-    app.include_router(privileged.router, prefix="/v1")
-    app.include_router(admin.router, prefix="/v1/admin")
-    app.include_router(public_data.router, prefix="/v1")
-    app.include_router(public_data.admin_router, prefix="/v1/admin")
-    app.include_router(votes_api.router, prefix="/v1")
-    app.include_router(votes_api.admin_router, prefix="/v1/admin")
+    for router in ROUTERS:
+        app.include_router(router, prefix="/v1")
     install_error_docs(app)
     _mount_dashboard(app)
     return app

@@ -23,7 +23,8 @@ from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
 from app.ledger import lock_account
-from app.errors import Conflict, InvalidRequest, NoActiveModel, NotFound
+from app.errors import ArtifactMissing, ArtifactUnreadable, NoActiveModel, UnknownDataset, UnknownModelVersion
+from app.schemas.common import require_valid_page
 
 __all__ = [
     "artifact_path_for",
@@ -66,7 +67,7 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
     try:
         model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)
     except ArtifactError as exc:
-        raise Conflict(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
+        raise ArtifactUnreadable(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
     with _cache_lock:
         _cache[key] = model
         while len(_cache) > _CACHE_SIZE:
@@ -77,7 +78,7 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
 def _dataset(session: Session, name: str) -> Dataset:
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is None:
-        raise NotFound(f"unknown data set {name!r}")
+        raise UnknownDataset(name)
     return ds
 
 
@@ -89,7 +90,7 @@ def get_active_version(session: Session, dataset: str) -> ModelVersion:
         )
     )
     if row is None:
-        _dataset(session, dataset)  # NotFound for an unknown data set
+        _dataset(session, dataset)  # UnknownDataset
         raise NoActiveModel(f"data set {dataset!r} has no active model yet; start a training first")
     return row
 
@@ -101,21 +102,21 @@ def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, Publ
 
 
 def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion:
-    """Version ``version_id`` of ``dataset`` (NotFound otherwise)."""
+    """Version ``version_id`` of ``dataset`` (UnknownModelVersion otherwise)."""
     row = session.scalar(
         select(ModelVersion).join(Dataset, Dataset.id == ModelVersion.dataset_id).where(
             Dataset.name == dataset, ModelVersion.id == version_id
         )
     )
     if row is None:
-        raise NotFound(f"data set {dataset!r} has no model version {version_id}")
+        _dataset(session, dataset)  # UnknownDataset
+        raise UnknownModelVersion(f"data set {dataset!r} has no model version {version_id}", version_id=version_id)
     return row
 
 
 def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[ModelVersion], int]:
     """One page of versions (newest first) and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = _dataset(session, dataset)
     total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
     rows = list(
@@ -180,7 +181,7 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     """Make an existing version the active one (rollback). Does not commit."""
     row = get_version(session, dataset, version_id)
     if not Path(row.artifact_path).is_file():
-        raise Conflict(f"artifact of model version {version_id} is missing; it cannot be activated")
+        raise ArtifactMissing(f"artifact of model version {version_id} is missing; it cannot be activated")
     # The budget account lock also guards publishing, so activations and publications serialise.
     lock_account(session, row.dataset_id)
     if not row.active:

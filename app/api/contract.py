@@ -1,79 +1,150 @@
-"""The documented error codes of every route, derived from what the route takes."""
+"""The documented error codes of every route: one table, read by the OpenAPI generator.
+
+Each ``/v1`` operation documents, per HTTP status, the codes it can return (``x-error-codes``) with
+their meanings (from :data:`app.errors.ERROR_CODES`). The codes that follow from what a route
+takes are derived (:func:`shape_errors`); the domain conditions of each route are listed in
+:data:`ROUTE_ERRORS`.
+"""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 from fastapi import FastAPI
-from app.api.errors import ERROR_RESPONSES
+from pydantic.json_schema import models_json_schema
 
-__all__ = ["document_errors", "install_error_docs", "CONFLICTS"]
+from app.api.errors import ErrorResponse
+from app.errors import (ERROR_CODES, AdminRequired, ArtifactMissing, ArtifactUnreadable, BatchTooLarge, BodyTooLarge,
+                        BudgetExceeded, CalibrationFailed, CapChangeRefused, CapRequired, CatalogueTooSmall,
+                        ClientRandomisationForbidden, ConcurrentlyDeleted, DatabaseUnavailable, DatasetExists,
+                        DeltaRequired, HttpError, InvalidDatasetName, InvalidDelta, InvalidEpsilon, InvalidEpsilonCap,
+                        InvalidHyperparameters, InvalidIdempotencyKey, InvalidPersonBudgetName, InvalidRatingRange,
+                        InvalidRelation, InvalidRows, InvalidSourceName, InvalidToken, ItemNotInModel, ItemsNotInModel,
+                        LocalEpsilonMismatch, MalformedJson, MissingToken, NoActiveModel, NotDeclaredPublic,
+                        OwnUserRequired, PersonBudgetExceeded, PersonBudgetExists, PersonBudgetFixed,
+                        PersonBudgetMissing, PrivrecError, ProvenanceRequired, RandomisedNotAccepted, RatingOutOfRange,
+                        ReasonRequired, RelationRefused, ScopeRequired, SecretHyperparameter, TokenExpired,
+                        UnknownAlgorithm, UnknownDataset, UnknownItem, UnknownModelVersion, UnknownPersonBudget,
+                        UnknownRating, UnknownSimilaritySource, UnknownTrainingRun, UnknownUser, UnknownVote,
+                        ValidationFailed, VoteCapExceeded, VotesExist, WrongSubject, meaning)
 
-_MODEL = "an unreadable or altered model artifact"
-CONFLICTS: dict[tuple[str, str], str] = {
-    ("POST", "/v1/admin/datasets"): "the data set exists, or its relation does not imply its person budget's",
-    ("PATCH", "/v1/admin/datasets/{dataset}/budget"): "lowering the cap below the spend",
-    ("POST", "/v1/admin/datasets/{dataset}/trainings"): ("the run would exceed the privacy budget (the data set's "
-                                                         "or the per-person one), or its relation does not imply "
-                                                         "the data set's"),
-    ("PUT", "/v1/admin/person-budgets/{name}"): "lowering the cap below the spend, or changing its delta or relation",
-    ("POST", "/v1/admin/datasets/{dataset}/models/{version_id}/activate"): "the version's artifact is missing",
-    ("PUT", "/v1/admin/datasets/{dataset}/vote-settings"): ("votes exist (the settings are frozen), the guarantee "
-                                                            "would exceed a budget, or the data set's relation is "
-                                                            "not replace_vote_values"),
-    ("PUT", "/v1/datasets/{dataset}/users/{user_id}/votes/{item_id}"): "the user's vote allowance is used up",
-    ("POST", "/v1/datasets/{dataset}/votes/batch"): "a user's vote allowance is used up",
-    ("GET", "/v1/datasets/{dataset}/model"): _MODEL,
-    ("GET", "/v1/datasets/{dataset}/model/embeddings"): _MODEL,
-    ("GET", "/v1/datasets/{dataset}/model/embeddings.npy"): _MODEL,
-    ("GET", "/v1/datasets/{dataset}/items/{item_id}/similar"): _MODEL,
-    ("GET", "/v1/datasets/{dataset}/popular"): _MODEL,
-    ("GET", "/v1/datasets/{dataset}/users/{user_id}/recommendations"): _MODEL,
-    ("POST", "/v1/datasets/{dataset}/users/{user_id}/recommendations"): _MODEL,
+__all__ = ["ROUTE_ERRORS", "document_errors", "install_error_docs", "operation_errors", "shape_errors",
+           "error_table_markdown"]
+
+Errors = tuple[type[PrivrecError], ...]
+
+_DS = "/v1/datasets/{dataset}"
+_ADMIN_DS = "/v1/admin/datasets/{dataset}"
+_USER = f"{_DS}/users/{{user_id}}"
+_SOURCE = f"{_ADMIN_DS}/similarity-sources/{{source}}"
+_MODEL: Errors = (NoActiveModel, ArtifactUnreadable)
+_BUDGET_REFUSALS: Errors = (BudgetExceeded, PersonBudgetExceeded, RelationRefused)
+_RUN_CHOICE: Errors = (UnknownAlgorithm, SecretHyperparameter, InvalidHyperparameters, CatalogueTooSmall,
+                       InvalidEpsilon, CalibrationFailed)
+_VOTE_ROW: Errors = (WrongSubject, ClientRandomisationForbidden, VoteCapExceeded)
+_NEW_BUDGET: Errors = (InvalidEpsilonCap, InvalidDelta, InvalidRelation)
+
+ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
+    # ratings, users, items
+    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, ConcurrentlyDeleted, RatingOutOfRange),
+    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, ConcurrentlyDeleted, BatchTooLarge, InvalidRows),
+    ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating),
+    ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser),
+    ("PUT", f"{_DS}/items/{{item_id}}"): (ScopeRequired,),
+    ("GET", f"{_DS}/items/{{item_id}}"): (UnknownItem,),
+    ("GET", f"{_USER}/ratings"): (WrongSubject,),
+    # published model
+    ("GET", f"{_DS}/model"): _MODEL,
+    ("GET", f"{_DS}/model/embeddings"): _MODEL,
+    ("GET", f"{_DS}/model/embeddings.npy"): _MODEL,
+    ("GET", f"{_DS}/items/{{item_id}}/similar"): (*_MODEL, ItemNotInModel),
+    ("GET", f"{_DS}/popular"): _MODEL,
+    ("GET", f"{_USER}/recommendations"): (WrongSubject, *_MODEL),
+    ("POST", f"{_USER}/recommendations"): (WrongSubject, *_MODEL, ItemsNotInModel),
+    # votes
+    ("PUT", f"{_USER}/votes/{{item_id}}"): (*_VOTE_ROW, UnknownItem, RandomisedNotAccepted, LocalEpsilonMismatch),
+    ("POST", f"{_DS}/votes/batch"): (*_VOTE_ROW, BatchTooLarge, InvalidRows),
+    ("DELETE", f"{_USER}/votes/{{item_id}}"): (WrongSubject, UnknownVote),
+    ("GET", f"{_USER}/votes"): (WrongSubject,),
+    ("PUT", f"{_ADMIN_DS}/vote-settings"): (VotesExist, *_BUDGET_REFUSALS, CapRequired),
+    # public data
+    ("PUT", f"{_USER}/public-ratings"): (OwnUserRequired, WrongSubject),
+    ("GET", f"{_USER}/public-ratings"): (WrongSubject,),
+    ("PUT", _SOURCE): (InvalidSourceName, NotDeclaredPublic, ProvenanceRequired),
+    ("GET", _SOURCE): (UnknownSimilaritySource,),
+    ("DELETE", _SOURCE): (UnknownSimilaritySource,),
+    ("POST", f"{_SOURCE}/neighbours"): (UnknownSimilaritySource, BatchTooLarge, InvalidRows),
+    ("GET", f"{_SOURCE}/neighbours/{{item_id}}"): (UnknownSimilaritySource, UnknownItem),
+    # admin: data sets, budgets, trainings, models
+    ("POST", "/v1/admin/datasets"): (DatasetExists, RelationRefused, InvalidDatasetName, InvalidRatingRange,
+                                     *_NEW_BUDGET, PersonBudgetMissing),
+    ("GET", f"{_ADMIN_DS}/budget/projection"): (RelationRefused, *_RUN_CHOICE),
+    ("PATCH", f"{_ADMIN_DS}/budget"): (CapChangeRefused, InvalidEpsilonCap, ReasonRequired),
+    ("GET", "/v1/admin/person-budgets/{name}"): (UnknownPersonBudget,),
+    ("PUT", "/v1/admin/person-budgets/{name}"): (PersonBudgetFixed, PersonBudgetExists, CapChangeRefused,
+                                                 *_NEW_BUDGET, InvalidPersonBudgetName, DeltaRequired,
+                                                 ReasonRequired),
+    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey),
+    ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
+    ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
 }
-"""Routes that can answer 409, and why."""
+"""The domain conditions of each route (method, path template) beyond those its shape implies."""
+
+STATUS_TEXT = {400: "Malformed request.", 401: "Missing, expired or tampered bearer token.",
+               403: "The token is valid but may not act on this resource.", 404: "Unknown resource.",
+               409: "Conflict with the current state.", 413: "Request too large.",
+               422: "The request is invalid.", 503: "A dependency is not ready; retry later."}
+"""The summary of each documented error status (its codes are listed below it)."""
 
 
-
-def _operation_codes(operation: dict[str, Any], path_params: bool) -> set[int]:
-    """The error codes an operation can return, read off what it takes."""
-    params = operation.get("parameters", [])
-    body = "requestBody" in operation
-    codes = {503}  # every /v1 route reads the database
+def shape_errors(method: str, path: str, operation: dict[str, Any]) -> Errors:
+    """The conditions implied by what an operation takes: the database (every ``/v1`` route), a
+    token (and an admin token under ``/v1/admin``), the ``{dataset}`` path parameter, parameters
+    or a body (request validation), a body (malformed JSON, size)."""
+    out: list[type[PrivrecError]] = [DatabaseUnavailable]
     if operation.get("security"):
-        codes |= {401, 403}
-    if path_params:
-        codes.add(404)
-    if params or body:
-        codes.add(422)
-    if body:
-        codes |= {400, 413}
-    return codes
+        out += [MissingToken, InvalidToken, TokenExpired]
+        if path.startswith("/v1/admin/"):
+            out.append(AdminRequired)
+    if "{dataset}" in path:
+        out.append(UnknownDataset)
+    if operation.get("parameters") or "requestBody" in operation:
+        out.append(ValidationFailed)
+    if "requestBody" in operation:
+        out += [MalformedJson, BodyTooLarge]
+    return tuple(out)
 
 
-def _response(code: int) -> dict[str, Any]:
-    doc = ERROR_RESPONSES[code]
-    return {"description": doc["description"],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+def operation_errors(method: str, path: str, operation: dict[str, Any]) -> dict[int, list[str]]:
+    """HTTP status -> the codes an operation can return (shape-derived, then its domain conditions)."""
+    by_status: dict[int, list[str]] = defaultdict(list)
+    for error in (*shape_errors(method, path, operation), *ROUTE_ERRORS.get((method.upper(), path), ())):
+        if error.code not in by_status[error.status_code]:
+            by_status[error.status_code].append(error.code)
+    return dict(sorted(by_status.items()))
+
+
+def _response(status: int, codes: list[str], method: str) -> dict[str, Any]:
+    text = STATUS_TEXT[status]
+    if status == 422 and method.upper() != "GET":
+        text = "The request is invalid; nothing was written."
+    lines = "\n".join(f"* `{code}`: {meaning(ERROR_CODES[code])}" for code in codes)
+    return {"description": f"{text}\n\n{lines}",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            "x-error-codes": list(codes)}
 
 
 def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
-    """Add to each ``/v1`` operation of an OpenAPI document the error codes it can return: 401/403
-    when it takes a token, 404 with path parameters (unknown data set, user, item or id), 422 with
-    parameters, 400/413 with a body, 503 (database down) always, 409 where :data:`CONFLICTS` says."""
+    """Add to each ``/v1`` operation of an OpenAPI document, per error status, the codes it can
+    return (:func:`operation_errors`), replacing FastAPI's default 422."""
     for path, operations in schema.get("paths", {}).items():
         if not path.startswith("/v1/"):
             continue
         for method, op in operations.items():
-            responses = op.setdefault("responses", {})
-            for code in sorted(_operation_codes(op, "{" in path)):
-                responses.setdefault(str(code), _response(code))
-            if "422" in responses:  # ours, not FastAPI's default validation schema
-                responses["422"] = {**_response(422), "description": (
-                    "Request validation failed." if method.upper() == "GET" else
-                    "Request validation failed; nothing was written.")}
-            if (method.upper(), path) in CONFLICTS:
-                responses.setdefault("409", {**_response(409), "description": f"Conflict: {CONFLICTS[method.upper(), path]}."})
+            responses = {k: v for k, v in op.setdefault("responses", {}).items() if k != "422"}
+            for status, codes in operation_errors(method, path, op).items():
+                responses[str(status)] = _response(status, codes, method)
             op["responses"] = dict(sorted(responses.items()))
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(_error_schemas())
@@ -83,12 +154,20 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _error_schemas() -> dict[str, Any]:
-    from pydantic.json_schema import models_json_schema
-
-    from app.api.errors import ErrorResponse
-
     _, defs = models_json_schema([(ErrorResponse, "serialization")], ref_template="#/components/schemas/{model}")
     return defs.get("$defs", {})
+
+
+def _status_label(error: type[PrivrecError]) -> str:
+    return "4xx" if error is HttpError else str(error.status_code)
+
+
+def error_table_markdown() -> str:
+    """The README's error-code table (code, HTTP status, meaning), ordered by status then code."""
+    rows = sorted(ERROR_CODES.items(), key=lambda kv: (kv[1].status_code, kv[0]))
+    lines = ["| code | HTTP status | returned by | meaning |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{code}` | {_status_label(error)} | {error.where} | {meaning(error)} |" for code, error in rows]
+    return "\n".join(lines) + "\n"
 
 
 def install_error_docs(app: FastAPI) -> None:

@@ -6,7 +6,7 @@ thread for each of them; the session dependency (blocking I/O at close) stays sy
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Iterator, TypeVar
+from typing import Annotated, Awaitable, Callable, Iterator, TypeVar
 
 from fastapi import Depends, Query, Request
 import anyio
@@ -14,10 +14,11 @@ import anyio.to_thread
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.errors import Forbidden, PayloadTooLarge, Unauthorized
+from app.errors import (AdminRequired, BatchTooLarge, InvalidToken, MissingToken, ScopeRequired, TokenExpired,
+                        WrongSubject)
 from app.auth import Principal, TokenError, decode_token_cached
 from app.config import Settings
-from app.schemas.common import MAX_OFFSET
+from app.schemas.common import DEFAULT_PAGE_SIZE, MAX_OFFSET, MAX_PAGE_SIZE, PageRequest
 from app.services.unit_of_work import commit
 
 __all__ = [
@@ -26,8 +27,8 @@ __all__ = [
     "WriteSessionDep",
     "CurrentPrincipal",
     "AdminPrincipal",
-    "OffsetQ",
-    "LimitQ",
+    "PageQ",
+    "page_query",
     "get_session",
     "get_write_session",
     "run_with_session",
@@ -106,13 +107,13 @@ async def get_principal(
 ) -> Principal:
     """Verify the bearer token; 401 when missing, malformed, tampered with or expired."""
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("a bearer token is required", code="missing_token")
+        raise MissingToken("a bearer token is required")
     try:
         return decode_token_cached(credentials.credentials, secret=settings.secret_key,
                                    algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
     except TokenError as exc:
-        code = "token_expired" if "expired" in str(exc) else "invalid_token"
-        raise Unauthorized(str(exc), code=code) from None
+        refusal = TokenExpired if "expired" in str(exc) else InvalidToken
+        raise refusal(str(exc)) from None
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
@@ -121,7 +122,7 @@ CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 async def get_admin(principal: CurrentPrincipal) -> Principal:
     """403 unless the token carries the admin scope."""
     if not principal.is_admin:
-        raise Forbidden("this route needs an admin token", code="admin_required")
+        raise AdminRequired("this route needs an admin token")
     return principal
 
 
@@ -131,29 +132,41 @@ AdminPrincipal = Annotated[Principal, Depends(get_admin)]
 def require_user_access(principal: Principal, user_id: str) -> None:
     """403 unless the caller is ``user_id`` or a service allowed to act for users."""
     if not principal.may_act_for(user_id):
-        raise Forbidden("the token may not act for this user", code="wrong_subject")
+        raise WrongSubject("the token may not act for this user")
 
 
 def require_batch_within(n_rows: int, settings: Settings) -> None:
     """413 ``batch_too_large`` when a batch holds more rows than ``settings.max_batch_size``."""
     if n_rows > settings.max_batch_size:
-        raise PayloadTooLarge(
+        raise BatchTooLarge(
             f"a batch holds at most {settings.max_batch_size} rows; got {n_rows}",
-            code="batch_too_large", details={"max_rows": settings.max_batch_size, "rows": n_rows})
+            details={"max_rows": settings.max_batch_size, "rows": n_rows})
 
 
 def require_ingest_access(principal: Principal, user_id: str) -> None:
     """403 unless the caller is ``user_id`` or a service with the ``ingest`` scope."""
     if not principal.may_ingest_for(user_id):
-        raise Forbidden("the token may not write this user's ratings", code="wrong_subject")
+        raise WrongSubject("the token may not write this user's ratings")
 
 
 def require_item_writer(principal: Principal) -> None:
     """403 unless the caller may edit the public item catalogue."""
     if not principal.may_manage_items:
-        raise Forbidden("editing items needs a service token with the ingest scope or an admin token",
-                        code="scope_required")
+        raise ScopeRequired("editing items needs a service token with the ingest scope or an admin token")
 
 
 OffsetQ = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Entries to skip.")]
-LimitQ = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1,000).")]
+LimitQ = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size (at most {MAX_PAGE_SIZE:,}).")]
+
+
+def page_query(default_limit: int = DEFAULT_PAGE_SIZE) -> Callable[..., Awaitable[PageRequest]]:
+    """The paging dependency of every list route: ``offset`` and ``limit`` query parameters
+    (``limit`` defaults to ``default_limit``), validated against MAX_OFFSET and MAX_PAGE_SIZE."""
+
+    async def page(offset: OffsetQ = 0, limit: LimitQ = default_limit) -> PageRequest:
+        return PageRequest(offset=offset, limit=limit)
+
+    return page
+
+
+PageQ = Annotated[PageRequest, Depends(page_query())]

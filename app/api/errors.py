@@ -2,8 +2,8 @@
 
 Every failure the service reports is an :class:`app.errors.PrivrecError`, rendered by one handler;
 the handlers below convert the rest (request validation errors, malformed JSON, unknown routes,
-an unreachable database, unexpected exceptions) into the same shape. :data:`ERROR_RESPONSES` lists
-the shape in the OpenAPI document of every route.
+an unreachable database, unexpected exceptions) into the same shape. ``app.api.contract`` documents
+the codes of every route in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import PrivrecError
+from app.errors import (DatabaseUnavailable, HttpError, InternalError, MalformedJson, MethodNotAllowed,
+                        PrivrecError, RouteNotFound, ValidationFailed)
 
 log = logging.getLogger("privrec.api")
 
 __all__ = [
     "ErrorBody",
     "ErrorResponse",
-    "ERROR_RESPONSES",
-    "errors",
     "render",
+    "render_error",
     "install_error_handlers",
 ]
 
@@ -46,34 +46,16 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-def _doc(description: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": description}
-
-
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _doc("Malformed request (e.g. body is not valid JSON)."),
-    401: _doc("Missing, expired or tampered bearer token."),
-    403: _doc("The token is valid but may not act on this resource."),
-    404: _doc("Unknown resource."),
-    409: _doc("Conflict with the current state (e.g. privacy budget exhausted)."),
-    413: _doc("Request too large (e.g. more than 10,000 rows in a batch)."),
-    422: _doc("Request validation failed; a write route wrote nothing."),
-    503: _doc("A dependency (database, model store) is not ready; retry later."),
-}
-"""Every error status the API documents. Routes document only those they can return
-(``app.api.contract.document_route_errors``); an unexpected failure (500) is a bug and is not documented."""
-
-
-def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` entries for the route-specific codes ``codes`` (e.g. ``errors(409)``)."""
-    return {code: ERROR_RESPONSES[code] for code in codes}
-
-
 def render(status: int, code: str, message: str, details: Any = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     """Build the JSON response of the one error shape."""
     body = {"error": {"code": code, "message": message, "details": _json_safe(details)}}
     return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def render_error(error: PrivrecError, status: int | None = None) -> JSONResponse:
+    """The response of ``error``: its class's status (or ``status``) and code, its message and details."""
+    return render(status or error.status_code, error.code, error.message, error.details, error.headers)
 
 
 def _json_safe(value: Any) -> Any:
@@ -101,7 +83,7 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 
 async def _privrec_error(_: Request, exc: PrivrecError) -> JSONResponse:
-    return render(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+    return render_error(exc)
 
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -111,12 +93,11 @@ async def _request_validation(request: Request, exc: RequestValidationError) -> 
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         ctx = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {})
-        return render(400, "malformed_json", "request body is not valid JSON",
-                      {"error": str(ctx.get("error", ""))})
+        return render_error(MalformedJson("request body is not valid JSON", details={"error": str(ctx.get("error", ""))}))
     message = "request validation failed"
     if request.method not in READ_METHODS:
         message += "; nothing was written"
-    return render(422, "validation_error", message, _validation_details(exc))
+    return render_error(ValidationFailed(message, details=_validation_details(exc)))
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -134,20 +115,18 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
-    code = codes.get(exc.status_code, "http_error")
+    condition = {404: RouteNotFound, 405: MethodNotAllowed}.get(exc.status_code, HttpError)
     message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
     headers = dict(getattr(exc, "headers", None) or {})
     if exc.status_code == 405:
         headers["Allow"] = ", ".join(allowed_methods(request))
-    return render(exc.status_code, code, message, None, headers or None)
+    return render_error(condition(message, headers=headers or None), exc.status_code)
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     # The driver's message can carry SQL parameters (private values): log the type only.
     log.warning("database unavailable in %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return render(503, "database_unavailable", "the database is not reachable; retry later", None,
-                  {"Retry-After": "5"})
+    return render_error(DatabaseUnavailable("the database is not reachable; retry later", headers={"Retry-After": "5"}))
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -155,7 +134,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # private ratings, and request bodies are never logged.
     stack = "".join(traceback.format_tb(exc.__traceback__))
     log.error("unhandled %s in %s %s\n%s", type(exc).__name__, request.method, request.url.path, stack)
-    return render(500, "internal_error", "unexpected server error", None)
+    return render_error(InternalError("unexpected server error"))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -18,9 +18,6 @@ import contextvars
 import json
 import logging
 import os
-import re
-import time
-import uuid
 from typing import Any, Iterator
 
 from fastapi import APIRouter, Request
@@ -36,10 +33,11 @@ from app.db.models import Dataset, TrainingRun
 from app.services import budget
 from app.services.training.dispatch import QUEUE
 
-__all__ = ["RequestContext", "JsonFormatter", "configure_logging", "router", "request_id"]
+__all__ = ["REQUEST_ID", "REQUESTS", "LATENCY", "access_log", "JsonFormatter", "configure_logging", "router",
+           "request_id"]
 
-_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+"""The id of the request being served (set by :class:`app.api.middleware.RequestContext`)."""
 
 REQUESTS = Counter("privrec_http_requests_total", "HTTP requests by route template and status",
                    ["method", "route", "status"])
@@ -51,64 +49,7 @@ access_log = logging.getLogger("privrec.access")
 
 def request_id() -> str | None:
     """The id of the request being served (None outside requests)."""
-    return _request_id.get()
-
-
-class RequestContext:
-    """ASGI middleware: request id, access log line (route template, status, ms) and metrics."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        incoming = dict(scope.get("headers", ())).get(b"x-request-id", b"").decode("latin-1")
-        rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
-        token = _request_id.set(rid)
-        start = time.perf_counter()
-        status = 500
-
-        async def send_with_id(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            elapsed = time.perf_counter() - start
-            route = _template(scope)
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
-            LATENCY.labels(scope["method"], route).observe(elapsed)
-            access_log.info("request", extra={"http": {"method": scope["method"], "route": route,
-                                                       "status": status, "ms": round(elapsed * 1000, 3)}})
-            _request_id.reset(token)
-
-
-_TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
-
-
-def _template(scope: dict) -> str:
-    """The full route template of the request (the matched route knows only its own part
-    below the router's prefix), from the app's OpenAPI paths; "unmatched" for unknown paths."""
-    route = getattr(scope.get("route"), "path", None)
-    app = scope.get("app")
-    if route is None or app is None:
-        return "unmatched"
-    patterns = _TEMPLATES.get(id(app))
-    if patterns is None:
-        patterns = _TEMPLATES[id(app)] = [
-            (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(t)) + "$"), t)
-            for t in app.openapi().get("paths", {})]
-    path = scope.get("path", "")
-    for pattern, template in patterns:
-        if template.endswith(route) and pattern.match(path):
-            return template
-    return route
+    return REQUEST_ID.get()
 
 
 class JsonFormatter(logging.Formatter):
@@ -121,7 +62,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        rid = _request_id.get()
+        rid = REQUEST_ID.get()
         if rid:
             out["request_id"] = rid
         if isinstance(getattr(record, "http", None), dict):

@@ -32,16 +32,10 @@ __all__ = [
 ]
 
 
-class _Open(BaseModel):
-    """Responses built from platform dicts; extra keys are passed through."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 PERSON_BUDGET_NAME = r"^[A-Za-z0-9_\-]+$"
 
 
-class PersonBudgetOut(_Open):
+class PersonBudgetOut(BaseModel):
     name: str
     epsilon_cap: float
     delta: float
@@ -68,7 +62,7 @@ class PersonBudgetIn(StrictModel):
     reason: str | None = Field(default=None, max_length=1000, description="Stored in its history.")
 
 
-class BudgetOut(_Open):
+class BudgetOut(BaseModel):
     dataset: str
     epsilon_cap: float
     delta: float
@@ -157,7 +151,7 @@ class CapChangeIn(StrictModel):
                                description="Required when raising the cap; stored in the audited ledger entry.")
 
 
-class LedgerEntryOut(_Open):
+class LedgerEntryOut(BaseModel):
     seq: int
     kind: str
     run_id: int | None = None
@@ -170,7 +164,7 @@ class LedgerEntryOut(_Open):
     epsilon_cap: float | None = None
     delta: float | None = None
     reason: str | None = None
-    created_at: str | datetime | None = None
+    created_at: datetime | None = None
     prev_hash: str | None = None
     hash: str | None = None
 
@@ -217,28 +211,55 @@ class TrainingAccepted(BaseModel):
         "poll `status_url`."))
 
 
-class TrainingRunOut(_Open):
+class TrainingRunOut(BaseModel):
+    """A training run's status, progress and charge (its public config only: never the secret seed)."""
+
     id: int
+    dataset: str | None = Field(default=None, description="The data set it trains on.")
     algorithm: str
-    status: str
-    progress: float
+    config: dict[str, Any] = Field(default_factory=dict, description="The calibrated public configuration.")
+    requested_epsilon: float = Field(description="The run's target epsilon (0: a run that costs nothing).")
+    epsilon_charged: float | None = Field(default=None, description="This run alone, as charged (RDP, rounded up).")
+    delta: float
+    status: Literal["queued", "running", "succeeded", "failed"]
+    progress: float = Field(ge=0, le=1)
+    stage: str | None = Field(default=None, description="The stage the worker reports (public).")
     error: str | None = Field(default=None, description=(
         "Why the run failed. Before the private read: the (public) reason. After it: a fixed category "
         "only, never a message derived from the data."))
+    trigger: str = Field(description="What started it: `manual`, `schedule` or `demo`.")
+    actor: str = Field(description="Who started it, e.g. `admin:root` or `scheduler`.")
+    refunded: bool = Field(default=False, description=(
+        "True when the reservation was refunded: only a run that failed before reading private data."))
     private_data_read: bool = Field(default=False, description=(
         "True once the worker was about to read private data (or the worker vanished): the run is then "
         "charged whatever happens and never refunded."))
-    refunded: bool = Field(default=False, description=(
-        "True when the reservation was refunded: only a run that failed before reading private data."))
     enqueued: bool = Field(default=True, description=(
         "False while a queued run waits in the outbox (the broker was unreachable when it was created)."))
+    attempts: int = Field(default=0, description="How many times a worker claimed it.")
+    created_at: str | None = Field(default=None, description="ISO 8601 time.")
+    started_at: str | None = Field(default=None, description="ISO 8601 time.")
+    finished_at: str | None = Field(default=None, description="ISO 8601 time.")
 
 
-class ModelVersionOut(_Open):
+class ModelVersionOut(BaseModel):
+    """A published model version: its release (epsilons rounded up), public metrics and metadata."""
+
     id: int = Field(description="Global id (used in paths).")
     version: int = Field(description="Version number within the data set: 1, 2, ...")
+    run_id: int = Field(description="The training run that published it.")
     algorithm: str
+    sha256: str = Field(description="SHA-256 of the sealed artifact.")
+    epsilon: float = Field(description="Its own release (RDP, rounded up).")
+    epsilon_pld: float | None = Field(default=None, description="The same by the PLD accountant (rounded up).")
+    delta: float
+    n_items: int
+    rank: int
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Public (DP) metrics only.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Public model metadata.")
     active: bool
+    created_at: str | None = Field(default=None, description="ISO 8601 time.")
+    activated_at: str | None = Field(default=None, description="ISO 8601 time.")
 
 
 class ProjectionOut(BaseModel):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
 from datetime import datetime, timezone
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
+
+from app.errors import InvalidPage
 
 __all__ = [
     "ExternalId",
@@ -14,13 +17,18 @@ __all__ = [
     "ID_PATTERN",
     "UtcDateTime",
     "MAX_PAGE_SIZE",
+    "DEFAULT_PAGE_SIZE",
     "MAX_OFFSET",
+    "PageRequest",
+    "require_valid_page",
     "MAX_BATCH_ROWS",
     "Page",
     "StrictModel",
 ]
 
 MAX_PAGE_SIZE = 1000
+"""The largest page any listing returns (the one place the page limit is stated)."""
+DEFAULT_PAGE_SIZE = 100
 MAX_OFFSET = 10_000_000
 MAX_BATCH_ROWS = 10_000
 
@@ -65,6 +73,22 @@ class StrictModel(BaseModel):
 
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """Which page of a listing: skip ``offset`` entries, return at most ``limit``."""
+
+    offset: int = 0
+    limit: int = DEFAULT_PAGE_SIZE
+
+
+def require_valid_page(offset: int, limit: int) -> None:
+    """Refuse a page outside 0 <= offset <= MAX_OFFSET, 1 <= limit <= MAX_PAGE_SIZE (callers other
+    than the API, whose query parameters are validated against the same bounds)."""
+    if not (0 <= offset <= MAX_OFFSET and 1 <= limit <= MAX_PAGE_SIZE):
+        raise InvalidPage(f"offset must lie in [0, {MAX_OFFSET}] and limit in [1, {MAX_PAGE_SIZE}]",
+                          offset=offset, limit=limit)
 
 
 class Page(BaseModel, Generic[T]):

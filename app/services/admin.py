@@ -9,12 +9,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
-from app.errors import Conflict
+from app.errors import DatasetExists
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion
 from app.ledger import round_up
 from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
-                               PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
+                               PersonBudgetIn, PersonBudgetOut, ProjectionOut, TrainingIn, TrainingRunOut)
 from app.schemas.common import Page
 from app.services import budget
 from app.services.training import dispatch, projection as proj
@@ -61,7 +61,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
     """Create a data set with its budget account (409 when the name is taken)."""
     if session.scalar(select(Dataset.id).where(Dataset.name == body.name)) is not None:
-        raise Conflict(f"data set {body.name!r} exists", code="dataset_exists", details={"dataset": body.name})
+        raise DatasetExists(f"data set {body.name!r} exists", details={"dataset": body.name})
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor, relation=body.neighbouring_relation.value,
@@ -170,9 +170,10 @@ def activate(session: Session, *, dataset: str, version_id: int, actor: str) -> 
     return version_out(model_store.activate_version(session, dataset, version_id, actor=actor))
 
 
-def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> dict[str, Any]:
+def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> ProjectionOut:
     """What one more run at ``epsilon`` composes to and how many are affordable."""
-    return proj.project_run(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm).to_dict()
+    return ProjectionOut.model_validate(proj.project_run(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm),
+                                        from_attributes=True)
 
 
 def chain_status(session: Session, *, dataset: str) -> dict[str, Any]:

@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
-from app.errors import Conflict, InvalidRequest, NotFound
+from app.errors import DeltaRequired, InvalidDatasetName, InvalidRatingRange, PersonBudgetFixed, UnknownDataset
 from app.schemas.admin import LedgerEntryOut
+from app.schemas.common import require_valid_page
 
 __all__ = [
     "BudgetView",
@@ -69,7 +70,7 @@ def get_dataset(session: Session, name: str) -> Dataset:
     """The data set called ``name`` (NotFound otherwise)."""
     ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is None:
-        raise NotFound(f"unknown data set {name!r}")
+        raise UnknownDataset(name)
     return ds
 
 
@@ -92,9 +93,9 @@ def ensure_dataset(
     if ds is not None:
         return ds
     if not name or len(name) > 64:
-        raise InvalidRequest("a data set name must have 1 to 64 characters")
+        raise InvalidDatasetName("a data set name must have 1 to 64 characters")
     if not rating_min < rating_max:
-        raise InvalidRequest("rating_min must be below rating_max")
+        raise InvalidRatingRange("rating_min must be below rating_max")
     ds = Dataset(name=name, rating_min=float(rating_min), rating_max=float(rating_max), description=description)
     session.add(ds)
     session.flush()
@@ -185,15 +186,15 @@ def put_person_budget(
     pb = session.scalar(select(PersonBudget).where(PersonBudget.name == name))
     if pb is None:
         if delta is None:
-            raise InvalidRequest("a new person budget needs a delta")
+            raise DeltaRequired("a new person budget needs a delta")
         pb = ledger.open_person_budget(session, name, epsilon_cap=epsilon_cap, delta=delta,
                                        relation=relation or ledger.NEIGHBOURING_RELATION, actor=actor, reason=reason)
         return _person_view(session, pb)
     fixed = {"delta": (delta, pb.delta), "neighbouring_relation": (relation, pb.relation)}
     changed = {k: v for k, v in fixed.items() if v[0] is not None and v[0] != v[1]}
     if changed:
-        raise Conflict(f"person budget {name!r} exists; its {', '.join(changed)} cannot change (fixed at creation)",
-                       person_budget=name, **{k: v[1] for k, v in changed.items()})
+        raise PersonBudgetFixed(f"person budget {name!r} exists; its {', '.join(changed)} cannot change "
+                                "(fixed at creation)", person_budget=name, **{k: v[1] for k, v in changed.items()})
     return _person_view(session, ledger.change_person_cap(session, name=name, new_cap=epsilon_cap, reason=reason,
                                                           actor=actor))
 
@@ -207,8 +208,7 @@ def change_cap(session: Session, *, dataset: str, new_cap: float, reason: str | 
 
 def list_ledger(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[LedgerEntry], int]:
     """One page of the data set's ledger entries in sequence order, and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
     total = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0

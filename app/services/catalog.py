@@ -14,7 +14,7 @@ from typing import Sequence
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound, Unprocessable
+from app.errors import InvalidItemId, UnknownDataset, UnknownItem
 from app.db.dialect import CHUNK, chunks, insert_for, pg_array
 from app.db.models import Dataset, Item, bump_ratings_version, utcnow
 from app.db.session import is_postgres
@@ -40,8 +40,8 @@ def get_dataset(session: Session, name: str) -> Dataset:
     return ds
 
 
-def unknown_dataset(name: str) -> NotFound:
-    return NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+def unknown_dataset(name: str) -> UnknownDataset:
+    return UnknownDataset(name)
 
 
 _PG_ITEM_IDS = text(
@@ -73,8 +73,8 @@ def import_items(session: Session, *, dataset: str,
     last = {str(item_id): (title, list(categories)) for item_id, title, categories in rows}
     for item_id in last:
         if not 0 < len(item_id) <= 128:
-            raise Unprocessable("item ids must have 1 to 128 characters; nothing was written",
-                                code="invalid_item_id", details={"item_id": item_id[:200]})
+            raise InvalidItemId("item ids must have 1 to 128 characters; nothing was written",
+                                details={"item_id": item_id[:200]})
     known = item_row_ids(session, ds, list(last))
     now = utcnow()
     ids = sorted(last)
@@ -121,7 +121,7 @@ def get_item(session: Session, *, dataset: str, item_id: str) -> ItemOut:
     ds = get_dataset(session, dataset)
     item = session.scalar(select(Item).where(Item.dataset_id == ds.id, Item.external_id == item_id))
     if item is None:
-        raise NotFound(f"unknown item {item_id!r}", code="unknown_item", details={"item_id": item_id})
+        raise UnknownItem(f"unknown item {item_id!r}", details={"item_id": item_id})
     return _item_out(item)
 
 

@@ -16,7 +16,8 @@ import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound, Unprocessable
+from app.errors import (ConcurrentlyDeleted, InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems,
+                        UnknownRating, UnknownUser)
 from app.db.dialect import CHUNK, chunks, insert_for, pg_array
 from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
                            utcnow)
@@ -179,8 +180,7 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
     the data set, users and items are held ``FOR KEY SHARE`` by this transaction instead."""
     if session.execute(_PG_LOCK_REFERENCES, {"ds": ds.id, "ids": pg_array(sorted(set(item_ids)))}).scalar() \
             != 1 + len(set(item_ids)):
-        raise NotFound("the data set or an item was deleted concurrently; nothing was written",
-                       code="concurrently_deleted")
+        raise ConcurrentlyDeleted("the data set or an item was deleted concurrently; nothing was written")
     order = np.lexsort((np.asarray(item_ids), np.asarray(user_ids))).tolist()
     if len(order) < _STAGE_THRESHOLD:  # key order: B-tree inserts touch neighbouring pages
         result = session.execute(_PG_UPSERT_ARRAYS, {
@@ -227,9 +227,8 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
         item_map = item_row_ids(session, ds, items)
     errors = _row_errors(ds, users, items, vals, item_map)
     if errors:
-        raise Unprocessable(
+        raise InvalidRows(
             f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
-            code="invalid_rows",
             details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
         )
     now = utcnow()
@@ -243,16 +242,16 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     return status, n_created, len(status) - n_created
 
 
-def _unknown_item(dataset: str, item_id: str) -> NotFound:
-    return NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
-                    details={"item_id": item_id})
+def _unknown_item(dataset: str, item_id: str) -> UnknownItem:
+    return UnknownItem(f"unknown item {item_id!r} in data set {dataset!r}",
+                       details={"item_id": item_id})
 
 
 def _require_in_range(ds: Any, rating: float) -> None:
     msg = _check_range(ds, rating)
     if msg is not None:
-        raise Unprocessable(msg, code="rating_out_of_range",
-                            details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
+        raise RatingOutOfRange(msg,
+                               details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
 
 
 def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> str:
@@ -325,10 +324,10 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
     missing = sorted(set(items) - set(item_row_ids(session, ds, items)))
     if missing:
         shown = ", ".join(repr(m) for m in missing[:20]) + (", ..." if len(missing) > 20 else "")
-        raise Unprocessable(
+        raise UnknownItems(
             f"{len(missing)} unknown item(s) in data set {ds.name!r}: {shown}. Items come only from public input: "
             "add them first (privrec import-items, or PUT /v1/datasets/{dataset}/items/{item_id}); nothing was written",
-            code="unknown_items", details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
+            details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
     _upsert_many(session, ds, users, items, list(last.values()))
     return len(last)
 
@@ -348,7 +347,7 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
         n = session.execute(delete(Rating).where(
             Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)).rowcount or 0
     if n == 0:
-        raise NotFound("no such rating", code="unknown_rating", details={"user_id": user_id, "item_id": item_id})
+        raise UnknownRating("no such rating", details={"user_id": user_id, "item_id": item_id})
     bump_ratings_version_sharded(session, ds.id, n=1)
     return n
 
@@ -362,7 +361,7 @@ def delete_user(session: Session, *, user_id: str) -> int:
     # before this reads and deletes them; a later one waits, then finds the user gone (no orphans)
     uid = _user_row_id(session, user_id, lock=True)
     if uid is None:
-        raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})
+        raise UnknownUser(f"unknown user {user_id!r}", details={"user_id": user_id})
     per_ds = session.execute(
         select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)
     ).all()

@@ -37,7 +37,8 @@ import scipy.sparse as sp
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound, PayloadTooLarge, Unprocessable
+from app.errors import (BatchTooLarge, InvalidRows, InvalidSourceName, NotDeclaredPublic, ProvenanceRequired,
+                        UnknownItem, UnknownSimilaritySource)
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.core.data.ratings import Ratings
 from app.db.dialect import chunks
@@ -105,8 +106,8 @@ def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False)
     stmt = select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id, SimilaritySource.name == name)
     src = session.scalar(stmt.with_for_update() if lock else stmt)
     if src is None:
-        raise NotFound(f"unknown similarity source {name!r} in data set {ds.name!r}",
-                       code="unknown_similarity_source", details={"source": name})
+        raise UnknownSimilaritySource(f"unknown similarity source {name!r} in data set {ds.name!r}",
+                                      details={"source": name})
     return src
 
 
@@ -127,14 +128,13 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     """
     provenance = (provenance or "").strip()
     if not SOURCE_NAME.fullmatch(name):
-        raise Unprocessable("a source name has 1-64 characters of [A-Za-z0-9_-]", code="invalid_source_name",
-                            details={"source": name})
+        raise InvalidSourceName("a source name has 1-64 characters of [A-Za-z0-9_-]",
+                                details={"source": name})
     if declared_public is not True:
-        raise Unprocessable("a similarity source must declare that it is public (declared_public: true): "
-                            "similarities derived from private users' ratings are not allowed",
-                            code="not_declared_public")
+        raise NotDeclaredPublic("a similarity source must declare that it is public (declared_public: true): "
+                                "similarities derived from private users' ratings are not allowed")
     if not provenance:
-        raise Unprocessable("a similarity source needs a provenance (URL or citation)", code="provenance_required")
+        raise ProvenanceRequired("a similarity source needs a provenance (URL or citation)")
     ds = get_dataset(session, dataset)
     src = session.scalar(select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id,
                                                         SimilaritySource.name == name).with_for_update())
@@ -181,11 +181,11 @@ def delete_similarity_source(session: Session, *, dataset: str, name: str) -> in
 def _check_sizes(rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None) -> None:
     n_pairs = sum(len(n) for _, n in rows)
     if max_rows is not None and len(rows) > max_rows:
-        raise PayloadTooLarge(f"an upload holds at most {max_rows} rows; got {len(rows)}", code="batch_too_large",
-                              details={"max_rows": max_rows, "rows": len(rows)})
+        raise BatchTooLarge(f"an upload holds at most {max_rows} rows; got {len(rows)}",
+                            details={"max_rows": max_rows, "rows": len(rows)})
     if max_rows is not None and n_pairs > MAX_PAIRS_PER_BATCH:
-        raise PayloadTooLarge(f"an upload holds at most {MAX_PAIRS_PER_BATCH} pairs; got {n_pairs}",
-                              code="batch_too_large", details={"max_pairs": MAX_PAIRS_PER_BATCH, "pairs": n_pairs})
+        raise BatchTooLarge(f"an upload holds at most {MAX_PAIRS_PER_BATCH} pairs; got {n_pairs}",
+                            details={"max_pairs": MAX_PAIRS_PER_BATCH, "pairs": n_pairs})
 
 
 def _row_error(item: str, neighbours: NeighbourList, item_map: dict[str, int], first: int, k: int) -> str | None:
@@ -219,9 +219,8 @@ def _validate_rows(rows: Sequence[tuple[str, NeighbourList]], item_map: dict[str
         if msg is not None:
             errors.append(NeighbourRowError(index=k, item_id=item, error=msg))
     if errors:
-        raise Unprocessable(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
-                            code="invalid_rows",
-                            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
+        raise InvalidRows(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
+                          details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
 
 
 def replace_neighbours(session: Session, *, dataset: str, source: str,
@@ -259,7 +258,7 @@ def item_neighbours(session: Session, *, dataset: str, source: str, item_id: str
     src = _source_row(session, ds, source)
     iid = item_row_ids(session, ds, [item_id]).get(item_id)
     if iid is None:
-        raise NotFound(f"unknown item {item_id!r}", code="unknown_item", details={"item_id": item_id})
+        raise UnknownItem(f"unknown item {item_id!r}", details={"item_id": item_id})
     rows = session.execute(
         select(Item.external_id, ItemSimilarity.score).join(Item, Item.id == ItemSimilarity.neighbour_id)
         .where(ItemSimilarity.source_id == src.id, ItemSimilarity.item_id == iid)

@@ -31,18 +31,19 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import (CapRequired, InvalidHyperparameters, InvalidRows, LocalEpsilonMismatch, PrivrecError,
+                        RandomisedNotAccepted, UnknownItem, UnknownVote, VoteCapExceeded, VoteSettingsChanged,
+                        VotesExist)
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.core.data.ratings import Ratings
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
 from app.db.dialect import insert_for
 from app.db.session import is_postgres
-from app.errors import InvalidRequest
 from app.schemas.common import Page
 from app.schemas.votes import (VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
                                VoteWriteOut)
-from app.services.catalog import item_row_ids
+from app.services.catalog import item_row_ids, unknown_dataset
 from app.services.ingest import ensure_user_rows
 from app.services.bulk_read import load_ratings
 
@@ -83,7 +84,7 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
         stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
     ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
     if ds is None:
-        raise NotFound(f"unknown data set {name!r}", code="unknown_dataset", details={"dataset": name})
+        raise unknown_dataset(name)
     return ds
 
 
@@ -150,16 +151,15 @@ def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | 
     The ledger is append-only: a guarantee recorded by an earlier setting stays charged.
     """
     if local_epsilon is not None and votes_per_user_cap is None:
-        raise Unprocessable("randomisation at ingestion needs votes_per_user_cap", code="cap_required")
+        raise CapRequired("randomisation at ingestion needs votes_per_user_cap")
     ds = _dataset(session, dataset, lock="update")
     ledger.lock_account(session, ds.id)  # settings and budget changes serialise
     if (ds.vote_local_epsilon, ds.votes_per_user_cap) == (local_epsilon, votes_per_user_cap):
         return _settings_out(session, ds)
     if _votes_ever_given(session, ds):
-        raise Conflict(
+        raise VotesExist(
             f"data set {ds.name!r} already holds votes: its vote settings can no longer change "
             "(stored bits are never re-randomised, and raw and randomised votes must not mix)",
-            code="votes_exist",
             details={"dataset": ds.name, "local_epsilon": ds.vote_local_epsilon,
                      "votes_per_user_cap": ds.votes_per_user_cap})
     if local_epsilon is not None:
@@ -186,17 +186,17 @@ class _Batch:
     rows: Sequence[VoteIn]
 
 
-def _row_error(ds: Dataset, row: VoteIn, item: str, known: bool) -> tuple[str, str] | None:
-    """(code, message) of an invalid row, or None."""
+def _row_error(ds: Dataset, row: VoteIn, item: str, known: bool) -> PrivrecError | None:
+    """The error of an invalid row (its condition and message), or None."""
     if not known:
-        return "unknown_item", f"unknown item {item!r} in data set {ds.name!r}"
+        return UnknownItem(f"unknown item {item!r} in data set {ds.name!r}", details={"item_id": item})
     if row.randomised and not _randomising(ds):
-        return ("randomised_not_accepted",
-                f"data set {ds.name!r} stores raw votes; a client-randomised vote is not accepted")
+        return RandomisedNotAccepted(
+            f"data set {ds.name!r} stores raw votes; a client-randomised vote is not accepted", details={"item_id": item})
     if row.randomised and row.local_epsilon != ds.vote_local_epsilon:
-        return ("local_epsilon_mismatch",
-                f"the vote was randomised with epsilon0 {row.local_epsilon!r}; data set {ds.name!r} "
-                f"requires exactly {ds.vote_local_epsilon!r}")
+        return LocalEpsilonMismatch(
+            f"the vote was randomised with epsilon0 {row.local_epsilon!r}; data set {ds.name!r} "
+            f"requires exactly {ds.vote_local_epsilon!r}", details={"item_id": item})
     return None
 
 
@@ -209,14 +209,14 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
     for k, (u, i, row) in enumerate(zip(users, items, rows)):
         first = seen.setdefault((u, i), k)
         problem = _row_error(ds, row, i, i in item_map)
-        if problem is None and first != k:
-            problem = ("duplicate", f"duplicate (user, item) pair; first at row {first}")
-        if problem is not None:
-            errors.append(VoteRowResult(index=k, user_id=u, item_id=i, status="error", error=problem[1]))
+        message = problem.message if problem is not None else None
+        if message is None and first != k:
+            message = f"duplicate (user, item) pair; first at row {first}"
+        if message is not None:
+            errors.append(VoteRowResult(index=k, user_id=u, item_id=i, status="error", error=message))
     if errors:
-        raise Unprocessable(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
-                            code="invalid_rows",
-                            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
+        raise InvalidRows(f"{len(errors)} of {len(rows)} rows are invalid; nothing was written",
+                          details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)})
     return item_map
 
 
@@ -233,12 +233,11 @@ def _existing(session: Session, ds: Dataset, uids: Sequence[int]) -> dict[tuple[
     return {(v.user_id, v.item_id): v for v in rows}
 
 
-def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> Conflict:
+def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> VoteCapExceeded:
     what = "randomised votes ever given (deletes give none back)" if randomised else "stored votes"
-    return Conflict(
+    return VoteCapExceeded(
         f"{len(over)} user(s) would exceed the cap of {ds.votes_per_user_cap} {what} in data set "
         f"{ds.name!r}; nothing was written",
-        code="vote_cap_exceeded",
         details={"votes_per_user_cap": ds.votes_per_user_cap, "counted": what,
                  "users": [{"user_id": u, "current": c, "new": n} for u, (c, n) in sorted(over.items())[:1000]]})
 
@@ -354,7 +353,7 @@ def _stored(session: Session, ds: Dataset, user_id: str, item_id: str) -> Vote:
                           .where(Vote.dataset_id == ds.id, User.external_id == user_id, Item.external_id == item_id)
                           .execution_options(populate_existing=True))
     if vote is None:
-        raise NotFound("no such vote", code="unknown_vote", details={"user_id": user_id, "item_id": item_id})
+        raise UnknownVote("no such vote", details={"user_id": user_id, "item_id": item_id})
     return vote
 
 
@@ -362,11 +361,11 @@ def upsert_vote(session: Session, *, dataset: str, user_id: str, item_id: str, b
     """Store one vote (see the module docstring); 404 unknown item, 422 bad declaration, 409 cap."""
     ds = _dataset(session, dataset, lock="share")
     if not item_row_ids(session, ds, [item_id]):
-        raise NotFound(f"unknown item {item_id!r} in data set {dataset!r}", code="unknown_item",
-                       details={"item_id": item_id})
+        raise UnknownItem(f"unknown item {item_id!r} in data set {dataset!r}",
+                          details={"item_id": item_id})
     problem = _row_error(ds, body, item_id, True)
     if problem is not None:
-        raise Unprocessable(problem[1], code=problem[0], details={"item_id": item_id})
+        raise problem
     status = _write(session, ds, [user_id], [item_id], [body])[0]
     vote = _stored(session, ds, user_id, item_id)
     return VoteWriteOut(user_id=user_id, item_id=item_id, status=status, stored_vote=vote.value,
@@ -432,7 +431,7 @@ def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> N
     """Refuse a free, pre-randomised run unless the data set still randomises votes with exactly
     ``local_epsilon``: a public fact (its vote settings), checked before any vote is read."""
     if local_epsilon is None or ds.vote_local_epsilon != float(local_epsilon):
-        raise InvalidRequest(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
+        raise VoteSettingsChanged(f"data set {ds.name!r} no longer randomises votes with epsilon0 {local_epsilon}: "
                              "a pre-randomised (free) run cannot train on its votes")
 
 
@@ -472,7 +471,7 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
     chosen = [k for k in _FORCED if k in out]
     if _randomising(ds):
         if chosen:
-            raise InvalidRequest(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
+            raise InvalidHyperparameters(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
                                  f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
         if out.get("mechanism", "inp") == "inp":
             out.update(pre_randomised=True, local_epsilon=float(ds.vote_local_epsilon))
@@ -480,7 +479,7 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
             out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
         return out
     if out.get("pre_randomised") or out.get("local_epsilon") is not None:
-        raise InvalidRequest(f"data set {ds.name!r} stores raw votes: pre_randomised / local_epsilon "
+        raise InvalidHyperparameters(f"data set {ds.name!r} stores raw votes: pre_randomised / local_epsilon "
                              "cannot be set (turn on randomisation at ingestion in the vote settings)")
     if ds.votes_per_user_cap is not None:
         out.setdefault("votes_per_user", int(ds.votes_per_user_cap))

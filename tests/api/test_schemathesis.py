@@ -1,6 +1,6 @@
 """Schemathesis against the served schema, with admin and user tokens, on SQLite and PostgreSQL
-(at most 25 examples per operation): no 5xx, responses conform to the schema, status codes are
-documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
+(at most 25 examples per operation): no 5xx, responses conform to the schema, status codes and
+error codes are documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,21 @@ pytestmark = pytest.mark.fuzz
 # The issue's contract: no 5xx, responses conform to the schema, status codes are documented.
 # (Schema-valid requests may still get 422 for rules the schema cannot state, e.g. a rating
 # inside the data set's own range, so positive-data acceptance is not checked.)
+
+
+def error_code_documented(ctx: object, response: schemathesis.Response, case: schemathesis.Case) -> None:
+    """An error response's code is one the operation lists under that status (``x-error-codes``)."""
+    documented = case.operation.definition.raw.get("responses", {}).get(str(response.status_code), {})
+    if response.status_code < 400 or "x-error-codes" not in documented:
+        return
+    code = response.json()["error"]["code"]
+    if code not in documented["x-error-codes"]:
+        raise AssertionError(f"{case.method} {case.path} answered {response.status_code} `{code}`, "
+                             f"not among its documented {documented['x-error-codes']}")
+
+
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.response_schema_conformance,
-          checks.content_type_conformance]
+          checks.content_type_conformance, error_code_documented]
 MAX_EXAMPLES = int(os.environ.get("PRIVREC_FUZZ_EXAMPLES", "25"))
 
 

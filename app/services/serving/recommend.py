@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.errors import Unprocessable
+from app.errors import ItemsNotInModel
 from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
@@ -124,8 +124,8 @@ def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarra
     """Exactly ``items``, best first, each with its score (baseline-flagged outside the trained set)."""
     unknown = [i for i in items if i not in s.positions]
     if unknown:
-        raise Unprocessable(f"{len(unknown)} item id(s) are not in the active model", code="unknown_items",
-                            details={"unknown_items": unknown[:100]})
+        raise ItemsNotInModel(f"{len(unknown)} item id(s) are not in the active model",
+                              details={"unknown_items": unknown[:100]})
     idx = np.asarray([s.positions[i] for i in items], dtype=np.int64)
     scores = _on_scale(s, kind, algorithm.score(s.model, rated_idx, rated_vals))[idx]
     order = np.argsort(-scores, kind="stable")

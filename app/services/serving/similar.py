@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound
+from app.errors import ItemNotInModel
 from app.core.mf import foldin
 from app.schemas.serving import SimilarOut
 from app.services.serving.active import active, catalog, item_mask, scored_items
@@ -17,8 +17,8 @@ def similar(session: Session, *, dataset: str, item_id: str, n: int) -> SimilarO
     s = active(session, dataset)
     pos = s.positions.get(item_id)
     if pos is None:
-        raise NotFound(f"item {item_id!r} is not in the active model", code="unknown_item",
-                       details={"item_id": item_id, "model_version": s.row.id})
+        raise ItemNotInModel(f"item {item_id!r} is not in the active model",
+                             details={"item_id": item_id, "model_version": s.row.id})
     cat = catalog(session, s.row.dataset_id, dataset)
     idx, scores = foldin.similar_items(s.model, pos, n + len(cat.inactive))
     if cat.inactive:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.core.algorithms import get_algorithm
 from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
-from app.errors import InvalidRequest
+from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
 from app.services.training.requests import (MIN_EPSILON, base_config, data_params, n_items_of,
                                             resolved_hyperparameters)
@@ -69,14 +69,14 @@ def _event(session: Session, ds: Any, acct: Any, algorithm: str, params: dict[st
     try:
         algo = get_algorithm(algorithm)
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+        raise UnknownAlgorithm(str(exc)) from exc
     n_items = n_items_of(session, ds)  # the public catalogue size
     params = resolved_hyperparameters(algo, ds, params, objective, float(epsilon), acct.delta, n_items)
     base = base_config(algo, ds, data_params(algo, ds, params))
     try:
         config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
     except ValueError as exc:
-        raise InvalidRequest(f"cannot calibrate {algorithm} to epsilon {epsilon}: {exc}") from exc
+        raise CalibrationFailed(f"cannot calibrate {algorithm} to epsilon {epsilon}: {exc}") from exc
     # as the reservation charges it: converted to the account's neighbouring relation
     charged = ledger.event_as_charged(acct, ds, algo.event(config, n_items), algo.event_parameters(config))
     return charged, params
@@ -107,7 +107,7 @@ def _affordable(history: list[dp_event.DpEvent], event: dp_event.DpEvent, cap: f
 def project_run(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> Projection:
     """Cost of one more run at ``epsilon`` and how many such runs the cap still allows."""
     if not (math.isfinite(epsilon) and epsilon >= MIN_EPSILON):
-        raise InvalidRequest(f"epsilon must be a finite number >= {MIN_EPSILON}")
+        raise InvalidEpsilon(f"epsilon must be a finite number >= {MIN_EPSILON}")
     ds = get_dataset(session, dataset)
     acct = ledger.account_for(session, ds.id)
     name, params, objective = _choice(session, ds, algorithm)

@@ -24,8 +24,10 @@ from app.core.onebit import check_public_shape as onebit_public_shape
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, TrainingRun
 from app.db.session import session_scope
-from app.errors import BudgetExceeded, InvalidRequest, NotFound
+from app.errors import (BudgetExceeded, CalibrationFailed, CatalogueTooSmall, InvalidEpsilon, InvalidHyperparameters,
+                        InvalidIdempotencyKey, SecretHyperparameter, UnknownAlgorithm, UnknownTrainingRun)
 from app.schemas.admin import TrainingRunOut
+from app.schemas.common import require_valid_page
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run
 from app.services.votes import votes_training_params
@@ -55,11 +57,11 @@ def base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | 
     params = dict(hyperparameters or {})
     for key in SECRET_CONFIG_KEYS:
         if key in params:
-            raise InvalidRequest(f"hyper-parameter {key!r} cannot be chosen: the service draws it secretly per run")
+            raise SecretHyperparameter(f"hyper-parameter {key!r} cannot be chosen: the service draws it secretly per run")
     try:
         return algo.config_from_params(params, (ds.rating_min, ds.rating_max))
     except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"invalid {algo.name} hyper-parameters: {exc}") from exc
+        raise InvalidHyperparameters(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
 def public_facts(session: Session, ds: Dataset) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def resolved_hyperparameters(
             rating_range=(ds.rating_min, ds.rating_max), n_items=n_items, max_users=ds.max_users,
         )
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+        raise InvalidHyperparameters(str(exc)) from exc
     return params
 
 
@@ -100,14 +102,14 @@ def check_public_shape(algo: Algorithm, config: Any, n_items: int) -> None:
     """Size limits decided from public facts before any data is read (422 otherwise)."""
     need = _MIN_ITEMS.get(algo.name, 1)
     if n_items < need:
-        raise InvalidRequest(f"{algo.name} needs at least {need} item(s) in the data set's public catalogue: "
+        raise CatalogueTooSmall(f"{algo.name} needs at least {need} item(s) in the data set's public catalogue: "
                              "add items first (PUT /v1/datasets/{dataset}/items/{item_id} or privrec import-items)")
     if algo.name != "onebit":
         return
     try:
         onebit_public_shape(config, n_items)
     except ValueError as exc:
-        raise InvalidRequest(f"invalid onebit run: {exc}") from exc
+        raise InvalidHyperparameters(f"invalid onebit run: {exc}") from exc
 
 
 def n_items_of(session: Session, ds: Dataset) -> int:
@@ -141,20 +143,20 @@ def start_training(
     try:
         algo = get_algorithm(algorithm)
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
+        raise UnknownAlgorithm(str(exc)) from exc
     free_run = epsilon is None and epsilon_fraction is None
     if epsilon is not None and epsilon_fraction is not None:
-        raise InvalidRequest("give exactly one of epsilon or epsilon_fraction")
+        raise InvalidEpsilon("give exactly one of epsilon or epsilon_fraction")
     if epsilon is not None and (
         not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < MIN_EPSILON
     ):
-        raise InvalidRequest(f"epsilon must be a finite number >= {MIN_EPSILON}")
+        raise InvalidEpsilon(f"epsilon must be a finite number >= {MIN_EPSILON}")
     if epsilon_fraction is not None and (
         not isinstance(epsilon_fraction, (int, float)) or not math.isfinite(epsilon_fraction) or not 0 < epsilon_fraction <= 1
     ):
-        raise InvalidRequest("epsilon_fraction must lie in (0, 1]")
+        raise InvalidEpsilon("epsilon_fraction must lie in (0, 1]")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
-        raise InvalidRequest("idempotency_key must have 1 to 128 characters")
+        raise InvalidIdempotencyKey("idempotency_key must have 1 to 128 characters")
     ds = get_dataset(session, dataset)
     acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
     if idempotency_key is not None:
@@ -180,7 +182,7 @@ def start_training(
     if not free_run:
         hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
     elif objective is not None:
-        raise InvalidRequest(f"{algo.name} has no objective choice")
+        raise InvalidHyperparameters(f"{algo.name} has no objective choice")
     base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
     if free_run:
         config, epsilon = base, 0.0
@@ -188,11 +190,11 @@ def start_training(
         try:
             config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
         except ValueError as exc:
-            raise InvalidRequest(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
+            raise CalibrationFailed(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
     check_public_shape(algo, config, n_items)
     event = algo.event(config, n_items)
     if free_run and _eps_rdp(event, acct.delta) != 0.0:
-        raise InvalidRequest("give exactly one of epsilon or epsilon_fraction (only a run that costs "
+        raise InvalidEpsilon("give exactly one of epsilon or epsilon_fraction (only a run that costs "
                              "nothing, e.g. onebit on votes randomised at ingestion, may omit both)")
     charged = ledger.event_as_charged(acct, ds, event, algo.event_parameters(config))  # account's relation
     run = TrainingRun(
@@ -231,14 +233,13 @@ def get_run(session: Session, *, run_id: int, dataset: str | None = None) -> Tra
     """Training run ``run_id`` (of ``dataset`` when given); NotFound otherwise."""
     run = session.get(TrainingRun, run_id)
     if run is None or (dataset is not None and run.dataset.name != dataset):
-        raise NotFound(f"training run {run_id} not found")
+        raise UnknownTrainingRun(f"training run {run_id} not found", run_id=run_id)
     return run
 
 
 def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 100) -> tuple[list[TrainingRun], int]:
     """One page of runs (newest first) and the total count."""
-    if offset < 0 or limit < 1:
-        raise InvalidRequest("offset must be >= 0 and limit >= 1")
+    require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
     total = session.scalar(select(func.count()).select_from(TrainingRun).where(TrainingRun.dataset_id == ds.id)) or 0
     rows = list(

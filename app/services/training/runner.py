@@ -40,7 +40,7 @@ from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
 from app.db.models import TrainingRun, as_aware, utcnow
 from app.db.session import is_postgres, session_scope
-from app.errors import Conflict
+from app.errors import RunNotRunning
 from app.services.budget import get_dataset
 from app.services.training.inputs import load_training_inputs
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
@@ -331,7 +331,7 @@ def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
     with session_scope(url) as s:
         run = lock_run(s, run_id)
         if run is None or run.status != "running":
-            raise Conflict(f"run {run_id} is no longer running; not publishing")
+            raise RunNotRunning(f"run {run_id} is no longer running; not publishing")
         ds = run.dataset
         ledger.commit(s, dataset=ds, run_id=run_id, actor="worker", parameters={
             "artifact_sha256": sha,

@@ -22,24 +22,26 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.api.deps import LimitQ, OffsetQ, SessionDep, SettingsDep, WriteSessionDep
-from app.errors import Forbidden, Unauthorized
+from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, page_query
+from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings
 from app.schemas.admin import MAX_EPSILON_CAP, TrainingIn
+from app.schemas.common import MAX_PAGE_SIZE, PageRequest
 from app.services import admin as svc
 from app.services.unit_of_work import after_commit
 
 __all__ = ["router", "COOKIE", "chart_svg"]
 
 router = APIRouter(include_in_schema=False)
-templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
 
 COOKIE = "privrec_session"
 AUDIENCE = "privrec-dashboard"
 SESSION_TTL_S = 8 * 3600
-CHART_POINTS = 1000  # the chart draws the latest entries up to this many
+CHART_POINTS = MAX_PAGE_SIZE  # the chart draws the latest entries up to this many (one page)
+DashboardPageQ = Annotated[PageRequest, Depends(page_query(20))]
 
 
 # ----------------------------------------------------------------------------- session
@@ -65,7 +67,7 @@ async def session_admin(request: Request, settings: SettingsDep) -> dict[str, An
     """401 without a valid session cookie."""
     claims = _session_claims(request, settings)
     if claims is None:
-        raise Unauthorized("sign in to the dashboard first", code="no_session")
+        raise NoSession("sign in to the dashboard first")
     return claims
 
 
@@ -76,7 +78,7 @@ async def csrf_admin(request: Request, claims: SessionAdmin) -> dict[str, Any]:
     """Writes also need the session's CSRF value in ``X-CSRF-Token`` (403 otherwise)."""
     sent = request.headers.get("x-csrf-token", "")
     if not secrets.compare_digest(sent, str(claims["csrf"])):
-        raise Forbidden("missing or wrong CSRF token", code="csrf_failed")
+        raise CsrfFailed("missing or wrong CSRF token")
     return claims
 
 
@@ -90,9 +92,9 @@ def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_le
         principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
                                  max_lifetime_s=settings.max_token_ttl_s)
     except TokenError:
-        raise Unauthorized("invalid or expired token", code="invalid_token") from None
+        raise InvalidToken("invalid or expired token") from None
     if not principal.is_admin:
-        raise Forbidden("the dashboard needs an admin token", code="admin_required")
+        raise AdminRequired("the dashboard needs an admin token")
     token_exp = int(jwt.decode(token, options={"verify_signature": False})["exp"])
     value, _ = _issue_session(principal.subject, settings, min(token_exp, int(time.time()) + SESSION_TTL_S))
     response = Response(status_code=204)
@@ -114,7 +116,7 @@ def page(request: Request, settings: SettingsDep, session: SessionDep) -> HTMLRe
     claims = _session_claims(request, settings)
     if claims is None:
         return templates.TemplateResponse(request, "login.html", {})
-    names = [d.name for d in svc.datasets_page(session, offset=0, limit=1000).items]
+    names = [d.name for d in svc.datasets_page(session, offset=0, limit=MAX_PAGE_SIZE).items]
     return templates.TemplateResponse(request, "dashboard.html", {
         "csrf": claims["csrf"], "subject": claims["sub"], "datasets": names,
         "dataset": request.query_params.get("dataset") if request.query_params.get("dataset") in names else
@@ -175,7 +177,8 @@ def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
     entries = [e.model_dump(mode="json") for e in
                svc.ledger_page(session, dataset=dataset, offset=start, limit=CHART_POINTS).items]
     try:
-        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon)
+        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon).model_dump(
+            mode="json")
         projection_error = None
     except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. no algorithm applies yet)
         projection, projection_error = None, getattr(exc, "message", type(exc).__name__)
@@ -184,28 +187,26 @@ def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
 
 
 @router.get("/dashboard/api/datasets/{dataset}/trainings")
-def trainings(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
-              limit: LimitQ = 20) -> dict[str, Any]:
+def trainings(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
     return _newest_first(svc.runs_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.runs_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+                         lambda o, n: svc.runs_page(session, dataset=dataset, offset=o, limit=n), page)
 
 
 @router.get("/dashboard/api/datasets/{dataset}/models")
-def models(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
-           limit: LimitQ = 20) -> dict[str, Any]:
+def models(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
     return _newest_first(svc.versions_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.versions_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+                         lambda o, n: svc.versions_page(session, dataset=dataset, offset=o, limit=n), page)
 
 
 @router.get("/dashboard/api/datasets/{dataset}/ledger")
-def ledger_table(dataset: DatasetP, _: SessionAdmin, session: SessionDep, offset: OffsetQ = 0,
-                 limit: LimitQ = 20) -> dict[str, Any]:
+def ledger_table(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
     return _newest_first(svc.ledger_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.ledger_page(session, dataset=dataset, offset=o, limit=n), offset, limit)
+                         lambda o, n: svc.ledger_page(session, dataset=dataset, offset=o, limit=n), page)
 
 
-def _newest_first(total: int, fetch: Any, offset: int, limit: int) -> dict[str, Any]:
-    """Page ``offset`` of the newest-first listing, whatever order the service lists in."""
+def _newest_first(total: int, fetch: Any, page: PageRequest) -> dict[str, Any]:
+    """Page ``page`` of the newest-first listing, whatever order the service lists in."""
+    offset, limit = page.offset, page.limit
     end = max(0, total - offset)
     start = max(0, end - limit)
     first = fetch(0, 1).items

@@ -1,5 +1,5 @@
-"""Privileged routes: one user's own ratings and recommendations (that user or a service
-acting for users)."""
+"""Serving: a user's recommendations (that user or a service acting for users), similar items and DP-
+popular items (anyone)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import CurrentPrincipal, LimitQ, OffsetQ, SessionDep, require_user_access, run_with_session
-from app.api.params import DatasetP, UserP
-from app.schemas.common import ExternalId, Page
-from app.schemas.ingest import RatingOut
-from app.schemas.serving import MAX_N, RecommendationQuery, RecommendationsOut
-from app.services import ingest as ingest_svc
-from app.services.serving import recommend as svc
+from app.api.deps import CurrentPrincipal, SessionDep, require_user_access, run_with_session
+from app.api.params import DatasetP, ItemP, UserP
+from app.schemas.common import ExternalId
+from app.schemas.serving import MAX_N, PopularOut, RecommendationQuery, RecommendationsOut, SimilarOut
+from app.services.serving import popular, similar
+from app.services.serving import recommend
 
-router = APIRouter(tags=["privileged"])
+router = APIRouter()
 
 RECO_DESCRIPTION = (
     "Scores every item of the active model for this user from the published item embeddings "
@@ -29,16 +28,7 @@ RECO_DESCRIPTION = (
 )
 
 
-@router.get("/datasets/{dataset}/users/{user_id}/ratings", response_model=Page[RatingOut],
-            summary="The user's own ratings")
-def list_user_ratings(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
-                      session: SessionDep, offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[RatingOut]:
-    require_user_access(principal, user_id)
-    return ingest_svc.list_user_ratings(session, dataset=dataset, user_id=user_id,
-                                        offset=offset, limit=limit)
-
-
-@router.get("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
+@router.get("/datasets/{dataset}/users/{user_id}/recommendations", tags=["privileged"], response_model=RecommendationsOut,
             summary="Top-N recommendations for the user", description=RECO_DESCRIPTION)
 async def get_recommendations(
     request: Request, dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
@@ -49,20 +39,35 @@ async def get_recommendations(
     require_user_access(principal, user_id)
     query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
     return _json(await run_with_session(
-        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
+        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
 
 
-@router.post("/datasets/{dataset}/users/{user_id}/recommendations", response_model=RecommendationsOut,
+@router.post("/datasets/{dataset}/users/{user_id}/recommendations", tags=["privileged"], response_model=RecommendationsOut,
              summary="Top-N recommendations for the user (filters in the body)",
              description=RECO_DESCRIPTION)
 async def post_recommendations(request: Request, dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
                                principal: CurrentPrincipal) -> Response:
     require_user_access(principal, user_id)
     return _json(await run_with_session(
-        request, lambda s: svc.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body)))
+        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body)))
 
 
 def _json(out: RecommendationsOut) -> Response:
     """Serialised once (pydantic-core): a returned model would be validated again against
     ``response_model`` before the same serialisation."""
     return Response(content=out.model_dump_json(), media_type="application/json")
+
+
+NQ = Annotated[int, Query(ge=1, le=MAX_N, description="How many items to return.")]
+
+
+@router.get("/datasets/{dataset}/items/{item_id}/similar", tags=["public"], response_model=SimilarOut,
+            summary="Items similar to one item (cosine on public embeddings)")
+def get_similar(dataset: DatasetP, item_id: ItemP, session: SessionDep, n: NQ = 10) -> SimilarOut:
+    return similar.similar(session, dataset=dataset, item_id=item_id, n=n)
+
+
+@router.get("/datasets/{dataset}/popular", tags=["public"], response_model=PopularOut,
+            summary="Most popular items by the DP counts released with the model")
+def get_popular(dataset: DatasetP, session: SessionDep, n: NQ = 10) -> PopularOut:
+    return popular.popular(session, dataset=dataset, n=n)

@@ -1,5 +1,5 @@
-"""Vote routes: thumbs up/down ingestion (single, batch, delete), the user's own votes, and the
-admin vote settings (randomised response at ingestion)."""
+"""Votes: thumbs up/down ingestion (single, batch, delete), the user's own votes, and the admin vote
+settings (randomised response at ingestion)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ from typing import Sequence
 
 from fastapi import APIRouter
 
-from app.api.deps import (AdminPrincipal, CurrentPrincipal, LimitQ, OffsetQ, SessionDep, SettingsDep,
-                          WriteSessionDep, require_batch_within, require_ingest_access, require_user_access)
-from app.errors import Forbidden
+from app.api.deps import (AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep,
+                          require_batch_within, require_ingest_access, require_user_access)
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
+from app.errors import ClientRandomisationForbidden
 from app.schemas.common import Page
 from app.schemas.votes import (VoteBatchIn, VoteBatchOut, VoteDeletedOut, VoteIn, VoteOut, VoteSettingsIn,
                                VoteSettingsOut, VoteWriteOut)
-from app.services import votes as svc
+from app.services import votes as votes_svc
 
 router = APIRouter()
-admin_router = APIRouter(tags=["admin"])
 
 VOTE_DESCRIPTION = (
     "A vote is the integer 1 (thumbs up) or -1 (thumbs down). On a data set that randomises at "
@@ -41,8 +40,8 @@ def _require_own_device_for_client_bits(principal: Principal, rows: Sequence[Vot
     server randomises them.
     """
     if principal.kind != "user" and any(r.randomised for r in rows):
-        raise Forbidden("only the user's own token may send a client-randomised vote; "
-                        "services send raw votes and the server randomises them", code="client_randomisation_forbidden")
+        raise ClientRandomisationForbidden("only the user's own token may send a client-randomised vote; "
+                                           "services send raw votes and the server randomises them")
 
 
 @router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],
@@ -51,7 +50,7 @@ def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, pr
              session: WriteSessionDep) -> VoteWriteOut:
     require_ingest_access(principal, user_id)
     _require_own_device_for_client_bits(principal, [body])
-    return svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
+    return votes_svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
 
 
 @router.post("/datasets/{dataset}/votes/batch", response_model=VoteBatchOut, tags=["ingest"],
@@ -63,34 +62,33 @@ def post_votes_batch(dataset: DatasetP, body: VoteBatchIn, principal: CurrentPri
     for user in {r.user_id for r in body.votes}:
         require_ingest_access(principal, user)
     _require_own_device_for_client_bits(principal, body.votes)
-    return svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
+    return votes_svc.upsert_votes_batch(session, dataset=dataset, rows=body.votes)
 
 
 @router.delete("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteDeletedOut,
-               tags=["ingest"], summary="Delete one vote", description=svc.DELETE_NOTE)
+               tags=["ingest"], summary="Delete one vote", description=votes_svc.DELETE_NOTE)
 def delete_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, principal: CurrentPrincipal,
                 session: WriteSessionDep) -> VoteDeletedOut:
     require_ingest_access(principal, user_id)
-    n = svc.delete_vote(session, dataset=dataset, user_id=user_id, item_id=item_id)
-    return VoteDeletedOut(deleted=n, note=svc.DELETE_NOTE)
+    n = votes_svc.delete_vote(session, dataset=dataset, user_id=user_id, item_id=item_id)
+    return VoteDeletedOut(deleted=n, note=votes_svc.DELETE_NOTE)
 
 
 @router.get("/datasets/{dataset}/users/{user_id}/votes", response_model=Page[VoteOut], tags=["privileged"],
             summary="The user's own stored votes (randomised bits on a randomising data set)")
 def list_user_votes(dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal, session: SessionDep,
-                    offset: OffsetQ = 0, limit: LimitQ = 100) -> Page[VoteOut]:
+                    page: PageQ) -> Page[VoteOut]:
     require_user_access(principal, user_id)
-    return svc.list_user_votes(session, dataset=dataset, user_id=user_id, offset=offset, limit=limit)
+    return votes_svc.list_user_votes(session, dataset=dataset, user_id=user_id, offset=page.offset, limit=page.limit)
 
 
-@admin_router.get("/datasets/{dataset}/vote-settings", response_model=VoteSettingsOut,
+@router.get("/admin/datasets/{dataset}/vote-settings", tags=["admin"], response_model=VoteSettingsOut,
                   summary="Vote settings: randomisation at ingestion and the per-user cap")
 def get_vote_settings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> VoteSettingsOut:
-    return svc.get_vote_settings(session, dataset=dataset)
+    return votes_svc.get_vote_settings(session, dataset=dataset)
 
 
-@admin_router.put(
-    "/datasets/{dataset}/vote-settings", response_model=VoteSettingsOut,
+@router.put("/admin/datasets/{dataset}/vote-settings", tags=["admin"], response_model=VoteSettingsOut,
     summary="Set epsilon0 of randomised response at ingestion (null: raw votes) and the per-user cap",
     description=(
         "Only while the data set holds no vote and never gave out a randomised bit (409 "
@@ -101,5 +99,5 @@ def get_vote_settings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep)
 )
 def put_vote_settings(dataset: DatasetP, body: VoteSettingsIn, admin: AdminPrincipal,
                       session: WriteSessionDep) -> VoteSettingsOut:
-    return svc.set_vote_settings(session, dataset=dataset, local_epsilon=body.local_epsilon,
+    return votes_svc.set_vote_settings(session, dataset=dataset, local_epsilon=body.local_epsilon,
                                 votes_per_user_cap=body.votes_per_user_cap, actor=f"admin:{admin.subject}")

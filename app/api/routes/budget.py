@@ -1,0 +1,66 @@
+"""Privacy budgets (admin): a data set's budget and cap, what a run would cost, the ledger, per-person
+budgets."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from app.api.deps import AdminPrincipal, PageQ, SessionDep, WriteSessionDep
+from app.api.params import DatasetP
+from app.schemas.admin import (MAX_EPSILON_CAP, PERSON_BUDGET_NAME, BudgetOut, CapChangeIn, LedgerEntryOut,
+                               PersonBudgetIn, PersonBudgetOut, ProjectionOut)
+from app.schemas.common import Page
+from app.services import admin as admin_svc
+
+router = APIRouter()
+
+PersonBudgetP = Annotated[str, Path(min_length=1, max_length=64, pattern=PERSON_BUDGET_NAME,
+                                    description="Per-person budget name, e.g. `all`.")]
+
+
+@router.get("/admin/datasets/{dataset}/budget", tags=["admin"], response_model=BudgetOut, summary="Privacy budget")
+def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> BudgetOut:
+    return admin_svc.budget_view(session, dataset=dataset)
+
+
+@router.get("/admin/datasets/{dataset}/budget/projection", tags=["admin"], response_model=ProjectionOut,
+            summary="What a run at epsilon would compose to, and how many such runs are affordable",
+            description=("Composes the ledger's charged events with the event of one more run at `epsilon` "
+                         "(the active model's algorithm and public hyper-parameters unless `algorithm` is "
+                         "given), by the RDP accountant at the budget's delta, PLD beside it. Composition is "
+                         "not additive: `remaining_epsilon` does not answer this."))
+def get_projection(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
+                   epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP, description="The run's epsilon.")],
+                   algorithm: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9_\-]+$")] = None) -> ProjectionOut:
+    return admin_svc.projection(session, dataset=dataset, epsilon=epsilon, algorithm=algorithm)
+
+
+@router.patch("/admin/datasets/{dataset}/budget", tags=["admin"], response_model=BudgetOut,
+              summary="Change the epsilon cap (audited)",
+              description="Raising the cap needs a `reason`; lowering it below what is spent is refused (409).")
+def patch_budget(dataset: DatasetP, body: CapChangeIn, admin: AdminPrincipal, session: WriteSessionDep) -> BudgetOut:
+    return admin_svc.change_cap(session, dataset=dataset, epsilon_cap=body.epsilon_cap, reason=body.reason,
+                         actor=f"admin:{admin.subject}")
+
+
+@router.get("/admin/datasets/{dataset}/ledger", tags=["admin"], response_model=Page[LedgerEntryOut],
+            summary="Ledger entries with event trees and parameters")
+def get_ledger(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[LedgerEntryOut]:
+    return admin_svc.ledger_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
+
+
+@router.get("/admin/person-budgets/{name}", tags=["admin"], response_model=PersonBudgetOut, summary="Per-person budget")
+def get_person_budget(name: PersonBudgetP, _: AdminPrincipal, session: SessionDep) -> PersonBudgetOut:
+    return admin_svc.person_budget_view(session, name=name)
+
+
+@router.put("/admin/person-budgets/{name}", tags=["admin"], response_model=PersonBudgetOut,
+            summary="Create a per-person budget or change its cap (audited)",
+            description="The events of every data set naming it are composed against its cap in the same "
+                        "locked reservation as the data set's own cap. Raising the cap needs a `reason`; "
+                        "lowering it below the spend, or changing its delta or relation, is refused (409).")
+def put_person_budget(name: PersonBudgetP, body: PersonBudgetIn, admin: AdminPrincipal,
+                      session: WriteSessionDep) -> PersonBudgetOut:
+    return admin_svc.put_person_budget(session, name=name, body=body, actor=f"admin:{admin.subject}")
