@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 import jwt
 
@@ -184,9 +184,9 @@ def _principal(claims: dict) -> Principal:
     return Principal(subject=subject, kind=kind, scopes=scopes)
 
 
-def _lifetime_within(claims: dict, max_lifetime_s: int) -> bool:
+def _lifetime_within(claims: dict[str, Any], max_lifetime_s: int) -> bool:
     """True when ``exp`` and ``iat`` are numbers with ``0 < exp - iat <= max_lifetime_s``."""
     exp, iat = claims.get("exp"), claims.get("iat")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (exp, iat)):
+    if not (isinstance(exp, (int, float)) and isinstance(iat, (int, float))) or isinstance(exp, bool) or isinstance(iat, bool):
         return False
     return 0 < exp - iat <= max_lifetime_s

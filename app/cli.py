@@ -29,7 +29,7 @@ from tqdm import tqdm
 from uvicorn.supervisors import Multiprocess
 
 from app.errors import PrivrecError
-from app.auth import issue_token
+from app.auth import Kind, issue_token
 from app.config import Settings, get_settings, reset_settings_cache
 from app.db.migrate import alembic_config, current_revision, upgrade_head
 from app.db.models import Dataset, TrainingRun
@@ -419,6 +419,7 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
 def cmd_issue_token(args: argparse.Namespace) -> int:
     """Print a signed bearer token."""
     settings = _settings()
+    kind: Kind
     if args.admin:
         kind, subject, scopes = "admin", args.subject or "admin", []
     elif args.service:

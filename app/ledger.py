@@ -394,12 +394,19 @@ def _charged_events(
 def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
     """The event ``entry`` charges to an account under ``relation``: its released event converted
     from the relation its guarantee was stated under (:func:`app.core.privacy.accounting.event_under`)."""
-    return event_under(event_from_json(entry.event), _entry_relation(entry), relation)
+    return event_under(event_from_json(_released_event(entry)), _entry_relation(entry), relation)
 
 
 def recorded_charge(entry: LedgerEntry) -> dp_event.DpEvent:
     """The event as it was charged when the entry was written (what its stored spend composed)."""
-    return event_from_json(entry.parameters.get("charged_event") or entry.event)
+    return event_from_json(entry.parameters.get("charged_event") or _released_event(entry))
+
+
+def _released_event(entry: LedgerEntry) -> dict[str, Any]:
+    """The stored event of a charging entry (reservations and local guarantees always carry one)."""
+    if entry.event is None:
+        raise ValueError(f"ledger entry {entry.seq} ({entry.kind}) records no event")
+    return entry.event
 
 
 def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
@@ -727,7 +734,7 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
     """Recompute every hash of the account's chain (and optionally every composed spend)."""
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
     prev = GENESIS_HASH
-    events: dict[tuple[str, int], dp_event.DpEvent] = {}
+    events: dict[tuple[str, int | None], dp_event.DpEvent] = {}  # ("run", run id) or ("local", seq)
     for expected_seq, entry in enumerate(entries, start=1):
         if entry.seq != expected_seq:
             return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")

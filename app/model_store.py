@@ -94,7 +94,7 @@ def get_active_version(session: Session, dataset: str) -> ModelVersion:
     return row
 
 
-def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, PublicModel]:
+def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, PublicModel | FrankWolfeModel]:
     """(active version row, its public model) of ``dataset``."""
     row = get_active_version(session, dataset)
     return row, load_version_model(row)

@@ -193,7 +193,7 @@ def put_person_budget(
     changed = {k: v for k, v in fixed.items() if v[0] is not None and v[0] != v[1]}
     if changed:
         raise Conflict(f"person budget {name!r} exists; its {', '.join(changed)} cannot change (fixed at creation)",
-                       person_budget=name, **{k: v[1] for k, v in changed.items()})
+                       details={"person_budget": name, **{k: v[1] for k, v in changed.items()}})
     return _person_view(session, ledger.change_person_cap(session, name=name, new_cap=epsilon_cap, reason=reason,
                                                           actor=actor))
 

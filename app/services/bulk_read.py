@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.data.ratings import Ratings
+from app.db.dialect import driver_connection
 from app.db.models import Dataset, Item
 from app.db.session import is_postgres
 
@@ -51,7 +52,7 @@ def _randomised_filter(local_epsilon: float | None) -> str:
 
 def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
     """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
-    cursor = session.connection().connection.driver_connection.cursor()
+    cursor = driver_connection(session).cursor()
     buf = bytearray()
     sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
            + _randomised_filter(local_epsilon).replace("%", "%%") + ") TO STDOUT (FORMAT BINARY)")
@@ -69,7 +70,7 @@ def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsi
 
 
 def _triplets_generic(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
-    cursor = session.connection().connection.driver_connection.cursor()
+    cursor = driver_connection(session).cursor()
     cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?{_randomised_filter(local_epsilon)}",
                    (int(dataset_id),))
     parts = []

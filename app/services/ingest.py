@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound, Unprocessable
-from app.db.dialect import CHUNK, chunks, insert_for, pg_array
+from app.db.dialect import CHUNK, chunks, driver_connection, insert_for, pg_array, rows_matched
 from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
                            utcnow)
 from app.db.session import is_postgres
@@ -35,6 +35,8 @@ __all__ = [
     "user_ratings_arrays",
     "ensure_user_rows",
 ]
+
+WriteStatus = Literal["created", "updated"]  # what one rating write did
 
 
 def _naive_utc(value: datetime) -> datetime:
@@ -189,7 +191,7 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         return set(map(tuple, result.all()))
     block = "".join(f"{k}\t{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
     session.execute(_PG_STAGE)
-    with session.connection().connection.driver_connection.cursor() as cursor:
+    with driver_connection(session).cursor() as cursor:
         with cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy:
             copy.write(block)
     inserted = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).scalar() or []
@@ -217,7 +219,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
 
 
 def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[str], int, int]:
+                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[WriteStatus], int, int]:
     """Validate then upsert parallel rows; return (status per row, created, updated).
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
@@ -238,7 +240,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
     bump_ratings_version_sharded(session, ds.id, n=len(uids))
-    status = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
+    status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
     n_created = len(created)
     return status, n_created, len(status) - n_created
 
@@ -255,7 +257,7 @@ def _require_in_range(ds: Any, rating: float) -> None:
                             details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
 
 
-def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> str:
+def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> WriteStatus:
     """One rating on PostgreSQL in two round trips (three for a new user): the data set, item and
     user rows (locked FOR KEY SHARE), then the rating and its version shard. The batch path's
     checks and locks, without its per-batch work and without loading ORM objects."""
@@ -345,8 +347,8 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
     iid = item_row_ids(session, ds, [item_id]).get(item_id)
     n = 0
     if uid is not None and iid is not None:
-        n = session.execute(delete(Rating).where(
-            Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)).rowcount or 0
+        n = rows_matched(session.execute(delete(Rating).where(
+            Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)))
     if n == 0:
         raise NotFound("no such rating", code="unknown_rating", details={"user_id": user_id, "item_id": item_id})
     bump_ratings_version_sharded(session, ds.id, n=1)
@@ -363,13 +365,13 @@ def delete_user(session: Session, *, user_id: str) -> int:
     uid = _user_row_id(session, user_id, lock=True)
     if uid is None:
         raise NotFound(f"unknown user {user_id!r}", code="unknown_user", details={"user_id": user_id})
-    per_ds = session.execute(
+    per_ds = list(session.execute(
         select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)
-    ).all()
+    ).all())
     per_ds += session.execute(  # votes: removed by the cascade, counted for retraining
         select(Vote.dataset_id, func.count()).where(Vote.user_id == uid).group_by(Vote.dataset_id)
     ).all()
-    removed = session.execute(delete(Rating).where(Rating.user_id == uid)).rowcount or 0
+    removed = rows_matched(session.execute(delete(Rating).where(Rating.user_id == uid)))
     session.execute(delete(User).where(User.id == uid))
     for ds_id, count in per_ds:
         bump_ratings_version_sharded(session, ds_id, n=int(count))

@@ -83,7 +83,7 @@ def active(session: Session, dataset: str) -> ActiveModel:
     cached = _serving.get(key)
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
-        ds = session.get(Dataset, row.dataset_id)
+        ds = session.get_one(Dataset, row.dataset_id)  # the version row's foreign key
         cached = ServedModel(model=model, positions=positions, version_id=row.id, sha256=row.sha256,
                              dataset_id=row.dataset_id,
                              algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))

@@ -163,7 +163,7 @@ def start_training(
         )
         if existing is not None:
             return existing
-    if epsilon is None and not free_run:
+    if epsilon is None and epsilon_fraction is not None:
         prior = ledger.spent(session, acct).epsilon_rdp
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
@@ -177,14 +177,13 @@ def start_training(
                 delta=acct.delta,
             )
     n_items = n_items_of(session, ds)
-    if not free_run:
-        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
-    elif objective is not None:
-        raise InvalidRequest(f"{algo.name} has no objective choice")
-    base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
-    if free_run:
-        config, epsilon = base, 0.0
+    if epsilon is None:  # a free run: no target to calibrate to
+        if objective is not None:
+            raise InvalidRequest(f"{algo.name} has no objective choice")
+        config, epsilon = base_config(algo, ds, data_params(algo, ds, hyperparameters)), 0.0
     else:
+        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
+        base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
         try:
             config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
         except ValueError as exc:
