@@ -189,6 +189,8 @@ def _private_only(ratings: Ratings, public_ids: np.ndarray) -> Ratings:
 
 def _genres(item_ids: np.ndarray):
     data = load_ml1m()
+    if data.item_features is None:
+        raise ValueError("ml-1m was loaded without its genres")
     by_id = dict(zip(data.ratings.item_ids.tolist(), data.item_features))
     return metadata_source([by_id.get(i, ()) for i in item_ids.tolist()])
 

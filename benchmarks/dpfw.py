@@ -103,6 +103,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def _syn_splits(n_users: int, seed: int):
     data = paper_synthetic(n_users, seed=seed)
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=seed)
+    assert data.p is not None  # paper_synthetic records the observation probability it drew with
     return train, valid, test, data.p * 1000 * 0.8
 
 
@@ -147,7 +148,7 @@ def _tune_ridge(tuning, eps: float) -> float:
     train, valid, _, per_user = tuning
     score = {reg: model_rmse(train_dpals(train, calibrate_dpals(eps, SYN_DELTA, replace(dpals_base(per_user), reg_item=reg))),
                              train, valid) for reg in RIDGE_GRID}
-    return min(score, key=score.get)
+    return min(score, key=score.__getitem__)
 
 
 def _result_rows(dataset, res, secs, seeds, epsilons, delta, baselines) -> list[dict]:
@@ -207,22 +208,22 @@ def _jester():
     return random_split(load_jester1().ratings, (0.8, 0.1, 0.1), seed=0)
 
 
-_DPALS_BASE = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp", frequent_fraction=1.0)
-_JESTER_DPALS = [  # a small search on the Jester validation split (eps 20 and 1)
+_DPALS_BASE: dict[str, Any] = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp", frequent_fraction=1.0)
+_JESTER_DPALS: list[dict[str, Any]] = [  # a small search on the Jester validation split (eps 20 and 1)
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=5.0, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0),
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=1.0, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0, clip_user=3.0),
 ]
-_ML_DPALS = [  # quality-ml1m's validation winners at eps 20 and eps 1
+_ML_DPALS: list[dict[str, Any]] = [  # quality-ml1m's validation winners at eps 20 and eps 1
     dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, contribution_bound=240, reg_user=0.002, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0, gram_noise_ratio=1.0),
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=240, reg_user=0.05, user_reg_exponent=0.5,
          user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5, gram_noise_ratio=2.0),
 ]
-_JESTER_ALS = [dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+_JESTER_ALS: list[dict[str, Any]] = [dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
                dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0)]
-_ML_ALS = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+_ML_ALS: list[dict[str, Any]] = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
            dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True)]
 
 
@@ -299,8 +300,10 @@ def oja_rows(quick: bool) -> list[dict]:
             for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
                 rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
 
+        oja_variants: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6}))
         for eps in (10.0, 1000.0):
-            for name, overrides in (("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6})):
+            for name, overrides in oja_variants:
                 config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
                 measure(name, eps, lambda: top_eigenvector_oja(prep, a, config, GaussianReleaser(np.random.default_rng(1))))
             dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -198,11 +199,10 @@ def ml100k_rows(quick: bool) -> list[dict]:
                 model, rec = train_with_estimate(train, config)
             seconds = time.perf_counter() - t0
             label = f"user-eps={user_eps:.4g}(k={ML_K})"
-            common = {"epsilon": eps, "delta": DELTA if mech in ("outp", "objp") else None, "baseline": clear,
-                      "seconds": seconds}
-            rows.append(make_row(SUITE, dataset, f"{mech}-logistic", f"acc|{label}", sign_accuracy(rec, test), **common))
-            rows.append(make_row(SUITE, dataset, f"{mech}-logistic", f"acc-served|{label}",
-                                 served_accuracy(model, train, test), **common))
+            row = partial(make_row, SUITE, dataset, f"{mech}-logistic", epsilon=eps,
+                          delta=DELTA if mech in ("outp", "objp") else None, baseline=clear, seconds=seconds)
+            rows.append(row(f"acc|{label}", sign_accuracy(rec, test)))
+            rows.append(row(f"acc-served|{label}", served_accuracy(model, train, test)))
     return rows
 
 

@@ -140,7 +140,7 @@ def _candidates(objective: str, eps: float, data: _Data, train: Ratings, grid: l
 
 def _tuned(grid: list[dict[str, Any]], base: dict[str, Any], fit: Callable[[dict[str, Any], int], PublicModel],
            valid_score: Callable[[PublicModel], float], higher_is_better: bool) -> dict[str, Any]:
-    scored = []
+    scored: list[tuple[float, int, dict[str, Any]]] = []
     for change in grid:
         params = _vary(base, change)
         score = valid_score(fit(params, 0))

@@ -114,7 +114,9 @@ def _select_and_test(
     else:
         scored = [(task.valid_score(make_model(c, 0)), i) for i, c in enumerate(candidates)]
         params = candidates[(max(scored) if task.higher_is_better else min(scored))[1]]
-    scores, seconds, extras = [], 0.0, {}
+    scores: list[float] = []
+    seconds = 0.0
+    extras: dict[str, list[float]] = {}
     for seed in seeds:
         start = time.perf_counter()
         model = make_model(params, seed)

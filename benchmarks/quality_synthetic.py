@@ -50,6 +50,7 @@ def dpals_base(per_user: float) -> DPALSConfig:
 def _splits(n_users: int, seed: int) -> tuple[Ratings, Ratings, Ratings, float]:
     data = paper_synthetic(n_users, seed=seed)
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=seed)
+    assert data.p is not None  # paper_synthetic records the observation probability it drew with
     return train, valid, test, data.p * 1000 * 0.8
 
 
@@ -63,7 +64,7 @@ def tune_ridge(n_users: int, epsilon: float) -> float:
     train, valid, _, per_user = _splits(n_users, TUNING_SEED)
     base = dpals_base(per_user)
     scores = {reg: _dpals_rmse(replace(base, reg_item=reg), epsilon, train, valid) for reg in RIDGE_GRID}
-    return min(scores, key=scores.get)
+    return min(scores, key=scores.__getitem__)
 
 
 def run(quick: bool) -> list[dict]:
@@ -81,7 +82,9 @@ def run(quick: bool) -> list[dict]:
 
 def _rows_for_size(n_users: int, seeds, epsilons, ridges: dict[float, float]) -> list[dict]:
     dataset = f"paper-synthetic-n{n_users}"
-    als, zero, dp = [], [], {eps: [] for eps in epsilons}
+    als: list[float] = []
+    zero: list[float] = []
+    dp: dict[float, list[float]] = {eps: [] for eps in epsilons}
     als_seconds, dp_seconds = 0.0, {eps: 0.0 for eps in epsilons}
     for seed in seeds:
         train, _, test, per_user = _splits(n_users, seed)

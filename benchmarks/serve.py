@@ -21,6 +21,7 @@ Phases and rows (targets on the 2-core machine in the ``baseline`` column):
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import os
 import re
 import socket
@@ -212,6 +213,11 @@ class _Measured:
     loadgen_cpu_s: float
 
 
+def _closed_loop(port: int, paths: list[tuple[str, dict[str, str]]]) -> tuple[np.ndarray, np.ndarray, float]:
+    """One closed-loop phase: every path over ``CLIENTS`` keep-alive connections."""
+    return asyncio.run(_load(port, paths, CLIENTS))
+
+
 def _with_nan(result: tuple[np.ndarray, float]) -> tuple[np.ndarray, np.ndarray, float]:
     lat, seconds = result
     return lat, np.full(len(lat), np.nan), seconds
@@ -288,15 +294,15 @@ def run(quick: bool) -> list[dict]:
                 time.sleep(0.2)
         rng = np.random.default_rng(0)
         picks = rng.choice(len(users), size=n_req)
-        tokens = {}
-        reco = []
+        tokens: dict[str, str] = {}
+        reco: list[tuple[str, dict[str, str]]] = []
         for k in picks.tolist():
             u = users[k]
             tok = tokens.setdefault(u, issue_token(u, secret=secret, ttl_seconds=3600))
             reco.append((f"/v1/datasets/default/users/{u}/recommendations?n=20", {"Authorization": f"Bearer {tok}"}))
-        health = [("/health", {})] * n_req
+        health: list[tuple[str, dict[str, str]]] = [("/health", {})] * n_req
         asyncio.run(_load(port, reco[:200], CLIENTS))  # warm-up: model load, connections
-        closed = {name: _measure(proc.pid, lambda paths=paths: asyncio.run(_load(port, paths, CLIENTS)))
+        closed = {name: _measure(proc.pid, partial(_closed_loop, port, paths))
                   for name, paths in (("health", health), ("recommend", reco))}
         n_open = int(OPEN_LOOP_RATE * (4 if quick else 15))
         opened = _measure(proc.pid, lambda: _with_nan(asyncio.run(_open_loop(port, reco[:n_open], OPEN_LOOP_RATE))))
