@@ -36,9 +36,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dp_accounting import dp_event
 from sqlalchemy import func, select
@@ -50,18 +51,17 @@ from app.core.privacy.accounting import (
     NEIGHBOURING_RELATION,
     Relation,
     compose,
-    event_under,
-    parse_relation,
-    relation_implies,
     epsilon_pld,
     epsilon_rdp,
     event_from_json,
     event_to_json,
+    event_under,
+    parse_relation,
+    relation_implies,
 )
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
-from app.errors import (BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound,
-                                 PersonBudgetExceeded, RelationRefused)
+from app.errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest, NotFound, PersonBudgetExceeded, RelationRefused
 
 __all__ = [
     "GENESIS_HASH",

@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from threadpoolctl import threadpool_limits
 
-from app.api import admin, dashboard, health, ingest, observability, privileged, public
-from app.api import public_data
+from app.api import admin, dashboard, health, ingest, observability, privileged, public, public_data
 from app.api import votes as votes_api
 from app.api.contract import install_error_docs
 from app.api.errors import install_error_handlers, render
-from app.errors import PayloadTooLarge
 from app.api.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
 from app.db.migrate import upgrade_head
 from app.db.session import get_sessionmaker
+from app.errors import PayloadTooLarge
 from app.services import budget, demo
 from app.services.training.embedded_worker import start_embedded_worker
 from app.services.unit_of_work import commit

@@ -22,8 +22,8 @@ from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
-from app.ledger import lock_account
 from app.errors import Conflict, InvalidRequest, NoActiveModel, NotFound
+from app.ledger import lock_account
 
 __all__ = [
     "artifact_path_for",
@@ -39,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _CACHE_SIZE = 4
-_cache: "OrderedDict[tuple[int, str], PublicModel]" = OrderedDict()
+_cache: OrderedDict[tuple[int, str], PublicModel] = OrderedDict()
 _cache_lock = threading.Lock()
 
 

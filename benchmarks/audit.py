@@ -33,11 +33,11 @@ from functools import partial
 import numpy as np
 from scipy import stats
 
-from app.core.privacy import accounting
-from app.core.privacy.discrete_noise import noise_switched_off
+from app.core.data.ratings import Ratings
 from app.core.mf.dpals import DPALSConfig, calibrate, dpals_event, train_dpals
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import noise_switched_off
 from benchmarks.harness import make_row
 
 SUITE = "audit"

@@ -26,30 +26,31 @@ public-side parameters (alpha, lambda_F, w0_F) from a small grid. Test scores: m
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
 from app.core.data.datasets import load_ml1m
-from app.core.mf.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
-from app.core.mf.foldin import fold_in_users, user_offsets
-from app.core.eval.metrics import factor_predictions, rating_rmse
-from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 from app.core.data.splits import HeldoutSet, load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.eval.metrics import factor_predictions, rating_rmse
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
+from app.core.mf.foldin import fold_in_users, user_offsets
+from app.core.mf.model import PublicModel
 from benchmarks.evaluation import model_ranking
 from benchmarks.harness import limit_threads, make_row, mean_std
 from benchmarks.quality_ml1m import (
-    ALS_RANKING_CANDIDATES,
-    ALS_RATING_CANDIDATES,
-    RATING_RANGE,
-    RATING_DELTA,
     _RANKING_BASE,
     _RANKING_GRID_BEST,
     _RATING_BASE,
     _RATING_SEARCH_BEST,
+    ALS_RANKING_CANDIDATES,
+    ALS_RATING_CANDIDATES,
+    RATING_DELTA,
+    RATING_RANGE,
 )
 
 SUITE = "cmf"

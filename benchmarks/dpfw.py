@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import scipy.sparse.linalg as spla
 
+from app.core.data.datasets import DatasetUnavailable, load_jester1
+from app.core.data.ratings import Ratings
+from app.core.data.splits import load_ml1m_rating_split, merge, random_split
+from app.core.data.synthetic import paper_synthetic
+from app.core.eval.metrics import rmse
 from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate as calibrate_dpals, train_dpals
-from app.core.privacy.releaser import GaussianReleaser
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.mf.dpals import calibrate as calibrate_dpals
 from app.core.mf.dpfw import (
     DPFWConfig,
-    calibrate as calibrate_dpfw,
     gram_product,
     predict_dpfw,
     prepare_rows,
@@ -42,14 +47,14 @@ from app.core.mf.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.data.datasets import DatasetUnavailable, load_jester1
-from app.core.eval.metrics import rmse
-from app.core.data.ratings import Ratings
-from app.core.data.splits import load_ml1m_rating_split, merge, random_split
-from app.core.data.synthetic import paper_synthetic
+from app.core.mf.dpfw import (
+    calibrate as calibrate_dpfw,
+)
+from app.core.privacy.releaser import GaussianReleaser
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import format_table, limit_threads, make_row, mean_std
-from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS, RIDGE_GRID, dpals_base
+from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS
+from benchmarks.quality_synthetic import RIDGE_GRID, dpals_base
 
 SUITE = "dpfw"
 BLAS_THREADS = 2

@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 __all__ = [
     "ROW_KEYS",
@@ -201,7 +202,7 @@ def write_json(path: str | Path, suite: str, rows: Sequence[dict], *, quick: boo
     doc = {
         "suite": suite,
         "quick": bool(quick),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "seconds": seconds,
         "machine": machine if machine is not None else machine_info(),
         "rows": [validate_row(r) for r in rows],

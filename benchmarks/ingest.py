@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -34,12 +34,12 @@ from functools import partial
 
 import numpy as np
 
-from app.core.privacy import accounting
 from app.core.data.datasets import DatasetUnavailable, load_ml100k_u1
+from app.core.data.ratings import Ratings
 from app.core.onebit import OneBitConfig, privacy, train_with_estimate
 from app.core.onebit import train as onebit_train
 from app.core.onebit.links import prob_up
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
 from benchmarks.harness import limit_threads, make_row, mean_std
 
 SUITE = "onebit"

@@ -18,18 +18,19 @@ The candidate configurations below came out of a random search scored on the val
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from app.core.algorithms import resolve_hyperparameters
-from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
-from app.core.eval.metrics import rating_rmse
-from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 from app.core.data.splits import load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.eval.metrics import rating_rmse
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
+from app.core.mf.model import PublicModel
 from benchmarks.evaluation import model_ranking, model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 

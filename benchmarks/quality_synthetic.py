@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
 from app.core.data.ratings import Ratings
 from app.core.data.splits import random_split
 from app.core.data.synthetic import paper_synthetic
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 

@@ -21,16 +21,16 @@ Phases and rows (targets on the 2-core machine in the ``baseline`` column):
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -56,8 +56,8 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     from app.db.migrate import upgrade_head
     from app.db.session import get_sessionmaker
     from app.services import budget, catalog, ingest
-    from app.services.training import runner
     from app.services.training import requests as train_requests
+    from app.services.training import runner
 
     upgrade_head(url)
     maker = get_sessionmaker(url)

@@ -28,16 +28,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
-from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
-from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
 from benchmarks.harness import limit_threads, make_row, peak_memory
 
 SUITE = "speed-train"

@@ -4,7 +4,8 @@ the session's driver connection (binary COPY, raw cursors)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import CursorResult, Result
 from sqlalchemy.dialects import postgresql, sqlite

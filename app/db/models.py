@@ -4,7 +4,7 @@ models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.mf.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import (
@@ -77,7 +77,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 def utcnow() -> datetime:
     """Timezone-aware UTC now."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @overload
@@ -86,7 +86,7 @@ def as_aware(value: datetime) -> datetime: ...
 def as_aware(value: None) -> None: ...
 def as_aware(value: datetime | None) -> datetime | None:
     """A stored timestamp as timezone-aware UTC (SQLite returns naive ones)."""
-    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):

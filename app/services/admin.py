@@ -9,15 +9,26 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
-from app.errors import Conflict
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion
+from app.errors import Conflict
 from app.ledger import round_up
-from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
-                               PersonBudgetIn, PersonBudgetOut, TrainingIn, TrainingRunOut)
+from app.schemas.admin import (
+    BudgetOut,
+    DatasetIn,
+    DatasetOut,
+    DatasetPatchIn,
+    LedgerEntryOut,
+    ModelVersionOut,
+    PersonBudgetIn,
+    PersonBudgetOut,
+    TrainingIn,
+    TrainingRunOut,
+)
 from app.schemas.common import Page
 from app.services import budget
-from app.services.training import dispatch, projection as proj
+from app.services.training import dispatch
+from app.services.training import projection as proj
 from app.services.training import requests as training
 
 __all__ = [

@@ -9,18 +9,18 @@ never logged.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound, Unprocessable
 from app.db.dialect import CHUNK, chunks, driver_connection, insert_for, pg_array, rows_matched
-from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
-                           utcnow)
+from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
 from app.db.session import is_postgres
+from app.errors import NotFound, Unprocessable
 from app.schemas.common import Page
 from app.schemas.ingest import RatingBatchOut, RatingOut, RatingRow, RatingWriteOut, RowResult
 from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
@@ -41,7 +41,7 @@ WriteStatus = Literal["created", "updated"]  # what one rating write did
 
 def _naive_utc(value: datetime) -> datetime:
     if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        value = value.astimezone(UTC).replace(tzinfo=None)
     return value
 
 

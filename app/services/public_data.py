@@ -30,23 +30,43 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import NotFound, PayloadTooLarge, Unprocessable
-from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.core.data.ratings import Ratings
+from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.db.dialect import chunks, rows_matched
-from app.db.models import (Dataset, Item, ItemSimilarity, PublicRatingConsent, PublicRatingConsentEvent,
-                           SimilaritySource, User, bump_ratings_version, table_of, utcnow)
+from app.db.models import (
+    Dataset,
+    Item,
+    ItemSimilarity,
+    PublicRatingConsent,
+    PublicRatingConsentEvent,
+    SimilaritySource,
+    User,
+    bump_ratings_version,
+    table_of,
+    utcnow,
+)
+from app.errors import NotFound, PayloadTooLarge, Unprocessable
 from app.schemas.common import MAX_BATCH_ROWS, Page
-from app.schemas.public_data import (MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH, ConsentEventOut, Neighbour,
-                                     NeighbourBatchOut, NeighbourRowError, NeighboursOut, PublicRatingsOut,
-                                     PublicUserOut, SimilaritySourceOut)
+from app.schemas.public_data import (
+    MAX_NEIGHBOURS,
+    MAX_PAIRS_PER_BATCH,
+    ConsentEventOut,
+    Neighbour,
+    NeighbourBatchOut,
+    NeighbourRowError,
+    NeighboursOut,
+    PublicRatingsOut,
+    PublicUserOut,
+    SimilaritySourceOut,
+)
 from app.services.bulk_read import item_index, load_triplets, ratings_from_triplets
 from app.services.catalog import get_dataset, item_row_ids
 from app.services.ingest import ensure_user_rows

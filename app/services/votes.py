@@ -23,28 +23,27 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.errors import Conflict, NotFound, Unprocessable
+from app.core.data.ratings import Ratings
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
-from app.core.data.ratings import Ratings
-from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
 from app.db.dialect import insert_for
+from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
 from app.db.session import is_postgres
-from app.errors import InvalidRequest
+from app.errors import Conflict, InvalidRequest, NotFound, Unprocessable
 from app.schemas.common import Page
-from app.schemas.votes import (Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
-                               VoteWriteOut)
+from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
+from app.services.bulk_read import load_ratings
 from app.services.catalog import item_row_ids
 from app.services.ingest import ensure_user_rows
-from app.services.bulk_read import load_ratings
 
 __all__ = [
     "LOCAL_RELATION",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from app.core.privacy.accounting import NEIGHBOURING_RELATION
 from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 

@@ -244,9 +244,8 @@ def test_tampered_artifact_is_refused(seeded, settings):
     with open(path, "r+b") as fh:
         fh.seek(-20, 2)
         fh.write(b"\x00" * 8)
-    with session_scope(seeded) as s:
-        with pytest.raises(Exception, match="altered|unreadable"):
-            model_store.get_active_model(s, "default")
+    with session_scope(seeded) as s, pytest.raises(Exception, match="altered|unreadable"):
+        model_store.get_active_model(s, "default")
 
 
 def test_stale_running_run_fails_closed(seeded, settings):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.core.data.ratings import Ratings
 from app.core.mf.als import ALSConfig, make_plan, solve_side, train_als
 from app.core.mf.dpals import DPALSConfig, train_dpals
-from app.core.mf.foldin import fold_in, fold_in_users, popular_items, user_offset, user_offsets, recommend, similar_items
-from app.core.data.ratings import Ratings
+from app.core.mf.foldin import fold_in, fold_in_users, popular_items, recommend, similar_items, user_offset, user_offsets
 
 
 def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):

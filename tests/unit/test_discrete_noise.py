@@ -20,8 +20,8 @@ from app.core.privacy.discrete_noise import (
     grid_gaussian,
     noise_switched_off,
 )
-from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.laplace import discrete_laplace_noise
+from app.core.privacy.releaser import GaussianReleaser
 
 
 class IntegersOnly:

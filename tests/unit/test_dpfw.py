@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.privacy import accounting
-from app.core.privacy.releaser import GaussianReleaser
+from app.core.data.ratings import Ratings
+from app.core.data.splits import random_split
 from app.core.mf.dpfw import (
     DPFWConfig,
     LocalState,
@@ -31,8 +31,8 @@ from app.core.mf.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.data.ratings import Ratings
-from app.core.data.splits import random_split
+from app.core.privacy import accounting
+from app.core.privacy.releaser import GaussianReleaser
 from tests.unit.test_dpals_privacy import CountingRng, _record_grid_releases
 
 N_ITEMS = 12

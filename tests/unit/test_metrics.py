@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app.core.eval import metrics as M
 from app.core.data.ratings import Ratings
+from app.core.eval import metrics as M
 
 
 def test_rmse_known_answer_and_validation():

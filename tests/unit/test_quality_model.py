@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.mf import defaults
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals, wiener_filter
-from app.core.mf.foldin import fold_in_users, user_scores
-from app.core.eval.metrics import ranking_metrics
 from app.core.data.ratings import Ratings
 from app.core.data.splits import heldout_users_split
+from app.core.eval.metrics import ranking_metrics
+from app.core.mf import defaults
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals, wiener_filter
+from app.core.mf.foldin import fold_in_users, user_scores
 
 
 def _popular_taste_data(seed: int = 0, n_users: int = 1500, n_items: int = 200) -> Ratings:

@@ -18,9 +18,9 @@ unless ``binary=False``, which keeps the original ratings.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

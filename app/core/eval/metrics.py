@@ -17,7 +17,8 @@ history are :class:`Ratings`, scipy sparse matrices, or sequences of item-index 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 import numpy as np
 import scipy.sparse as sp

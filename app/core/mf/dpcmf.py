@@ -41,18 +41,19 @@ ratings and similarity scores use it only in the implicit variant.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 import scipy.sparse as sp
 from dp_accounting import dp_event
+from numpy.typing import ArrayLike
 
+from app.core.data.ratings import Ratings
 from app.core.mf import dpals
 from app.core.mf.als import SolvePlan, iter_grams, make_plan, solve_side
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
 
 __all__ = [
     "PUBLIC_SOURCES",

@@ -20,15 +20,9 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
+from app.core.data.ratings import Ratings
 from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
-from app.core.privacy.discrete_noise import grid_gaussian
 from app.core.mf.foldin import candidate_items, top_n
-from app.core.privacy.laplace import (
-    discrete_laplace_noise,
-    dithered_laplace_noise,
-    snap_to_grid,
-)
 from app.core.onebit import links, privacy, solver
 from app.core.onebit.privacy import (
     MAX_ENTRIES,
@@ -42,7 +36,13 @@ from app.core.onebit.privacy import (
     public_config,
     randomize_votes,
 )
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import grid_gaussian
+from app.core.privacy.laplace import (
+    discrete_laplace_noise,
+    dithered_laplace_noise,
+    snap_to_grid,
+)
 from app.core.privacy.sampling import per_user_sample
 
 __all__ = [

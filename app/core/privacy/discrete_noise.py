@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Iterator
 
 import numpy as np
 

@@ -8,7 +8,8 @@ databases (the embedded SQLite) use the session itself.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Engine, Executable, Row
 from sqlalchemy.exc import DBAPIError

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.errors import Unprocessable
 from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
+from app.errors import Unprocessable
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
-from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
 from app.services.serving import trained_scoring
+from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
