@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,11 @@ def _train(task: _Task, params: dict, eps: float, seed: int, variant: str) -> Pu
     return train_dpcmf(task.private_train, config, public=public)
 
 
+def _valid_score(task: _Task, eps: float, variant: str, fixed: dict, params: dict) -> float:
+    """Validation score of ``variant`` trained (seed 0) on ``params`` over the ``fixed`` ones."""
+    return task.valid_score(_train(task, {**fixed, **params}, eps, 0, variant))
+
+
 def _best(task: _Task, candidates: list[dict], score: Callable[[dict], float], quick: bool) -> dict:
     """The candidate with the best validation score (the first one under --quick)."""
     if quick or len(candidates) == 1:
@@ -131,12 +137,10 @@ def _best(task: _Task, candidates: list[dict], score: Callable[[dict], float], q
 def _epsilon_rows(task: _Task, eps: float, seeds, quick: bool, als_mean: float) -> list[dict]:
     """DPALS, then each DP-CMF variant with DPALS's config fixed, selected on validation."""
     candidates = [task.dpals_candidates[task.quick_dpals[eps]]] if quick else task.dpals_candidates
-    dpals = _best(task, candidates, lambda c: task.valid_score(_train(task, c, eps, 0, "dpals")), quick)
+    dpals = _best(task, candidates, partial(_valid_score, task, eps, "dpals", {}), quick)
     chosen = {"dpals": dpals}
     for variant in VARIANTS[1:]:
-        chosen[variant] = {**dpals, **_best(
-            task, task.grids[variant],
-            lambda g: task.valid_score(_train(task, {**dpals, **g}, eps, 0, variant)), quick)}
+        chosen[variant] = {**dpals, **_best(task, task.grids[variant], partial(_valid_score, task, eps, variant, dpals), quick)}
     scores: dict[str, list[float]] = {v: [] for v in VARIANTS}
     slices: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for seed in seeds:
@@ -192,7 +196,7 @@ def _genres(item_ids: np.ndarray):
     data = load_ml1m()
     if data.item_features is None:
         raise ValueError("ml-1m was loaded without its genres")
-    by_id = dict(zip(data.ratings.item_ids.tolist(), data.item_features))
+    by_id = dict(zip(data.ratings.item_ids.tolist(), data.item_features, strict=True))
     return metadata_source([by_id.get(i, ()) for i in item_ids.tolist()])
 
 

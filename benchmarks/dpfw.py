@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ from app.core.mf.dpfw import (
 from app.core.mf.dpfw import (
     calibrate as calibrate_dpfw,
 )
+from app.core.mf.model import PublicModel
 from app.core.privacy.releaser import GaussianReleaser
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import format_table, limit_threads, make_row, mean_std
@@ -128,7 +130,7 @@ def synthetic_rows(quick: bool) -> list[dict]:
         for seed in seeds:
             train, _, test, per_user = _syn_splits(n_users, seed)
             res.setdefault("zero", []).append(float(np.sqrt(np.mean(test.csr.data**2))))
-            model, took = _timed(lambda: train_als(train, SYNTHETIC_ALS))
+            model, took = _timed(partial(train_als, train, SYNTHETIC_ALS))
             res.setdefault("als", []).append(model_rmse(model, train, test))
             secs["als"] = secs.get("als", 0.0) + took
             for eps in epsilons:
@@ -136,7 +138,7 @@ def synthetic_rows(quick: bool) -> list[dict]:
                 res.setdefault(f"dpfw@{eps}", []).append(value)
                 secs[f"dpfw@{eps}"] = secs.get(f"dpfw@{eps}", 0.0) + took
                 config = replace(dpals_base(per_user), reg_item=ridges[eps], seed=seed)
-                model, took = _timed(lambda: train_dpals(train, calibrate_dpals(eps, SYN_DELTA, config)))
+                model, took = _timed(partial(_calibrated_dpals, train, eps, SYN_DELTA, config))
                 res.setdefault(f"dpals@{eps}", []).append(model_rmse(model, train, test))
                 secs[f"dpals@{eps}"] = secs.get(f"dpals@{eps}", 0.0) + took
         size_rows = _result_rows(dataset, res, secs, seeds, epsilons, SYN_DELTA, ("zero", "als"))
@@ -237,6 +239,18 @@ def _dpals_real(params: dict, rating_range, eps: float, train: Ratings, seed: in
     return train_dpals(train, calibrate_dpals(eps, REAL_DELTA, config))
 
 
+def _dpals_real_valid_rmse(rating_range, eps: float, train: Ratings, valid: Ratings, params: dict) -> float:
+    return model_rmse(_dpals_real(params, rating_range, eps, train), train, valid)
+
+
+def _als_valid_rmse(train: Ratings, valid: Ratings, params: dict) -> float:
+    return model_rmse(train_als(train, ALSConfig(**params)), train, valid)
+
+
+def _calibrated_dpals(train: Ratings, eps: float, delta: float, config: DPALSConfig) -> PublicModel:
+    return train_dpals(train, calibrate_dpals(eps, delta, config))
+
+
 def real_rows(quick: bool) -> list[dict]:
     sets = [  # name, loader, public rating range, public unit of a centred rating, ALS and DPALS candidates
         ("jester-1-80-10-10", _jester, (-10.0, 10.0), 5.0, _JESTER_ALS, _JESTER_DPALS),
@@ -254,8 +268,8 @@ def real_rows(quick: bool) -> list[dict]:
         res: dict[str, list[float]] = {}
         secs: dict[str, float] = {}
         als_grid = als_grid[:1] if quick else als_grid
-        best = min(als_grid, key=lambda c: model_rmse(train_als(train, ALSConfig(**c)), train, valid))
-        model, secs["als"] = _timed(lambda: train_als(train, ALSConfig(**best)))
+        best = min(als_grid, key=partial(_als_valid_rmse, train, valid))
+        model, secs["als"] = _timed(partial(train_als, train, ALSConfig(**best)))
         res["als"] = [model_rmse(model, history, test)]
         res["user-mean"] = [float(np.sqrt(np.mean((predict_user_mean(history, test) - test.csr.data) ** 2)))]
         for eps in epsilons:
@@ -263,8 +277,8 @@ def real_rows(quick: bool) -> list[dict]:
             value, secs[f"dpfw@{eps}"] = _dpfw_rmse(fw, unit, eps, REAL_DELTA, train, history, test)
             res[f"dpfw@{eps}"] = [value]
             grid = dpals_grid[:1] if quick else dpals_grid
-            dp = min(grid, key=lambda c: model_rmse(_dpals_real(c, rating_range, eps, train), train, valid))
-            model, secs[f"dpals@{eps}"] = _timed(lambda: _dpals_real(dp, rating_range, eps, train))
+            dp = min(grid, key=partial(_dpals_real_valid_rmse, rating_range, eps, train, valid))
+            model, secs[f"dpals@{eps}"] = _timed(partial(_dpals_real, dp, rating_range, eps, train))
             res[f"dpals@{eps}"] = [model_rmse(model, history, test)]
             print(f"[dpfw] {dataset} eps={eps}: dpfw params {fw}; dpals candidate {dpals_grid.index(dp)}")
         set_rows = _result_rows(dataset, res, secs, [0], epsilons, REAL_DELTA, ("user-mean", "als"))
@@ -286,40 +300,52 @@ def oja_rows(quick: bool) -> list[dict]:
     sizes = OJA_SIZES[:2] if quick else OJA_SIZES
     dense_limit = 400 if quick else 4_000
     rows: list[dict] = []
-    n_users, n_steps, per_user = 20_000, 10, 60
     for n_items in sizes:
-        data = paper_synthetic(n_users, n_items=n_items, seed=0, p=min(1.0, per_user / n_items))
-        dataset = f"synthetic-m{n_users}-n{n_items}"
-        base = DPFWConfig(nuclear_norm=1.0, n_steps=n_steps, row_clip=math.sqrt(per_user), max_ratings_per_user=per_user,
-                          eigen_method="oja", oja_iterations=20, seed=0)
-        prep = prepare_rows(data.ratings, base, np.random.default_rng(0))
-        a = -prep.target
-        op = spla.LinearOperator((n_items, n_items), matvec=lambda v: gram_product(prep, a, np.ravel(v)), dtype=np.float64)
-        (lam, vec), exact = _timed(lambda: spla.eigsh(op, k=1, which="LA", tol=1e-10))
-        lam1, v1 = float(lam[0]), vec[:, 0]
-        rows.append(make_row(SUITE, dataset, "exact-lanczos", "seconds_per_step", exact, seconds=exact))
+        rows += _oja_rows_for_size(n_items, dense_limit)
+    return rows
 
-        def measure(name: str, eps: float, fn) -> None:
-            (v, _lam2, _sigma), took = _timed(fn)
-            gap = (lam1 - float(v @ gram_product(prep, a, v))) / lam1
-            for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
-                rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
 
-        oja_variants: tuple[tuple[str, dict[str, Any]], ...] = (
-            ("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6}))
-        for eps in (10.0, 1000.0):
-            for name, overrides in oja_variants:
-                config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
-                measure(name, eps, lambda: top_eigenvector_oja(prep, a, config, GaussianReleaser(np.random.default_rng(1))))
-            dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
-            if n_items <= dense_limit:
-                measure("dense", eps, lambda: top_eigenvector_dense(prep, a, dense, GaussianReleaser(np.random.default_rng(1))))
-            print(f"[dpfw] {dataset} eps={eps}: top eigenvalue {lam1:.4g}; noise std dense {dense.noise_multiplier * 4 * base.row_clip**2:.4g}, "
-                  f"per Oja product {config.noise_multiplier * 4 * base.row_clip**2:.4g}", flush=True)
-        if n_items > dense_limit:
-            need = 3 * n_items**2 * 8 / 2**30  # W, its noise and eigh's workspace, float64
-            print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and ~n^3 = {n_items**3:.1e} flops per step")
-            rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need))
+def _eigen_step(method: Callable[..., Any], prep: Any, a: np.ndarray, config: DPFWConfig) -> Any:
+    """One noisy top-eigenvector step with a fixed-seed releaser (the caller times it)."""
+    return method(prep, a, config, GaussianReleaser(np.random.default_rng(1)))
+
+
+def _oja_rows_for_size(n_items: int, dense_limit: int) -> list[dict]:
+    rows: list[dict] = []
+    n_users, n_steps, per_user = 20_000, 10, 60
+    data = paper_synthetic(n_users, n_items=n_items, seed=0, p=min(1.0, per_user / n_items))
+    dataset = f"synthetic-m{n_users}-n{n_items}"
+    base = DPFWConfig(nuclear_norm=1.0, n_steps=n_steps, row_clip=math.sqrt(per_user), max_ratings_per_user=per_user,
+                      eigen_method="oja", oja_iterations=20, seed=0)
+    prep = prepare_rows(data.ratings, base, np.random.default_rng(0))
+    a = -prep.target
+    op = spla.LinearOperator((n_items, n_items), matvec=lambda v: gram_product(prep, a, np.ravel(v)), dtype=np.float64)
+    (lam, vec), exact = _timed(lambda: spla.eigsh(op, k=1, which="LA", tol=1e-10))
+    lam1, v1 = float(lam[0]), vec[:, 0]
+    rows.append(make_row(SUITE, dataset, "exact-lanczos", "seconds_per_step", exact, seconds=exact))
+
+    def measure(name: str, eps: float, fn: Callable[[], Any]) -> None:
+        (v, _lam2, _sigma), took = _timed(fn)
+        gap = (lam1 - float(v @ gram_product(prep, a, v))) / lam1
+        for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
+            rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
+
+    oja_variants: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6}))
+    for eps in (10.0, 1000.0):
+        for name, overrides in oja_variants:
+            config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
+            measure(name, eps, partial(_eigen_step, top_eigenvector_oja, prep, a, config))
+        dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
+        if n_items <= dense_limit:
+            measure("dense", eps, partial(_eigen_step, top_eigenvector_dense, prep, a, dense))
+        print(f"[dpfw] {dataset} eps={eps}: top eigenvalue {lam1:.4g}; noise std dense "
+              f"{dense.noise_multiplier * 4 * base.row_clip**2:.4g}, "
+              f"per Oja product {config.noise_multiplier * 4 * base.row_clip**2:.4g}", flush=True)
+    if n_items > dense_limit:
+        need = 3 * n_items**2 * 8 / 2**30  # W, its noise and eigh's workspace, float64
+        print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and ~n^3 = {n_items**3:.1e} flops per step")
+        rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need))
     return rows
 
 

@@ -189,7 +189,7 @@ def format_table(rows: Sequence[dict]) -> str:
     """Fixed-width text table of the rows (all :data:`ROW_KEYS` columns, ``seeds`` as a count)."""
     cells = [list(ROW_KEYS)] + [[_fmt(r[k]) for k in ROW_KEYS] for r in rows]
     widths = [max(len(row[c]) for row in cells) for c in range(len(ROW_KEYS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -150,7 +151,7 @@ def task_rows(task: _Task, quick: bool) -> list[dict]:
         for eps in epsilons:
             mean, std, seconds, extras = _select_and_test(
                 task, _candidates(task, eps, delta),
-                lambda c, seed: _dpals(task.train, task.dpals_base, c, eps, delta, seed), seeds, quick,
+                partial(_dpals, task.train, task.dpals_base, eps, delta), seeds, quick,
             )
             rows.append(make_row(SUITE, task.dataset, "dpals", task.metric, mean, epsilon=eps, delta=delta,
                                  std=std, seeds=list(seeds), baseline=als_mean, seconds=seconds))
@@ -162,7 +163,7 @@ def task_rows(task: _Task, quick: bool) -> list[dict]:
     return rows
 
 
-def _dpals(train: Ratings, base: dict, params: dict, eps: float, delta: float, seed: int) -> PublicModel:
+def _dpals(train: Ratings, base: dict, eps: float, delta: float, params: dict, seed: int) -> PublicModel:
     return train_dpals(train, calibrate(eps, delta, DPALSConfig(**{**base, **params, "seed": seed})))
 
 

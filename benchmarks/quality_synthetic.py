@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -118,9 +119,9 @@ def _print_monotonicity(rows: list[dict]) -> None:
     datasets = sorted({d for d, _ in gaps}, key=lambda d: int(d.rsplit("n", 1)[1]))
     epsilons = sorted({e for _, e in gaps})
     by_eps = all(
-        all(gaps[(d, a)] >= gaps[(d, b)] for a, b in zip(epsilons, epsilons[1:])) for d in datasets
+        all(gaps[(d, a)] >= gaps[(d, b)] for a, b in pairwise(epsilons)) for d in datasets
     )
     by_n = all(
-        all(gaps[(a, e)] >= gaps[(b, e)] for a, b in zip(datasets, datasets[1:])) for e in epsilons
+        all(gaps[(a, e)] >= gaps[(b, e)] for a, b in pairwise(datasets)) for e in epsilons
     )
     print(f"[quality-synthetic] gap shrinks monotonically with epsilon: {by_eps}; with n: {by_n}")

@@ -76,7 +76,7 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     for k in range(0, len(users), 50_000):
         with maker() as s:
             ingest.import_ratings(s, dataset="default", rows=list(zip(users[k:k + 50_000], items[k:k + 50_000],
-                                                                      values[k:k + 50_000])))
+                                                                      values[k:k + 50_000], strict=True)))
             s.commit()
     hyper = {"rank": RANK, "n_steps": 1, "frequent_fraction": 0.25 if quick else 0.4}
     with maker() as s:
@@ -283,8 +283,9 @@ def run(quick: bool) -> list[dict]:
                "SERVER_TIMING": "true",  # opt-in header: the server-side columns read it
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         workers = int(os.environ.get("BENCH_SERVE_WORKERS", str(os.cpu_count() or 1)))  # one per core
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb"))
+        command = [sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)]
+        with open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb") as server_log:  # the child keeps its own copy
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=server_log)
         base = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:

@@ -161,7 +161,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
     rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
-            for u, i, v in zip(user_ids, item_ids, values)]
+            for u, i, v in zip(user_ids, item_ids, values, strict=True)]
     for part in chunks(rows, CHUNK):
         base = insert_for(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
@@ -191,9 +191,9 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         return set(map(tuple, result.all()))
     block = "".join(f"{k}\t{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
     session.execute(_PG_STAGE)
-    with driver_connection(session).cursor() as cursor:
-        with cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy:
-            copy.write(block)
+    with (driver_connection(session).cursor() as cursor,
+          cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy):
+        copy.write(block)
     inserted = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).scalar() or []
     return {(user_ids[k], item_ids[k]) for k in inserted}
 
@@ -204,7 +204,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
-    for k, (u, i) in enumerate(zip(users, items)):
+    for k, (u, i) in enumerate(zip(users, items, strict=True)):
         first = seen.setdefault((u, i), k)
         if bad_value[k]:
             msg = _check_range(ds, float(values[k]))
@@ -240,7 +240,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
     bump_ratings_version_sharded(session, ds.id, n=len(uids))
-    status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
+    status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
     n_created = len(created)
     return status, n_created, len(status) - n_created
 
@@ -306,7 +306,7 @@ def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[Ratin
     status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
     # one validation of plain dicts (in pydantic-core) is cheaper than 10,000 model constructions
     results = [{"index": k, "user_id": u, "item_id": i, "status": s}
-               for k, (u, i, s) in enumerate(zip(users, items, status))]
+               for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
     return RatingBatchOut.model_validate({"created": n_created, "updated": n_updated, "results": results})
 
 

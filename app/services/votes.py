@@ -219,7 +219,7 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
     item_map = item_row_ids(session, ds, list(items))
     errors: list[VoteRowResult] = []
     seen: dict[tuple[str, str], int] = {}
-    for k, (u, i, row) in enumerate(zip(users, items, rows)):
+    for k, (u, i, row) in enumerate(zip(users, items, rows, strict=True)):
         first = seen.setdefault((u, i), k)
         problem = _row_error(ds, row, i, i in item_map)
         if problem is None and first != k:
@@ -276,14 +276,14 @@ def _count_new(pairs: Sequence[tuple[int, int]]) -> dict[int, int]:
 def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     """Upsert raw votes; statuses created/updated."""
     existing = _existing(session, ds, b.uids)
-    pairs = list(zip(b.uids, b.iids))
+    pairs = list(zip(b.uids, b.iids, strict=True))
     fresh = [p for p in pairs if p not in existing]
     current = _count_new(list(existing))
-    _check_cap(ds, current, _count_new(fresh), dict(zip(b.uids, b.users)), randomised=False)
+    _check_cap(ds, current, _count_new(fresh), dict(zip(b.uids, b.users, strict=True)), randomised=False)
     now = utcnow()
     values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
-              for (u, i), r in zip(pairs, b.rows)]
+              for (u, i), r in zip(pairs, b.rows, strict=True)]
     for start in range(0, len(values), 1000):
         stmt = insert_for(session, Vote.__table__).values(values[start:start + 1000])
         session.execute(stmt.on_conflict_do_update(
@@ -308,15 +308,15 @@ def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, l
 def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     """Store a randomised bit for each new (user, item); existing bits stay ("unchanged")."""
     existing = _existing(session, ds, b.uids)
-    pairs = list(zip(b.uids, b.iids))
+    pairs = list(zip(b.uids, b.iids, strict=True))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
-    keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users)}
+    keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users, strict=True)}
     by_key = {a.user_key: a for a in session.scalars(select(VoteAllowance).where(
         VoteAllowance.dataset_id == ds.id, VoteAllowance.user_key.in_(sorted(set(keys.values())))))}
     allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
-    _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users)), randomised=True)
+    _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users, strict=True)), randomised=True)
     if new_k:
         bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
         now = utcnow()
@@ -324,7 +324,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
             {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
              "randomised": True, "local_epsilon": _epsilon0(ds), "randomised_by": who,
              "created_at": now, "updated_at": now}
-            for k, bit, who in zip(new_k, bits.tolist(), by)])
+            for k, bit, who in zip(new_k, bits.tolist(), by, strict=True)])
         _give_allowance(session, ds, allowances, new_per_user, keys)
     fresh = set(new_k)
     return ["created" if k in fresh else "unchanged" for k in range(len(pairs))]
@@ -394,7 +394,7 @@ def upsert_votes_batch(session: Session, *, dataset: str, rows: Sequence[VoteRow
     items = [r.item_id for r in rows]
     status = _write(session, ds, users, items, rows)
     results = [VoteRowResult(index=k, user_id=u, item_id=i, status=s)
-               for k, (u, i, s) in enumerate(zip(users, items, status))]
+               for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
     return VoteBatchOut(created=status.count("created"), updated=status.count("updated"),
                         unchanged=status.count("unchanged"), results=results)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from app.core.privacy.accounting import NEIGHBOURING_RELATION
 from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 
@@ -24,7 +26,7 @@ def test_budget_and_ledger_after_a_run(env: Env) -> None:
     assert kinds[0] == "open" and "reservation" in kinds and ledger["total"] == len(kinds)
     res = next(e for e in ledger["items"] if e["kind"] == "reservation")
     assert res["event"] and "contribution_bound" in res["parameters"] and res["run_id"] is not None
-    for prev, cur in zip(ledger["items"], ledger["items"][1:]):
+    for prev, cur in pairwise(ledger["items"]):
         assert cur["prev_hash"] == prev["hash"]
     page = env.client.get(f"{A}/ledger", headers=env.admin, params={"limit": 1, "offset": 1}).json()
     assert len(page["items"]) == 1 and page["items"][0]["seq"] == ledger["items"][1]["seq"]

@@ -54,9 +54,13 @@ def test_checkerboard_recommendations():
         liked = np.arange(10) if u < 20 else np.arange(10, 20)
         other = np.arange(10, 20) if u < 20 else np.arange(10)
         for i in rng.choice(liked, 6, replace=False):
-            users.append(u); items.append(i); values.append(5.0)
+            users.append(u)
+            items.append(i)
+            values.append(5.0)
         for i in rng.choice(other, 3, replace=False):
-            users.append(u); items.append(i); values.append(1.0)
+            users.append(u)
+            items.append(i)
+            values.append(1.0)
     ratings = Ratings.from_arrays(users, items, values)
     model = train_als(ratings, ALSConfig(rank=2, n_iters=15, reg_item=0.1, reg_user=0.1))
     for u in (0, 25):

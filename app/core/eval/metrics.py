@@ -18,7 +18,7 @@ history are :class:`Ratings`, scipy sparse matrices, or sequences of item-index 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,8 +36,8 @@ __all__ = [
     "user_means",
 ]
 
-ItemSets = Union[Ratings, sp.spmatrix, Sequence[np.ndarray]]
-Scores = Union[np.ndarray, Callable[[np.ndarray], np.ndarray], Sequence[np.ndarray]]
+ItemSets = Ratings | sp.spmatrix | Sequence[np.ndarray]
+Scores = np.ndarray | Callable[[np.ndarray], np.ndarray] | Sequence[np.ndarray]
 
 
 # ---------------------------------------------------------------------------- rating task

@@ -519,7 +519,7 @@ def _item_step(
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
                                                shift)
 
-    parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items
+    parallel_map(solve_chunk, zip(chunks, children, strict=True))  # chunks own disjoint items
     return item_factors
 
 

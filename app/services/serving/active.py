@@ -181,4 +181,4 @@ def item_mask(active_: ActiveModel, key: Any, ids: frozenset[str]) -> np.ndarray
 def scored_items(serving: ActiveModel, idx: np.ndarray, scores: np.ndarray | None) -> list[ScoredItem]:
     ids = np.asarray(serving.model.item_ids)[idx].tolist()
     values = [None] * len(ids) if scores is None else [float(x) for x in scores]
-    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))]
+    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values, strict=True))]

@@ -58,7 +58,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         scores = _baseline_scores(s, kind)
         items = scored_items(s, idx, None if scores is None else scores[idx])
         if algorithm.popularity_kind == "dp_count":
-            items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity)]
+            items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity, strict=True)]
         return out(fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
     if trained_scoring.applies(algorithm.score, kind):
         state_key = (cache.version_id, cache.sha256, user_id,
