@@ -7,7 +7,8 @@ Three kinds of principal:
   (read recommendations/ratings for any user) and ``ingest`` (write ratings and items).
 * ``admin``   – carries the ``admin`` scope; reaches the admin routes.
 
-Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise :class:`TokenError` (rendered as 401 by the API).
+Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise
+:class:`TokenError` (rendered as 401 by the API).
 """
 
 from __future__ import annotations

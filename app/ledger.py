@@ -632,7 +632,9 @@ def record_local_guarantee(
                    parameters=parameters, reason=reason)
 
 
-def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None) -> LedgerEntry:
+def commit(
+    session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None
+) -> LedgerEntry:
     """Record that run ``run_id``'s reserved release was published (idempotent). Does not commit."""
     acct = lock_account(session, dataset.id)
     existing = _run_entry(session, run_id, "commit")

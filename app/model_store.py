@@ -120,7 +120,8 @@ def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int
     total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
     rows = list(
         session.scalars(
-            select(ModelVersion).where(ModelVersion.dataset_id == ds.id).order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
+            select(ModelVersion).where(ModelVersion.dataset_id == ds.id)
+            .order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
         )
     )
     return rows, int(total)

@@ -181,8 +181,8 @@ def _print_claims(rows: list[dict]) -> None:
     for d in datasets:
         eps_list = sorted(e for (dd, a, e) in value if dd == d and a == "dpfw")
         ratios = {e: value[(d, "dpfw", e)] / value[(d, "dpals", e)] for e in eps_list}
-        excess = {e: (value[(d, "dpfw", e)] - value[(d, "als", None)]) / max(value[(d, "dpals", e)] - value[(d, "als", None)], 1e-12)
-                  for e in eps_list}
+        als = value[(d, "als", None)]
+        excess = {e: (value[(d, "dpfw", e)] - als) / max(value[(d, "dpals", e)] - als, 1e-12) for e in eps_list}
         print(f"[dpfw] {d}: RMSE ratio dpfw/dpals " + ", ".join(f"eps {e:g}: {r:.2f}" for e, r in ratios.items())
               + "; excess-over-ALS ratio " + ", ".join(f"eps {e:g}: {r:.1f}" for e, r in excess.items()))
         if 1.0 in eps_list:
@@ -215,7 +215,8 @@ def _jester():
     return random_split(load_jester1().ratings, (0.8, 0.1, 0.1), seed=0)
 
 
-_DPALS_BASE: dict[str, Any] = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp", frequent_fraction=1.0)
+_DPALS_BASE: dict[str, Any] = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp",
+                                   frequent_fraction=1.0)
 _JESTER_DPALS: list[dict[str, Any]] = [  # a small search on the Jester validation split (eps 20 and 1)
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=5.0, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0),
@@ -228,10 +229,14 @@ _ML_DPALS: list[dict[str, Any]] = [  # quality-ml1m's validation winners at eps 
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=240, reg_user=0.05, user_reg_exponent=0.5,
          user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5, gram_noise_ratio=2.0),
 ]
-_JESTER_ALS: list[dict[str, Any]] = [dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
-               dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0)]
-_ML_ALS: list[dict[str, Any]] = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
-           dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True)]
+_JESTER_ALS: list[dict[str, Any]] = [
+    dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+    dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+]
+_ML_ALS: list[dict[str, Any]] = [
+    dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+    dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+]
 
 
 def _dpals_real(params: dict, rating_range, eps: float, train: Ratings, seed: int = 0):

@@ -58,7 +58,8 @@ def _rows(n: int, n_users: int, n_items: int, seed: int) -> list[tuple[str, str,
     rng = np.random.default_rng(seed)
     keys = rng.choice(n_users * n_items, size=n, replace=False)
     values = rng.integers(1, 11, size=n) / 2.0
-    return [(f"user-{k // n_items}", f"item-{k % n_items}", float(v)) for k, v in zip(keys.tolist(), values.tolist(), strict=True)]
+    return [(f"user-{k // n_items}", f"item-{k % n_items}", float(v))
+            for k, v in zip(keys.tolist(), values.tolist(), strict=True)]
 
 
 def _copy_ceiling(url: str, batches: list[list[tuple[int, int, float]]], dataset_id: int) -> float:

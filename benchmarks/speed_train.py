@@ -133,7 +133,8 @@ def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float, float]
 
 
 def _row(dataset: str, algorithm: str, metric: str, value: float, baseline: float | None = None) -> dict:
-    return make_row(SUITE, dataset, algorithm, metric, value, baseline=baseline, seconds=value if metric.startswith("seconds") else None)
+    seconds = value if metric.startswith("seconds") else None
+    return make_row(SUITE, dataset, algorithm, metric, value, baseline=baseline, seconds=seconds)
 
 
 def run(quick: bool) -> list[dict]:

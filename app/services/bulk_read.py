@@ -64,7 +64,8 @@ def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsi
     if len(body) % _COPY_ROW.itemsize:
         raise RuntimeError("unexpected binary COPY layout for ratings")
     rows = np.frombuffer(body, dtype=_COPY_ROW)
-    if len(rows) and not (np.all(rows["n"] == 3) and np.all(rows["l1"] == 8) and np.all(rows["l2"] == 8) and np.all(rows["l3"] == 8)):
+    fixed_width = all(np.all(rows[field] == width) for field, width in (("n", 3), ("l1", 8), ("l2", 8), ("l3", 8)))
+    if len(rows) and not fixed_width:
         raise RuntimeError("unexpected binary COPY layout for ratings")
     return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
 

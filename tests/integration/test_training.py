@@ -371,7 +371,8 @@ def test_load_ratings_round_trips_the_stored_ratings(db_url):
 
     def triples(r, item_name):
         rows, cols, vals = r.coo()
-        return sorted(zip(np.asarray(rows).tolist(), [item_name(r.item_ids[c]) for c in cols], np.asarray(vals).tolist(), strict=True))
+        names = [item_name(r.item_ids[c]) for c in cols]
+        return sorted(zip(np.asarray(rows).tolist(), names, np.asarray(vals).tolist(), strict=True))
 
     # users are internal ids after loading: compare per-item multisets of values and the per-user counts
     orig = triples(original, lambda x: f"i{x}")

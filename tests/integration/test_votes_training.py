@@ -258,7 +258,9 @@ def test_scheduled_retraining_follows_the_declared_kind(db_url, settings):
         run = s.get(TrainingRun, int(outcome.split(":")[1]))
         assert run.algorithm == "onebit" and run.epsilon_charged == 0.0 and run.trigger == "schedule"
     assert runner.run_training(run.id, url=db_url, settings=settings) == "succeeded"
-    outcome = sched()  # unchanged data: retrained all the same (no "skipped:unchanged" bit)  # retrains the active one-bit model's algorithm and hyper-parameters, still free
+    # unchanged data: retrained all the same (no "skipped:unchanged" bit); retrains the active
+    # one-bit model's algorithm and hyper-parameters, still free
+    outcome = sched()
     assert outcome.startswith("started:")
     with session_scope(db_url) as s:
         again = s.get(TrainingRun, int(outcome.split(":")[1]))

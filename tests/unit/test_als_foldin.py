@@ -39,7 +39,8 @@ def test_batched_solver_matches_dense_least_squares(rank: int, gram_dtype, rtol:
 def test_als_recovers_exact_low_rank_data_and_fold_in_matches():
     truth, ratings = _low_rank()
     # centring by the global mean leaves UVᵀ + constant: rank 3 + 1
-    model = train_als(ratings, ALSConfig(rank=4, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0))
+    config = ALSConfig(rank=4, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0)
+    model = train_als(ratings, config)
     users = np.array([fold_in(model, *ratings.user_row(u)) for u in range(ratings.n_users)])
     predicted = model.global_mean + users @ model.item_factors.T
     # unobserved entries too: the low-rank structure was found, not memorised

@@ -294,7 +294,8 @@ def test_seeded_determinism():
     assert not np.allclose(a.item_factors, c.item_factors)
 
 
-@pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-5), (-1.0, 1e-5), (float("nan"), 1e-5), (1.0, 0.0), (1.0, 1.0), (1.0, -0.1), (float("inf"), 1e-5)])
+@pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-5), (-1.0, 1e-5), (float("nan"), 1e-5), (1.0, 0.0), (1.0, 1.0),
+                                           (1.0, -0.1), (float("inf"), 1e-5)])
 def test_bad_privacy_targets_raise(epsilon, delta):
     with pytest.raises(ValueError):
         calibrate(epsilon, delta, DPALSConfig())

@@ -27,8 +27,8 @@ import numpy as np
 
 from app.core.mf import foldin
 
-__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores", "trained_top_n",
-           "clear_user_states"]
+__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores",
+           "trained_top_n", "clear_user_states"]
 
 USER_STATE_CAPACITY = 20_000  # users per process (≈ 1 KiB each at r = 64)
 
