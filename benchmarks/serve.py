@@ -186,10 +186,10 @@ async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWrite
     return reader, writer
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live children (the API's worker processes)."""
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, own + reaped children's user and system CPU seconds), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    stats: dict[int, tuple[int, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -197,9 +197,44 @@ def _tree_cpu_seconds(pid: int) -> float:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(entry.name) == pid or int(fields[1]) == pid:  # fields[1] is the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / tick
+        # after the command name: [1] ppid, [11] utime, [12] stime, [13] cutime, [14] cstime
+        stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+    return stats
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and all its descendants, live or reaped (uvicorn's worker processes
+    and anything they spawn). Reaped children count through their parent's cutime/cstime, so the
+    total never goes down when a worker exits between two samples."""
+    stats = _proc_stats()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        if current in stats:
+            total += stats[current][1]
+        todo.extend(children.get(current, []))
     return total
+
+
+def _wait_until_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Block until ``/health`` answers 200; raise (the suite fails) if the server died or never came up."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the API server exited with status {proc.returncode} before answering /health "
+                               "(set BENCH_SERVE_LOG=path to keep its log)")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the API server did not answer /health within {timeout_s:.0f} s")
 
 
 @dataclass
@@ -263,7 +298,6 @@ def _loadgen_row(phases: list[_Measured]) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
-    import httpx
 
     from app.auth import issue_token
     from app.config import Settings
@@ -287,12 +321,7 @@ def run(quick: bool) -> list[dict]:
         with open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb") as server_log:  # the child keeps its own copy
             proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=server_log)
         base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        _wait_until_healthy(base, proc)
         rng = np.random.default_rng(0)
         picks = rng.choice(len(users), size=n_req)
         tokens: dict[str, str] = {}

@@ -1,0 +1,40 @@
+"""The serve suite's measuring helpers: process-tree CPU never decreases, a dead server fails fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.serve import _tree_cpu_seconds, _wait_until_healthy
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+
+
+def test_tree_cpu_counts_descendants_and_survives_their_exit() -> None:
+    # a parent that starts a grandchild-free child burning 0.3 s of CPU, waits for it, then idles
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               f"subprocess.run([sys.executable, '-c', {BURN!r}])\n"
+                               "time.sleep(30)\n"])
+    try:
+        before = _tree_cpu_seconds(parent.pid)
+        samples = []
+        for _ in range(40):
+            samples.append(_tree_cpu_seconds(parent.pid))
+            if samples[-1] - before >= 0.3:
+                break
+            subprocess.run([sys.executable, "-c", "import time; time.sleep(0.1)"], check=True)
+        assert all(b >= a for a, b in zip(samples, samples[1:])), samples
+        assert samples[-1] >= 0.3  # the reaped child's CPU still counts (parent's cutime)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_wait_until_healthy_fails_when_the_server_exits() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        _wait_until_healthy("http://127.0.0.1:9", proc, timeout_s=5)
