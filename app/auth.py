@@ -7,7 +7,8 @@ Three kinds of principal:
   (read recommendations/ratings for any user) and ``ingest`` (write ratings and items).
 * ``admin``   – carries the ``admin`` scope; reaches the admin routes.
 
-Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise :class:`TokenError` (rendered as 401 by the API).
+Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise
+:class:`TokenError` (rendered as 401 by the API).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Any, Literal
 
 import jwt
 
@@ -184,9 +186,9 @@ def _principal(claims: dict) -> Principal:
     return Principal(subject=subject, kind=kind, scopes=scopes)
 
 
-def _lifetime_within(claims: dict, max_lifetime_s: int) -> bool:
+def _lifetime_within(claims: dict[str, Any], max_lifetime_s: int) -> bool:
     """True when ``exp`` and ``iat`` are numbers with ``0 < exp - iat <= max_lifetime_s``."""
     exp, iat = claims.get("exp"), claims.get("iat")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (exp, iat)):
+    if not (isinstance(exp, (int, float)) and isinstance(iat, (int, float))) or isinstance(exp, bool) or isinstance(iat, bool):
         return False
     return 0 < exp - iat <= max_lifetime_s

@@ -16,9 +16,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import uvicorn
 from alembic.script import ScriptDirectory
@@ -28,12 +29,12 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from tqdm import tqdm
 from uvicorn.supervisors import Multiprocess
 
-from app.errors import PrivrecError
-from app.auth import issue_token
+from app.auth import Kind, issue_token
 from app.config import Settings, get_settings, reset_settings_cache
 from app.db.migrate import alembic_config, current_revision, upgrade_head
 from app.db.models import Dataset, TrainingRun
 from app.db.session import get_sessionmaker, session_scope
+from app.errors import PrivrecError
 from app.main import create_app, openapi_yaml
 from app.schemas.admin import TrainingIn
 from app.services import admin, budget, catalog, ingest, public_data, votes
@@ -130,7 +131,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tcp_listener(host: str, port: int) -> "socket.socket":
+def _tcp_listener(host: str, port: int) -> socket.socket:
     """A listening socket created with ``IPPROTO_TCP`` for uvicorn's worker processes.
 
     uvicorn's own multi-process socket has protocol 0, so asyncio does not switch Nagle off on
@@ -419,6 +420,7 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
 def cmd_issue_token(args: argparse.Namespace) -> int:
     """Print a signed bearer token."""
     settings = _settings()
+    kind: Kind
     if args.admin:
         kind, subject, scopes = "admin", args.subject or "admin", []
     elif args.service:
@@ -574,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"({type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__})") from None
 
 
-def _config_errors(exc: "ValidationError") -> str:
+def _config_errors(exc: ValidationError) -> str:
     """Every settings error as ``FIELD: message``, without the input values."""
     parts = []
     for err in exc.errors(include_input=False, include_url=False):

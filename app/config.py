@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         return self.database_url.startswith("sqlite")
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if not self.embedded and self.secret_key == DEFAULT_SECRET_KEY:
             raise ValueError(
                 "SECRET_KEY must be set to a private value outside the embedded mode (REDIS_URL is set)"

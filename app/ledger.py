@@ -36,9 +36,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dp_accounting import dp_event
 from sqlalchemy import func, select
@@ -50,20 +51,35 @@ from app.core.privacy.accounting import (
     NEIGHBOURING_RELATION,
     Relation,
     compose,
-    event_under,
-    parse_relation,
-    relation_implies,
     epsilon_pld,
     epsilon_rdp,
     event_from_json,
     event_to_json,
+    event_under,
+    parse_relation,
+    relation_implies,
 )
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
-from app.errors import (BudgetExceeded, CapChangeRefused, InvalidDelta, InvalidEpsilonCap, InvalidPersonBudgetName,
-                        InvalidRelation, NoBudgetAccount, NoReservation, PersonBudgetExceeded, PersonBudgetExists,
-                        PersonBudgetMissing, ReasonRequired, RelationRefused, ReservationMismatch, RunPublished,
-                        RunRefunded, UnknownPersonBudget)
+from app.errors import (
+    BudgetExceeded,
+    CapChangeRefused,
+    InvalidDelta,
+    InvalidEpsilonCap,
+    InvalidPersonBudgetName,
+    InvalidRelation,
+    NoBudgetAccount,
+    NoReservation,
+    PersonBudgetExceeded,
+    PersonBudgetExists,
+    PersonBudgetMissing,
+    ReasonRequired,
+    RelationRefused,
+    ReservationMismatch,
+    RunPublished,
+    RunRefunded,
+    UnknownPersonBudget,
+)
 
 __all__ = [
     "GENESIS_HASH",
@@ -396,12 +412,19 @@ def _charged_events(
 def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
     """The event ``entry`` charges to an account under ``relation``: its released event converted
     from the relation its guarantee was stated under (:func:`app.core.privacy.accounting.event_under`)."""
-    return event_under(event_from_json(entry.event), _entry_relation(entry), relation)
+    return event_under(event_from_json(_released_event(entry)), _entry_relation(entry), relation)
 
 
 def recorded_charge(entry: LedgerEntry) -> dp_event.DpEvent:
     """The event as it was charged when the entry was written (what its stored spend composed)."""
-    return event_from_json(entry.parameters.get("charged_event") or entry.event)
+    return event_from_json(entry.parameters.get("charged_event") or _released_event(entry))
+
+
+def _released_event(entry: LedgerEntry) -> dict[str, Any]:
+    """The stored event of a charging entry (reservations and local guarantees always carry one)."""
+    if entry.event is None:
+        raise ValueError(f"ledger entry {entry.seq} ({entry.kind}) records no event")
+    return entry.event
 
 
 def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
@@ -627,7 +650,9 @@ def record_local_guarantee(
                    parameters=parameters, reason=reason)
 
 
-def commit(session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None) -> LedgerEntry:
+def commit(
+    session: Session, *, dataset: Dataset, run_id: int, actor: str, parameters: Mapping[str, Any] | None = None
+) -> LedgerEntry:
     """Record that run ``run_id``'s reserved release was published (idempotent). Does not commit."""
     acct = lock_account(session, dataset.id)
     existing = _run_entry(session, run_id, "commit")
@@ -729,7 +754,7 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
     """Recompute every hash of the account's chain (and optionally every composed spend)."""
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
     prev = GENESIS_HASH
-    events: dict[tuple[str, int], dp_event.DpEvent] = {}
+    events: dict[tuple[str, int | None], dp_event.DpEvent] = {}  # ("run", run id) or ("local", seq)
     for expected_seq, entry in enumerate(entries, start=1):
         if entry.seq != expected_seq:
             return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")

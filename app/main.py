@@ -7,22 +7,23 @@ embedded mode (no Redis), start-up work: migrations, demo data, the in-process t
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from threadpoolctl import threadpool_limits
 
 from app.api import observability
-from app.api.routes import ROUTERS, dashboard, health
 from app.api.contract import install_error_docs
 from app.api.errors import install_error_handlers
 from app.api.middleware import install_middleware
-from app.api.routes.health import __version__
 from app.api.observability import configure_logging
 from app.api.openapi_yaml import to_yaml
+from app.api.routes import ROUTERS, dashboard, health
+from app.api.routes.health import __version__
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
 from app.db.migrate import upgrade_head
 from app.db.session import get_sessionmaker

@@ -22,8 +22,14 @@ from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
+from app.errors import (
+    ArtifactMissing,
+    ArtifactUnreadable,
+    NoActiveModel,
+    UnknownDataset,
+    UnknownModelVersion,
+)
 from app.ledger import lock_account
-from app.errors import ArtifactMissing, ArtifactUnreadable, NoActiveModel, UnknownDataset, UnknownModelVersion
 from app.schemas.common import require_valid_page
 
 __all__ = [
@@ -40,7 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _CACHE_SIZE = 4
-_cache: "OrderedDict[tuple[int, str], PublicModel]" = OrderedDict()
+_cache: OrderedDict[tuple[int, str], PublicModel] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -95,7 +101,7 @@ def get_active_version(session: Session, dataset: str) -> ModelVersion:
     return row
 
 
-def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, PublicModel]:
+def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, PublicModel | FrankWolfeModel]:
     """(active version row, its public model) of ``dataset``."""
     row = get_active_version(session, dataset)
     return row, load_version_model(row)
@@ -121,7 +127,8 @@ def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int
     total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
     rows = list(
         session.scalars(
-            select(ModelVersion).where(ModelVersion.dataset_id == ds.id).order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
+            select(ModelVersion).where(ModelVersion.dataset_id == ds.id)
+            .order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
         )
     )
     return rows, int(total)

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy import stats
 
-from app.core.privacy import accounting
-from app.core.privacy.discrete_noise import noise_switched_off
+from app.core.data.ratings import Ratings
 from app.core.mf.dpals import DPALSConfig, calibrate, dpals_event, train_dpals
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import noise_switched_off
 from benchmarks.harness import make_row
 
 SUITE = "audit"
@@ -167,14 +168,13 @@ def audit_dpals(epsilon: float, m: int, **options) -> tuple[AuditResult, float]:
 
 def _rows(algorithm: str, epsilon: float, result: AuditResult, claimed: float) -> list[dict]:
     dataset = f"synthetic-{result.canaries}-canaries"
-    common = dict(epsilon=epsilon, delta=DELTA)
+    row = partial(make_row, SUITE, dataset, algorithm, epsilon=epsilon, delta=DELTA)
     return [
-        make_row(SUITE, dataset, algorithm, "epsilon_lower_bound", result.epsilon_lower_bound,
-                 baseline=claimed, **common),
-        make_row(SUITE, dataset, algorithm, "epsilon_claimed", claimed, **common),
-        make_row(SUITE, dataset, algorithm, "canaries", float(result.canaries), **common),
-        make_row(SUITE, dataset, algorithm, "correct_guesses", float(result.correct), **common),
-        make_row(SUITE, dataset, algorithm, "guesses", float(result.guesses), **common),
+        row("epsilon_lower_bound", result.epsilon_lower_bound, baseline=claimed),
+        row("epsilon_claimed", claimed),
+        row("canaries", float(result.canaries)),
+        row("correct_guesses", float(result.correct)),
+        row("guesses", float(result.guesses)),
     ]
 
 

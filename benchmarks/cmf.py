@@ -26,30 +26,32 @@ public-side parameters (alpha, lambda_F, w0_F) from a small grid. Test scores: m
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
 from app.core.data.datasets import load_ml1m
-from app.core.mf.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
-from app.core.mf.foldin import fold_in_users, user_offsets
-from app.core.eval.metrics import factor_predictions, rating_rmse
-from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 from app.core.data.splits import HeldoutSet, load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.eval.metrics import factor_predictions, rating_rmse
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpcmf import DPCMFConfig, PublicData, calibrate, metadata_source, split_public_users, train_dpcmf
+from app.core.mf.foldin import fold_in_users, user_offsets
+from app.core.mf.model import PublicModel
 from benchmarks.evaluation import model_ranking
 from benchmarks.harness import limit_threads, make_row, mean_std
 from benchmarks.quality_ml1m import (
-    ALS_RANKING_CANDIDATES,
-    ALS_RATING_CANDIDATES,
-    RATING_RANGE,
-    RATING_DELTA,
     _RANKING_BASE,
     _RANKING_GRID_BEST,
     _RATING_BASE,
     _RATING_SEARCH_BEST,
+    ALS_RANKING_CANDIDATES,
+    ALS_RATING_CANDIDATES,
+    RATING_DELTA,
+    RATING_RANGE,
 )
 
 SUITE = "cmf"
@@ -115,6 +117,11 @@ def _train(task: _Task, params: dict, eps: float, seed: int, variant: str) -> Pu
     return train_dpcmf(task.private_train, config, public=public)
 
 
+def _valid_score(task: _Task, eps: float, variant: str, fixed: dict, params: dict) -> float:
+    """Validation score of ``variant`` trained (seed 0) on ``params`` over the ``fixed`` ones."""
+    return task.valid_score(_train(task, {**fixed, **params}, eps, 0, variant))
+
+
 def _best(task: _Task, candidates: list[dict], score: Callable[[dict], float], quick: bool) -> dict:
     """The candidate with the best validation score (the first one under --quick)."""
     if quick or len(candidates) == 1:
@@ -130,12 +137,10 @@ def _best(task: _Task, candidates: list[dict], score: Callable[[dict], float], q
 def _epsilon_rows(task: _Task, eps: float, seeds, quick: bool, als_mean: float) -> list[dict]:
     """DPALS, then each DP-CMF variant with DPALS's config fixed, selected on validation."""
     candidates = [task.dpals_candidates[task.quick_dpals[eps]]] if quick else task.dpals_candidates
-    dpals = _best(task, candidates, lambda c: task.valid_score(_train(task, c, eps, 0, "dpals")), quick)
+    dpals = _best(task, candidates, partial(_valid_score, task, eps, "dpals", {}), quick)
     chosen = {"dpals": dpals}
     for variant in VARIANTS[1:]:
-        chosen[variant] = {**dpals, **_best(
-            task, task.grids[variant],
-            lambda g: task.valid_score(_train(task, {**dpals, **g}, eps, 0, variant)), quick)}
+        chosen[variant] = {**dpals, **_best(task, task.grids[variant], partial(_valid_score, task, eps, variant, dpals), quick)}
     scores: dict[str, list[float]] = {v: [] for v in VARIANTS}
     slices: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for seed in seeds:
@@ -189,7 +194,9 @@ def _private_only(ratings: Ratings, public_ids: np.ndarray) -> Ratings:
 
 def _genres(item_ids: np.ndarray):
     data = load_ml1m()
-    by_id = dict(zip(data.ratings.item_ids.tolist(), data.item_features))
+    if data.item_features is None:
+        raise ValueError("ml-1m was loaded without its genres")
+    by_id = dict(zip(data.ratings.item_ids.tolist(), data.item_features, strict=True))
     return metadata_source([by_id.get(i, ()) for i in item_ids.tolist()])
 
 

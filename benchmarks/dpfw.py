@@ -23,18 +23,24 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 import scipy.sparse.linalg as spla
 
+from app.core.data.datasets import DatasetUnavailable, load_jester1
+from app.core.data.ratings import Ratings
+from app.core.data.splits import load_ml1m_rating_split, merge, random_split
+from app.core.data.synthetic import paper_synthetic
+from app.core.eval.metrics import rmse
 from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate as calibrate_dpals, train_dpals
-from app.core.privacy.releaser import GaussianReleaser
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.mf.dpals import calibrate as calibrate_dpals
 from app.core.mf.dpfw import (
     DPFWConfig,
-    calibrate as calibrate_dpfw,
     gram_product,
     predict_dpfw,
     prepare_rows,
@@ -42,14 +48,15 @@ from app.core.mf.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.data.datasets import DatasetUnavailable, load_jester1
-from app.core.eval.metrics import rmse
-from app.core.data.ratings import Ratings
-from app.core.data.splits import load_ml1m_rating_split, merge, random_split
-from app.core.data.synthetic import paper_synthetic
+from app.core.mf.dpfw import (
+    calibrate as calibrate_dpfw,
+)
+from app.core.mf.model import PublicModel
+from app.core.privacy.releaser import GaussianReleaser
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import format_table, limit_threads, make_row, mean_std
-from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS, RIDGE_GRID, dpals_base
+from benchmarks.quality_synthetic import ALS as SYNTHETIC_ALS
+from benchmarks.quality_synthetic import RIDGE_GRID, dpals_base
 
 SUITE = "dpfw"
 BLAS_THREADS = 2
@@ -103,6 +110,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def _syn_splits(n_users: int, seed: int):
     data = paper_synthetic(n_users, seed=seed)
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=seed)
+    assert data.p is not None  # paper_synthetic records the observation probability it drew with
     return train, valid, test, data.p * 1000 * 0.8
 
 
@@ -122,7 +130,7 @@ def synthetic_rows(quick: bool) -> list[dict]:
         for seed in seeds:
             train, _, test, per_user = _syn_splits(n_users, seed)
             res.setdefault("zero", []).append(float(np.sqrt(np.mean(test.csr.data**2))))
-            model, took = _timed(lambda: train_als(train, SYNTHETIC_ALS))
+            model, took = _timed(partial(train_als, train, SYNTHETIC_ALS))
             res.setdefault("als", []).append(model_rmse(model, train, test))
             secs["als"] = secs.get("als", 0.0) + took
             for eps in epsilons:
@@ -130,7 +138,7 @@ def synthetic_rows(quick: bool) -> list[dict]:
                 res.setdefault(f"dpfw@{eps}", []).append(value)
                 secs[f"dpfw@{eps}"] = secs.get(f"dpfw@{eps}", 0.0) + took
                 config = replace(dpals_base(per_user), reg_item=ridges[eps], seed=seed)
-                model, took = _timed(lambda: train_dpals(train, calibrate_dpals(eps, SYN_DELTA, config)))
+                model, took = _timed(partial(_calibrated_dpals, train, eps, SYN_DELTA, config))
                 res.setdefault(f"dpals@{eps}", []).append(model_rmse(model, train, test))
                 secs[f"dpals@{eps}"] = secs.get(f"dpals@{eps}", 0.0) + took
         size_rows = _result_rows(dataset, res, secs, seeds, epsilons, SYN_DELTA, ("zero", "als"))
@@ -147,7 +155,7 @@ def _tune_ridge(tuning, eps: float) -> float:
     train, valid, _, per_user = tuning
     score = {reg: model_rmse(train_dpals(train, calibrate_dpals(eps, SYN_DELTA, replace(dpals_base(per_user), reg_item=reg))),
                              train, valid) for reg in RIDGE_GRID}
-    return min(score, key=score.get)
+    return min(score, key=score.__getitem__)
 
 
 def _result_rows(dataset, res, secs, seeds, epsilons, delta, baselines) -> list[dict]:
@@ -173,8 +181,8 @@ def _print_claims(rows: list[dict]) -> None:
     for d in datasets:
         eps_list = sorted(e for (dd, a, e) in value if dd == d and a == "dpfw")
         ratios = {e: value[(d, "dpfw", e)] / value[(d, "dpals", e)] for e in eps_list}
-        excess = {e: (value[(d, "dpfw", e)] - value[(d, "als", None)]) / max(value[(d, "dpals", e)] - value[(d, "als", None)], 1e-12)
-                  for e in eps_list}
+        als = value[(d, "als", None)]
+        excess = {e: (value[(d, "dpfw", e)] - als) / max(value[(d, "dpals", e)] - als, 1e-12) for e in eps_list}
         print(f"[dpfw] {d}: RMSE ratio dpfw/dpals " + ", ".join(f"eps {e:g}: {r:.2f}" for e, r in ratios.items())
               + "; excess-over-ALS ratio " + ", ".join(f"eps {e:g}: {r:.1f}" for e, r in excess.items()))
         if 1.0 in eps_list:
@@ -207,28 +215,45 @@ def _jester():
     return random_split(load_jester1().ratings, (0.8, 0.1, 0.1), seed=0)
 
 
-_DPALS_BASE = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp", frequent_fraction=1.0)
-_JESTER_DPALS = [  # a small search on the Jester validation split (eps 20 and 1)
+_DPALS_BASE: dict[str, Any] = dict(contribution_mode="adaptive_weights", user_centering=True, mean_mode="dp",
+                                   frequent_fraction=1.0)
+_JESTER_DPALS: list[dict[str, Any]] = [  # a small search on the Jester validation split (eps 20 and 1)
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=5.0, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0),
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=100, reg_user=1.0, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=8.0, clip_user=3.0),
 ]
-_ML_DPALS = [  # quality-ml1m's validation winners at eps 20 and eps 1
+_ML_DPALS: list[dict[str, Any]] = [  # quality-ml1m's validation winners at eps 20 and eps 1
     dict(rank=16, reg_item=640.0, item_reg_exponent=0.5, contribution_bound=240, reg_user=0.002, user_reg_exponent=1.0,
          user_bias_shrinkage=10.0, n_steps=3, clip_rating=2.0, gram_noise_ratio=1.0),
     dict(rank=8, reg_item=640.0, item_reg_exponent=0.0, contribution_bound=240, reg_user=0.05, user_reg_exponent=0.5,
          user_bias_shrinkage=30.0, n_steps=3, clip_rating=1.5, gram_noise_ratio=2.0),
 ]
-_JESTER_ALS = [dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
-               dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0)]
-_ML_ALS = [dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
-           dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True)]
+_JESTER_ALS: list[dict[str, Any]] = [
+    dict(rank=8, n_iters=10, reg_item=5.0, reg_user=20.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+    dict(rank=8, n_iters=10, reg_item=1.0, reg_user=5.0, item_reg_exponent=1.0, user_reg_exponent=1.0),
+]
+_ML_ALS: list[dict[str, Any]] = [
+    dict(rank=16, n_iters=10, reg_item=10.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+    dict(rank=32, n_iters=10, reg_item=20.0, reg_user=0.1, item_reg_exponent=1.0, user_centering=True),
+]
 
 
 def _dpals_real(params: dict, rating_range, eps: float, train: Ratings, seed: int = 0):
     config = DPALSConfig(rating_range=rating_range, seed=seed, **{**_DPALS_BASE, **params})
     return train_dpals(train, calibrate_dpals(eps, REAL_DELTA, config))
+
+
+def _dpals_real_valid_rmse(rating_range, eps: float, train: Ratings, valid: Ratings, params: dict) -> float:
+    return model_rmse(_dpals_real(params, rating_range, eps, train), train, valid)
+
+
+def _als_valid_rmse(train: Ratings, valid: Ratings, params: dict) -> float:
+    return model_rmse(train_als(train, ALSConfig(**params)), train, valid)
+
+
+def _calibrated_dpals(train: Ratings, eps: float, delta: float, config: DPALSConfig) -> PublicModel:
+    return train_dpals(train, calibrate_dpals(eps, delta, config))
 
 
 def real_rows(quick: bool) -> list[dict]:
@@ -248,8 +273,8 @@ def real_rows(quick: bool) -> list[dict]:
         res: dict[str, list[float]] = {}
         secs: dict[str, float] = {}
         als_grid = als_grid[:1] if quick else als_grid
-        best = min(als_grid, key=lambda c: model_rmse(train_als(train, ALSConfig(**c)), train, valid))
-        model, secs["als"] = _timed(lambda: train_als(train, ALSConfig(**best)))
+        best = min(als_grid, key=partial(_als_valid_rmse, train, valid))
+        model, secs["als"] = _timed(partial(train_als, train, ALSConfig(**best)))
         res["als"] = [model_rmse(model, history, test)]
         res["user-mean"] = [float(np.sqrt(np.mean((predict_user_mean(history, test) - test.csr.data) ** 2)))]
         for eps in epsilons:
@@ -257,8 +282,8 @@ def real_rows(quick: bool) -> list[dict]:
             value, secs[f"dpfw@{eps}"] = _dpfw_rmse(fw, unit, eps, REAL_DELTA, train, history, test)
             res[f"dpfw@{eps}"] = [value]
             grid = dpals_grid[:1] if quick else dpals_grid
-            dp = min(grid, key=lambda c: model_rmse(_dpals_real(c, rating_range, eps, train), train, valid))
-            model, secs[f"dpals@{eps}"] = _timed(lambda: _dpals_real(dp, rating_range, eps, train))
+            dp = min(grid, key=partial(_dpals_real_valid_rmse, rating_range, eps, train, valid))
+            model, secs[f"dpals@{eps}"] = _timed(partial(_dpals_real, dp, rating_range, eps, train))
             res[f"dpals@{eps}"] = [model_rmse(model, history, test)]
             print(f"[dpfw] {dataset} eps={eps}: dpfw params {fw}; dpals candidate {dpals_grid.index(dp)}")
         set_rows = _result_rows(dataset, res, secs, [0], epsilons, REAL_DELTA, ("user-mean", "als"))
@@ -280,38 +305,52 @@ def oja_rows(quick: bool) -> list[dict]:
     sizes = OJA_SIZES[:2] if quick else OJA_SIZES
     dense_limit = 400 if quick else 4_000
     rows: list[dict] = []
-    n_users, n_steps, per_user = 20_000, 10, 60
     for n_items in sizes:
-        data = paper_synthetic(n_users, n_items=n_items, seed=0, p=min(1.0, per_user / n_items))
-        dataset = f"synthetic-m{n_users}-n{n_items}"
-        base = DPFWConfig(nuclear_norm=1.0, n_steps=n_steps, row_clip=math.sqrt(per_user), max_ratings_per_user=per_user,
-                          eigen_method="oja", oja_iterations=20, seed=0)
-        prep = prepare_rows(data.ratings, base, np.random.default_rng(0))
-        a = -prep.target
-        op = spla.LinearOperator((n_items, n_items), matvec=lambda v: gram_product(prep, a, np.ravel(v)), dtype=np.float64)
-        (lam, vec), exact = _timed(lambda: spla.eigsh(op, k=1, which="LA", tol=1e-10))
-        lam1, v1 = float(lam[0]), vec[:, 0]
-        rows.append(make_row(SUITE, dataset, "exact-lanczos", "seconds_per_step", exact, seconds=exact))
+        rows += _oja_rows_for_size(n_items, dense_limit)
+    return rows
 
-        def measure(name: str, eps: float, fn) -> None:
-            (v, _lam2, _sigma), took = _timed(fn)
-            gap = (lam1 - float(v @ gram_product(prep, a, v))) / lam1
-            for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
-                rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
 
-        for eps in (10.0, 1000.0):
-            for name, overrides in (("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6})):
-                config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
-                measure(name, eps, lambda: top_eigenvector_oja(prep, a, config, GaussianReleaser(np.random.default_rng(1))))
-            dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
-            if n_items <= dense_limit:
-                measure("dense", eps, lambda: top_eigenvector_dense(prep, a, dense, GaussianReleaser(np.random.default_rng(1))))
-            print(f"[dpfw] {dataset} eps={eps}: top eigenvalue {lam1:.4g}; noise std dense {dense.noise_multiplier * 4 * base.row_clip**2:.4g}, "
-                  f"per Oja product {config.noise_multiplier * 4 * base.row_clip**2:.4g}", flush=True)
-        if n_items > dense_limit:
-            need = 3 * n_items**2 * 8 / 2**30  # W, its noise and eigh's workspace, float64
-            print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and ~n^3 = {n_items**3:.1e} flops per step")
-            rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need))
+def _eigen_step(method: Callable[..., Any], prep: Any, a: np.ndarray, config: DPFWConfig) -> Any:
+    """One noisy top-eigenvector step with a fixed-seed releaser (the caller times it)."""
+    return method(prep, a, config, GaussianReleaser(np.random.default_rng(1)))
+
+
+def _oja_rows_for_size(n_items: int, dense_limit: int) -> list[dict]:
+    rows: list[dict] = []
+    n_users, n_steps, per_user = 20_000, 10, 60
+    data = paper_synthetic(n_users, n_items=n_items, seed=0, p=min(1.0, per_user / n_items))
+    dataset = f"synthetic-m{n_users}-n{n_items}"
+    base = DPFWConfig(nuclear_norm=1.0, n_steps=n_steps, row_clip=math.sqrt(per_user), max_ratings_per_user=per_user,
+                      eigen_method="oja", oja_iterations=20, seed=0)
+    prep = prepare_rows(data.ratings, base, np.random.default_rng(0))
+    a = -prep.target
+    op = spla.LinearOperator((n_items, n_items), matvec=lambda v: gram_product(prep, a, np.ravel(v)), dtype=np.float64)
+    (lam, vec), exact = _timed(lambda: spla.eigsh(op, k=1, which="LA", tol=1e-10))
+    lam1, v1 = float(lam[0]), vec[:, 0]
+    rows.append(make_row(SUITE, dataset, "exact-lanczos", "seconds_per_step", exact, seconds=exact))
+
+    def measure(name: str, eps: float, fn: Callable[[], Any]) -> None:
+        (v, _lam2, _sigma), took = _timed(fn)
+        gap = (lam1 - float(v @ gram_product(prep, a, v))) / lam1
+        for metric, value in (("abs_cos_to_exact", abs(float(v @ v1))), ("rayleigh_rel_gap", gap), ("seconds_per_step", took)):
+            rows.append(make_row(SUITE, dataset, name, metric, value, epsilon=eps, delta=SYN_DELTA, seconds=took))
+
+    oja_variants: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("oja-paper-eta", {}), ("oja-power-eta", {"oja_learning_rate": 1e6}))
+    for eps in (10.0, 1000.0):
+        for name, overrides in oja_variants:
+            config = calibrate_dpfw(eps, SYN_DELTA, replace(base, **overrides))
+            measure(name, eps, partial(_eigen_step, top_eigenvector_oja, prep, a, config))
+        dense = calibrate_dpfw(eps, SYN_DELTA, replace(base, eigen_method="dense"))
+        if n_items <= dense_limit:
+            measure("dense", eps, partial(_eigen_step, top_eigenvector_dense, prep, a, dense))
+        print(f"[dpfw] {dataset} eps={eps}: top eigenvalue {lam1:.4g}; noise std dense "
+              f"{dense.noise_multiplier * 4 * base.row_clip**2:.4g}, "
+              f"per Oja product {config.noise_multiplier * 4 * base.row_clip**2:.4g}", flush=True)
+    if n_items > dense_limit:
+        need = 3 * n_items**2 * 8 / 2**30  # W, its noise and eigh's workspace, float64
+        print(f"[dpfw] dense eigh skipped at n={n_items}: needs ~{need:.1f} GiB and ~n^3 = {n_items**3:.1e} flops per step")
+        rows.append(make_row(SUITE, dataset, "dense-skipped", "memory_gib_needed", need))
     return rows
 
 

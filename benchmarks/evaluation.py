@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.core.mf.foldin import fold_in_users, is_ranking, user_offsets
-from app.core.eval.metrics import factor_predictions, ranking_metrics, rating_rmse
-from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 from app.core.data.splits import HeldoutSet
+from app.core.eval.metrics import factor_predictions, ranking_metrics, rating_rmse
+from app.core.mf.foldin import fold_in_users, is_ranking, user_offsets
+from app.core.mf.model import PublicModel
 
 
 def model_rmse(

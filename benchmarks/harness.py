@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 __all__ = [
     "ROW_KEYS",
@@ -188,7 +189,7 @@ def format_table(rows: Sequence[dict]) -> str:
     """Fixed-width text table of the rows (all :data:`ROW_KEYS` columns, ``seeds`` as a count)."""
     cells = [list(ROW_KEYS)] + [[_fmt(r[k]) for k in ROW_KEYS] for r in rows]
     widths = [max(len(row[c]) for row in cells) for c in range(len(ROW_KEYS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -201,7 +202,7 @@ def write_json(path: str | Path, suite: str, rows: Sequence[dict], *, quick: boo
     doc = {
         "suite": suite,
         "quick": bool(quick),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "seconds": seconds,
         "machine": machine if machine is not None else machine_info(),
         "rows": [validate_row(r) for r in rows],

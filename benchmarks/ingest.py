@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,7 +32,7 @@ BATCH = 10_000
 SINGLE_CLIENTS = 16
 
 
-def _database() -> tuple[str, object]:
+def _database() -> tuple[str, Callable[[], None]]:
     from sqlalchemy import create_engine, text
 
     try:
@@ -57,7 +58,8 @@ def _rows(n: int, n_users: int, n_items: int, seed: int) -> list[tuple[str, str,
     rng = np.random.default_rng(seed)
     keys = rng.choice(n_users * n_items, size=n, replace=False)
     values = rng.integers(1, 11, size=n) / 2.0
-    return [(f"user-{k // n_items}", f"item-{k % n_items}", float(v)) for k, v in zip(keys.tolist(), values.tolist())]
+    return [(f"user-{k // n_items}", f"item-{k % n_items}", float(v))
+            for k, v in zip(keys.tolist(), values.tolist(), strict=True)]
 
 
 def _copy_ceiling(url: str, batches: list[list[tuple[int, int, float]]], dataset_id: int) -> float:
@@ -71,7 +73,8 @@ def _copy_ceiling(url: str, batches: list[list[tuple[int, int, float]]], dataset
         conn.commit()
         t0 = time.perf_counter()
         for batch in batches:
-            now = conn.execute("SELECT now()").fetchone()[0].isoformat()
+            (now_row,) = conn.execute("SELECT now()").fetchall()  # exactly one row
+            now = now_row[0].isoformat()
             block = "".join(f"{dataset_id}\t{u}\t{i}\t{v!r}\t{now}\t{now}\n" for u, i, v in batch)
             with conn.cursor().copy("COPY copy_ceiling FROM STDIN") as copy:
                 copy.write(block)

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
-from app.core.privacy import accounting
 from app.core.data.datasets import DatasetUnavailable, load_ml100k_u1
+from app.core.data.ratings import Ratings
 from app.core.onebit import OneBitConfig, privacy, train_with_estimate
 from app.core.onebit import train as onebit_train
 from app.core.onebit.links import prob_up
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
 from benchmarks.harness import limit_threads, make_row, mean_std
 
 SUITE = "onebit"
@@ -198,11 +199,10 @@ def ml100k_rows(quick: bool) -> list[dict]:
                 model, rec = train_with_estimate(train, config)
             seconds = time.perf_counter() - t0
             label = f"user-eps={user_eps:.4g}(k={ML_K})"
-            common = {"epsilon": eps, "delta": DELTA if mech in ("outp", "objp") else None, "baseline": clear,
-                      "seconds": seconds}
-            rows.append(make_row(SUITE, dataset, f"{mech}-logistic", f"acc|{label}", sign_accuracy(rec, test), **common))
-            rows.append(make_row(SUITE, dataset, f"{mech}-logistic", f"acc-served|{label}",
-                                 served_accuracy(model, train, test), **common))
+            row = partial(make_row, SUITE, dataset, f"{mech}-logistic", epsilon=eps,
+                          delta=DELTA if mech in ("outp", "objp") else None, baseline=clear, seconds=seconds)
+            rows.append(row(f"acc|{label}", sign_accuracy(rec, test)))
+            rows.append(row(f"acc-served|{label}", served_accuracy(model, train, test)))
     return rows
 
 

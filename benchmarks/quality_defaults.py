@@ -24,19 +24,26 @@ held-out users (positives: ratings at or above lo + 0.75 (hi − lo)).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
 from app.core.data.datasets import load_dataset
+from app.core.data.ratings import Ratings
+from app.core.data.splits import (
+    HeldoutSplit,
+    heldout_users_split,
+    load_ml1m_ranking_split,
+    load_ml1m_rating_split,
+    merge,
+    random_split,
+)
 from app.core.eval.metrics import rating_rmse
 from app.core.mf.dpcmf import PublicData
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
-from app.core.data.splits import (HeldoutSplit, heldout_users_split, load_ml1m_ranking_split, load_ml1m_rating_split,
-                             merge, random_split)
 from benchmarks.cmf import _genres
 from benchmarks.evaluation import model_ranking, model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
@@ -140,7 +147,7 @@ def _candidates(objective: str, eps: float, data: _Data, train: Ratings, grid: l
 
 def _tuned(grid: list[dict[str, Any]], base: dict[str, Any], fit: Callable[[dict[str, Any], int], PublicModel],
            valid_score: Callable[[PublicModel], float], higher_is_better: bool) -> dict[str, Any]:
-    scored = []
+    scored: list[tuple[float, int, dict[str, Any]]] = []
     for change in grid:
         params = _vary(base, change)
         score = valid_score(fit(params, 0))

@@ -18,18 +18,20 @@ The candidate configurations below came out of a random search scored on the val
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from app.core.algorithms import resolve_hyperparameters
-from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
-from app.core.eval.metrics import rating_rmse
-from app.core.mf.model import PublicModel
 from app.core.data.ratings import Ratings
 from app.core.data.splits import load_ml1m_ranking_split, load_ml1m_rating_split, merge
+from app.core.eval.metrics import rating_rmse
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
+from app.core.mf.model import PublicModel
 from benchmarks.evaluation import model_ranking, model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 
@@ -114,7 +116,9 @@ def _select_and_test(
     else:
         scored = [(task.valid_score(make_model(c, 0)), i) for i, c in enumerate(candidates)]
         params = candidates[(max(scored) if task.higher_is_better else min(scored))[1]]
-    scores, seconds, extras = [], 0.0, {}
+    scores: list[float] = []
+    seconds = 0.0
+    extras: dict[str, list[float]] = {}
     for seed in seeds:
         start = time.perf_counter()
         model = make_model(params, seed)
@@ -147,7 +151,7 @@ def task_rows(task: _Task, quick: bool) -> list[dict]:
         for eps in epsilons:
             mean, std, seconds, extras = _select_and_test(
                 task, _candidates(task, eps, delta),
-                lambda c, seed: _dpals(task.train, task.dpals_base, c, eps, delta, seed), seeds, quick,
+                partial(_dpals, task.train, task.dpals_base, eps, delta), seeds, quick,
             )
             rows.append(make_row(SUITE, task.dataset, "dpals", task.metric, mean, epsilon=eps, delta=delta,
                                  std=std, seeds=list(seeds), baseline=als_mean, seconds=seconds))
@@ -159,7 +163,7 @@ def task_rows(task: _Task, quick: bool) -> list[dict]:
     return rows
 
 
-def _dpals(train: Ratings, base: dict, params: dict, eps: float, delta: float, seed: int) -> PublicModel:
+def _dpals(train: Ratings, base: dict, eps: float, delta: float, params: dict, seed: int) -> PublicModel:
     return train_dpals(train, calibrate(eps, delta, DPALSConfig(**{**base, **params, "seed": seed})))
 
 

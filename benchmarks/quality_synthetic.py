@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
 from app.core.data.ratings import Ratings
 from app.core.data.splits import random_split
 from app.core.data.synthetic import paper_synthetic
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 
@@ -50,6 +51,7 @@ def dpals_base(per_user: float) -> DPALSConfig:
 def _splits(n_users: int, seed: int) -> tuple[Ratings, Ratings, Ratings, float]:
     data = paper_synthetic(n_users, seed=seed)
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=seed)
+    assert data.p is not None  # paper_synthetic records the observation probability it drew with
     return train, valid, test, data.p * 1000 * 0.8
 
 
@@ -63,7 +65,7 @@ def tune_ridge(n_users: int, epsilon: float) -> float:
     train, valid, _, per_user = _splits(n_users, TUNING_SEED)
     base = dpals_base(per_user)
     scores = {reg: _dpals_rmse(replace(base, reg_item=reg), epsilon, train, valid) for reg in RIDGE_GRID}
-    return min(scores, key=scores.get)
+    return min(scores, key=scores.__getitem__)
 
 
 def run(quick: bool) -> list[dict]:
@@ -81,7 +83,9 @@ def run(quick: bool) -> list[dict]:
 
 def _rows_for_size(n_users: int, seeds, epsilons, ridges: dict[float, float]) -> list[dict]:
     dataset = f"paper-synthetic-n{n_users}"
-    als, zero, dp = [], [], {eps: [] for eps in epsilons}
+    als: list[float] = []
+    zero: list[float] = []
+    dp: dict[float, list[float]] = {eps: [] for eps in epsilons}
     als_seconds, dp_seconds = 0.0, {eps: 0.0 for eps in epsilons}
     for seed in seeds:
         train, _, test, per_user = _splits(n_users, seed)
@@ -115,9 +119,9 @@ def _print_monotonicity(rows: list[dict]) -> None:
     datasets = sorted({d for d, _ in gaps}, key=lambda d: int(d.rsplit("n", 1)[1]))
     epsilons = sorted({e for _, e in gaps})
     by_eps = all(
-        all(gaps[(d, a)] >= gaps[(d, b)] for a, b in zip(epsilons, epsilons[1:])) for d in datasets
+        all(gaps[(d, a)] >= gaps[(d, b)] for a, b in pairwise(epsilons)) for d in datasets
     )
     by_n = all(
-        all(gaps[(a, e)] >= gaps[(b, e)] for a, b in zip(datasets, datasets[1:])) for e in epsilons
+        all(gaps[(a, e)] >= gaps[(b, e)] for a, b in pairwise(datasets)) for e in epsilons
     )
     print(f"[quality-synthetic] gap shrinks monotonically with epsilon: {by_eps}; with n: {by_n}")

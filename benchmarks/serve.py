@@ -27,9 +27,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -55,8 +56,8 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     from app.db.migrate import upgrade_head
     from app.db.session import get_sessionmaker
     from app.services import budget, catalog, ingest
-    from app.services.training import runner
     from app.services.training import requests as train_requests
+    from app.services.training import runner
 
     upgrade_head(url)
     maker = get_sessionmaker(url)
@@ -75,7 +76,7 @@ def _prepare(url: str, quick: bool, settings) -> list[str]:
     for k in range(0, len(users), 50_000):
         with maker() as s:
             ingest.import_ratings(s, dataset="default", rows=list(zip(users[k:k + 50_000], items[k:k + 50_000],
-                                                                      values[k:k + 50_000])))
+                                                                      values[k:k + 50_000], strict=True)))
             s.commit()
     hyper = {"rank": RANK, "n_steps": 1, "frequent_fraction": 0.25 if quick else 0.4}
     with maker() as s:
@@ -247,6 +248,11 @@ class _Measured:
     loadgen_cpu_s: float
 
 
+def _closed_loop(port: int, paths: list[tuple[str, dict[str, str]]]) -> tuple[np.ndarray, np.ndarray, float]:
+    """One closed-loop phase: every path over ``CLIENTS`` keep-alive connections."""
+    return asyncio.run(_load(port, paths, CLIENTS))
+
+
 def _with_nan(result: tuple[np.ndarray, float]) -> tuple[np.ndarray, np.ndarray, float]:
     lat, seconds = result
     return lat, np.full(len(lat), np.nan), seconds
@@ -311,21 +317,22 @@ def run(quick: bool) -> list[dict]:
                "SERVER_TIMING": "true",  # opt-in header: the server-side columns read it
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         workers = int(os.environ.get("BENCH_SERVE_WORKERS", str(os.cpu_count() or 1)))  # one per core
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb"))
+        command = [sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", str(workers)]
+        with open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "wb") as server_log:  # the child keeps its own copy
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=server_log)
         base = f"http://127.0.0.1:{port}"
         _wait_until_healthy(base, proc)
         rng = np.random.default_rng(0)
         picks = rng.choice(len(users), size=n_req)
-        tokens = {}
-        reco = []
+        tokens: dict[str, str] = {}
+        reco: list[tuple[str, dict[str, str]]] = []
         for k in picks.tolist():
             u = users[k]
             tok = tokens.setdefault(u, issue_token(u, secret=secret, ttl_seconds=3600))
             reco.append((f"/v1/datasets/default/users/{u}/recommendations?n=20", {"Authorization": f"Bearer {tok}"}))
-        health = [("/health", {})] * n_req
+        health: list[tuple[str, dict[str, str]]] = [("/health", {})] * n_req
         asyncio.run(_load(port, reco[:200], CLIENTS))  # warm-up: model load, connections
-        closed = {name: _measure(proc.pid, lambda paths=paths: asyncio.run(_load(port, paths, CLIENTS)))
+        closed = {name: _measure(proc.pid, partial(_closed_loop, port, paths))
                   for name, paths in (("health", health), ("recommend", reco))}
         n_open = int(OPEN_LOOP_RATE * (4 if quick else 15))
         opened = _measure(proc.pid, lambda: _with_nan(asyncio.run(_open_loop(port, reco[:n_open], OPEN_LOOP_RATE))))

@@ -28,16 +28,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
+from functools import partial
 
 import numpy as np
 
-from app.core.mf.als import ALSConfig, train_als
-from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
-from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
+from app.core.mf.als import ALSConfig, train_als
+from app.core.mf.dpals import DPALSConfig, train_dpals
+from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
 from benchmarks.harness import limit_threads, make_row, peak_memory
 
 SUITE = "speed-train"
@@ -55,12 +56,12 @@ def _stamp() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def _step_times(train: Callable[[Callable[[float, str], None]], object]) -> tuple[float, float, float]:
-    """Run ``train(progress)``; return mean wall and CPU seconds between progress calls, and the
+def _step_times(train: Callable[..., object]) -> tuple[float, float, float]:
+    """Run ``train(progress=...)``; return mean wall and CPU seconds between progress calls, and the
     wall seconds before the first call (pre-processing and the first step)."""
     stamps: list[tuple[float, float]] = []
     start = _stamp()
-    train(lambda fraction, stage: stamps.append(_stamp()))
+    train(progress=lambda fraction, stage: stamps.append(_stamp()))
     edges = [start] + stamps if len(stamps) == 1 else stamps
     steps = np.diff(np.array(edges), axis=0)
     return float(steps[:, 0].mean()), float(steps[:, 1].mean()), stamps[0][0] - start[0]
@@ -106,8 +107,8 @@ def noise_rows(n: int = NOISE_DRAWS) -> list[dict]:
     with limit_threads(1):
         for exponent in NOISE_SIGMA_EXPONENTS:
             sigma = 1 << exponent
-            exact = _draws_per_second(lambda m: discrete_gaussian(rng, sigma, m), n)
-            floats = _draws_per_second(lambda m: rng.normal(0.0, float(sigma), m), n)
+            exact = _draws_per_second(partial(discrete_gaussian, rng, sigma), n)
+            floats = _draws_per_second(partial(rng.normal, 0.0, float(sigma)), n)
             rows.append(_row(f"noise-sigma-2^{exponent}", "discrete-gaussian", "noise_draws_per_s", exact, floats))
             rows.append(_row(f"noise-sigma-2^{exponent}", "numpy-normal", "noise_draws_per_s", floats))
     return rows
@@ -132,7 +133,8 @@ def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float, float]
 
 
 def _row(dataset: str, algorithm: str, metric: str, value: float, baseline: float | None = None) -> dict:
-    return make_row(SUITE, dataset, algorithm, metric, value, baseline=baseline, seconds=value if metric.startswith("seconds") else None)
+    seconds = value if metric.startswith("seconds") else None
+    return make_row(SUITE, dataset, algorithm, metric, value, baseline=baseline, seconds=seconds)
 
 
 def run(quick: bool) -> list[dict]:
@@ -150,21 +152,20 @@ def run(quick: bool) -> list[dict]:
         with limit_threads(BLAS_THREADS):
             als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
             with peak_memory() as memory:
-                als_step, als_cpu, _ = _step_times(lambda progress: train_als(ratings, als_config, progress=progress))
+                als_step, als_cpu, _ = _step_times(partial(train_als, ratings, als_config))
             rows.append(_row(name, "als", "seconds_per_step", als_step, implicit_step))
             rows.append(_row(name, "als", "cpu_seconds_per_step", als_cpu, implicit_cpu))
             rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             cg_config = replace(als_config, solver="cg", cg_steps=3)  # implicit's default: 3 CG steps
             with peak_memory() as memory:
-                cg_step, cg_cpu, _ = _step_times(lambda progress: train_als(ratings, cg_config, progress=progress))
+                cg_step, cg_cpu, _ = _step_times(partial(train_als, ratings, cg_config))
             rows.append(_row(name, "als-cg", "seconds_per_step", cg_step, implicit_step))
             rows.append(_row(name, "als-cg", "cpu_seconds_per_step", cg_cpu, implicit_cpu))
             rows.append(_row(name, "als-cg", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
                                     contribution_mode="tail", noise_multiplier=1.0)
             with peak_memory() as memory, _noise_timer() as noise:
-                dp_step, dp_cpu, preprocessing = _step_times(
-                    lambda progress: train_dpals(ratings, dp_config, progress=progress))
+                dp_step, dp_cpu, preprocessing = _step_times(partial(train_dpals, ratings, dp_config))
             rows.append(_row(name, "dpals", "seconds_per_step", dp_step, implicit_step))
             rows.append(_row(name, "dpals", "cpu_seconds_per_step", dp_cpu, implicit_cpu))
             rows.append(_row(name, "dpals", "seconds_noise", noise[0] / STEPS, dp_step))

@@ -84,7 +84,7 @@ class _Maintenance:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="privrec-maintenance", daemon=True)
 
-    def start(self) -> "_Maintenance":
+    def start(self) -> _Maintenance:
         out = worker_startup(worker_prefix(self.hostname), settings=self.settings)
         log.info("worker start-up: reaped runs %s, sent queued runs %s", out["reaped"], out["sent"])
         self._thread.start()

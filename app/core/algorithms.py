@@ -10,9 +10,10 @@ Jain, Thakkar & Thakurta 2018, arXiv:1712.09765, Definition 1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 from dp_accounting import dp_event

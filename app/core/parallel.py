@@ -8,8 +8,9 @@ multi-threaded BLAS on 64x64 problems spends its time synchronising.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 from threadpoolctl import threadpool_limits
 

@@ -1,14 +1,17 @@
 """Small SQL helpers shared by the services: a dialect's INSERT with ON CONFLICT, PostgreSQL
-array literals, chunking for IN lists and multi-row INSERTs."""
+array literals, chunking for IN lists and multi-row INSERTs, the rows a DML statement matched and
+the session's driver connection (binary COPY, raw cursors)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from sqlalchemy import CursorResult, Result
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-__all__ = ["CHUNK", "insert_for", "pg_array", "chunks"]
+__all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -37,3 +40,19 @@ def chunks(seq: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
     """Consecutive slices of ``seq`` of at most ``size`` elements."""
     for start in range(0, len(seq), size):
         yield seq[start:start + size]
+
+
+def rows_matched(result: Result[*tuple[Any, ...]]) -> int:
+    """Rows an UPDATE or DELETE matched (its cursor's ``rowcount``; 0 when the driver reports none).
+    ``Session.execute`` is typed as returning any ``Result``; a DML statement's is a ``CursorResult``."""
+    if not isinstance(result, CursorResult):
+        raise TypeError("rows_matched needs the result of an UPDATE or DELETE statement")
+    return result.rowcount or 0
+
+
+def driver_connection(session: Session) -> Any:
+    """The DBAPI driver's own connection under the session's (psycopg's for COPY, sqlite3's)."""
+    driver = session.connection().connection.driver_connection
+    if driver is None:
+        raise RuntimeError("the session's connection has no live driver connection")
+    return driver

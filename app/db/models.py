@@ -4,8 +4,8 @@ models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.mf.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import (
     JSON,
@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     func,
@@ -31,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, ma
 
 __all__ = [
     "Base",
+    "table_of",
     "utcnow",
     "as_aware",
     "Dataset",
@@ -75,17 +77,30 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 def utcnow() -> datetime:
     """Timezone-aware UTC now."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
+@overload
+def as_aware(value: datetime) -> datetime: ...
+@overload
+def as_aware(value: None) -> None: ...
 def as_aware(value: datetime | None) -> datetime | None:
     """A stored timestamp as timezone-aware UTC (SQLite returns naive ones)."""
-    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+def table_of(model: type[Base]) -> Table:
+    """The ``Table`` of a mapped class: SQLAlchemy types ``__table__`` as any ``FromClause`` (a
+    class may be mapped to a join or a select), while every class here is declared on one table."""
+    table = model.__table__
+    if not isinstance(table, Table):
+        raise TypeError(f"{model.__name__} is not mapped to a single table")
+    return table
 
 
 class Dataset(Base):
@@ -109,6 +124,8 @@ class Dataset(Base):
     # Private: nothing public (scheduling included) may depend on it.
     # ``ratings_version`` (mapped below) = this column + the data set's RatingsVersionShard counts.
     ratings_version_base: Mapped[int] = mapped_column("ratings_version", BigInteger, default=0, server_default="0")
+    if TYPE_CHECKING:  # mapped below, once RatingsVersionShard exists (declared here for type checkers only)
+        ratings_version: Mapped[int]
     ratings_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     # Votes (thumbs up/down): when ``vote_local_epsilon`` is set, every vote is randomised once on
     # arrival (randomised response with epsilon0) and only the randomised bit is stored;
@@ -526,7 +543,7 @@ def bump_ratings_version_sharded(session: Session, dataset_id: int, n: int = 1) 
     """
     is_pg = session.get_bind().dialect.name == "postgresql"
     shard = func.pg_backend_pid() % RATINGS_VERSION_SHARDS if is_pg else 0
-    table = RatingsVersionShard.__table__
+    table = table_of(RatingsVersionShard)
     insert = postgresql.insert if is_pg else sqlite.insert
     stmt = insert(table).values(dataset_id=dataset_id, shard=shard, n=n, changed_at=utcnow())
     session.execute(stmt.on_conflict_do_update(

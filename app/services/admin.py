@@ -9,15 +9,27 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
-from app.errors import DatasetExists
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion
+from app.errors import DatasetExists
 from app.ledger import round_up
-from app.schemas.admin import (BudgetOut, DatasetIn, DatasetOut, DatasetPatchIn, LedgerEntryOut, ModelVersionOut,
-                               PersonBudgetIn, PersonBudgetOut, ProjectionOut, TrainingIn, TrainingRunOut)
+from app.schemas.admin import (
+    BudgetOut,
+    DatasetIn,
+    DatasetOut,
+    DatasetPatchIn,
+    LedgerEntryOut,
+    ModelVersionOut,
+    PersonBudgetIn,
+    PersonBudgetOut,
+    ProjectionOut,
+    TrainingIn,
+    TrainingRunOut,
+)
 from app.schemas.common import Page
 from app.services import budget
-from app.services.training import dispatch, projection as proj
+from app.services.training import dispatch
+from app.services.training import projection as proj
 from app.services.training import requests as training
 
 __all__ = [
@@ -154,7 +166,7 @@ def version_out(row: ModelVersion) -> ModelVersionOut:
         id=row.id, version=row.version, run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
         epsilon=round_up(row.epsilon), epsilon_pld=None if row.epsilon_pld is None else round_up(row.epsilon_pld),
         delta=row.delta, n_items=row.n_items, rank=row.rank, metrics=row.metrics, metadata=row.model_metadata,
-        active=row.active, created_at=row.created_at.isoformat() if row.created_at else None,
+        active=row.active, created_at=row.created_at.isoformat(),
         activated_at=row.activated_at.isoformat() if row.activated_at else None,
     )
 

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.data.ratings import Ratings
+from app.db.dialect import driver_connection
 from app.db.models import Dataset, Item
 from app.db.session import is_postgres
 
@@ -51,7 +52,7 @@ def _randomised_filter(local_epsilon: float | None) -> str:
 
 def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
     """(user_id, item_id, value) of a data set via binary COPY (fixed-width columns, no NULLs)."""
-    cursor = session.connection().connection.driver_connection.cursor()
+    cursor = driver_connection(session).cursor()
     buf = bytearray()
     sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
            + _randomised_filter(local_epsilon).replace("%", "%%") + ") TO STDOUT (FORMAT BINARY)")
@@ -63,13 +64,14 @@ def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsi
     if len(body) % _COPY_ROW.itemsize:
         raise RuntimeError("unexpected binary COPY layout for ratings")
     rows = np.frombuffer(body, dtype=_COPY_ROW)
-    if len(rows) and not (np.all(rows["n"] == 3) and np.all(rows["l1"] == 8) and np.all(rows["l2"] == 8) and np.all(rows["l3"] == 8)):
+    fixed_width = all(np.all(rows[field] == width) for field, width in (("n", 3), ("l1", 8), ("l2", 8), ("l3", 8)))
+    if len(rows) and not fixed_width:
         raise RuntimeError("unexpected binary COPY layout for ratings")
     return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
 
 
 def _triplets_generic(session: Session, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
-    cursor = session.connection().connection.driver_connection.cursor()
+    cursor = driver_connection(session).cursor()
     cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?{_randomised_filter(local_epsilon)}",
                    (int(dataset_id),))
     parts = []

@@ -9,15 +9,15 @@ transaction. Functions never commit; the caller does, and then drops the serving
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidItemId, UnknownDataset, UnknownItem
 from app.db.dialect import CHUNK, chunks, insert_for, pg_array
 from app.db.models import Dataset, Item, bump_ratings_version, utcnow
 from app.db.session import is_postgres
+from app.errors import InvalidItemId, UnknownDataset, UnknownItem
 from app.schemas.common import Page
 from app.schemas.ingest import ItemIn, ItemOut
 

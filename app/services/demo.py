@@ -48,7 +48,7 @@ def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 
     values = np.clip(coo.data, lo, hi)
     users = [f"user-{int(u)}" for u in np.asarray(data.ratings.user_ids)[coo.row]]
     items = [f"item-{int(i)}" for i in np.asarray(data.ratings.item_ids)[coo.col]]
-    return ingest.import_ratings(session, dataset=dataset, rows=list(zip(users, items, values.tolist())))
+    return ingest.import_ratings(session, dataset=dataset, rows=list(zip(users, items, values.tolist(), strict=True)))
 
 
 def seed_if_empty(session: Session, *, dataset: str, settings: Settings) -> bool:

@@ -9,19 +9,18 @@ never logged.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import (ConcurrentlyDeleted, InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems,
-                        UnknownRating, UnknownUser)
-from app.db.dialect import CHUNK, chunks, insert_for, pg_array
-from app.db.models import (RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded,
-                           utcnow)
+from app.db.dialect import CHUNK, chunks, driver_connection, insert_for, pg_array, rows_matched
+from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
 from app.db.session import is_postgres
+from app.errors import ConcurrentlyDeleted, InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
 from app.schemas.ingest import RatingBatchOut, RatingOut, RatingRow, RatingWriteOut, RowResult
 from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
@@ -37,10 +36,12 @@ __all__ = [
     "ensure_user_rows",
 ]
 
+WriteStatus = Literal["created", "updated"]  # what one rating write did
+
 
 def _naive_utc(value: datetime) -> datetime:
     if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        value = value.astimezone(UTC).replace(tzinfo=None)
     return value
 
 
@@ -160,7 +161,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
     rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
-            for u, i, v in zip(user_ids, item_ids, values)]
+            for u, i, v in zip(user_ids, item_ids, values, strict=True)]
     for part in chunks(rows, CHUNK):
         base = insert_for(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
@@ -189,9 +190,9 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         return set(map(tuple, result.all()))
     block = "".join(f"{k}\t{user_ids[k]}\t{item_ids[k]}\t{float(values[k])!r}\n" for k in order)
     session.execute(_PG_STAGE)
-    with session.connection().connection.driver_connection.cursor() as cursor:
-        with cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy:
-            copy.write(block)
+    with (driver_connection(session).cursor() as cursor,
+          cursor.copy("COPY ingest_rating_stage (k, user_id, item_id, value) FROM STDIN") as copy):
+        copy.write(block)
     inserted = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).scalar() or []
     return {(user_ids[k], item_ids[k]) for k in inserted}
 
@@ -202,7 +203,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
-    for k, (u, i) in enumerate(zip(users, items)):
+    for k, (u, i) in enumerate(zip(users, items, strict=True)):
         first = seen.setdefault((u, i), k)
         if bad_value[k]:
             msg = _check_range(ds, float(values[k]))
@@ -217,7 +218,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
 
 
 def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[str], int, int]:
+                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[WriteStatus], int, int]:
     """Validate then upsert parallel rows; return (status per row, created, updated).
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
@@ -237,7 +238,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
     bump_ratings_version_sharded(session, ds.id, n=len(uids))
-    status = ["created" if pair in created else "updated" for pair in zip(uids, iids)]
+    status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
     n_created = len(created)
     return status, n_created, len(status) - n_created
 
@@ -254,7 +255,7 @@ def _require_in_range(ds: Any, rating: float) -> None:
                                details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
 
 
-def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> str:
+def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> WriteStatus:
     """One rating on PostgreSQL in two round trips (three for a new user): the data set, item and
     user rows (locked FOR KEY SHARE), then the rating and its version shard. The batch path's
     checks and locks, without its per-batch work and without loading ORM objects."""
@@ -303,7 +304,7 @@ def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[Ratin
     status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
     # one validation of plain dicts (in pydantic-core) is cheaper than 10,000 model constructions
     results = [{"index": k, "user_id": u, "item_id": i, "status": s}
-               for k, (u, i, s) in enumerate(zip(users, items, status))]
+               for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
     return RatingBatchOut.model_validate({"created": n_created, "updated": n_updated, "results": results})
 
 
@@ -344,8 +345,8 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
     iid = item_row_ids(session, ds, [item_id]).get(item_id)
     n = 0
     if uid is not None and iid is not None:
-        n = session.execute(delete(Rating).where(
-            Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)).rowcount or 0
+        n = rows_matched(session.execute(delete(Rating).where(
+            Rating.dataset_id == ds.id, Rating.user_id == uid, Rating.item_id == iid)))
     if n == 0:
         raise UnknownRating("no such rating", details={"user_id": user_id, "item_id": item_id})
     bump_ratings_version_sharded(session, ds.id, n=1)
@@ -362,13 +363,13 @@ def delete_user(session: Session, *, user_id: str) -> int:
     uid = _user_row_id(session, user_id, lock=True)
     if uid is None:
         raise UnknownUser(f"unknown user {user_id!r}", details={"user_id": user_id})
-    per_ds = session.execute(
+    per_ds = list(session.execute(
         select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)
-    ).all()
+    ).all())
     per_ds += session.execute(  # votes: removed by the cascade, counted for retraining
         select(Vote.dataset_id, func.count()).where(Vote.user_id == uid).group_by(Vote.dataset_id)
     ).all()
-    removed = session.execute(delete(Rating).where(Rating.user_id == uid)).rowcount or 0
+    removed = rows_matched(session.execute(delete(Rating).where(Rating.user_id == uid)))
     session.execute(delete(User).where(User.id == uid))
     for ds_id, count in per_ds:
         bump_ratings_version_sharded(session, ds_id, n=int(count))

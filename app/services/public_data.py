@@ -30,24 +30,51 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import (BatchTooLarge, InvalidRows, InvalidSourceName, NotDeclaredPublic, ProvenanceRequired,
-                        UnknownItem, UnknownSimilaritySource)
-from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.core.data.ratings import Ratings
-from app.db.dialect import chunks
-from app.db.models import (Dataset, Item, ItemSimilarity, PublicRatingConsent, PublicRatingConsentEvent,
-                           SimilaritySource, User, bump_ratings_version, utcnow)
+from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
+from app.db.dialect import chunks, rows_matched
+from app.db.models import (
+    Dataset,
+    Item,
+    ItemSimilarity,
+    PublicRatingConsent,
+    PublicRatingConsentEvent,
+    SimilaritySource,
+    User,
+    bump_ratings_version,
+    table_of,
+    utcnow,
+)
+from app.errors import (
+    BatchTooLarge,
+    InvalidRows,
+    InvalidSourceName,
+    NotDeclaredPublic,
+    ProvenanceRequired,
+    UnknownItem,
+    UnknownSimilaritySource,
+)
 from app.schemas.common import MAX_BATCH_ROWS, Page
-from app.schemas.public_data import (MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH, ConsentEventOut, Neighbour,
-                                     NeighbourBatchOut, NeighbourRowError, NeighboursOut, PublicRatingsOut,
-                                     PublicUserOut, SimilaritySourceOut)
+from app.schemas.public_data import (
+    MAX_NEIGHBOURS,
+    MAX_PAIRS_PER_BATCH,
+    ConsentEventOut,
+    Neighbour,
+    NeighbourBatchOut,
+    NeighbourRowError,
+    NeighboursOut,
+    PublicRatingsOut,
+    PublicUserOut,
+    SimilaritySourceOut,
+)
 from app.services.bulk_read import item_index, load_triplets, ratings_from_triplets
 from app.services.catalog import get_dataset, item_row_ids
 from app.services.ingest import ensure_user_rows
@@ -139,7 +166,7 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     src = session.scalar(select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id,
                                                         SimilaritySource.name == name).with_for_update())
     created = src is None
-    if created:
+    if src is None:
         src = SimilaritySource(dataset_id=ds.id, name=name, provenance=provenance, declared_public=True,
                                created_by=actor)
         session.add(src)
@@ -170,7 +197,7 @@ def delete_similarity_source(session: Session, *, dataset: str, name: str) -> in
     """Delete a source and its neighbour lists; return the pairs removed."""
     ds = get_dataset(session, dataset)
     src = _source_row(session, ds, name, lock=True)
-    removed = session.execute(delete(ItemSimilarity).where(ItemSimilarity.source_id == src.id)).rowcount or 0
+    removed = rows_matched(session.execute(delete(ItemSimilarity).where(ItemSimilarity.source_id == src.id)))
     session.delete(src)
     session.flush()
     if removed:
@@ -240,12 +267,12 @@ def replace_neighbours(session: Session, *, dataset: str, source: str,
     owners = [item_map[item] for item, _ in rows]
     removed = 0
     for part in chunks(owners):
-        removed += session.execute(delete(ItemSimilarity).where(
-            ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))).rowcount or 0
+        removed += rows_matched(session.execute(delete(ItemSimilarity).where(
+            ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))))
     pairs = [{"source_id": src.id, "item_id": item_map[item], "neighbour_id": item_map[other], "score": float(score)}
              for item, neighbours in rows for other, score in neighbours]
     for part in chunks(pairs):
-        session.execute(ItemSimilarity.__table__.insert(), list(part))
+        session.execute(table_of(ItemSimilarity).insert(), list(part))
     src.updated_at = utcnow()
     bump_ratings_version(session, ds.id, n=1)
     session.flush()
@@ -370,8 +397,8 @@ def _similarities(session: Session, ds: Dataset, item_db: np.ndarray, item_ext: 
         .where(SimilaritySource.dataset_id == ds.id, SimilaritySource.declared_public.is_(True))
     ).all()
     grouped: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
-    for name, i, k, score in rows:
-        grouped[name].append((i, k, score))
+    for name, item, neighbour, score in rows:
+        grouped[name].append((item, neighbour, score))
     blocks, labels = [], []
     for name in sorted(grouped):
         arr = np.array(grouped[name], dtype=np.float64)

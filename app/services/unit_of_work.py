@@ -8,7 +8,7 @@ the old rows, handing a run to the workers) with :func:`after_commit`. The unit 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 

@@ -23,29 +23,39 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, cast
 
 import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.errors import (CapRequired, InvalidHyperparameters, InvalidRows, LocalEpsilonMismatch, PrivrecError,
-                        RandomisedNotAccepted, UnknownItem, UnknownVote, VoteCapExceeded, VoteSettingsChanged,
-                        VotesExist)
+from app.core.data.ratings import Ratings
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
-from app.core.data.ratings import Ratings
-from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, utcnow
 from app.db.dialect import insert_for
+from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
 from app.db.session import is_postgres
+from app.errors import (
+    CapRequired,
+    InvalidHyperparameters,
+    InvalidRows,
+    LocalEpsilonMismatch,
+    PrivrecError,
+    RandomisedNotAccepted,
+    UnknownItem,
+    UnknownVote,
+    VoteCapExceeded,
+    VoteSettingsChanged,
+    VotesExist,
+)
 from app.schemas.common import Page
-from app.schemas.votes import (VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut,
-                               VoteWriteOut)
+from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
+from app.services.bulk_read import load_ratings
 from app.services.catalog import item_row_ids, unknown_dataset
 from app.services.ingest import ensure_user_rows
-from app.services.bulk_read import load_ratings
 
 __all__ = [
     "LOCAL_RELATION",
@@ -60,6 +70,8 @@ __all__ = [
     "load_votes",
     "votes_training_params",
 ]
+
+Randomiser = Literal["server", "client"]  # who applied randomised response to a stored vote
 
 LOCAL_RELATION = (
     "replace the values of one user's votes (at most votes_per_user_cap of them): which items a "
@@ -90,6 +102,18 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
 
 def _randomising(ds: Dataset) -> bool:
     return ds.vote_local_epsilon is not None
+
+
+def _epsilon0(ds: Dataset) -> float:
+    """The local epsilon of a data set that randomises its votes."""
+    if ds.vote_local_epsilon is None:
+        raise RuntimeError(f"data set {ds.name!r} stores raw votes: it has no local epsilon")
+    return float(ds.vote_local_epsilon)
+
+
+def _randomiser(stored: str | None) -> Randomiser | None:
+    """A stored vote's ``randomised_by`` (the table's check constraint admits only these values)."""
+    return cast("Randomiser | None", stored)  # ck_votes_randomisation_recorded: 'server', 'client' or NULL
 
 
 # ----------------------------------------------------------------------------- settings
@@ -206,7 +230,7 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
     item_map = item_row_ids(session, ds, list(items))
     errors: list[VoteRowResult] = []
     seen: dict[tuple[str, str], int] = {}
-    for k, (u, i, row) in enumerate(zip(users, items, rows)):
+    for k, (u, i, row) in enumerate(zip(users, items, rows, strict=True)):
         first = seen.setdefault((u, i), k)
         problem = _row_error(ds, row, i, i in item_map)
         message = problem.message if problem is not None else None
@@ -259,17 +283,17 @@ def _count_new(pairs: Sequence[tuple[int, int]]) -> dict[int, int]:
     return out
 
 
-def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[str]:
+def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     """Upsert raw votes; statuses created/updated."""
     existing = _existing(session, ds, b.uids)
-    pairs = list(zip(b.uids, b.iids))
+    pairs = list(zip(b.uids, b.iids, strict=True))
     fresh = [p for p in pairs if p not in existing]
     current = _count_new(list(existing))
-    _check_cap(ds, current, _count_new(fresh), dict(zip(b.uids, b.users)), randomised=False)
+    _check_cap(ds, current, _count_new(fresh), dict(zip(b.uids, b.users, strict=True)), randomised=False)
     now = utcnow()
     values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
-              for (u, i), r in zip(pairs, b.rows)]
+              for (u, i), r in zip(pairs, b.rows, strict=True)]
     for start in range(0, len(values), 1000):
         stmt = insert_for(session, Vote.__table__).values(values[start:start + 1000])
         session.execute(stmt.on_conflict_do_update(
@@ -278,7 +302,7 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[str]:
     return ["updated" if p in existing else "created" for p in pairs]
 
 
-def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, list[str]]:
+def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, list[Randomiser]]:
     """The bits to store for ``rows`` and who randomised each: the server randomises the raw
     votes once, here, with a fresh CSPRNG-seeded generator; client bits are kept as sent."""
     raw = np.fromiter((r.vote for r in rows), dtype=np.int8, count=len(rows))
@@ -287,30 +311,30 @@ def _randomised_bits(ds: Dataset, rows: Sequence[VoteIn]) -> tuple[np.ndarray, l
     server = ~by_client
     if server.any():
         rng = np.random.default_rng(secrets.randbits(128))
-        bits[server] = randomize_votes(raw[server], float(ds.vote_local_epsilon), rng)
+        bits[server] = randomize_votes(raw[server], _epsilon0(ds), rng)
     return bits, ["client" if c else "server" for c in by_client]
 
 
-def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[str]:
+def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     """Store a randomised bit for each new (user, item); existing bits stay ("unchanged")."""
     existing = _existing(session, ds, b.uids)
-    pairs = list(zip(b.uids, b.iids))
+    pairs = list(zip(b.uids, b.iids, strict=True))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
-    keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users)}
+    keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users, strict=True)}
     by_key = {a.user_key: a for a in session.scalars(select(VoteAllowance).where(
         VoteAllowance.dataset_id == ds.id, VoteAllowance.user_key.in_(sorted(set(keys.values())))))}
     allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
-    _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users)), randomised=True)
+    _check_cap(ds, current, new_per_user, dict(zip(b.uids, b.users, strict=True)), randomised=True)
     if new_k:
         bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
         now = utcnow()
-        session.execute(Vote.__table__.insert(), [
+        session.execute(table_of(Vote).insert(), [
             {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
-             "randomised": True, "local_epsilon": float(ds.vote_local_epsilon), "randomised_by": who,
+             "randomised": True, "local_epsilon": _epsilon0(ds), "randomised_by": who,
              "created_at": now, "updated_at": now}
-            for k, bit, who in zip(new_k, bits.tolist(), by)])
+            for k, bit, who in zip(new_k, bits.tolist(), by, strict=True)])
         _give_allowance(session, ds, allowances, new_per_user, keys)
     fresh = set(new_k)
     return ["created" if k in fresh else "unchanged" for k in range(len(pairs))]
@@ -334,7 +358,7 @@ def _give_allowance(session: Session, ds: Dataset, allowances: dict[int, VoteAll
 
 
 def _write(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-           rows: Sequence[VoteIn]) -> list[str]:
+           rows: Sequence[VoteIn]) -> list[Status]:
     """Validate then write; status per row. All or nothing (the caller rolls back on error)."""
     item_map = _validate(session, ds, users, items, rows)
     user_map = ensure_user_rows(session, list(users), utcnow())
@@ -369,7 +393,7 @@ def upsert_vote(session: Session, *, dataset: str, user_id: str, item_id: str, b
     status = _write(session, ds, [user_id], [item_id], [body])[0]
     vote = _stored(session, ds, user_id, item_id)
     return VoteWriteOut(user_id=user_id, item_id=item_id, status=status, stored_vote=vote.value,
-                        randomised=vote.randomised, randomised_by=vote.randomised_by,
+                        randomised=vote.randomised, randomised_by=_randomiser(vote.randomised_by),
                         local_epsilon=vote.local_epsilon)
 
 
@@ -380,7 +404,7 @@ def upsert_votes_batch(session: Session, *, dataset: str, rows: Sequence[VoteRow
     items = [r.item_id for r in rows]
     status = _write(session, ds, users, items, rows)
     results = [VoteRowResult(index=k, user_id=u, item_id=i, status=s)
-               for k, (u, i, s) in enumerate(zip(users, items, status))]
+               for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
     return VoteBatchOut(created=status.count("created"), updated=status.count("updated"),
                         unchanged=status.count("unchanged"), results=results)
 
@@ -421,7 +445,7 @@ def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int
             .where(Vote.dataset_id == ds.id, User.external_id == user_id))
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     rows = session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
-    items = [VoteOut(item_id=e, vote=int(v), randomised=bool(r), randomised_by=by, local_epsilon=eps, updated_at=t)
+    items = [VoteOut(item_id=e, vote=int(v), randomised=bool(r), randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
              for e, v, r, by, eps, t in rows]
     return Page[VoteOut].build(items, total=int(total), offset=offset, limit=limit)
 
@@ -474,7 +498,7 @@ def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[st
             raise InvalidHyperparameters(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
                                  f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
         if out.get("mechanism", "inp") == "inp":
-            out.update(pre_randomised=True, local_epsilon=float(ds.vote_local_epsilon))
+            out.update(pre_randomised=True, local_epsilon=_epsilon0(ds))
         if ds.votes_per_user_cap is not None:
             out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
         return out

@@ -43,8 +43,9 @@ def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]
     assert json.loads(capsys.readouterr().out) == {"dataset": "default", "created": 40, "updated": 0}
     assert cli.main(["import-csv", str(path), "--chunk", "97", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    from app.db.session import session_scope
     from sqlalchemy import text
+
+    from app.db.session import session_scope
 
     with session_scope() as s:
         n = s.execute(text("SELECT count(*) FROM ratings")).scalar_one()
@@ -64,8 +65,9 @@ def test_import_refuses_out_of_range(cli_env: Path) -> None:
     path.write_text("u,i,r\na,x,4\nb,x,11\n")
     with pytest.raises(SystemExit, match="nothing was written"):
         cli.main(["import-csv", str(path), "--quiet"])
-    from app.db.session import session_scope
     from sqlalchemy import text
+
+    from app.db.session import session_scope
 
     with session_scope() as s:
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
@@ -156,8 +158,9 @@ def test_ratings_import_refuses_unknown_items_and_names_them(cli_env: Path) -> N
     assert "'ghost'" in str(err.value) and "'phantom'" in str(err.value) and "import-items" in str(err.value)
     with pytest.raises(SystemExit):
         cli.main(["import-csv", str(path), "--create-items", "--quiet"])  # the option is gone
-    from app.db.session import session_scope
     from sqlalchemy import text
+
+    from app.db.session import session_scope
 
     with session_scope() as s:
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
@@ -215,7 +218,8 @@ def test_tokens_living_longer_than_the_maximum_are_refused_at_verification(tmp_p
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from tests.api.conftest import SECRET as API_SECRET, _bootstrap, make_settings
+    from tests.api.conftest import SECRET as API_SECRET
+    from tests.api.conftest import _bootstrap, make_settings
 
     settings = make_settings(f"sqlite:///{tmp_path / 'api.db'}", tmp_path).model_copy(
         update={"max_token_ttl_s": 7200})
@@ -267,10 +271,11 @@ def _seed_small(cli_env: Path) -> None:
 def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """``privrec train --follow`` submits over the admin service path, a real embedded worker
     trains it, the bar walks the public stages to "published" and the command exits 0."""
-    from app.config import get_settings
-    from app.services.training.embedded_worker import EmbeddedWorker
-    from app.db.session import session_scope
     from sqlalchemy import text
+
+    from app.config import get_settings
+    from app.db.session import session_scope
+    from app.services.training.embedded_worker import EmbeddedWorker
 
     assert cli.main(["migrate"]) == 0
     _seed_small(cli_env)
@@ -293,8 +298,9 @@ def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pyt
 
 def test_train_without_follow_prints_the_queued_run_and_bad_input_submits_nothing(
         cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from app.db.session import session_scope
     from sqlalchemy import text
+
+    from app.db.session import session_scope
 
     assert cli.main(["migrate"]) == 0
     _seed_small(cli_env)

@@ -43,7 +43,7 @@ def test_large_batches_report_created_then_updated_and_store_every_value(env: En
     body2 = _batch(users, range(20, 40), lambda k: 5.0)
     out2 = env.client.post(f"{R}/ratings/batch", json=body2, headers=env.ingest_service).json()
     assert out2["created"] == 100 and out2["updated"] == 100
-    for row, sent in zip(out2["results"], body2["ratings"]):
+    for row, sent in zip(out2["results"], body2["ratings"], strict=True):
         assert row["status"] == ("updated" if int(sent["item_id"][1:]) < 30 else "created")
     with env.session() as s:
         stored = dict(((u, i), v) for u, i, v in s.execute(text(

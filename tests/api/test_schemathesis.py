@@ -5,13 +5,13 @@ error codes are documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import schemathesis
-from schemathesis import checks
-from hypothesis import HealthCheck, given, settings
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from schemathesis import checks
 
 from app.db.session import dispose_engines
 from app.main import create_app

@@ -346,8 +346,8 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     from app import cli
     from app.config import reset_settings_cache
     from app.db.session import dispose_engines, session_scope
-    from app.services import budget, catalog, votes
     from app.schemas.ingest import ItemIn
+    from app.services import budget, catalog, votes
 
     monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
     monkeypatch.setenv("SECRET_KEY", "cli-tests-secret-0123456789abcdef-xyz")

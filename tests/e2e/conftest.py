@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -29,9 +29,9 @@ class Proc:
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
         self.log = log
-        self._fh = open(log, "wb")
-        self.p = subprocess.Popen(args, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        with open(log, "wb") as out:  # the child keeps its own descriptor
+            self.p = subprocess.Popen(args, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
 
     def stop(self, timeout: float = 15.0) -> None:
         if self.p.poll() is None:
@@ -41,7 +41,6 @@ class Proc:
             except subprocess.TimeoutExpired:
                 os.killpg(self.p.pid, signal.SIGKILL)
                 self.p.wait(5)
-        self._fh.close()
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

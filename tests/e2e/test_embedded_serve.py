@@ -15,8 +15,8 @@ pytestmark = pytest.mark.e2e
 
 
 def _readme_serve_command() -> str:
-    lines = [l.strip() for l in (ROOT / "README.md").read_text().splitlines()]
-    cmds = [l for l in lines if l.startswith("python3 -m venv .venv") and l.endswith("privrec serve")]
+    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()]
+    cmds = [line for line in lines if line.startswith("python3 -m venv .venv") and line.endswith("privrec serve")]
     assert len(cmds) == 1, "the README must show exactly one embedded `privrec serve` command"
     return cmds[0]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import numpy as np

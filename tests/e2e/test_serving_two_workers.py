@@ -14,8 +14,16 @@ from fastapi.testclient import TestClient
 
 from app.db.session import dispose_engines
 from app.main import create_app
-from tests.api.conftest import SECRET, Env, _bootstrap, create_pg_database, make_settings, require_postgres
-from tests.api.conftest import seed_ratings, train_and_publish
+from tests.api.conftest import (
+    SECRET,
+    Env,
+    _bootstrap,
+    create_pg_database,
+    make_settings,
+    require_postgres,
+    seed_ratings,
+    train_and_publish,
+)
 from tests.e2e.conftest import PRIVREC, base_env, free_port, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

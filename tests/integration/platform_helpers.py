@@ -77,7 +77,7 @@ def seed_ratings(url: str, dataset: str, ratings: Ratings, *, user_prefix: str =
         iid = np.array([items[e] for e in item_ext])[cols]
         batch = [
             {"dataset_id": ds.id, "user_id": int(u), "item_id": int(i), "value": float(v)}
-            for u, i, v in zip(uid.tolist(), iid.tolist(), np.asarray(vals).tolist())
+            for u, i, v in zip(uid.tolist(), iid.tolist(), np.asarray(vals).tolist(), strict=True)
         ]
         for start in range(0, len(batch), 20_000):
             s.execute(insert(Rating), batch[start : start + 20_000])

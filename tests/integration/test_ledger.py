@@ -181,7 +181,8 @@ def test_cap_changes_are_audited(db_url):
     with session_scope(db_url) as s:
         view = budget.change_cap(s, dataset="default", new_cap=8.0, reason="quarterly review", actor="admin")
         assert view.epsilon_cap == 8.0
-        view = budget.change_cap(s, dataset="default", new_cap=spent + 0.5, reason=None, actor="admin")  # lowering: no reason needed
+        # lowering: no reason needed
+        view = budget.change_cap(s, dataset="default", new_cap=spent + 0.5, reason=None, actor="admin")
     with session_scope(db_url) as s:
         rows, total = budget.list_ledger(s, dataset="default")
         kinds = [r.kind for r in rows]

@@ -10,13 +10,12 @@ from alembic import command
 from sqlalchemy import MetaData, create_engine, insert, pool, select
 
 from app import ledger
-from app.core.privacy.accounting import compose, epsilon_rdp, event_to_json, gaussian
 from app.core.onebit import local_randomisation_event
+from app.core.privacy.accounting import compose, epsilon_rdp, event_to_json, gaussian
 from app.db.migrate import alembic_config, upgrade_head
 from app.db.models import BudgetAccount, LedgerEntry, PersonBudget, TrainingRun
 from app.db.session import dispose_engines, normalise_url, session_scope
-from app.errors import (BudgetExceeded, CapChangeRefused, InvalidRequest, PersonBudgetExceeded,
-                                 RelationRefused)
+from app.errors import BudgetExceeded, CapChangeRefused, InvalidRequest, PersonBudgetExceeded, RelationRefused
 from app.services import budget
 from tests.integration.platform_helpers import create_dataset
 

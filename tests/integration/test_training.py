@@ -244,9 +244,8 @@ def test_tampered_artifact_is_refused(seeded, settings):
     with open(path, "r+b") as fh:
         fh.seek(-20, 2)
         fh.write(b"\x00" * 8)
-    with session_scope(seeded) as s:
-        with pytest.raises(Exception, match="altered|unreadable"):
-            model_store.get_active_model(s, "default")
+    with session_scope(seeded) as s, pytest.raises(Exception, match="altered|unreadable"):
+        model_store.get_active_model(s, "default")
 
 
 def test_stale_running_run_fails_closed(seeded, settings):
@@ -372,7 +371,8 @@ def test_load_ratings_round_trips_the_stored_ratings(db_url):
 
     def triples(r, item_name):
         rows, cols, vals = r.coo()
-        return sorted(zip(np.asarray(rows).tolist(), [item_name(r.item_ids[c]) for c in cols], np.asarray(vals).tolist()))
+        names = [item_name(r.item_ids[c]) for c in cols]
+        return sorted(zip(np.asarray(rows).tolist(), names, np.asarray(vals).tolist(), strict=True))
 
     # users are internal ids after loading: compare per-item multisets of values and the per-user counts
     orig = triples(original, lambda x: f"i{x}")

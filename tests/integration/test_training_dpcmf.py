@@ -21,8 +21,8 @@ from app.schemas.serving import RecommendationQuery
 from app.services import public_data
 from app.services.serving import active as serving_active
 from app.services.serving import published, recommend
-from app.services.training import runner, schedule
 from app.services.training import requests as train_requests
+from app.services.training import runner, schedule
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 
 # Half the items are trained privately: at epsilon 10 the count noise (std ~11) is far below the

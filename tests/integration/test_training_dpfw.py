@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from app import ledger, model_store
-from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.core.mf.dpfw import FrankWolfeModel, replay_user
+from app.core.privacy.accounting import epsilon_rdp, event_to_json
 from app.db.session import session_scope
 from app.errors import InvalidRequest
 from app.schemas.serving import RecommendationQuery
+from app.services.ingest import user_ratings_arrays
 from app.services.serving import popular as serving_popular
 from app.services.serving import recommend
-from app.services.training import runner
 from app.services.training import requests as train_requests
-from app.services.ingest import user_ratings_arrays
+from app.services.training import runner
 from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
 
 HYPER = {"n_steps": 4, "row_clip": 3.0, "nuclear_norm": 200.0, "max_ratings_per_user": 20}

@@ -21,8 +21,8 @@ from app.schemas.serving import RecommendationQuery
 from app.schemas.votes import VoteIn, VoteRow
 from app.services import budget, votes
 from app.services.serving import popular, published, recommend, similar
-from app.services.training import runner, schedule
 from app.services.training import requests as train_requests
+from app.services.training import runner, schedule
 from tests.integration.platform_helpers import create_dataset
 
 N_USERS, N_ITEMS, PER_USER = 120, 24, 12
@@ -258,7 +258,9 @@ def test_scheduled_retraining_follows_the_declared_kind(db_url, settings):
         run = s.get(TrainingRun, int(outcome.split(":")[1]))
         assert run.algorithm == "onebit" and run.epsilon_charged == 0.0 and run.trigger == "schedule"
     assert runner.run_training(run.id, url=db_url, settings=settings) == "succeeded"
-    outcome = sched()  # unchanged data: retrained all the same (no "skipped:unchanged" bit)  # retrains the active one-bit model's algorithm and hyper-parameters, still free
+    # unchanged data: retrained all the same (no "skipped:unchanged" bit); retrains the active
+    # one-bit model's algorithm and hyper-parameters, still free
+    outcome = sched()
     assert outcome.startswith("started:")
     with session_scope(db_url) as s:
         again = s.get(TrainingRun, int(outcome.split(":")[1]))
@@ -273,8 +275,8 @@ def test_concurrent_votes_never_rerandomise_or_pass_the_cap(db_url):
 
     from sqlalchemy import select
 
-    from app.errors import Conflict
     from app.db.models import Dataset, User, Vote, VoteAllowance
+    from app.errors import Conflict
 
     create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     _seed(db_url, eps0=2.0)  # cap PER_USER = 12

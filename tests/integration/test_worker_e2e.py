@@ -4,6 +4,7 @@ active model untouched (also for a bare training process on SQLite)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -71,19 +72,18 @@ def _kinds(url: str, run_id: int) -> list[str]:
 
 
 def _start_worker(settings: Settings, tmp_path: Path, name: str) -> subprocess.Popen:
-    log = open(tmp_path / f"{name}.log", "w")
     cmd = [
         sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", dispatch.QUEUE,
         "-c", "1", "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
     ]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / f"{name}.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(settings), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
     proc.wait(timeout=30)
 
 
@@ -228,12 +228,12 @@ def test_celery_beat_retrains_on_schedule_from_public_facts_within_budget(pg_url
     create_dataset(pg_url, cap=20.0)
     seed_ratings(pg_url, "default", synthetic_ratings())
     worker = _start_worker(settings, tmp_path, "wb")
-    beat_log = open(tmp_path / "beat.log", "w")
-    beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat", "--loglevel=INFO",
-         "--schedule", str(tmp_path / "beat-schedule")],
-        cwd=REPO, env=_env(settings), stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    with open(tmp_path / "beat.log", "w") as beat_log:  # the child keeps its own descriptor
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat", "--loglevel=INFO",
+             "--schedule", str(tmp_path / "beat-schedule")],
+            cwd=REPO, env=_env(settings), stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     try:
         _wait_for(lambda: [r.status for r in _scheduled_runs(pg_url)][:1] == ["succeeded"], 120, "the first scheduled run")
         # nothing changed: retrained all the same (whether data changed is not public)

@@ -8,8 +8,8 @@ import math
 import pytest
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
 from app.core.mf.dpals import DPALSConfig, dpals_event
+from app.core.privacy import accounting
 
 
 def test_event_json_round_trip():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.core.data.ratings import Ratings
 from app.core.mf.als import ALSConfig, make_plan, solve_side, train_als
 from app.core.mf.dpals import DPALSConfig, train_dpals
-from app.core.mf.foldin import fold_in, fold_in_users, popular_items, user_offset, user_offsets, recommend, similar_items
-from app.core.data.ratings import Ratings
+from app.core.mf.foldin import fold_in, fold_in_users, popular_items, recommend, similar_items, user_offset, user_offsets
 
 
 def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
@@ -39,7 +39,8 @@ def test_batched_solver_matches_dense_least_squares(rank: int, gram_dtype, rtol:
 def test_als_recovers_exact_low_rank_data_and_fold_in_matches():
     truth, ratings = _low_rank()
     # centring by the global mean leaves UVᵀ + constant: rank 3 + 1
-    model = train_als(ratings, ALSConfig(rank=4, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0))
+    config = ALSConfig(rank=4, n_iters=40, reg_item=1e-6, reg_user=1e-6, item_reg_exponent=0, user_reg_exponent=0)
+    model = train_als(ratings, config)
     users = np.array([fold_in(model, *ratings.user_row(u)) for u in range(ratings.n_users)])
     predicted = model.global_mean + users @ model.item_factors.T
     # unobserved entries too: the low-rank structure was found, not memorised
@@ -54,9 +55,13 @@ def test_checkerboard_recommendations():
         liked = np.arange(10) if u < 20 else np.arange(10, 20)
         other = np.arange(10, 20) if u < 20 else np.arange(10)
         for i in rng.choice(liked, 6, replace=False):
-            users.append(u); items.append(i); values.append(5.0)
+            users.append(u)
+            items.append(i)
+            values.append(5.0)
         for i in rng.choice(other, 3, replace=False):
-            users.append(u); items.append(i); values.append(1.0)
+            users.append(u)
+            items.append(i)
+            values.append(1.0)
     ratings = Ratings.from_arrays(users, items, values)
     model = train_als(ratings, ALSConfig(rank=2, n_iters=15, reg_item=0.1, reg_user=0.1))
     for u in (0, 25):

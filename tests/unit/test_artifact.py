@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from app.core.data.ratings import Ratings
 from app.core.mf.artifact import ArtifactError, load_model, save_model
 from app.core.mf.dpals import DPALSConfig, train_dpals
-from app.core.data.ratings import Ratings
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_real_ml100k_counts():
     r = d.ratings
     assert (r.nnz, r.n_users, r.n_items) == (100_000, 943, 1682)
     assert set(np.unique(r.csr.data)) == {1.0, 2.0, 3.0, 4.0, 5.0}
-    assert len(d.item_features) == 1682 and ("Animation", "Children's", "Comedy") == d.item_features[0]
+    assert len(d.item_features) == 1682 and d.item_features[0] == ("Animation", "Children's", "Comedy")
     base, test = ds.load_ml100k_u1()
     assert (base.nnz, test.nnz) == (80_000, 20_000)
 

@@ -20,8 +20,8 @@ from app.core.privacy.discrete_noise import (
     grid_gaussian,
     noise_switched_off,
 )
-from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.laplace import discrete_laplace_noise
+from app.core.privacy.releaser import GaussianReleaser
 
 
 class IntegersOnly:
@@ -151,7 +151,7 @@ def test_numpy_log_is_within_the_assumed_error():
     t = cells.astype(np.float64) + 0.5
     with decimal.localcontext() as context:
         context.prec = 50
-        for x, got in zip(t, np.log(t)):
+        for x, got in zip(t, np.log(t), strict=True):
             exact = decimal.Decimal(float(x)).ln()
             assert abs(decimal.Decimal(float(got)) - exact) <= max(abs(exact), 1) * decimal.Decimal(2) ** -50
     assert abs(discrete_noise._LN_CELLS - 53 * math.log(2)) <= 2.0**-48

@@ -8,9 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.privacy import accounting
+from app.core.data.ratings import Ratings
 from app.core.mf.als import iter_grams
-from app.core.privacy.discrete_noise import GridGaussian
 from app.core.mf.dpals import (
     DPALSConfig,
     PublicState,
@@ -19,14 +18,15 @@ from app.core.mf.dpals import (
     count_statistic,
     dpals_event,
     item_bias_statistic,
-    shrink_item_biases,
     mean_statistics,
     project_psd,
+    shrink_item_biases,
     solve_side,
     train_dpals,
     user_regularisation,
 )
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import GridGaussian
 from app.core.privacy.releaser import symmetric_noise
 from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample
 
@@ -164,7 +164,7 @@ class CountingRng:
         self._rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.normal_draws: list[tuple[float, int]] = [] if draws is None else draws
 
-    def spawn(self, n: int) -> list["CountingRng"]:
+    def spawn(self, n: int) -> list[CountingRng]:
         return [CountingRng(child, self.normal_draws) for child in self._rng.spawn(n)]
 
     def normal(self, loc=0.0, scale=1.0, size=None):
@@ -294,7 +294,8 @@ def test_seeded_determinism():
     assert not np.allclose(a.item_factors, c.item_factors)
 
 
-@pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-5), (-1.0, 1e-5), (float("nan"), 1e-5), (1.0, 0.0), (1.0, 1.0), (1.0, -0.1), (float("inf"), 1e-5)])
+@pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-5), (-1.0, 1e-5), (float("nan"), 1e-5), (1.0, 0.0), (1.0, 1.0),
+                                           (1.0, -0.1), (float("inf"), 1e-5)])
 def test_bad_privacy_targets_raise(epsilon, delta):
     with pytest.raises(ValueError):
         calibrate(epsilon, delta, DPALSConfig())

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app.core.mf import dpals
-from app.core.privacy import accounting
 from app.core.algorithms import get_algorithm
+from app.core.data.ratings import Ratings
+from app.core.mf import dpals
 from app.core.mf.dpcmf import (
     DPCMFConfig,
     PublicData,
@@ -26,7 +26,7 @@ from app.core.mf.dpcmf import (
     train_dpcmf,
 )
 from app.core.mf.foldin import fold_in_users, recommend
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
 
 N_USERS, N_ITEMS, N_GENRES = 90, 40, 4
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.privacy import accounting
-from app.core.privacy.releaser import GaussianReleaser
+from app.core.data.ratings import Ratings
+from app.core.data.splits import random_split
 from app.core.mf.dpfw import (
     DPFWConfig,
     LocalState,
@@ -31,8 +31,8 @@ from app.core.mf.dpfw import (
     top_eigenvector_oja,
     train_dpfw,
 )
-from app.core.data.ratings import Ratings
-from app.core.data.splits import random_split
+from app.core.privacy import accounting
+from app.core.privacy.releaser import GaussianReleaser
 from tests.unit.test_dpals_privacy import CountingRng, _record_grid_releases
 
 N_ITEMS = 12
@@ -225,7 +225,7 @@ def _reference_rows(ratings: Ratings, model, config: DPFWConfig) -> np.ndarray:
     target *= np.minimum(1.0, config.row_clip / np.maximum(np.linalg.norm(target, axis=1), 1e-300))[:, None]
     y = np.zeros_like(target)
     T, k = config.n_steps, config.nuclear_norm
-    for v, lam in zip(model.directions.T, model.scales):
+    for v, lam in zip(model.directions.T, model.scales, strict=True):
         a = np.where(observed, y - target, 0.0)
         u = a @ v / lam
         y = (1 - 1 / T) * y - (k / T) * np.outer(u, v)

@@ -112,9 +112,8 @@ def test_limit_threads_and_peak_memory():
         del block
     assert mem.traced_peak_mib is not None and mem.traced_peak_mib >= 60
     assert mem.rss_peak_mib >= mem.rss_before_mib
-    with pytest.raises(ValueError):
-        with H.limit_threads(0):
-            pass
+    with pytest.raises(ValueError), H.limit_threads(0):
+        pass
 
 
 def test_mean_std():

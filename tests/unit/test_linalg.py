@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from app.core.mf.als import bucket_gram, make_plan
-from app.core.mf.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, solve_noisy_systems,
-                             symmetric_from_upper)
+from app.core.mf.linalg import (
+    gather_rows,
+    gram_and_rhs,
+    positive_definite_mask,
+    project_psd,
+    solve_noisy_systems,
+    symmetric_from_upper,
+)
 
 
 def _noisy_grams(rng: np.random.Generator, n: int, rank: int, noise: float) -> np.ndarray:

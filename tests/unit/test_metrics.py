@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app.core.eval import metrics as M
 from app.core.data.ratings import Ratings
+from app.core.eval import metrics as M
 
 
 def test_rmse_known_answer_and_validation():
@@ -154,7 +154,7 @@ def test_vectorised_matches_bruteforce_on_random_data():
     hist = [rng.choice(m, rng.integers(0, 10), replace=False) for _ in range(n)]
     targ = [np.setdiff1d(rng.choice(m, rng.integers(0, 8), replace=False), h) for h in hist]
     rec, nd = [], []
-    for s, h, t in zip(scores, hist, targ):
+    for s, h, t in zip(scores, hist, targ, strict=True):
         if len(t) == 0:
             continue
         order = [j for j in np.argsort(-s) if j not in set(h.tolist())][:k]

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
-from app.core.privacy.laplace import discrete_laplace_noise
+from app.core.data.ratings import Ratings
 from app.core.onebit import (
     OneBitConfig,
     calibrate,
@@ -27,7 +26,8 @@ from app.core.onebit import (
     train_onebit,
 )
 from app.core.onebit import train as onebit_train
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.laplace import discrete_laplace_noise
 
 
 def _votes(n_users=30, n_items=20, frac=0.4, seed=0) -> tuple[np.ndarray, Ratings]:

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
 
-from app.core.mf import defaults
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals, wiener_filter
-from app.core.mf.foldin import fold_in_users, user_scores
-from app.core.eval.metrics import ranking_metrics
 from app.core.data.ratings import Ratings
 from app.core.data.splits import heldout_users_split
+from app.core.eval.metrics import ranking_metrics
+from app.core.mf import defaults
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals, wiener_filter
+from app.core.mf.foldin import fold_in_users, user_scores
+from app.core.mf.model import PublicModel
 
 
 def _popular_taste_data(seed: int = 0, n_users: int = 1500, n_items: int = 200) -> Ratings:
@@ -34,6 +36,14 @@ def _popular_taste_data(seed: int = 0, n_users: int = 1500, n_items: int = 200) 
     return Ratings.from_arrays(users, items, np.asarray(values, float), item_ids=np.arange(n_items))
 
 
+def _factor_scores(model: PublicModel, users: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return model.item_biases + users[rows] @ model.item_factors.T
+
+
+def _popularity_scores(counts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return np.tile(counts, (len(rows), 1))
+
+
 @pytest.mark.parametrize("epsilon", [0.3, 1.0])
 def test_ranking_at_small_epsilon_is_not_below_dp_popularity(epsilon: float):
     data = _popular_taste_data()
@@ -47,10 +57,10 @@ def test_ranking_at_small_epsilon_is_not_below_dp_popularity(epsilon: float):
         config = algorithm.config_from_params({**params, "positive_threshold": 1.0, "seed": seed}, (0.0, 1.0))
         model = train_dpals(split.train, calibrate(epsilon, 1e-6, config))
         users = fold_in_users(model, split.test.query)
-        scores = lambda rows: model.item_biases + users[rows] @ model.item_factors.T  # noqa: E731
+        scores = partial(_factor_scores, model, users)
         recalls.append(ranking_metrics(scores, split.test.target, split.test.query, 20)["recall@20"])
         counts = np.log(model.item_counts)
-        popular.append(ranking_metrics(lambda rows: np.tile(counts, (len(rows), 1)), split.test.target,
+        popular.append(ranking_metrics(partial(_popularity_scores, counts), split.test.target,
                                        split.test.query, 20)["recall@20"])
     assert np.mean(recalls) >= np.mean(popular) - np.std(popular) - 1e-9
 

@@ -8,10 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
-from app.core.mf.foldin import (CALIBRATION_RIDGES, fold_in, fold_in_users, leave_one_out_press,
-                                self_calibrated_solve, self_calibrating)
 from app.core.data.ratings import Ratings
+from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
+from app.core.mf.foldin import (
+    CALIBRATION_RIDGES,
+    fold_in,
+    fold_in_users,
+    leave_one_out_press,
+    self_calibrated_solve,
+    self_calibrating,
+)
 
 
 def _brute_force_press(x: np.ndarray, y: np.ndarray, ridge: float, shared: np.ndarray) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_tree_cpu_counts_descendants_and_survives_their_exit() -> None:
             if samples[-1] - before >= 0.3:
                 break
             subprocess.run([sys.executable, "-c", "import time; time.sleep(0.1)"], check=True)
-        assert all(b >= a for a, b in zip(samples, samples[1:])), samples
+        assert all(b >= a for a, b in pairwise(samples)), samples
         assert samples[-1] >= 0.3  # the reaped child's CPU still counts (parent's cutime)
     finally:
         parent.kill()

@@ -19,7 +19,7 @@ def _ratings(n_users=300, n_items=120, density=0.15, seed=0) -> Ratings:
 
 def _pairs(r: Ratings) -> set[tuple[int, int]]:
     rows, cols, _ = r.coo()
-    return set(zip(r.user_ids[rows].tolist(), r.item_ids[cols].tolist()))
+    return set(zip(r.user_ids[rows].tolist(), r.item_ids[cols].tolist(), strict=True))
 
 
 def test_random_split_fractions_disjoint_and_complete():
@@ -40,7 +40,7 @@ def test_random_split_is_seeded():
     r = _ratings()
     a, b = random_split(r, seed=7), random_split(r, seed=7)
     c = random_split(r, seed=8)
-    assert all(_pairs(x) == _pairs(y) for x, y in zip(a, b))
+    assert all(_pairs(x) == _pairs(y) for x, y in zip(a, b, strict=True))
     assert _pairs(a[1]) != _pairs(c[1])
 
 

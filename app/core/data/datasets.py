@@ -14,9 +14,9 @@ import gzip
 import io
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +65,7 @@ class Dataset:
         """
         if self.item_features is None:
             raise ValueError(f"data set {self.name!r} has no item features")
-        by_id = dict(zip(self.ratings.item_ids.tolist(), self.item_features))
+        by_id = dict(zip(self.ratings.item_ids.tolist(), self.item_features, strict=True))
         ids = self.ratings.item_ids if item_ids is None else np.asarray(item_ids)
         feats = [by_id.get(i, ()) for i in ids.tolist()]
         tokens = np.array(sorted({t for f in feats for t in f}), dtype=object)
@@ -159,7 +159,7 @@ def _ml100k_genres(folder: Path) -> dict[int, tuple[str, ...]]:
             continue
         fields = line.split("|")
         flags = fields[-len(genre_order):]
-        out[int(fields[0])] = tuple(g for g, f in zip(genre_order, flags) if f.strip() == "1")
+        out[int(fields[0])] = tuple(g for g, f in zip(genre_order, flags, strict=True) if f.strip() == "1")
     return out
 
 

@@ -7,8 +7,9 @@ can assume clean data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -63,7 +64,7 @@ class Ratings:
         user_ids: Sequence[Any] | np.ndarray | None = None,
         item_ids: Sequence[Any] | np.ndarray | None = None,
         rating_range: tuple[float, float] | None = None,
-    ) -> "Ratings":
+    ) -> Ratings:
         """Build from parallel (user, item, value) arrays of external ids.
 
         ``user_ids``/``item_ids`` fix the id universe (and thus the index order) so several
@@ -101,7 +102,7 @@ class Ratings:
         *,
         user_ids: np.ndarray,
         item_ids: np.ndarray,
-    ) -> "Ratings":
+    ) -> Ratings:
         """Build from dense indices into ``user_ids``/``item_ids`` (duplicates raise)."""
         rows = np.asarray(rows, dtype=np.int64)
         cols = np.asarray(cols, dtype=np.int64)
@@ -157,7 +158,7 @@ class Ratings:
             self._user_pos.update({uid: i for i, uid in enumerate(self.user_ids.tolist())})
         return self._user_pos[user_id]
 
-    def select(self, mask: np.ndarray) -> "Ratings":
+    def select(self, mask: np.ndarray) -> Ratings:
         """The ratings whose CSR-order positions are ``True`` in ``mask`` (same id spaces)."""
         rows, cols, vals = self.coo()
         mask = np.asarray(mask, dtype=bool)
@@ -165,7 +166,7 @@ class Ratings:
             rows[mask], cols[mask], vals[mask], user_ids=self.user_ids, item_ids=self.item_ids
         )
 
-    def with_values(self, values: np.ndarray) -> "Ratings":
+    def with_values(self, values: np.ndarray) -> Ratings:
         """Same pattern, new values given in CSR order."""
         rows, cols, _ = self.coo()
         return Ratings.from_indices(rows, cols, values, user_ids=self.user_ids, item_ids=self.item_ids)

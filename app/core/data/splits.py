@@ -18,9 +18,9 @@ unless ``binary=False``, which keeps the original ratings.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -255,7 +255,7 @@ def _pair_positions(ratings: Ratings, users: np.ndarray, items: np.ndarray) -> n
     if not ok.all():
         bad = np.flatnonzero(~ok)[:3]
         raise ValueError(f"split file refers to (user, item) pairs not in the ratings, e.g. "
-                         f"{list(zip(users[bad].tolist(), items[bad].tolist()))}")
+                         f"{list(zip(users[bad].tolist(), items[bad].tolist(), strict=True))}")
     return pos
 
 

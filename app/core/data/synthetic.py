@@ -144,10 +144,10 @@ def _alias_table(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     small = [j for j, q in enumerate(prob) if q < 1.0]
     large = [j for j, q in enumerate(prob) if q >= 1.0]
     while small and large:
-        s, l = small.pop(), large.pop()
-        alias[s] = l
-        prob[l] -= 1.0 - prob[s]
-        (small if prob[l] < 1.0 else large).append(l)
+        s, g = small.pop(), large.pop()  # a small and a large column of the alias table
+        alias[s] = g
+        prob[g] -= 1.0 - prob[s]
+        (small if prob[g] < 1.0 else large).append(g)
     for j in small + large:  # numerical leftovers are certain picks
         prob[j] = 1.0
     return np.asarray(prob), np.asarray(alias, dtype=np.int64)

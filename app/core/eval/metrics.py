@@ -17,7 +17,8 @@ history are :class:`Ratings`, scipy sparse matrices, or sequences of item-index 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,8 +36,8 @@ __all__ = [
     "user_means",
 ]
 
-ItemSets = Union[Ratings, sp.spmatrix, Sequence[np.ndarray]]
-Scores = Union[np.ndarray, Callable[[np.ndarray], np.ndarray], Sequence[np.ndarray]]
+ItemSets: TypeAlias = Ratings | sp.spmatrix | Sequence[np.ndarray]
+Scores: TypeAlias = np.ndarray | Callable[[np.ndarray], np.ndarray] | Sequence[np.ndarray]
 
 
 # ---------------------------------------------------------------------------- rating task
@@ -280,7 +281,8 @@ def ranking_metrics(
     recall, ndcg, has = _per_user(topk, target, k)
     if not has.any():
         raise ValueError("no evaluated user has a non-empty target")
-    out: dict[str, Any] = {f"recall@{k}": float(recall[has].mean()), f"ndcg@{k}": float(ndcg[has].mean()), "users": int(has.sum())}
+    out: dict[str, Any] = {
+        f"recall@{k}": float(recall[has].mean()), f"ndcg@{k}": float(ndcg[has].mean()), "users": int(has.sum())}
     if per_user:
         out.update(recall=recall, ndcg=ndcg, has_target=has)
     return out

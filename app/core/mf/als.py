@@ -11,15 +11,16 @@ Loss of Chien et al. 2021 (arXiv:2107.09802, Eq. 35), non-private:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
+from app.core.data.ratings import Ratings
 from app.core.mf.linalg import gather_rows, gram_and_rhs
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
-from app.core.data.ratings import Ratings
 
 __all__ = [
     "Bucket",
@@ -277,7 +278,7 @@ class ALSConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ALSConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ALSConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown ALS parameters: {sorted(unknown)}")

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from app.core.privacy import accounting
 from app.core.mf.model import PublicModel, UserRegularisation
+from app.core.privacy import accounting
 
 __all__ = [
     "ArtifactInfo", "save_model", "load_model", "ArtifactError", "FORMAT_VERSION",

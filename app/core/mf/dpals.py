@@ -30,18 +30,19 @@ the item step only sees them clipped to ‖u_i‖ <= Γ_u. V's random initialisa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable, Iterator, Self
+from typing import Any, Self
 
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
+from app.core.data.ratings import Ratings
 from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
 from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems
-from app.core.parallel import parallel_map
 from app.core.mf.model import PublicModel, UserRegularisation
-from app.core.data.ratings import Ratings
+from app.core.parallel import parallel_map
+from app.core.privacy import accounting
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample, sort_pairs
 
@@ -518,7 +519,7 @@ def _item_step(
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
                                                shift)
 
-    parallel_map(solve_chunk, zip(chunks, children))  # chunks own disjoint items
+    parallel_map(solve_chunk, zip(chunks, children, strict=True))  # chunks own disjoint items
     return item_factors
 
 

@@ -41,18 +41,19 @@ ratings and similarity scores use it only in the implicit variant.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 import scipy.sparse as sp
 from dp_accounting import dp_event
+from numpy.typing import ArrayLike
 
+from app.core.data.ratings import Ratings
 from app.core.mf import dpals
 from app.core.mf.als import SolvePlan, iter_grams, make_plan, solve_side
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
 
 __all__ = [
     "PUBLIC_SOURCES",
@@ -308,7 +309,7 @@ class _PublicSide:
         """W_s: w_f = (Σ_{Ω_f} v vᵀ + w0 VᵀV + (λ_F/α_s) I)⁻¹ Σ_{Ω_f} S_fj v_j (paper eq. (3))."""
         gram = item_factors.T @ item_factors
         out = []
-        for block, plan in zip(self.blocks, self.feature_plans):
+        for block, plan in zip(self.blocks, self.feature_plans, strict=True):
             shared = block.unobserved_weight * gram if block.unobserved_weight > 0 else None
             ridge = np.full(plan.n_rows, self.config.reg_feature / block.alpha)
             out.append(solve_side(plan, item_factors, ridge, shared, gram_dtype=np.float64))
@@ -321,7 +322,7 @@ class _PublicSide:
         for rows, gram, b in iter_grams(self.item_plan, np.vstack(feature_factors)):
             grams[rows], rhs[rows] = gram, b
         shared = None
-        for block, w in zip(self.blocks, feature_factors):
+        for block, w in zip(self.blocks, feature_factors, strict=True):
             if block.unobserved_weight > 0:
                 term = block.unobserved_weight * block.alpha * (w.T @ w)
                 shared = term if shared is None else shared + term

@@ -53,18 +53,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
+from app.core.data.ratings import Ratings
 from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
 from app.core.mf.foldin import candidate_items, top_n
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import clip_scale, per_user_sample
 
@@ -158,7 +159,7 @@ class DPFWConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DPFWConfig":
+    def from_dict(cls, data: dict[str, Any]) -> DPFWConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown DPFW parameters: {sorted(unknown)}")
@@ -347,7 +348,7 @@ class LocalState:
     coefficients: np.ndarray  # (m, T − 1)
 
     @classmethod
-    def zeros(cls, rows: PrivateRows, n_steps: int) -> "LocalState":
+    def zeros(cls, rows: PrivateRows, n_steps: int) -> LocalState:
         return cls(np.zeros(len(rows.indices)), np.zeros((rows.n_users, n_steps - 1)))
 
 

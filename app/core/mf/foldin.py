@@ -16,11 +16,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from app.core.data.ratings import Ratings
 from app.core.mf.als import make_plan, solve_side
 from app.core.mf.model import PublicModel
-from app.core.data.ratings import Ratings
 
-__all__ = ["candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items", "self_calibrated_solve", "self_calibrated_batch", "self_calibrating", "leave_one_out_press"]
+__all__ = [
+    "candidate_items", "fold_in", "fold_in_users", "user_offset", "user_offsets", "predict_ratings", "score_items",
+    "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "similar_items", "popular_items",
+    "self_calibrated_solve", "self_calibrated_batch", "self_calibrating", "leave_one_out_press",
+]
 
 
 @lru_cache(maxsize=8)

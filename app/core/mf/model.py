@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 from dp_accounting import dp_event
+from numpy.typing import ArrayLike
 
 __all__ = ["PublicModel", "UserRegularisation"]
 

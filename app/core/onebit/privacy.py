@@ -62,9 +62,9 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
+from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 from app.core.privacy import accounting
 from app.core.privacy.accounting import Relation
-from app.core.onebit.links import LINKS, curvature_bound, gradient_bound
 
 __all__ = [
     "MAX_ENTRIES",
@@ -124,7 +124,7 @@ def local_randomisation_event(epsilon0: float, votes_per_user: int) -> dp_event.
 FP_STEP_ERROR = 1e-12  # γ: relative floating-point error of one computed solver step (see below)
 
 
-def solver_tolerance_floor(config: "OneBitConfig") -> float:
+def solver_tolerance_floor(config: OneBitConfig) -> float:
     """The smallest solver tolerance ρ for which the charged Gaussian holds in floating point.
 
     ObjP's output Gaussian (sensitivity 2ρ) and OutP's 2ρ term assume ‖X_T − X*‖_F <= ρ for the
@@ -154,7 +154,7 @@ def solver_tolerance_floor(config: "OneBitConfig") -> float:
     return 2.0 * FP_STEP_ERROR * y_max * (smooth + strong) / (2.0 * strong)
 
 
-def check_public_shape(config: "OneBitConfig", n_items: int) -> None:
+def check_public_shape(config: OneBitConfig, n_items: int) -> None:
     """Refuse, from public facts only (before any vote is read), a run whose padded matrix
     (``user_rows`` x the catalogue) exceeds MAX_ENTRIES or whose catalogue has fewer than two items."""
     if n_items < 2:

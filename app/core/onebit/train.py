@@ -20,15 +20,9 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
-from app.core.privacy import accounting
+from app.core.data.ratings import Ratings
 from app.core.mf.artifact import ArtifactError, read_sealed, storable_ids, write_sealed
-from app.core.privacy.discrete_noise import grid_gaussian
 from app.core.mf.foldin import candidate_items, top_n
-from app.core.privacy.laplace import (
-    discrete_laplace_noise,
-    dithered_laplace_noise,
-    snap_to_grid,
-)
 from app.core.onebit import links, privacy, solver
 from app.core.onebit.privacy import (
     MAX_ENTRIES,
@@ -42,7 +36,13 @@ from app.core.onebit.privacy import (
     public_config,
     randomize_votes,
 )
-from app.core.data.ratings import Ratings
+from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import grid_gaussian
+from app.core.privacy.laplace import (
+    discrete_laplace_noise,
+    dithered_laplace_noise,
+    snap_to_grid,
+)
 from app.core.privacy.sampling import per_user_sample
 
 __all__ = [
@@ -216,7 +216,8 @@ def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) 
     X* is p_B(B(X))·|det ∇B(X)|. Replacing one vote changes B(X) by a vector with at most two
     non-zero entries of size <= ζ (L1 <= 2ζ) and the Jacobian determinant by a factor in
     [1/(1+λ_h/λ), 1+λ_h/λ] (almost everywhere: f_α is only C¹ at −α, see links.huber_loss).
-    With B_ij = g(K + U) (dithered DLap, laplace.dithered_laplace_noise) the density ratio is <= exp((2ζ + 2g)/s) = exp(2(ζ+g)/s). Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ),
+    With B_ij = g(K + U) (dithered DLap, laplace.dithered_laplace_noise) the density ratio is
+    <= exp((2ζ + 2g)/s) = exp(2(ζ+g)/s). Entry ε = 2(ζ+g)/s + log(1 + λ_h/λ),
     split in halves by privacy.objp_noise; user level: group privacy over k votes (pure kε).
     Returns (X_T, T) with ‖X_T − X*‖_F <= ρ for every data set (solver.minimise_strongly_convex).
     """
@@ -302,7 +303,9 @@ def outp_release(minimiser: np.ndarray, config: OneBitConfig, rng: np.random.Gen
     return grid.release(rng, minimiser)
 
 
-def _private_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -> tuple[np.ndarray, dp_event.DpEvent, dict[str, Any]]:
+def _private_estimate(
+    data: Votes, config: OneBitConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, dp_event.DpEvent, dict[str, Any]]:
     """(M̂, the event of what was released, facts for the metadata)."""
     if config.mechanism == "inp":
         return inp_estimate(data, config, rng), onebit_event(config), {"n_steps": config.n_steps}

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version as _package_version
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import dp_accounting
 import numpy as np

@@ -11,9 +11,9 @@ Vectorised float64 arithmetic (−ln U > γ) settles a comparison only when it h
 log within 2^-50 relative, margin 32x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled
 by drawing more bits of U and bracketing e^{−γ} with exact rational series
 (:func:`exp_neg_bounds`). The output's pmf is therefore exactly the target's, at ~30 ns a draw
-(~30x faster than an exact sampler built from Bernoulli trials). A release rounds the statistic to a grid of step g (float arithmetic is
-used *before* the rounding only) and adds integer noise, so the released float g·(K + N)
-depends on the integer K + N alone.
+(~30x faster than an exact sampler built from Bernoulli trials). A release rounds the statistic to
+a grid of step g (float arithmetic is used *before* the rounding only) and adds integer noise, so
+the released float g·(K + N) depends on the integer K + N alone.
 
 Accounting of :func:`grid_gaussian` (what the ledger charges): the integer statistic
 K = round(x/g) (clipped per coordinate to ±2^52, a 1-Lipschitz map) moves, between neighbours,
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Iterator
 
 import numpy as np
 

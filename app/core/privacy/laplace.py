@@ -13,7 +13,6 @@ Accounted by ``dp_event.DiscreteLaplaceDpEvent(a, Δ)`` with Δ the integer L1 s
 from __future__ import annotations
 
 import math
-
 from fractions import Fraction
 
 import numpy as np

@@ -83,7 +83,7 @@ def active(session: Session, dataset: str) -> ActiveModel:
     cached = _serving.get(key)
     if cached is None:
         positions = {str(i): k for k, i in enumerate(np.asarray(model.item_ids).tolist())}
-        ds = session.get(Dataset, row.dataset_id)
+        ds = session.get_one(Dataset, row.dataset_id)  # the version row's foreign key
         cached = ServedModel(model=model, positions=positions, version_id=row.id, sha256=row.sha256,
                              dataset_id=row.dataset_id,
                              algorithm=row.algorithm, rating_range=(float(ds.rating_min), float(ds.rating_max)))
@@ -181,4 +181,4 @@ def item_mask(active_: ActiveModel, key: Any, ids: frozenset[str]) -> np.ndarray
 def scored_items(serving: ActiveModel, idx: np.ndarray, scores: np.ndarray | None) -> list[ScoredItem]:
     ids = np.asarray(serving.model.item_ids)[idx].tolist()
     values = [None] * len(ids) if scores is None else [float(x) for x in scores]
-    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))]
+    return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values, strict=True))]

@@ -8,9 +8,10 @@ databases (the embedded SQLite) use the session itself.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from sqlalchemy import Executable, Row
+from sqlalchemy import Engine, Executable, Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -19,10 +20,13 @@ from app.db.session import get_read_engine
 __all__ = ["read_rows"]
 
 
-def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]) -> Sequence[Row[Any]]:
+Rows = Sequence[Row[*tuple[Any, ...]]]
+
+
+def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]) -> Rows:
     """All rows of ``statement`` in one round trip (retried once on a dead pooled connection)."""
     bind = session.get_bind()
-    if bind.dialect.name != "postgresql":
+    if bind.dialect.name != "postgresql" or not isinstance(bind, Engine):  # a session bound to one connection reads on it
         return session.execute(statement, params).all()
     engine = get_read_engine(bind)
     try:
@@ -33,6 +37,6 @@ def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]
         return _rows(engine, statement, params)  # the pool dropped the dead connection
 
 
-def _rows(engine: Any, statement: Executable, params: Mapping[str, Any]) -> Sequence[Row[Any]]:
+def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> Rows:
     with engine.connect() as conn:
         return conn.execute(statement, params).all()

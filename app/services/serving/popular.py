@@ -29,4 +29,4 @@ def popular(session: Session, *, dataset: str, n: int) -> PopularOut:
     kind = get_algorithm(s.cache.algorithm).popularity_kind
     return PopularOut(model_version=s.row.id, popularity_kind=kind, items=[
         PopularItem(item_id=str(i), popularity=float(v), dp_count=float(v) if kind == "dp_count" else None,
-                    rank=k + 1) for k, (i, v) in enumerate(zip(ids, values))])
+                    rank=k + 1) for k, (i, v) in enumerate(zip(ids, values, strict=True))])

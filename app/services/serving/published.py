@@ -40,7 +40,7 @@ def embeddings_page(session: Session, *, dataset: str, offset: int, limit: int) 
     ids = np.asarray(model.item_ids)[offset:stop].tolist()
     vecs = np.asarray(model.item_factors[offset:stop], dtype=np.float64).tolist()
     trained = model.trained_mask[offset:stop].tolist()
-    rows = [EmbeddingRow(item_id=str(i), trained=bool(t), vector=v) for i, t, v in zip(ids, trained, vecs)]
+    rows = [EmbeddingRow(item_id=str(i), trained=bool(t), vector=v) for i, t, v in zip(ids, trained, vecs, strict=True)]
     return EmbeddingsPage(model_version=s.row.id, rank=model.rank, items=rows, total=total,
                           offset=offset, limit=limit, next_offset=stop if stop < total else None)
 

@@ -7,17 +7,18 @@ the public release, not charged). Scores and user vectors are never logged or st
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.errors import ItemsNotInModel
 from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
+from app.errors import ItemsNotInModel
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
-from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
 from app.services.serving import trained_scoring
+from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
@@ -44,30 +45,31 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     reason = None
     if usable == 0:
         reason = f"user has no {noun}" if not item_ids else f"none of the user's {noun} is for an item in the trained set"
-    out = dict(user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm, score_kind=kind)
+    out = partial(RecommendationsOut, user_id=user_id, model_version=cache.version_id, algorithm=cache.algorithm,
+                  score_kind=kind)
     if query.items is not None:
-        return RecommendationsOut(**out, fallback=False, fallback_reason=None,
-                                  items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
+        return out(fallback=False, fallback_reason=None,
+                   items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
     allowed = _allowed(session, s, dataset, query)
     allowed[rated_idx] = False
-    out["notes"] = _category_notes(session, s, dataset, query)
+    out = partial(out, notes=_category_notes(session, s, dataset, query))
     if reason is not None:
         idx, popularity = popular_indices(s, query.n, allowed)
         scores = _baseline_scores(s, kind)
         items = scored_items(s, idx, None if scores is None else scores[idx])
         if algorithm.popularity_kind == "dp_count":
-            items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity)]
-        return RecommendationsOut(**out, fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
+            items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity, strict=True)]
+        return out(fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
     if trained_scoring.applies(algorithm.score, kind):
         state_key = (cache.version_id, cache.sha256, user_id,
                      trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
-        return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+        return out(fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
     if kind != "ranking_score":
         allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
     idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
-    return RecommendationsOut(**out, fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+    return out(fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
 
 
 def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.ndarray, rated_vals: np.ndarray,

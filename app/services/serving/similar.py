@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.errors import ItemNotInModel
 from app.core.mf import foldin
+from app.errors import ItemNotInModel
 from app.schemas.serving import SimilarOut
 from app.services.serving.active import active, catalog, item_mask, scored_items
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 
 from app.core.mf import foldin
 
-__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores", "trained_top_n",
-           "clear_user_states"]
+__all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores",
+           "trained_top_n", "clear_user_states"]
 
 USER_STATE_CAPACITY = 20_000  # users per process (≈ 1 KiB each at r = 64)
 

@@ -37,7 +37,7 @@ class Waker(Protocol):
     def wake(self) -> None: ...
 
 
-_wakers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_wakers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def register_waker(worker: Waker) -> None:

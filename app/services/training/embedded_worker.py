@@ -40,7 +40,7 @@ class EmbeddedWorker:
         self._next_reap = 0.0
         self.completed: list[tuple[int, str]] = []
 
-    def start(self) -> "EmbeddedWorker":
+    def start(self) -> EmbeddedWorker:
         register_waker(self)
         self._thread.start()
         return self

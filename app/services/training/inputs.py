@@ -12,7 +12,8 @@ Each loader returns ``(data, extra keyword arguments for Algorithm.train)``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.orm import Session
 

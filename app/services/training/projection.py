@@ -22,8 +22,7 @@ from app.core.algorithms import get_algorithm
 from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp
 from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
-from app.services.training.requests import (MIN_EPSILON, base_config, data_params, n_items_of,
-                                            resolved_hyperparameters)
+from app.services.training.requests import MIN_EPSILON, base_config, data_params, n_items_of, resolved_hyperparameters
 from app.services.training.schedule import retrain_choice
 
 __all__ = ["Projection", "MAX_AFFORDABLE", "project_run"]

@@ -24,8 +24,17 @@ from app.core.onebit import check_public_shape as onebit_public_shape
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, TrainingRun
 from app.db.session import session_scope
-from app.errors import (BudgetExceeded, CalibrationFailed, CatalogueTooSmall, InvalidEpsilon, InvalidHyperparameters,
-                        InvalidIdempotencyKey, SecretHyperparameter, UnknownAlgorithm, UnknownTrainingRun)
+from app.errors import (
+    BudgetExceeded,
+    CalibrationFailed,
+    CatalogueTooSmall,
+    InvalidEpsilon,
+    InvalidHyperparameters,
+    InvalidIdempotencyKey,
+    SecretHyperparameter,
+    UnknownAlgorithm,
+    UnknownTrainingRun,
+)
 from app.schemas.admin import TrainingRunOut
 from app.schemas.common import require_valid_page
 from app.services.budget import get_dataset
@@ -165,7 +174,7 @@ def start_training(
         )
         if existing is not None:
             return existing
-    if epsilon is None and not free_run:
+    if epsilon is None and epsilon_fraction is not None:
         prior = ledger.spent(session, acct).epsilon_rdp
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
@@ -179,14 +188,13 @@ def start_training(
                 delta=acct.delta,
             )
     n_items = n_items_of(session, ds)
-    if not free_run:
-        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
-    elif objective is not None:
-        raise InvalidHyperparameters(f"{algo.name} has no objective choice")
-    base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
-    if free_run:
-        config, epsilon = base, 0.0
+    if epsilon is None:  # a free run: no target to calibrate to
+        if objective is not None:
+            raise InvalidHyperparameters(f"{algo.name} has no objective choice")
+        config, epsilon = base_config(algo, ds, data_params(algo, ds, hyperparameters)), 0.0
     else:
+        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
+        base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
         try:
             config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
         except ValueError as exc:

@@ -25,8 +25,9 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from sqlalchemy import select, update
@@ -138,7 +139,7 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
 
-    def __enter__(self) -> "_Heartbeat":
+    def __enter__(self) -> _Heartbeat:
         self._thread.start()
         return self
 
@@ -256,7 +257,7 @@ def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Alg
         if info["config"].get("pre_randomised"):
             check_pre_randomised_settings(ds, info["config"].get("local_epsilon"))
         reserved = ledger.reservation_for(s, run_id)
-        reserved_event = dict(reserved.event) if reserved else None
+        reserved_event = None if reserved is None or reserved.event is None else dict(reserved.event)
         n_items = n_items_of(s, ds)
     if reserved_event != event_to_json(algo.event(config, n_items)):
         raise RuntimeError("the run's config no longer matches its privacy reservation")
@@ -311,9 +312,9 @@ def _mark_private_data_read(run_id: int, url: str | None) -> None:
 
 def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
     with session_scope(url) as s:
-        run = s.get(TrainingRun, run_id)
-        dataset_name = run.dataset.name
-        delta = run.delta
+        requested = s.get_one(TrainingRun, run_id)
+        dataset_name = requested.dataset.name
+        delta = requested.delta
     path = model_store.artifact_path_for(dataset_name, run_id, settings.artifact_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     npz_path, sha = get_algorithm(model.algorithm).save(model, path)  # sha256 covers arrays and metadata

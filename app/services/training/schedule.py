@@ -65,7 +65,7 @@ def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], 
     retrain's ε (with its objective)."""
     active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
     if active is not None:
-        run = session.get(TrainingRun, active.run_id)
+        run = session.get_one(TrainingRun, active.run_id)  # the version's run (foreign key)
         if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
             return active.algorithm, {}, run.config.get("objective")
         return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}, None
