@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ERROR_CODES: dict[str, type["PrivrecError"]] = {}
+ERROR_CODES: dict[str, type[PrivrecError]] = {}
 """Every condition's code -> its class (filled as the classes below are defined)."""
 
 
@@ -379,9 +379,9 @@ class BudgetExceeded(Conflict):
             f"{self._subject(dataset, **scope)} exceeded: already spent epsilon {prior_spent_epsilon}, "
             f"this request needs epsilon {requested_epsilon} on its own, composed total would be "
             f"{would_spend_epsilon} > cap {epsilon_cap} (delta {delta})",
-            dataset=dataset, **scope, prior_spent_epsilon=prior_spent_epsilon,
-            requested_epsilon=requested_epsilon, would_spend_epsilon=would_spend_epsilon,
-            epsilon_cap=epsilon_cap, delta=delta)
+            details={"dataset": dataset, **scope, "prior_spent_epsilon": prior_spent_epsilon,
+                     "requested_epsilon": requested_epsilon, "would_spend_epsilon": would_spend_epsilon,
+                     "epsilon_cap": epsilon_cap, "delta": delta})
 
     @staticmethod
     def _subject(dataset: str, **scope: str) -> str:
@@ -598,6 +598,7 @@ class PersonBudgetMissing(InvalidRequest):
     code = "person_budget_missing"
 
 
-__all__ = ["ERROR_CODES", "meaning", *sorted(cls.__name__ for cls in (
+_FAMILIES: tuple[type[PrivrecError], ...] = (
     PrivrecError, BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge, Unprocessable,
-    InvalidRequest, ServiceUnavailable, *ERROR_CODES.values()))]
+    InvalidRequest, ServiceUnavailable)
+__all__ = ["ERROR_CODES", "meaning", *sorted(cls.__name__ for cls in (*_FAMILIES, *ERROR_CODES.values()))]

@@ -6,18 +6,18 @@ thread for each of them; the session dependency (blocking I/O at close) stays sy
 
 from __future__ import annotations
 
-from typing import Annotated, Awaitable, Callable, Iterator, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, TypeVar
 
-from fastapi import Depends, Query, Request
 import anyio
 import anyio.to_thread
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.errors import (AdminRequired, BatchTooLarge, InvalidToken, MissingToken, ScopeRequired, TokenExpired,
-                        WrongSubject)
 from app.auth import Principal, TokenError, decode_token_cached
 from app.config import Settings
+from app.errors import AdminRequired, BatchTooLarge, InvalidToken, MissingToken, ScopeRequired, TokenExpired, WrongSubject
 from app.schemas.common import DEFAULT_PAGE_SIZE, MAX_OFFSET, MAX_PAGE_SIZE, PageRequest
 from app.services.unit_of_work import commit
 

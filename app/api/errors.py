@@ -20,8 +20,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import (DatabaseUnavailable, HttpError, InternalError, MalformedJson, MethodNotAllowed,
-                        PrivrecError, RouteNotFound, ValidationFailed)
+from app.errors import (
+    DatabaseUnavailable,
+    HttpError,
+    InternalError,
+    MalformedJson,
+    MethodNotAllowed,
+    PrivrecError,
+    RouteNotFound,
+    ValidationFailed,
+)
 
 log = logging.getLogger("privrec.api")
 

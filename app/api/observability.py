@@ -18,13 +18,13 @@ import contextvars
 import json
 import logging
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
+import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-import redis
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
@@ -65,8 +65,9 @@ class JsonFormatter(logging.Formatter):
         rid = REQUEST_ID.get()
         if rid:
             out["request_id"] = rid
-        if isinstance(getattr(record, "http", None), dict):
-            out["http"] = record.http
+        http = getattr(record, "http", None)  # set through logging's ``extra``
+        if isinstance(http, dict):
+            out["http"] = http
         if record.exc_info and record.exc_info[0] is not None:
             out["exc_type"] = record.exc_info[0].__name__  # no message: it can carry SQL parameters
         return json.dumps(out, ensure_ascii=False)

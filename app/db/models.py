@@ -5,7 +5,7 @@ models are ``ModelVersion`` rows pointing at immutable artifacts (``app.core.mf.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from sqlalchemy import (
     JSON,
@@ -51,6 +51,7 @@ __all__ = [
     "VoteAllowance",
     "VOTE_RANDOMISERS",
     "RUN_STATUSES",
+    "RunStatus",
     "DATASET_KINDS",
     "LEDGER_KINDS",
     "bump_ratings_version",
@@ -66,7 +67,8 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATUSES = ("queued", "running", "succeeded", "failed")
+RunStatus = Literal["queued", "running", "succeeded", "failed"]
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)  # the training_runs.status check constraint
 DATASET_KINDS = ("ratings", "votes")  # the public, declared kind of a data set's private data
 LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change", "local")
 VOTE_RANDOMISERS = ("server", "client")  # who applied randomised response to a stored vote

@@ -8,9 +8,9 @@ the serialising lock the privacy ledger relies on (PostgreSQL uses ``SELECT ... 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url

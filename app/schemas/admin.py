@@ -118,7 +118,7 @@ class DatasetIn(StrictModel):
         "relation must be implied by `neighbouring_relation` (409 `relation_not_implied`)."))
 
     @model_validator(mode="after")
-    def _range(self) -> "DatasetIn":
+    def _range(self) -> DatasetIn:
         if not self.rating_min < self.rating_max:
             raise ValueError("rating_min must be below rating_max")
         return self
@@ -193,7 +193,7 @@ class TrainingIn(StrictModel):
                                         description="Repeating a request with the same key returns the same run.")
 
     @model_validator(mode="after")
-    def _one_budget(self) -> "TrainingIn":
+    def _one_budget(self) -> TrainingIn:
         # Neither is accepted here; the service then requires a run that costs nothing (onebit on
         # votes randomised at ingestion) and answers 422 otherwise.
         if self.epsilon is not None and self.epsilon_fraction is not None:

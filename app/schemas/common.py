@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
-
-from datetime import datetime, timezone
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
@@ -56,7 +55,7 @@ ExternalId = Annotated[
 
 def _assume_utc(value: datetime) -> datetime:
     """SQLite stores timestamps without their zone; every stored timestamp is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 UtcDateTime = Annotated[datetime, AfterValidator(_assume_utc)]
@@ -101,7 +100,7 @@ class Page(BaseModel, Generic[T]):
     next_offset: int | None = Field(description="Offset of the next page, null on the last one.")
 
     @classmethod
-    def build(cls, items: list[T], *, total: int, offset: int, limit: int) -> "Page[T]":
+    def build(cls, items: list[T], *, total: int, offset: int, limit: int) -> Page[T]:
         nxt = offset + len(items)
         return cls(items=items, total=total, offset=offset, limit=limit,
                    next_offset=nxt if nxt < total else None)

@@ -101,7 +101,9 @@ class NeighboursOut(BaseModel):
 
 
 class PublicRatingsIn(StrictModel):
-    public: bool = Field(strict=True, description="A JSON boolean (1, \"yes\" etc. are refused). " + "true: my ratings of this data set may be used as public data. " + REVOKE_NOTE)
+    public: bool = Field(strict=True, description=(
+        "A JSON boolean (1, \"yes\" etc. are refused). true: my ratings of this data set may be used as public data. "
+        + REVOKE_NOTE))
 
 
 class PublicRatingsOut(BaseModel):

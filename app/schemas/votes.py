@@ -48,7 +48,7 @@ class VoteIn(StrictModel):
         "The epsilon0 the client randomised with (only together with `randomised: true`)."))
 
     @model_validator(mode="after")
-    def _declared(self) -> "VoteIn":
+    def _declared(self) -> VoteIn:
         if self.randomised and self.local_epsilon is None:
             raise ValueError("a client-randomised vote must declare the local_epsilon it was randomised with")
         if not self.randomised and self.local_epsilon is not None:
@@ -126,7 +126,7 @@ class VoteSettingsIn(StrictModel):
         "Required with local_epsilon: the user-level guarantee is cap x epsilon0."))
 
     @model_validator(mode="after")
-    def _cap_given(self) -> "VoteSettingsIn":
+    def _cap_given(self) -> VoteSettingsIn:
         if self.local_epsilon is not None and self.votes_per_user_cap is None:
             raise ValueError("randomisation at ingestion needs votes_per_user_cap (the user-level bound)")
         return self

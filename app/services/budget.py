@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -194,7 +195,7 @@ def put_person_budget(
     changed = {k: v for k, v in fixed.items() if v[0] is not None and v[0] != v[1]}
     if changed:
         raise PersonBudgetFixed(f"person budget {name!r} exists; its {', '.join(changed)} cannot change "
-                                "(fixed at creation)", person_budget=name, **{k: v[1] for k, v in changed.items()})
+                                "(fixed at creation)", details={"person_budget": name, **{k: v[1] for k, v in changed.items()}})
     return _person_view(session, ledger.change_person_cap(session, name=name, new_cap=epsilon_cap, reason=reason,
                                                           actor=actor))
 
@@ -227,7 +228,7 @@ def ledger_entry_out(entry: LedgerEntry) -> LedgerEntryOut:
         kind=entry.kind,
         run_id=entry.run_id,
         actor=entry.actor,
-        created_at=entry.created_at,
+        created_at=datetime.fromisoformat(entry.created_at),  # stored as ISO-8601 text (hashed)
         event=entry.event,
         parameters=entry.parameters,
         epsilon=None if entry.epsilon is None else ledger.round_up(entry.epsilon),

@@ -39,8 +39,8 @@ QUERIES = {("get", "/v1/admin/datasets/{dataset}/budget/projection"): {"epsilon"
 def _documented(doc: dict[str, Any]) -> dict[str, set[int]]:
     """code -> the HTTP statuses under which some operation lists it."""
     out: dict[str, set[int]] = {}
-    for path, ops in doc["paths"].items():
-        for method, op in ops.items():
+    for ops in doc["paths"].values():
+        for op in ops.values():
             for status, response in op["responses"].items():
                 for code in response.get("x-error-codes", []):
                     out.setdefault(code, set()).add(int(status))
@@ -124,6 +124,6 @@ def test_domain_conditions_return_their_documented_code(sqlite_env: Env) -> None
     ]
     expected = ["unknown_training_run", "unknown_person_budget", "no_active_model", "unknown_item",
                 "unknown_algorithm", "wrong_subject", "admin_required", "missing_token"]
-    for (method, template, r), code in zip(cases, expected):
+    for (method, template, r), code in zip(cases, expected, strict=True):
         assert r.json()["error"]["code"] == code, (template, r.text)
         assert code in doc["paths"][template][method]["responses"][str(r.status_code)]["x-error-codes"], template

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.routes import (budget, datasets, items, models, public_data, ratings, recommendations, trainings, users,
-                            votes)
+from app.api.routes import budget, datasets, items, models, public_data, ratings, recommendations, trainings, users, votes
 
 __all__ = ["ROUTERS"]
 

@@ -9,8 +9,16 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminPrincipal, PageQ, SessionDep, WriteSessionDep
 from app.api.params import DatasetP
-from app.schemas.admin import (MAX_EPSILON_CAP, PERSON_BUDGET_NAME, BudgetOut, CapChangeIn, LedgerEntryOut,
-                               PersonBudgetIn, PersonBudgetOut, ProjectionOut)
+from app.schemas.admin import (
+    MAX_EPSILON_CAP,
+    PERSON_BUDGET_NAME,
+    BudgetOut,
+    CapChangeIn,
+    LedgerEntryOut,
+    PersonBudgetIn,
+    PersonBudgetOut,
+    ProjectionOut,
+)
 from app.schemas.common import Page
 from app.services import admin as admin_svc
 

@@ -23,10 +23,10 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, page_query
-from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings
+from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
 from app.schemas.admin import MAX_EPSILON_CAP, TrainingIn
 from app.schemas.common import MAX_PAGE_SIZE, PageRequest
 from app.services import admin as svc
@@ -212,15 +212,17 @@ def _newest_first(total: int, fetch: Any, page: PageRequest) -> dict[str, Any]:
     first = fetch(0, 1).items
     last = fetch(max(total - 1, 0), 1).items
     ascending = not first or not last or _key(first[0]) <= _key(last[0])
-    if ascending:
-        items = list(reversed(fetch(start, end - start).items)) if end > start else []
-    else:
+    if not ascending:
         items = fetch(offset, limit).items
+    elif end > start:
+        items = list(reversed(fetch(start, end - start).items))
+    else:
+        items = []
     return {"items": [i.model_dump(mode="json") for i in items], "total": total, "offset": offset, "limit": limit}
 
 
 def _key(item: Any) -> int:
-    return int(getattr(item, "seq", None) or getattr(item, "id", 0))
+    return int(getattr(item, "seq", 0) or getattr(item, "id", 0))
 
 
 @router.post("/dashboard/api/datasets/{dataset}/trainings", status_code=202)

@@ -7,15 +7,23 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.api.deps import (AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep,
-                          require_user_access)
+from app.api.deps import AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep, require_user_access
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.errors import OwnUserRequired, WrongSubject
 from app.schemas.common import Page
-from app.schemas.public_data import (REVOKE_NOTE, ConsentEventOut, NeighbourBatchIn, NeighbourBatchOut, NeighboursOut,
-                                     PublicRatingsIn, PublicRatingsOut, PublicUserOut, SimilaritySourceIn,
-                                     SimilaritySourceOut)
+from app.schemas.public_data import (
+    REVOKE_NOTE,
+    ConsentEventOut,
+    NeighbourBatchIn,
+    NeighbourBatchOut,
+    NeighboursOut,
+    PublicRatingsIn,
+    PublicRatingsOut,
+    PublicUserOut,
+    SimilaritySourceIn,
+    SimilaritySourceOut,
+)
 from app.services import public_data as public_data_svc
 
 router = APIRouter()
@@ -115,7 +123,8 @@ def delete_similarity_source(dataset: DatasetP, source: SourceP, _: AdminPrincip
 def post_neighbours(dataset: DatasetP, source: SourceP, body: NeighbourBatchIn, _: AdminPrincipal,
                     session: WriteSessionDep, settings: SettingsDep) -> NeighbourBatchOut:
     rows = [(r.item_id, [(n.item_id, n.score) for n in r.neighbours]) for r in body.rows]
-    return public_data_svc.replace_neighbours(session, dataset=dataset, source=source, rows=rows, max_rows=settings.max_batch_size)
+    return public_data_svc.replace_neighbours(session, dataset=dataset, source=source, rows=rows,
+                                              max_rows=settings.max_batch_size)
 
 
 @router.get("/admin/datasets/{dataset}/similarity-sources/{source}/neighbours/{item_id}", tags=["admin"],

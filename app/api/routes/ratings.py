@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import (CurrentPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep, require_batch_within,
-                          require_ingest_access, require_user_access)
+from app.api.deps import (
+    CurrentPrincipal,
+    PageQ,
+    SessionDep,
+    SettingsDep,
+    WriteSessionDep,
+    require_batch_within,
+    require_ingest_access,
+    require_user_access,
+)
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.common import Page
 from app.schemas.ingest import DeletedOut, RatingBatchIn, RatingBatchOut, RatingIn, RatingOut, RatingWriteOut

@@ -11,8 +11,7 @@ from app.api.deps import CurrentPrincipal, SessionDep, require_user_access, run_
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.common import ExternalId
 from app.schemas.serving import MAX_N, PopularOut, RecommendationQuery, RecommendationsOut, SimilarOut
-from app.services.serving import popular, similar
-from app.services.serving import recommend
+from app.services.serving import popular, recommend, similar
 
 router = APIRouter()
 

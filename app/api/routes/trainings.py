@@ -33,6 +33,7 @@ def list_trainings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, pa
     return admin_svc.runs_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
 
 
-@router.get("/admin/trainings/{run_id}", tags=["admin"], response_model=TrainingRunOut, summary="Training run status and progress")
+@router.get("/admin/trainings/{run_id}", tags=["admin"], response_model=TrainingRunOut,
+            summary="Training run status and progress")
 def get_training(run_id: IdP, _: AdminPrincipal, session: SessionDep) -> TrainingRunOut:
     return admin_svc.run_view(session, run_id=run_id)

@@ -3,18 +3,35 @@ settings (randomised response at ingestion)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from fastapi import APIRouter
 
-from app.api.deps import (AdminPrincipal, CurrentPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep,
-                          require_batch_within, require_ingest_access, require_user_access)
+from app.api.deps import (
+    AdminPrincipal,
+    CurrentPrincipal,
+    PageQ,
+    SessionDep,
+    SettingsDep,
+    WriteSessionDep,
+    require_batch_within,
+    require_ingest_access,
+    require_user_access,
+)
 from app.api.params import DatasetP, ItemP, UserP
 from app.auth import Principal
 from app.errors import ClientRandomisationForbidden
 from app.schemas.common import Page
-from app.schemas.votes import (VoteBatchIn, VoteBatchOut, VoteDeletedOut, VoteIn, VoteOut, VoteSettingsIn,
-                               VoteSettingsOut, VoteWriteOut)
+from app.schemas.votes import (
+    VoteBatchIn,
+    VoteBatchOut,
+    VoteDeletedOut,
+    VoteIn,
+    VoteOut,
+    VoteSettingsIn,
+    VoteSettingsOut,
+    VoteWriteOut,
+)
 from app.services import votes as votes_svc
 
 router = APIRouter()

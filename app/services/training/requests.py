@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from app.config import Settings
 from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
 from app.core.onebit import check_public_shape as onebit_public_shape
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
-from app.db.models import Dataset, Item, TrainingRun
+from app.db.models import Dataset, Item, RunStatus, TrainingRun
 from app.db.session import session_scope
 from app.errors import (
     BudgetExceeded,
@@ -272,7 +272,7 @@ def run_out(run: TrainingRun) -> TrainingRunOut:
         requested_epsilon=run.requested_epsilon,
         epsilon_charged=None if run.epsilon_charged is None else ledger.round_up(run.epsilon_charged),
         delta=run.delta,
-        status=run.status,
+        status=cast(RunStatus, run.status),  # ck_training_runs_status_kind admits RUN_STATUSES only
         progress=run.progress,
         stage=run.stage,
         error=run.error,
