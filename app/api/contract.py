@@ -233,4 +233,4 @@ def install_error_docs(app: FastAPI) -> None:
             app.openapi_schema = document_errors(default())
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented hook: replace app.openapi

@@ -147,6 +147,8 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
+    # Starlette types a handler as taking any Exception; each of these is registered for (and only
+    # ever called with) its own exception class, hence the ignores.
     app.add_exception_handler(PrivrecError, _privrec_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_exception)  # type: ignore[arg-type]
