@@ -26,6 +26,7 @@ from alembic.script import ScriptDirectory
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
 from uvicorn.supervisors import Multiprocess
 
@@ -33,7 +34,7 @@ from app.auth import Kind, issue_token
 from app.config import Settings, get_settings, reset_settings_cache
 from app.db.migrate import alembic_config, current_revision, upgrade_head
 from app.db.models import Dataset, TrainingRun
-from app.db.session import get_sessionmaker, session_scope
+from app.db.session import engine_options, get_sessionmaker, session_scope
 from app.errors import PrivrecError
 from app.main import create_app, openapi_yaml
 from app.schemas.admin import TrainingIn
@@ -49,6 +50,11 @@ def _settings(**overrides: Any) -> Settings:
     if not overrides:
         return get_settings()
     return Settings(**overrides)
+
+
+def _maker(settings: Settings) -> sessionmaker[Session]:
+    """The session factory of the database ``settings`` name, built with their engine options."""
+    return get_sessionmaker(settings.database_url, engine_options(settings))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -93,7 +99,7 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
     run = None
     while deadline is None or time.monotonic() < deadline:
         try:
-            with session_scope(settings.database_url) as session:
+            with session_scope(settings.database_url, engine_options(settings)) as session:
                 run = session.execute(
                     select(TrainingRun.id, TrainingRun.status, TrainingRun.stage).join(Dataset)
                     .where(TrainingRun.trigger == "demo", Dataset.name == settings.default_dataset)
@@ -172,7 +178,7 @@ def cmd_migrate(_: argparse.Namespace) -> int:
     before = current_revision(settings.database_url)
     upgrade_head(settings.database_url)
     applied = _revisions_between(before, current_revision(settings.database_url))
-    with session_scope(settings.database_url) as session:
+    with session_scope(settings.database_url, engine_options(settings)) as session:
         ds = budget.bootstrap(session, settings)
         name = ds.name
     done = f"applied {', '.join(applied)}" if applied else "already at the latest schema"
@@ -200,7 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         body = TrainingIn(algorithm=args.algorithm, epsilon=args.epsilon, objective=args.objective)
     except ValidationError as exc:
         raise SystemExit(f"privrec train: {_config_errors(exc)}; nothing was submitted") from None
-    with get_sessionmaker(settings.database_url)() as session:
+    with _maker(settings)() as session:
         run_id = admin.start_training(session, dataset=args.dataset, body=body,
                                       actor=f"cli:{os.environ.get('USER', 'unknown')}")
         commit(session)
@@ -222,7 +228,7 @@ def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
 
 
 
-    maker = get_sessionmaker(settings.database_url)
+    maker = _maker(settings)
     bar = tqdm(total=100, unit="%", desc=f"run {run_id}: queued", disable=quiet,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]")
     try:
@@ -303,7 +309,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = get_sessionmaker(settings.database_url)
+    maker = _maker(settings)
     total = 0
     chunk: list[tuple[str, str, float]] = []
     with _bar(path, _count_data_lines(path, not args.no_header), "ratings", args.quiet) as bar:
@@ -353,7 +359,7 @@ def cmd_import_items(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = get_sessionmaker(_settings().database_url)
+    maker = _maker(_settings())
     totals = {"created": 0, "updated": 0}
     rows = _item_rows(path, args.delimiter, not args.no_header)
     while chunk := list(itertools.islice(rows, args.chunk)):
@@ -382,7 +388,7 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise SystemExit(f"no such file: {path}")
-    maker = get_sessionmaker(_settings().database_url)
+    maker = _maker(_settings())
     totals = {"created": 0, "updated": 0, "unchanged": 0}
     rows = _vote_rows(path, args.delimiter, not args.no_header)
     with _bar(path, _count_data_lines(path, not args.no_header), "votes", args.quiet) as bar:
@@ -406,7 +412,7 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
     lists: dict[str, list[tuple[str, float]]] = {}
     for item, neighbour, score in _rows(path, args.delimiter, not args.no_header, "item_id,neighbour_id,score"):
         lists.setdefault(item, []).append((neighbour, score))
-    with get_sessionmaker(_settings().database_url)() as session:
+    with _maker(_settings())() as session:
         source, _ = public_data.put_similarity_source(
             session, dataset=args.dataset, name=args.source, provenance=args.provenance,
             declared_public=args.declare_public, actor=f"cli:{os.environ.get('USER', 'unknown')}")
@@ -445,7 +451,7 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace) -> int:
     """Print the privacy budget of a data set as JSON."""
     settings = _settings()
-    maker = get_sessionmaker(settings.database_url)
+    maker = _maker(settings)
     with maker() as session:
         out = admin.budget_view(session, dataset=args.dataset or settings.default_dataset)
     print(json.dumps(out.model_dump(mode="json"), indent=2))

@@ -26,7 +26,7 @@ from app.api.routes import ROUTERS, dashboard, health
 from app.api.routes.health import __version__
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
 from app.db.migrate import upgrade_head
-from app.db.session import get_sessionmaker
+from app.db.session import engine_options, get_sessionmaker
 from app.services import budget, demo
 from app.services.training.embedded_worker import start_embedded_worker
 from app.services.unit_of_work import commit
@@ -120,7 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.sessionmaker = get_sessionmaker(settings.database_url)
+    app.state.sessionmaker = get_sessionmaker(settings.database_url, engine_options(settings))
     app.state.worker = None
     install_error_handlers(app)
     install_middleware(app, settings)

@@ -121,7 +121,7 @@ def run(quick: bool) -> list[dict]:
     from app.config import Settings
     from app.db.migrate import upgrade_head
     from app.db.models import Item, User
-    from app.db.session import get_sessionmaker
+    from app.db.session import engine_options, get_sessionmaker
     from app.main import create_app
     from app.schemas.ingest import ItemIn, RatingRow
     from app.services import budget, catalog, ingest
@@ -137,7 +137,7 @@ def run(quick: bool) -> list[dict]:
                             secret_key="bench-secret-0123456789abcdef-0123456789",
                             db_pool_size=max(10, SINGLE_CLIENTS))
         upgrade_head(url)
-        maker = get_sessionmaker(url)
+        maker = get_sessionmaker(url, engine_options(settings))  # 16 clients: pool from the settings
         with maker() as s:
             budget.bootstrap(s, settings)
             for k in range(n_items):

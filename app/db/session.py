@@ -10,20 +10,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.config import get_settings
+from app.config import Settings
 
 __all__ = [
+    "EngineOptions",
+    "DEFAULT_ENGINE_OPTIONS",
+    "engine_options",
     "normalise_url",
     "get_engine",
     "get_sessionmaker",
     "get_read_engine",
     "session_scope",
+    "open_database",
     "dispose_engines",
     "is_sqlite",
     "is_postgres",
@@ -58,8 +63,26 @@ def _prepare_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _create_engine(url: str) -> Engine:
-    settings = get_settings()
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine is built: passed in by whoever owns the settings (app factory, CLI, worker),
+    never looked up. The defaults are :class:`~app.config.Settings`' defaults (tools and tests)."""
+
+    echo: bool = False
+    pool_size: int = 10
+    sqlite_busy_timeout_ms: int = 30_000
+
+
+DEFAULT_ENGINE_OPTIONS = EngineOptions()
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    """The engine options ``settings`` ask for."""
+    return EngineOptions(echo=settings.db_echo, pool_size=settings.db_pool_size,
+                         sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+
+
+def _create_engine(url: str, options: EngineOptions) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database or ""
@@ -67,34 +90,35 @@ def _create_engine(url: str) -> Engine:
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
-            echo=settings.db_echo,
-            connect_args={"check_same_thread": False, "timeout": settings.sqlite_busy_timeout_ms / 1000},
+            echo=options.echo,
+            connect_args={"check_same_thread": False, "timeout": options.sqlite_busy_timeout_ms / 1000},
         )
-        _prepare_sqlite(engine, settings.sqlite_busy_timeout_ms)
+        _prepare_sqlite(engine, options.sqlite_busy_timeout_ms)
         return engine
     return create_engine(
         url,
-        echo=settings.db_echo,
+        echo=options.echo,
         pool_pre_ping=True,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
+        pool_size=options.pool_size,
+        max_overflow=options.pool_size,
     )
 
 
-def get_engine(url: str | None = None) -> Engine:
-    """The (cached) engine for ``url`` (default: ``DATABASE_URL``)."""
-    key = normalise_url(url or get_settings().database_url)
+def get_engine(url: str, options: EngineOptions = DEFAULT_ENGINE_OPTIONS) -> Engine:
+    """The engine for ``url``, created with ``options`` on first use and cached per URL (a later
+    caller's options do not rebuild it)."""
+    key = normalise_url(url)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            engine = _engines[key] = _create_engine(key)
+            engine = _engines[key] = _create_engine(key, options)
         return engine
 
 
-def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
+def get_sessionmaker(url: str, options: EngineOptions = DEFAULT_ENGINE_OPTIONS) -> sessionmaker[Session]:
     """The (cached) session factory bound to :func:`get_engine` (``expire_on_commit=False``)."""
-    key = normalise_url(url or get_settings().database_url)
-    engine = get_engine(key)
+    key = normalise_url(url)
+    engine = get_engine(key, options)
     with _lock:
         maker = _makers.get(key)
         if maker is None:
@@ -103,9 +127,9 @@ def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
 
 
 @contextmanager
-def session_scope(url: str | None = None) -> Iterator[Session]:
+def session_scope(url: str, options: EngineOptions = DEFAULT_ENGINE_OPTIONS) -> Iterator[Session]:
     """One transaction: commit on success, roll back on any exception, always close."""
-    session = get_sessionmaker(url)()
+    session = get_sessionmaker(url, options)()
     try:
         yield session
         session.commit()
@@ -114,6 +138,15 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def open_database(settings: Settings, url: str | None = None) -> str:
+    """The database URL a service entry point works on (``url``, e.g. a test's own database, else
+    the one ``settings`` name), with its engine built from ``settings``' options: the helpers it
+    calls then take that URL and reuse the cached engine."""
+    resolved = url or settings.database_url
+    get_engine(resolved, engine_options(settings))
+    return resolved
 
 
 def get_read_engine(engine: Engine) -> Engine:

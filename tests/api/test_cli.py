@@ -10,7 +10,7 @@ import pytest
 
 from app import cli
 from app.auth import decode_token
-from app.config import reset_settings_cache
+from app.config import get_settings, reset_settings_cache
 from app.db.session import dispose_engines
 
 SECRET = "cli-tests-secret-0123456789abcdef-xyz"
@@ -47,7 +47,7 @@ def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]
 
     from app.db.session import session_scope
 
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         n = s.execute(text("SELECT count(*) FROM ratings")).scalar_one()
         v = s.execute(text("SELECT value FROM ratings r JOIN users u ON u.id = r.user_id "
                            "JOIN items i ON i.id = r.item_id WHERE u.external_id = '0' AND i.external_id = '0'")).scalar_one()
@@ -69,7 +69,7 @@ def test_import_refuses_out_of_range(cli_env: Path) -> None:
 
     from app.db.session import session_scope
 
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
 
 
@@ -162,7 +162,7 @@ def test_ratings_import_refuses_unknown_items_and_names_them(cli_env: Path) -> N
 
     from app.db.session import session_scope
 
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 0
         assert s.execute(text("SELECT count(*) FROM items WHERE external_id IN ('ghost', 'phantom')")).scalar_one() == 0
 
@@ -273,7 +273,6 @@ def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pyt
     trains it, the bar walks the public stages to "published" and the command exits 0."""
     from sqlalchemy import text
 
-    from app.config import get_settings
     from app.db.session import session_scope
     from app.services.training.embedded_worker import EmbeddedWorker
 
@@ -291,7 +290,7 @@ def test_train_follow_shows_the_stages_until_published(cli_env: Path, capfd: pyt
     final = json.loads(lines[-1])
     assert final["id"] == run_id and final["status"] == "succeeded" and final["stage"] == "published"
     assert f"run {run_id}: published: 100%" in err
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         assert s.execute(text("SELECT actor FROM training_runs WHERE id = :i"), {"i": run_id}).scalar_one().startswith("cli:")
         assert s.execute(text("SELECT count(*) FROM model_versions")).scalar_one() == 1
 
@@ -311,7 +310,7 @@ def test_train_without_follow_prints_the_queued_run_and_bad_input_submits_nothin
         cli.main(["train", "--epsilon", "-1"])
     with pytest.raises(SystemExit, match="budget|cap|exceed"):
         cli.main(["train", "--epsilon", "50"])
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         assert s.execute(text("SELECT count(*) FROM training_runs")).scalar_one() == 1
 
 
@@ -319,7 +318,6 @@ def test_train_follow_exits_1_when_the_run_fails(cli_env: Path, monkeypatch: pyt
                                                  capfd: pytest.CaptureFixture[str]) -> None:
     """A real failure in the worker (the artifact folder is a file, so publishing fails after the
     private read): the bar ends at "failed", the error is the fixed category, exit code 1."""
-    from app.config import get_settings
     from app.services.training.embedded_worker import EmbeddedWorker
 
     assert cli.main(["migrate"]) == 0

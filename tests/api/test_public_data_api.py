@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from app.config import get_settings
 from app.errors import PayloadTooLarge
 from tests.api.conftest import SMALL_DPALS, Env, add_items, seed_ratings
 
@@ -253,7 +254,7 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from app.db.session import session_scope
     from app.services import catalog, ingest
 
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         catalog.import_items(s, dataset="default", rows=[(f"i{k}", None, []) for k in range(5)])
         ingest.import_ratings(s, dataset="default", rows=[("u0", f"i{k}", 3.0) for k in range(5)])
     yield tmp_path
@@ -264,7 +265,7 @@ def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _pairs() -> int:
     from app.db.session import session_scope
 
-    with session_scope() as s:
+    with session_scope(get_settings().database_url) as s:
         return int(s.execute(text("SELECT count(*) FROM item_similarities")).scalar_one())
 
 

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from app import ledger
+from app.config import get_settings
 from app.core.onebit import flip_probability
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance
 from tests.api.conftest import Env, add_items, create_votes_dataset
@@ -355,7 +356,7 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
     reset_settings_cache()
     try:
         assert cli.main(["migrate"]) == 0
-        with session_scope() as s:
+        with session_scope(get_settings().database_url) as s:
             budget.put_person_budget(s, name=DS, epsilon_cap=10.0, delta=1e-6, relation="replace_vote_values",
                                      reason=None, actor="test")
             budget.ensure_dataset(s, DS, rating_min=1.0, rating_max=5.0, epsilon_cap=10.0, delta=1e-6,
@@ -368,14 +369,14 @@ def test_cli_import_votes_randomises_on_arrival(tmp_path, monkeypatch, capsys) -
         capsys.readouterr()
         assert cli.main(["import-votes", str(path), "--dataset", DS, "--chunk", "50"]) == 0
         assert json.loads(capsys.readouterr().out)["created"] == 120
-        with session_scope() as s:
+        with session_scope(get_settings().database_url) as s:
             stored = list(s.scalars(select(Vote)))
         assert len(stored) == 120 and all(v.randomised and v.randomised_by == "server" for v in stored)
         bad = tmp_path / "bad.csv"
         bad.write_text("user,item,vote\nz,i0,1\nz,i1,1.0\n")
         with pytest.raises(SystemExit, match="vote 1 or -1"):
             cli.main(["import-votes", str(bad), "--dataset", DS])
-        with session_scope() as s:
+        with session_scope(get_settings().database_url) as s:
             assert s.scalar(select(text("count(*)")).select_from(Vote)) == 120
     finally:
         dispose_engines()

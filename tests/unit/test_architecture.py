@@ -149,3 +149,13 @@ def test_core_imports_no_other_package_of_app_nor_workers(graph: Graph) -> None:
 
 def test_app_never_imports_workers(graph: Graph) -> None:
     assert arrows(graph, "app", "workers") == []
+
+
+# the composition roots read the process settings once and pass them on; everything else is given them
+SETTINGS_READERS = {"app.config", "app.main", "app.cli", "workers.celery_app", "workers.tasks"}
+
+
+def test_settings_are_injected_never_looked_up() -> None:
+    readers = sorted(name for name, path in _module_files().items()
+                     if name not in SETTINGS_READERS and "get_settings()" in path.read_text())
+    assert readers == [], f"settings looked up instead of passed in: {readers}"

@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 
 from app.config import Settings
 from app.db.models import TrainingRun, as_aware, utcnow
-from app.db.session import session_scope
+from app.db.session import open_database, session_scope
 
 __all__ = ["TASK_NAME", "QUEUE", "REQUEUE_AFTER_S", "BROKER_TIMEOUT_S", "enqueue_run", "drain_outbox",
            "register_waker", "unregister_waker", "wake_workers"]
@@ -81,7 +81,7 @@ def _send(run_id: int, broker_url: str) -> None:
         client.send_task(TASK_NAME, args=[int(run_id)], queue=QUEUE, connection=conn, retry=False)
 
 
-def _mark_enqueued(run_id: int, url: str | None) -> None:
+def _mark_enqueued(run_id: int, url: str) -> None:
     with session_scope(url) as s:
         s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(enqueued_at=utcnow()))
 
@@ -94,7 +94,7 @@ def enqueue_run(run_id: int, *, settings: Settings, url: str | None = None) -> b
     :func:`drain_outbox` sends it later. Never raises for a broker fault, so the caller never
     answers 500 after the reservation.
     """
-    url = url or settings.database_url
+    url = open_database(settings, url)
     if settings.embedded:
         _mark_enqueued(run_id, url)
         wake_workers()
@@ -112,7 +112,7 @@ def drain_outbox(*, settings: Settings, url: str | None = None, older_than_s: fl
     """Send queued runs that never reached the broker (``enqueued_at`` NULL) and re-send those
     sent more than ``older_than_s`` ago (a lost message). Claiming is idempotent, so a duplicate
     is harmless. Returns the ids sent."""
-    url = url or settings.database_url
+    url = open_database(settings, url)
     cutoff = utcnow() - timedelta(seconds=older_than_s)
     with session_scope(url) as s:
         rows = s.execute(select(TrainingRun.id, TrainingRun.enqueued_at).where(TrainingRun.status == "queued")

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from app.config import Settings
 from app.db.models import TrainingRun
-from app.db.session import session_scope
+from app.db.session import open_database, session_scope
 from app.services.training.dispatch import register_waker, unregister_waker
 from app.services.training.runner import reap_stale_runs, run_training
 from app.services.training.schedule import scheduled_retrain
@@ -31,7 +31,7 @@ class EmbeddedWorker:
 
     def __init__(self, settings: Settings, *, url: str | None = None, schedule: bool = True) -> None:
         self.settings = settings
-        self.url = url or self.settings.database_url
+        self.url = open_database(self.settings, url)
         self.schedule = schedule and self.settings.retrain_enabled
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -23,7 +23,7 @@ from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameter
 from app.core.onebit import check_public_shape as onebit_public_shape
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, Item, RunStatus, TrainingRun
-from app.db.session import session_scope
+from app.db.session import open_database, session_scope
 from app.errors import (
     BudgetExceeded,
     CalibrationFailed,
@@ -229,7 +229,7 @@ def start_training(
 
 def submit_training(*, settings: Settings, url: str | None = None, **kwargs: Any) -> int:
     """``start_training`` in its own transaction, committed, then enqueued; returns the run id."""
-    url = url or settings.database_url
+    url = open_database(settings, url)
     with session_scope(url) as session:
         run = start_training(session, **kwargs)
         run_id = run.id

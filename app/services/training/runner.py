@@ -40,7 +40,7 @@ from app.core.privacy.accounting import epsilon_pld as _eps_pld
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
 from app.db.models import TrainingRun, as_aware, utcnow
-from app.db.session import is_postgres, session_scope
+from app.db.session import is_postgres, open_database, session_scope
 from app.errors import RunNotRunning
 from app.services.budget import get_dataset
 from app.services.training.inputs import load_training_inputs
@@ -134,7 +134,7 @@ def _worker_name() -> str:
 class _Heartbeat:
     """Background thread updating ``heartbeat_at`` of a running run."""
 
-    def __init__(self, run_id: int, url: str | None, interval_s: float) -> None:
+    def __init__(self, run_id: int, url: str, interval_s: float) -> None:
         self._run_id, self._url, self._interval = run_id, url, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
@@ -160,7 +160,7 @@ class _Heartbeat:
                 log.warning("heartbeat of run %s failed", self._run_id, exc_info=True)
 
 
-def _progress_writer(run_id: int, url: str | None) -> Callable[[float, str], None]:
+def _progress_writer(run_id: int, url: str) -> Callable[[float, str], None]:
     """Callback for the core: writes progress (training spans 0.10..0.90) and stage."""
     last = [0.0]
 
@@ -174,7 +174,7 @@ def _progress_writer(run_id: int, url: str | None) -> Callable[[float, str], Non
     return write
 
 
-def _set_progress(run_id: int, url: str | None, progress: float, stage: str) -> None:
+def _set_progress(run_id: int, url: str, progress: float, stage: str) -> None:
     with session_scope(url) as s:
         s.execute(
             update(TrainingRun)
@@ -183,7 +183,7 @@ def _set_progress(run_id: int, url: str | None, progress: float, stage: str) -> 
         )
 
 
-def _claim(run_id: int, url: str | None, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
+def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
     """Move a queued run to running. Returns (outcome, run info) with outcome in
     'claimed' | 'succeeded' | 'failed' | 'busy' | 'missing'."""
     with session_scope(url) as s:
@@ -212,7 +212,7 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
     """Execute training run ``run_id`` end to end. Returns the run's outcome:
     'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing'."""
     s_ = settings
-    url = url or s_.database_url
+    url = open_database(s_, url)
     outcome, info = _claim(run_id, url, worker or _worker_name(), s_.run_stale_after_s)
     if outcome != "claimed":
         log.info("training run %s not started: %s", run_id, outcome)
@@ -231,7 +231,7 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
         return "failed"
 
 
-def _record_failure(run_id: int, url: str | None, exc: BaseException) -> None:
+def _record_failure(run_id: int, url: str, exc: BaseException) -> None:
     """Fail the run (refund only before the private read); log nothing derived from the data."""
     try:
         with session_scope(url) as s:
@@ -248,7 +248,7 @@ def _record_failure(run_id: int, url: str | None, exc: BaseException) -> None:
         log.error("could not record the failure of run %s", run_id)
 
 
-def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm, config: Any) -> dict[str, Any]:
+def _public_checks(run_id: int, url: str, info: dict[str, Any], algo: Algorithm, config: Any) -> dict[str, Any]:
     """Everything checkable from public facts, before the private read (a failure refunds):
     the data set's vote settings for a free run, the reservation against the config and the
     public catalogue size. Returns the reserved event."""
@@ -264,7 +264,7 @@ def _public_checks(run_id: int, url: str | None, info: dict[str, Any], algo: Alg
     return reserved_event
 
 
-def _read_private(run_id: int, url: str | None, info: dict[str, Any], algo: Algorithm):
+def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     """Commit ``private_data_read`` (the point of no refund), then read the training data.
 
     A free pre-randomised run locks the data set's vote settings, re-checks them (public) and
@@ -282,7 +282,7 @@ def _read_private(run_id: int, url: str | None, info: dict[str, Any], algo: Algo
     return data, extra_inputs
 
 
-def _train(run_id: int, url: str | None, info: dict[str, Any]) -> Any:
+def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
@@ -300,7 +300,7 @@ def _train(run_id: int, url: str | None, info: dict[str, Any]) -> Any:
     return model
 
 
-def _mark_private_data_read(run_id: int, url: str | None) -> None:
+def _mark_private_data_read(run_id: int, url: str) -> None:
     """Commit the point of no refund before the first private byte is read."""
     with session_scope(url) as s:
         s.execute(
@@ -310,7 +310,7 @@ def _mark_private_data_read(run_id: int, url: str | None) -> None:
         )
 
 
-def _publish(run_id: int, url: str | None, model, settings: Settings) -> None:
+def _publish(run_id: int, url: str, model, settings: Settings) -> None:
     with session_scope(url) as s:
         requested = s.get_one(TrainingRun, run_id)
         dataset_name = requested.dataset.name
@@ -354,7 +354,7 @@ def reap_stale_runs(*, settings: Settings, url: str | None = None,
     (``dead_worker_prefix``, at a worker's start-up) a run held by this worker's dead previous
     incarnation, which is failed at once."""
     s_ = settings
-    url = url or s_.database_url
+    url = open_database(s_, url)
     failed: list[int] = []
     with session_scope(url) as s:
         ids = list(s.scalars(select(TrainingRun.id).where(TrainingRun.status == "running")))

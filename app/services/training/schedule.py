@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.db.models import Dataset, ModelVersion, TrainingRun
-from app.db.session import session_scope
+from app.db.session import open_database, session_scope
 from app.errors import BudgetExceeded, InvalidRequest
 from app.services.budget import get_dataset
 from app.services.training.dispatch import drain_outbox, enqueue_run
@@ -40,7 +40,7 @@ def scheduled_retrain(*, settings: Settings, url: str | None = None, enqueue: bo
     whether its data changed or exists. Per data set the outcome is one of 'started:<run id>',
     'skipped:busy', 'skipped:budget', 'skipped:invalid'."""
     s_ = settings
-    url = url or s_.database_url
+    url = open_database(s_, url)
     outcomes: dict[str, str] = {}
     with session_scope(url) as s:
         names = list(s.scalars(select(Dataset.name).order_by(Dataset.id)))
@@ -72,7 +72,7 @@ def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], 
     return _KIND_ALGORITHMS[ds.kind], {}, None
 
 
-def _retrain_one(name: str, url: str | None, settings: Settings) -> tuple[str, int | None]:
+def _retrain_one(name: str, url: str, settings: Settings) -> tuple[str, int | None]:
     with session_scope(url) as s:
         ds = get_dataset(s, name)
         busy = s.scalar(
