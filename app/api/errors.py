@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import traceback
 from typing import Any
 
@@ -18,6 +19,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import (
@@ -111,8 +113,6 @@ async def _request_validation(request: Request, exc: RequestValidationError) -> 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path, read off the app's OpenAPI paths
     (Starlette names only the first matching route's methods in ``Allow``)."""
-    import re
-
     path = request.url.path
     methods: set[str] = set()
     for template, operations in request.app.openapi().get("paths", {}).items():
@@ -152,7 +152,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PrivrecError, _privrec_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_exception)  # type: ignore[arg-type]
-    from sqlalchemy.exc import InterfaceError, OperationalError
 
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
