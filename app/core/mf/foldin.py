@@ -1,8 +1,9 @@
 """Privileged scoring: one user's embedding from the public model plus that user's ratings only.
 
-Joint DP (billboard model, algorithms.md §0): u_i is a function of the published model and
-user i's own data, and is returned only to user i, so computing it is post-processing of the
-public release and costs no privacy budget. The solve is the user step of training:
+Joint DP (Chien et al., arXiv:2107.09802, Def. 3 and Fig. 1, after Kearns et al. 2014; algorithms.md
+§0): u_i is a function of the published model and user i's own data, and is returned only to
+user i, so computing it is post-processing of the public release and costs no privacy budget.
+The solve is the user step of training:
     u = (V_Hᵀ V_H + ridge(c) I + λ0 VᵀV)⁻¹ V_Hᵀ (clip(r_H − m̃ − b_u − b̃_H, ±Γ_M))   O(|H| r² + r³)
 with H the user's rated items that belong to the trained set, b̃ the DP item biases and b_u the
 user's own shrunken offset; the predicted rating of item j is m̃ + b_u + b̃_j + u·v_j.
