@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from app.core.mf.als import bucket_gram, make_plan
-from app.core.mf.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, solve_noisy_systems,
-                             symmetric_from_upper)
+from app.core.mf.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, psd_part,
+                             solve_noisy_systems, symmetric_from_upper)
 
 
 def _noisy_grams(rng: np.random.Generator, n: int, rank: int, noise: float) -> np.ndarray:
@@ -34,6 +34,18 @@ def test_positive_definite_mask_matches_the_spectrum():
     assert 0 < want.sum() < len(want)  # both kinds present: the bisection is exercised
     assert np.array_equal(positive_definite_mask(grams), want)
     assert positive_definite_mask(grams[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("rank", [1, 6, 64])
+def test_psd_part_equals_clamping_the_full_spectrum(rank: int):
+    rng = np.random.default_rng(6)
+    grams = _noisy_grams(rng, 40, rank, noise=0.4)
+    eigval, eigvec = project_psd(grams)
+    want = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
+    got = psd_part(grams)
+    assert np.allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(grams).max())
+    assert np.linalg.eigvalsh(got).min() > -1e-10
+    assert np.array_equal(psd_part(grams[:0]), grams[:0])
 
 
 @pytest.mark.parametrize("shift", [0.0, 0.3])
