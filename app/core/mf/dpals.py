@@ -301,8 +301,8 @@ def public_preprocessing(
 ) -> PublicState:
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     k = config.contribution_bound
-    _, cols, vals = ratings.coo()
     sample = per_user_sample(ratings, k, rng)
+    cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
     counts = releaser.vector(
         "item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k),
         config.noise_multipliers()["counts"],
@@ -342,12 +342,14 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
     b_i is user i's own shrunken offset (a function of her ratings only), so removing her changes
     at most k coordinates by at most Γ_b each: L2 sensitivity sqrt(k)·Γ_b.
     """
-    rows, cols, vals = ratings.coo()
+    rows, _, vals = ratings.coo()
     residual = vals - mean
     offsets = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
-    terms = np.clip(residual - offsets[rows], -config.clip_bias, config.clip_bias)
+    residual -= offsets[rows]
+    terms = np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    cols = ratings.csr.indices  # CSR order, as ``sample``
     return np.bincount(cols[sample], weights=terms[sample], minlength=ratings.n_items).astype(np.float64)
 
 
@@ -379,16 +381,7 @@ def _item_biases(
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
-    rows, cols, vals = ratings.coo()
-    residual = vals - public.global_mean - public.item_biases[cols]
-    bias = user_regularisation(config).user_bias(
-        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
-    )
-    position = np.full(ratings.n_items, -1, dtype=np.int64)
-    position[public.frequent] = np.arange(len(public.frequent))
-    on_frequent = position[cols] >= 0
-    f_rows, f_cols = rows[on_frequent], position[cols[on_frequent]]
-    f_vals = np.clip(residual[on_frequent] - bias[f_rows], -config.clip_rating, config.clip_rating)
+    f_rows, f_cols, f_vals = _frequent_entries(ratings, config, public)
     n_frequent = len(public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
     kept_weights = None if weights is None else weights[kept]
@@ -397,6 +390,27 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
         item_plan=_plan(f_rows[kept], f_cols[kept], f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True),
         recount_statistic=count_statistic(f_cols[kept], kept_weights, n_frequent),
     )
+
+
+def _frequent_entries(ratings: Ratings, config: DPALSConfig, public: PublicState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user, frequent-item position, centred clipped value) of every rating on a frequent item, in
+    CSR order; int32 indices, and the full-size temporaries freed on return (peak memory)."""
+    rows, cols, vals = ratings.coo()
+    residual = vals - public.global_mean - public.item_biases[cols]
+    bias = user_regularisation(config).user_bias(
+        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
+    )
+    position = np.full(ratings.n_items, -1, dtype=np.int32)
+    position[public.frequent] = np.arange(len(public.frequent))
+    f_cols = position[cols]
+    on_frequent = f_cols >= 0
+    del cols
+    f_rows, f_cols = rows[on_frequent].astype(np.int32), f_cols[on_frequent]
+    del rows
+    f_vals = residual[on_frequent]
+    del residual
+    f_vals -= bias[f_rows]
+    return f_rows, f_cols, np.clip(f_vals, -config.clip_rating, config.clip_rating, out=f_vals)
 
 
 def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
@@ -450,10 +464,20 @@ def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndar
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
-    order = sort_pairs(major, minor)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
+    if _sorted_pairs(major, minor):  # entries in CSR order already are, by user: no sort, no copies
+        return make_plan(indptr, minor, vals, n_minor, weights)
+    order = sort_pairs(major, minor)
     w = None if weights is None else weights[order]
     return make_plan(indptr, minor[order], vals[order], n_minor, w)
+
+
+def _sorted_pairs(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether the (major, minor) pairs are in strictly increasing order."""
+    if len(major) < 2:
+        return True
+    step = np.diff(major)
+    return bool(np.all((step > 0) | ((step == 0) & (minor[1:] > minor[:-1]))))
 
 
 # ---------------------------------------------------------------------------- training
