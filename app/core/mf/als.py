@@ -37,8 +37,10 @@ __all__ = [
 Progress = Callable[[float, str], None]
 
 # Padded lengths: exact up to 8, then steps of at most ~12.5% so padding wastes little work.
-_MAX_SLOTS_PER_CHUNK = 1 << 16  # padded entries per chunk: bounds the (g, L, r) gather
-_MAX_ROWS_PER_CHUNK = 1024  # rows per chunk: bounds the (g, r, r) Gram batch
+# Chunks are what a solver thread holds at once: at r = 128, 256 float64 Grams are 32 MiB (and the
+# solves copy them); 1024-row chunks raised DPALS's peak memory by ~450 MiB there, for no speed.
+_MAX_SLOTS_PER_CHUNK = 1 << 14  # padded entries per chunk: bounds the (g, L, r) gather
+_MAX_ROWS_PER_CHUNK = 256  # rows per chunk: bounds the (g, r, r) Gram batch
 # CG reads each row's gathered factors twice per iteration: blocks of ~1 MiB stay in cache
 # (a whole 16 MiB chunk streams from memory every time: ~1.5x slower).
 _CG_BLOCK_BYTES = 1 << 20
