@@ -23,8 +23,10 @@ K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F =
 
 Symmetric matrices are released as their upper triangle (diagonal included) with i.i.d. noise,
 then mirrored; the upper triangle's L2 norm is at most the Frobenius norm, so the bounds hold.
-User embeddings are exact solves over each user's own ratings (privileged, never released);
-the item step only sees them clipped to ‖u_i‖ <= Γ_u. V's random initialisation is data-free.
+User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
+few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
+a function of her ratings and the released V's only; the item step only sees them clipped to
+‖u_i‖ <= Γ_u, which is all its sensitivities rely on. V's random initialisation is data-free.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core.privacy import accounting
-from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
+from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
 from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems
 from app.core.parallel import parallel_map
 from app.core.mf.model import PublicModel, UserRegularisation
@@ -120,6 +122,7 @@ class DPALSConfig:
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     self_calibration: bool = False  # fold-in: each user's ridge by leave-out on her ratings (foldin.py)
+    user_cg_steps: int = 3  # training's user solves: CG iterations, warm-started (as implicit's ALS); 0: exact
     init_scale: float = 1.0
     defaults_rule: int | None = None  # set when the ε-aware rule (app.core.mf.defaults) chose the values
     seed: int = 0
@@ -132,6 +135,9 @@ class DPALSConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        steps = self.user_cg_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"user_cg_steps must be an integer >= 0, got {steps!r}")
         if self.contribution_mode not in CONTRIBUTION_MODES:
             raise ValueError(f"contribution_mode must be one of {CONTRIBUTION_MODES}")
         if self.mean_mode not in MEAN_MODES:
@@ -638,11 +644,27 @@ def wiener_filter(
     return eigval * weights, np.einsum("nij,nj->ni", eigvec, projected)
 
 
-def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig, user_reg: UserRegularisation) -> np.ndarray:
-    """Exact user solves from all of each user's frequent ratings (privileged, never released)."""
+def _user_step(
+    prep: Preprocessed,
+    item_factors: np.ndarray,
+    config: DPALSConfig,
+    user_reg: UserRegularisation,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
+    """User solves from all of each user's frequent ratings (privileged, never released).
+
+    Exact ridge solves, or ``user_cg_steps`` conjugate-gradient iterations per user from ``start``
+    (her previous step's solution; zeros at the first step): O(nnz·r) per iteration instead of
+    O(nnz·r² + n·r³) (Takács et al. 2011; ``implicit``'s ALS does the same). Either way u_i depends
+    on user i's ratings and the released V's only.
+    """
     ridge = user_reg.ridge(prep.user_plan.counts)
     shared = config.reg_gravity * item_factors.T @ item_factors if config.reg_gravity else None
-    return solve_side(prep.user_plan, item_factors, ridge, shared)
+    if config.user_cg_steps == 0:
+        return solve_side(prep.user_plan, item_factors, ridge, shared)
+    if start is None:
+        start = np.zeros((prep.user_plan.n_rows, config.rank), dtype=np.float32)
+    return solve_side_cg(prep.user_plan, item_factors, ridge, start, config.user_cg_steps, shared)
 
 
 def event_parameters(config: DPALSConfig) -> dict[str, Any]:
@@ -722,8 +744,12 @@ def fit_dpals(
     released = PublicState(
         global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
     )
+    user_start = None  # the previous step's unclipped solutions: the CG warm start
     for step in range(config.n_steps):
-        user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
+        solved = _user_step(prep, item_factors, config, user_reg, user_start)
+        user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
+        user_factors = clip_rows(solved, config.clip_user)
+        del solved
         public = None if public_terms is None else public_terms(released, item_factors)
         item_factors = _item_step(prep, user_factors, config, releaser, public)
         del user_factors
