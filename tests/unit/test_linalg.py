@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.core.mf.als import bucket_gram, make_plan
-from app.core.mf.linalg import (gather_rows, gram_and_rhs, positive_definite_mask, project_psd, psd_part,
+from app.core.mf.linalg import (add_to_diagonal, gather_rows, gram_and_rhs, positive_definite_mask, project_psd, psd_part,
                              solve_noisy_systems, symmetric_from_upper)
 
 
@@ -112,3 +112,13 @@ def test_gram_and_rhs_of_gathered_rows():
     for g in range(2):
         x = padded[cols[g]] * sw[g][:, None]
         assert np.allclose(gram[g], x.T @ x) and np.allclose(rhs[g], x.T @ (sw[g] * y[g]))
+
+
+def test_add_to_diagonal_equals_adding_scaled_identities():
+    rng = np.random.default_rng(7)
+    matrices = rng.normal(size=(5, 4, 4))
+    ridge = rng.uniform(size=5)
+    want = matrices + ridge[:, None, None] * np.eye(4) + 0.5 * np.eye(4)
+    add_to_diagonal(matrices, ridge[:, None])
+    add_to_diagonal(matrices, 0.5)
+    assert np.array_equal(matrices, want)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from app.core.mf.linalg import gather_rows, gram_and_rhs
+from app.core.mf.linalg import add_to_diagonal, gather_rows, gram_and_rhs
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.data.ratings import Ratings
@@ -144,8 +144,8 @@ def _weighted_targets(bucket: Bucket) -> np.ndarray:
 
 def solve_rows(gram: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
     """Solve (G_i + shared + ridge_i I) x_i = b_i for a batch; ``ridge`` is (g,)."""
-    rank = gram.shape[-1]
-    system = gram + ridge[:, None, None] * np.eye(rank)
+    system = np.array(gram, dtype=np.float64)  # a float64 copy: ``gram`` is left as it is
+    add_to_diagonal(system, ridge[:, None])
     if shared is not None:
         system += shared
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
@@ -178,7 +178,7 @@ def solve_side(
             out[bucket.rows] = _solve_dual(bucket, padded, ridge[bucket.rows])
         else:
             gram, rhs = bucket_gram(bucket, padded)
-            out[bucket.rows] = solve_rows(gram.astype(np.float64), rhs.astype(np.float64), ridge[bucket.rows], shared)
+            out[bucket.rows] = solve_rows(gram, rhs.astype(np.float64), ridge[bucket.rows], shared)
 
     parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
@@ -254,7 +254,7 @@ def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.nda
     x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
     xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
     kernel = np.matmul(x, xt).astype(np.float64)
-    kernel += ridge[:, None, None] * np.eye(x.shape[1])
+    add_to_diagonal(kernel, ridge[:, None])
     alpha = np.linalg.solve(kernel, _weighted_targets(bucket)[:, :, None])
     return np.asarray(np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0])  # in the Grams' dtype: no float64 copy of X
 

@@ -40,7 +40,7 @@ from dp_accounting import dp_event
 
 from app.core.privacy import accounting
 from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
-from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems
+from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
 from app.core.parallel import parallel_map
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.data.ratings import Ratings
@@ -622,7 +622,7 @@ def _solve_filtered(
         rhs = rhs + public.rhs
         if public.shared is not None:
             system += public.shared
-    system += ridge[:, None, None] * np.eye(rhs.shape[1])
+    add_to_diagonal(system, ridge[:, None])
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
 
 

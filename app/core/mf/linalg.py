@@ -28,6 +28,7 @@ __all__ = [
     "psd_part",
     "noise_edge",
     "solve_noisy_systems",
+    "add_to_diagonal",
     "project_psd",
 ]
 
@@ -128,10 +129,9 @@ def solve_noisy_systems(
     (:func:`noise_edge`) makes that rest rare. Everything here is a function of released and
     public quantities: post-processing, no privacy cost. ``grams`` is overwritten.
     """
-    rank = grams.shape[-1]
     shifted = grams
     if shift:
-        shifted += shift * np.eye(rank)
+        add_to_diagonal(shifted, shift)
     ok = positive_definite_mask(shifted)
     # Π_PSD(Ã + sI) only where the factorisation failed (in place: the rows are disjoint)
     bad = np.flatnonzero(~ok)
@@ -140,5 +140,12 @@ def solve_noisy_systems(
     system = shifted
     if extra is not None:
         system += extra
-    system += ridge[:, None, None] * np.eye(rank)
+    add_to_diagonal(system, ridge[:, None])
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0], int(len(bad))
+
+
+def add_to_diagonal(matrices: np.ndarray, values: np.ndarray | float) -> None:
+    """matrices[..., i, i] += values (broadcast to (..., r)), in place: the diagonal alone is
+    touched, where adding ``values · I`` would read and write (and allocate) every entry."""
+    index = np.arange(matrices.shape[-1])
+    matrices[..., index, index] += values
