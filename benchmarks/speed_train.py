@@ -21,13 +21,16 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
   Gaussian sampler at integer σ = 2^k (k = 10, 15, 20: the grid releases' range), one thread,
   best of a few repetitions in process CPU time, next to numpy's float ``normal`` in the same
   run (``baseline``; ``ratio`` = exact / float).
-Peak resident memory of each run is reported as its own row. Ratios are against implicit's
+Peak resident memory of each run is reported as its own row (the process's RSS, the data included;
+each run starts after the heap pages earlier runs freed are returned to the OS). Ratios are against implicit's
 iteration in the same run; no absolute time is asserted anywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import threading
 import time
 from dataclasses import replace
@@ -40,7 +43,7 @@ from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
 from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
-from benchmarks.harness import limit_threads, make_row, peak_memory
+from benchmarks.harness import MemoryPeak, limit_threads, make_row, peak_memory
 
 SUITE = "speed-train"
 BLAS_THREADS = 2
@@ -93,6 +96,23 @@ def _noise_timer() -> Iterator[list[float]]:
         GridGaussian.release = original  # type: ignore[method-assign]
 
 
+def _release_freed_heap() -> None:
+    """Return the heap pages earlier runs freed to the OS (glibc ``malloc_trim``; a no-op elsewhere),
+    so that a run's peak RSS is its data and its own allocations, not the allocator's leftovers."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+@contextlib.contextmanager
+def _run_memory() -> Iterator[MemoryPeak]:
+    """:func:`peak_memory` of one run, after :func:`_release_freed_heap`."""
+    _release_freed_heap()
+    with peak_memory() as memory:
+        yield memory
+
+
 def _draws_per_second(draw: Callable[[int], object], n: int, repeats: int = 3) -> float:
     """Draws per second of ``draw(n)``: best of ``repeats`` in process CPU time (other load on a
     shared machine inflates wall time, not this process's CPU time)."""
@@ -124,7 +144,7 @@ def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float, float]
 
     per_iteration: list[float] = []
     cpu: list[float] = []
-    with limit_threads(1), peak_memory() as memory:  # implicit checks the BLAS pool when constructed
+    with limit_threads(1), _run_memory() as memory:  # implicit checks the BLAS pool when constructed
         model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
 
         def callback(iteration: int, elapsed: float, loss: float) -> None:
@@ -154,20 +174,20 @@ def run(quick: bool) -> list[dict]:
         rows.append(_row(name, "implicit-als", "peak_rss_mib", implicit_mem))
         with limit_threads(BLAS_THREADS):
             als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
-            with peak_memory() as memory:
+            with _run_memory() as memory:
                 als_step, als_cpu, _ = _step_times(lambda progress: train_als(ratings, als_config, progress=progress))
             rows.append(_row(name, "als", "seconds_per_step", als_step, implicit_step))
             rows.append(_row(name, "als", "cpu_seconds_per_step", als_cpu, implicit_cpu))
             rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             cg_config = replace(als_config, solver="cg", cg_steps=3)  # implicit's default: 3 CG steps
-            with peak_memory() as memory:
+            with _run_memory() as memory:
                 cg_step, cg_cpu, _ = _step_times(lambda progress: train_als(ratings, cg_config, progress=progress))
             rows.append(_row(name, "als-cg", "seconds_per_step", cg_step, implicit_step))
             rows.append(_row(name, "als-cg", "cpu_seconds_per_step", cg_cpu, implicit_cpu))
             rows.append(_row(name, "als-cg", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
                                     contribution_mode="tail", noise_multiplier=1.0)
-            with peak_memory() as memory, _noise_timer() as noise:
+            with _run_memory() as memory, _noise_timer() as noise:
                 dp_step, dp_cpu, preprocessing = _step_times(
                     lambda progress: train_dpals(ratings, dp_config, progress=progress))
             rows.append(_row(name, "dpals", "seconds_per_step", dp_step, implicit_step))
