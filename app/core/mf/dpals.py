@@ -387,9 +387,10 @@ def _item_biases(
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
-    f_rows, f_cols, f_vals = _frequent_entries(ratings, config, public)
+    f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
+    f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     kept_weights = None if weights is None else weights[kept]
     return BoundedData(
         user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False),
@@ -398,25 +399,34 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
     )
 
 
-def _frequent_entries(ratings: Ratings, config: DPALSConfig, public: PublicState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(user, frequent-item position, centred clipped value) of every rating on a frequent item, in
-    CSR order; int32 indices, and the full-size temporaries freed on return (peak memory)."""
+def _frequent_entries(ratings: Ratings, public: PublicState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user, frequent-item position) of every rating on a frequent item, in CSR order (int32),
+    and the mask of those ratings among all of them."""
+    position = np.full(ratings.n_items, -1, dtype=np.int32)
+    position[public.frequent] = np.arange(len(public.frequent))
+    f_cols = position[ratings.csr.indices]
+    on_frequent = f_cols >= 0
+    rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())
+    return rows[on_frequent], f_cols[on_frequent], on_frequent
+
+
+def _frequent_values(
+    ratings: Ratings, config: DPALSConfig, public: PublicState, on_frequent: np.ndarray, f_rows: np.ndarray
+) -> np.ndarray:
+    """The centred, clipped values of the ratings on frequent items (CSR order). Computed after
+    the contribution bound and with the full-size temporaries freed on return: peak memory."""
     rows, cols, vals = ratings.coo()
     residual = vals - public.global_mean - public.item_biases[cols]
+    del cols
     bias = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
-    position = np.full(ratings.n_items, -1, dtype=np.int32)
-    position[public.frequent] = np.arange(len(public.frequent))
-    f_cols = position[cols]
-    on_frequent = f_cols >= 0
-    del cols
-    f_rows, f_cols = rows[on_frequent].astype(np.int32), f_cols[on_frequent]
     del rows
     f_vals = residual[on_frequent]
     del residual
     f_vals -= bias[f_rows]
-    return f_rows, f_cols, np.clip(f_vals, -config.clip_rating, config.clip_rating, out=f_vals)
+    np.clip(f_vals, -config.clip_rating, config.clip_rating, out=f_vals)
+    return np.asarray(f_vals)
 
 
 def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
