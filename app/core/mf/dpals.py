@@ -75,8 +75,8 @@ Progress = Callable[[float, str], None]
 # The item systems use Π_PSD(Ã_j + s I) with s = PSD_SHIFT x 2σ√r, the spectral edge of the Gram noise
 # (data-independent, so post-processing): Ã_j + s I is then positive definite for most items (≈ 93 %
 # in speed-train's setting) and a Cholesky test replaces their eigen-decomposition. 0 is the paper's
-# Π_PSD(Ã_j). On
-# quality-ml1m's validation splits 1.0 matched 0 within seed noise (better at eps = 1); 0.5 no better.
+# Π_PSD(Ã_j). On quality-ml1m's validation splits 1.0 matched 0 within seed noise (better at eps = 1);
+# 0.5 no better.
 PSD_SHIFT = 1.0
 
 
