@@ -11,10 +11,10 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
 * ``cpu_seconds_per_step``: the process's CPU seconds (all threads) over the same steps, steadier
   than wall time on a shared machine; peak-memory rows carry their ratio to implicit's.
 * ``dpals``: seconds per DPALS step with the config's defaults otherwise (user CG iterations,
-  ``user_cg_steps`` = 3; clipping, noisy Grams, PSD projection, item solves); pre-processing (Algorithm 3) is reported separately. ``seconds_noise``: the time
-  spent in the exact discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to
-  the grid and integer sampling) over the whole run divided by its T steps, summed over the
-  solver threads; it is part of ``seconds_per_step``. ``cpu_seconds_noise``: the same releases'
+  ``user_cg_steps`` = 6; clipping, noisy Grams, PSD projection, item solves); pre-processing
+  (Algorithm 3) is reported separately. ``seconds_noise``: the time spent in the exact
+  discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to the grid and
+  integer sampling) over the whole run divided by its T steps, summed over the solver threads; it is part of ``seconds_per_step``. ``cpu_seconds_noise``: the same releases'
   CPU seconds (per-thread CPU time, summed; not inflated by other load), next to the step's
   ``cpu_seconds_per_step``.
 * ``noise_draws_per_s`` (dataset ``noise-sigma-2^k``): a micro-benchmark of the exact discrete

@@ -123,7 +123,9 @@ class DPALSConfig:
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     self_calibration: bool = False  # fold-in: each user's ridge by leave-out on her ratings (foldin.py)
-    user_cg_steps: int = 3  # training's user solves: CG iterations, warm-started (as implicit's ALS); 0: exact
+    # training's user solves: CG iterations per user and step, warm-started (as implicit's ALS, which
+    # does 3); 0: exact. quality-ml1m (10 seeds, paired): 3 lost 0.003 Recall@20 at eps = 10, 6 nothing
+    user_cg_steps: int = 6
     init_scale: float = 1.0
     defaults_rule: int | None = None  # set when the ε-aware rule (app.core.mf.defaults) chose the values
     seed: int = 0
