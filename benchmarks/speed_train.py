@@ -14,8 +14,9 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
   ``user_cg_steps`` = 6; clipping, noisy Grams, PSD projection, item solves); pre-processing
   (Algorithm 3) is reported separately. ``seconds_noise``: the time spent in the exact
   discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to the grid and
-  integer sampling) over the whole run divided by its T steps, summed over the solver threads; it is part of ``seconds_per_step``. ``cpu_seconds_noise``: the same releases'
-  CPU seconds (per-thread CPU time, summed; not inflated by other load), next to the step's
+  integer sampling) over the whole run divided by its T steps, summed over the solver threads;
+  it is part of ``seconds_per_step``. ``cpu_seconds_noise``: the same releases' CPU seconds
+  (per-thread CPU time, summed; not inflated by other load), next to the step's
   ``cpu_seconds_per_step``.
 * ``noise_draws_per_s`` (dataset ``noise-sigma-2^k``): a micro-benchmark of the exact discrete
   Gaussian sampler at integer σ = 2^k (k = 10, 15, 20: the grid releases' range), one thread,
