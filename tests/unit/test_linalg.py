@@ -7,7 +7,7 @@ import pytest
 
 from app.core.mf.als import bucket_gram, make_plan
 from app.core.mf.linalg import (add_to_diagonal, gather_rows, gram_and_rhs, positive_definite_mask, project_psd, psd_part,
-                             solve_noisy_systems, symmetric_from_upper)
+                             solve_noisy_systems, solve_positive_definite, symmetric_from_upper)
 
 
 def _noisy_grams(rng: np.random.Generator, n: int, rank: int, noise: float) -> np.ndarray:
@@ -122,3 +122,14 @@ def test_add_to_diagonal_equals_adding_scaled_identities():
     add_to_diagonal(matrices, ridge[:, None])
     add_to_diagonal(matrices, 0.5)
     assert np.array_equal(matrices, want)
+
+
+def test_positive_definite_solves_match_lu_and_fall_back_where_cholesky_fails():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(30, 12, 6))
+    systems = x.transpose(0, 2, 1) @ x + 0.1 * np.eye(6)
+    systems[3] = np.diag([1.0, -1.0, 2.0, 3.0, 4.0, 5.0])  # symmetric, invertible, not PD: the LU fallback
+    rhs = rng.normal(size=(30, 6))
+    want = np.linalg.solve(systems, rhs[:, :, None])[:, :, 0]
+    assert np.allclose(solve_positive_definite(systems, rhs), want, rtol=1e-10, atol=1e-12)
+    assert solve_positive_definite(systems[:0], rhs[:0]).shape == (0, 6)

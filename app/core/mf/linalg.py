@@ -3,7 +3,7 @@
 Chien et al. 2021 (arXiv:2110.05638), Algorithm 1: every trained item j solves
     v_j = (Π_PSD(Ã_j) + λ0 K̃ + λ r_j I)⁻¹ b̃_j
 with Ã_j the noisy Gram matrix. An r × r eigen-decomposition per item is the slow part of that
-step; :func:`solve_noisy_systems` replaces it by a Cholesky test per item and a batched LU solve,
+step; :func:`solve_noisy_systems` replaces it by a Cholesky test and a Cholesky solve per item,
 keeping the exact projection (its non-positive eigenpairs only) for the items whose unprojected
 system is not positive definite. Which system is solved depends only on released quantities
 (Ã_j, b̃_j, the DP recounts behind r_j) and public terms, so the choice is post-processing and
@@ -30,6 +30,7 @@ __all__ = [
     "noise_edge",
     "solve_noisy_systems",
     "add_to_diagonal",
+    "solve_positive_definite",
     "project_psd",
 ]
 
@@ -125,7 +126,7 @@ def solve_noisy_systems(
     Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a data-independent diagonal shift, E (``extra``,
     (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. With s = 0 this is the
     projected system of arXiv:2110.05638, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
-    projection is the identity and one batched LU solve follows; the exact projection (the
+    projection is the identity and a Cholesky solve per item follows; the exact projection (the
     non-positive eigenpairs, :func:`psd_part`) runs only for the rest. A shift at the noise's
     spectral edge (:func:`noise_edge`) keeps that rest small (≈ 7 % of the items in speed-train's
     setting: the edge is where the noise's extreme eigenvalue sits, not a bound). Everything here is a function of released and
@@ -143,7 +144,28 @@ def solve_noisy_systems(
     if extra is not None:
         system += extra
     add_to_diagonal(system, ridge[:, None])
-    return np.linalg.solve(system, rhs[:, :, None])[:, :, 0], int(len(bad))
+    return solve_positive_definite(system, rhs), int(len(bad))
+
+
+def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """x_j = A_j⁻¹ b_j for symmetric positive definite A_j (n, r, r) and b_j (n, r).
+
+    One LAPACK ``posv`` (Cholesky factor and solve) per system: about half an LU's work, and
+    faster than numpy's batched LU (≈ 13 vs 24 µs at r = 64, 70 vs 110 µs at r = 128). A system
+    whose factorisation fails (not PD in floating point) is solved by LU instead.
+    """
+    posv = lapack.get_lapack_funcs("posv", (systems, rhs))
+    out = np.empty(rhs.shape, dtype=np.result_type(systems, rhs))
+    failed = []
+    for j, (a, b) in enumerate(zip(systems, rhs)):
+        _, x, info = posv(a, b, lower=True)
+        if info == 0:
+            out[j] = x
+        else:
+            failed.append(j)
+    if failed:
+        out[failed] = np.linalg.solve(systems[failed], rhs[failed][:, :, None])[:, :, 0]
+    return out
 
 
 def add_to_diagonal(matrices: np.ndarray, values: np.ndarray | float) -> None:
