@@ -10,22 +10,28 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
   with three warm-started conjugate-gradient steps per row instead (``solver="cg"``, as implicit).
 * ``cpu_seconds_per_step``: the process's CPU seconds (all threads) over the same steps, steadier
   than wall time on a shared machine; peak-memory rows carry their ratio to implicit's.
-* ``dpals``: seconds per DPALS step (user solves, clipping, noisy Grams, PSD projection, item
-  solves); pre-processing (Algorithm 3) is reported separately. ``seconds_noise``: the time
-  spent in the exact discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to
-  the grid and integer sampling) over the whole run divided by its T steps, summed over the
-  solver threads; it is part of ``seconds_per_step``.
+* ``dpals``: seconds per DPALS step with the config's defaults otherwise (user CG iterations,
+  ``user_cg_steps`` = 6; clipping, noisy Grams, PSD projection, item solves); pre-processing
+  (Algorithm 3) is reported separately. ``seconds_noise``: the time spent in the exact
+  discrete-Gaussian grid releases (``app.core.privacy.discrete_noise``; rounding to the grid and
+  integer sampling) over the whole run divided by its T steps, summed over the solver threads;
+  it is part of ``seconds_per_step``. ``cpu_seconds_noise``: the same releases' CPU seconds
+  (per-thread CPU time, summed; not inflated by other load), next to the step's
+  ``cpu_seconds_per_step``.
 * ``noise_draws_per_s`` (dataset ``noise-sigma-2^k``): a micro-benchmark of the exact discrete
   Gaussian sampler at integer σ = 2^k (k = 10, 15, 20: the grid releases' range), one thread,
   best of a few repetitions in process CPU time, next to numpy's float ``normal`` in the same
   run (``baseline``; ``ratio`` = exact / float).
-Peak resident memory of each run is reported as its own row. Ratios are against implicit's
+Peak resident memory of each run is reported as its own row (the process's RSS, the data included;
+each run starts after the heap pages earlier runs freed are returned to the OS). Ratios are against implicit's
 iteration in the same run; no absolute time is asserted anywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +45,7 @@ from app.core.data.synthetic import production_synthetic
 from app.core.mf.als import ALSConfig, train_als
 from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.privacy.discrete_noise import GridGaussian, discrete_gaussian
-from benchmarks.harness import limit_threads, make_row, peak_memory
+from benchmarks.harness import MemoryPeak, limit_threads, make_row, peak_memory
 
 SUITE = "speed-train"
 BLAS_THREADS = 2
@@ -69,24 +75,44 @@ def _step_times(train: Callable[..., object]) -> tuple[float, float, float]:
 
 @contextlib.contextmanager
 def _noise_timer() -> Iterator[list[float]]:
-    """Accumulate the seconds spent in grid releases (all threads) into the yielded list."""
-    total = [0.0]
+    """Accumulate the wall and the CPU seconds spent in grid releases (each summed over the
+    threads) into the yielded list: [wall, CPU]. CPU time (``time.thread_time``) is not inflated
+    by other load on a shared machine, wall time is."""
+    total = [0.0, 0.0]
     lock = threading.Lock()
     original = GridGaussian.release
 
     def timed(self: GridGaussian, rng, value):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             return original(self, rng, value)
         finally:
             with lock:
                 total[0] += time.perf_counter() - start
+                total[1] += time.thread_time() - start_cpu
 
     GridGaussian.release = timed  # type: ignore[method-assign]
     try:
         yield total
     finally:
         GridGaussian.release = original  # type: ignore[method-assign]
+
+
+def _release_freed_heap() -> None:
+    """Return the heap pages earlier runs freed to the OS (glibc ``malloc_trim``; a no-op elsewhere),
+    so that a run's peak RSS is its data and its own allocations, not the allocator's leftovers."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+@contextlib.contextmanager
+def _run_memory() -> Iterator[MemoryPeak]:
+    """:func:`peak_memory` of one run, after :func:`_release_freed_heap`."""
+    _release_freed_heap()
+    with peak_memory() as memory:
+        yield memory
 
 
 def _draws_per_second(draw: Callable[[int], object], n: int, repeats: int = 3) -> float:
@@ -120,7 +146,7 @@ def _implicit_seconds(ratings: Ratings, rank: int) -> tuple[float, float, float]
 
     per_iteration: list[float] = []
     cpu: list[float] = []
-    with limit_threads(1), peak_memory() as memory:  # implicit checks the BLAS pool when constructed
+    with limit_threads(1), _run_memory() as memory:  # implicit checks the BLAS pool when constructed
         model = AlternatingLeastSquares(factors=rank, iterations=STEPS + 1, random_state=0, num_threads=BLAS_THREADS)
 
         def callback(iteration: int, elapsed: float, loss: float) -> None:
@@ -151,24 +177,25 @@ def run(quick: bool) -> list[dict]:
         rows.append(_row(name, "implicit-als", "peak_rss_mib", implicit_mem))
         with limit_threads(BLAS_THREADS):
             als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
-            with peak_memory() as memory:
+            with _run_memory() as memory:
                 als_step, als_cpu, _ = _step_times(partial(train_als, ratings, als_config))
             rows.append(_row(name, "als", "seconds_per_step", als_step, implicit_step))
             rows.append(_row(name, "als", "cpu_seconds_per_step", als_cpu, implicit_cpu))
             rows.append(_row(name, "als", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             cg_config = replace(als_config, solver="cg", cg_steps=3)  # implicit's default: 3 CG steps
-            with peak_memory() as memory:
+            with _run_memory() as memory:
                 cg_step, cg_cpu, _ = _step_times(partial(train_als, ratings, cg_config))
             rows.append(_row(name, "als-cg", "seconds_per_step", cg_step, implicit_step))
             rows.append(_row(name, "als-cg", "cpu_seconds_per_step", cg_cpu, implicit_cpu))
             rows.append(_row(name, "als-cg", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
             dp_config = DPALSConfig(rank=rank, n_steps=STEPS, contribution_bound=50, frequent_fraction=1.0,
                                     contribution_mode="tail", noise_multiplier=1.0)
-            with peak_memory() as memory, _noise_timer() as noise:
+            with _run_memory() as memory, _noise_timer() as noise:
                 dp_step, dp_cpu, preprocessing = _step_times(partial(train_dpals, ratings, dp_config))
             rows.append(_row(name, "dpals", "seconds_per_step", dp_step, implicit_step))
             rows.append(_row(name, "dpals", "cpu_seconds_per_step", dp_cpu, implicit_cpu))
             rows.append(_row(name, "dpals", "seconds_noise", noise[0] / STEPS, dp_step))
+            rows.append(_row(name, "dpals", "cpu_seconds_noise", noise[1] / STEPS, dp_cpu))
             rows.append(_row(name, "dpals", "seconds_preprocessing_and_first_step", preprocessing))
             rows.append(_row(name, "dpals", "peak_rss_mib", memory.rss_peak_mib, implicit_mem))
     return rows

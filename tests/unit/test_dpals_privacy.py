@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from app.core.data.ratings import Ratings
+from app.core.mf import dpals
 from app.core.mf.als import iter_grams
 from app.core.mf.dpals import (
     DPALSConfig,
@@ -27,7 +28,7 @@ from app.core.mf.dpals import (
 )
 from app.core.privacy import accounting
 from app.core.privacy.discrete_noise import GridGaussian
-from app.core.privacy.releaser import symmetric_noise
+from app.core.privacy.releaser import GaussianReleaser, symmetric_noise
 from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample
 
 K = 6  # contribution bound used throughout
@@ -323,7 +324,7 @@ def test_empty_ratings_train_a_noise_only_model():
     [
         {"rank": 0}, {"contribution_mode": "all"}, {"frequent_fraction": 0.0}, {"clip_user": 0.0},
         {"noise_multiplier": float("nan")}, {"rating_range": (5.0, 1.0)}, {"weight_exponent": 0.5},
-        {"reg_item": 0.0},
+        {"reg_item": 0.0}, {"user_cg_steps": -1}, {"user_cg_steps": 1.5}, {"user_cg_steps": True},
     ],
 )
 def test_bad_configs_raise(overrides):
@@ -372,3 +373,24 @@ def test_per_row_selection_matches_brute_force():
     for r in range(50):
         idx = np.flatnonzero(rows == r)
         assert set(np.flatnonzero(kept & (rows == r))) == set(idx[np.argsort(keys[idx])[:7]])
+
+
+@pytest.mark.parametrize("gravity", [0.0, 0.3])
+def test_cg_user_step_converges_to_the_exact_solves_and_warm_starts(gravity: float):
+    users, items, values = _base_ratings()
+    ratings = Ratings.from_arrays(users, items, values)
+    exact_config = DPALSConfig(rank=4, contribution_bound=K, reg_gravity=gravity, user_cg_steps=0)
+    rng = np.random.default_rng(3)
+    prep = dpals.preprocess(ratings, exact_config, GaussianReleaser(rng), rng)
+    item_factors = rng.normal(size=(len(prep.frequent), 4))
+    user_reg = user_regularisation(exact_config)
+    exact = dpals._user_step(prep, item_factors, exact_config, user_reg)
+    scale = np.abs(exact).max()
+    # CG on an r-dimensional system is exact after r iterations (float32 products here)
+    many = dpals._user_step(prep, item_factors, replace(exact_config, user_cg_steps=8), user_reg)
+    assert np.allclose(many, exact, atol=1e-4 * scale)
+    # started at the solution, one iteration stays there; from zeros, one does not get there
+    one = replace(exact_config, user_cg_steps=1)
+    assert np.allclose(dpals._user_step(prep, item_factors, one, user_reg, exact.astype(np.float32)), exact,
+                       atol=1e-4 * scale)
+    assert not np.allclose(dpals._user_step(prep, item_factors, one, user_reg), exact, atol=1e-2 * scale)

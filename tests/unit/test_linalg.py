@@ -7,11 +7,14 @@ import pytest
 
 from app.core.mf.als import bucket_gram, make_plan
 from app.core.mf.linalg import (
+    add_to_diagonal,
     gather_rows,
     gram_and_rhs,
     positive_definite_mask,
     project_psd,
+    psd_part,
     solve_noisy_systems,
+    solve_positive_definite,
     symmetric_from_upper,
 )
 
@@ -40,6 +43,18 @@ def test_positive_definite_mask_matches_the_spectrum():
     assert 0 < want.sum() < len(want)  # both kinds present: the bisection is exercised
     assert np.array_equal(positive_definite_mask(grams), want)
     assert positive_definite_mask(grams[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("rank", [1, 6, 64])
+def test_psd_part_equals_clamping_the_full_spectrum(rank: int):
+    rng = np.random.default_rng(6)
+    grams = _noisy_grams(rng, 40, rank, noise=0.4)
+    eigval, eigvec = project_psd(grams)
+    want = np.matmul(eigvec * eigval[:, None, :], np.swapaxes(eigvec, 1, 2))
+    got = psd_part(grams)
+    assert np.allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(grams).max())
+    assert np.linalg.eigvalsh(got).min() > -1e-10
+    assert np.array_equal(psd_part(grams[:0]), grams[:0])
 
 
 @pytest.mark.parametrize("shift", [0.0, 0.3])
@@ -106,3 +121,24 @@ def test_gram_and_rhs_of_gathered_rows():
     for g in range(2):
         x = padded[cols[g]] * sw[g][:, None]
         assert np.allclose(gram[g], x.T @ x) and np.allclose(rhs[g], x.T @ (sw[g] * y[g]))
+
+
+def test_add_to_diagonal_equals_adding_scaled_identities():
+    rng = np.random.default_rng(7)
+    matrices = rng.normal(size=(5, 4, 4))
+    ridge = rng.uniform(size=5)
+    want = matrices + ridge[:, None, None] * np.eye(4) + 0.5 * np.eye(4)
+    add_to_diagonal(matrices, ridge[:, None])
+    add_to_diagonal(matrices, 0.5)
+    assert np.array_equal(matrices, want)
+
+
+def test_positive_definite_solves_match_lu_and_fall_back_where_cholesky_fails():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(30, 12, 6))
+    systems = x.transpose(0, 2, 1) @ x + 0.1 * np.eye(6)
+    systems[3] = np.diag([1.0, -1.0, 2.0, 3.0, 4.0, 5.0])  # symmetric, invertible, not PD: the LU fallback
+    rhs = rng.normal(size=(30, 6))
+    want = np.linalg.solve(systems, rhs[:, :, None])[:, :, 0]
+    assert np.allclose(solve_positive_definite(systems, rhs), want, rtol=1e-10, atol=1e-12)
+    assert solve_positive_definite(systems[:0], rhs[:0]).shape == (0, 6)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from app.core.data.ratings import Ratings
-from app.core.mf.linalg import gather_rows, gram_and_rhs
+from app.core.mf.linalg import add_to_diagonal, gather_rows, gram_and_rhs
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 
@@ -38,8 +38,13 @@ __all__ = [
 Progress = Callable[[float, str], None]
 
 # Padded lengths: exact up to 8, then steps of at most ~12.5% so padding wastes little work.
-_MAX_SLOTS_PER_CHUNK = 1 << 16  # padded entries per chunk: bounds the (g, L, r) gather
-_MAX_ROWS_PER_CHUNK = 1024  # rows per chunk: bounds the (g, r, r) Gram batch
+# Chunks are what a solver thread holds at once: at r = 128, 256 float64 Grams are 32 MiB (and the
+# solves copy them); 1024-row chunks raised DPALS's peak memory by ~450 MiB there, for no speed.
+_MAX_SLOTS_PER_CHUNK = 1 << 14  # padded entries per chunk: bounds the (g, L, r) gather
+_MAX_ROWS_PER_CHUNK = 256  # rows per chunk: bounds the (g, r, r) Gram batch
+# CG reads each row's gathered factors twice per iteration: blocks of ~1 MiB stay in cache
+# (a whole 16 MiB chunk streams from memory every time: ~1.5x slower).
+_CG_BLOCK_BYTES = 1 << 20
 
 
 def _padded_length(count: np.ndarray) -> np.ndarray:
@@ -140,8 +145,8 @@ def _weighted_targets(bucket: Bucket) -> np.ndarray:
 
 def solve_rows(gram: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
     """Solve (G_i + shared + ridge_i I) x_i = b_i for a batch; ``ridge`` is (g,)."""
-    rank = gram.shape[-1]
-    system = gram + ridge[:, None, None] * np.eye(rank)
+    system = np.array(gram, dtype=np.float64)  # a float64 copy: ``gram`` is left as it is
+    add_to_diagonal(system, ridge[:, None])
     if shared is not None:
         system += shared
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
@@ -174,7 +179,7 @@ def solve_side(
             out[bucket.rows] = _solve_dual(bucket, padded, ridge[bucket.rows])
         else:
             gram, rhs = bucket_gram(bucket, padded)
-            out[bucket.rows] = solve_rows(gram.astype(np.float64), rhs.astype(np.float64), ridge[bucket.rows], shared)
+            out[bucket.rows] = solve_rows(gram, rhs.astype(np.float64), ridge[bucket.rows], shared)
 
     parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
@@ -199,39 +204,58 @@ def solve_side_cg(
     out = np.zeros((plan.n_rows, rank))
     padded = np.vstack([factors, np.zeros((1, rank))]).astype(np.float32)
     shared32 = None if shared is None else shared.astype(np.float32)
+    slots = max(1, _CG_BLOCK_BYTES // (4 * rank))
 
     def solve(bucket: Bucket) -> None:
-        x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
-        lam = ridge[bucket.rows].astype(np.float32)[:, None]
-
-        def apply(p: np.ndarray) -> np.ndarray:
-            ap = np.matmul(x.transpose(0, 2, 1), np.matmul(x, p[:, :, None]))[:, :, 0] + lam * p
-            return np.asarray(ap if shared32 is None else ap + p @ shared32)
-
-        b = np.matmul(x.transpose(0, 2, 1), _weighted_targets(bucket).astype(np.float32)[:, :, None])[:, :, 0]
-        u = start[bucket.rows].astype(np.float32)
-        residual = b - apply(u)
-        direction = residual.copy()
-        rs = np.einsum("gr,gr->g", residual, residual)
-        for _ in range(steps):
-            ad = apply(direction)
-            alpha = rs / np.maximum(np.einsum("gr,gr->g", direction, ad), 1e-30)
-            u += alpha[:, None] * direction
-            residual -= alpha[:, None] * ad
-            rs_new = np.einsum("gr,gr->g", residual, residual)
-            direction = residual + (rs_new / np.maximum(rs, 1e-30))[:, None] * direction
-            rs = rs_new
-        out[bucket.rows] = u
+        for block in _row_blocks(bucket, slots):
+            x = gather_rows(padded, block.cols, block.sqrt_weights)
+            lam = ridge[block.rows].astype(np.float32)[:, None]
+            out[block.rows] = _cg_steps(x, _weighted_targets(block), lam, shared32, start[block.rows], steps)
 
     parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
+
+
+def _row_blocks(bucket: Bucket, slots: int) -> Iterator[Bucket]:
+    """The bucket's rows in consecutive blocks of at most ``slots`` padded entries (at least one row)."""
+    per_block = max(1, slots // bucket.cols.shape[1])
+    for start in range(0, len(bucket.rows), per_block):
+        rows = slice(start, start + per_block)
+        weights = None if bucket.sqrt_weights is None else bucket.sqrt_weights[rows]
+        yield Bucket(rows=bucket.rows[rows], cols=bucket.cols[rows], values=bucket.values[rows], sqrt_weights=weights)
+
+
+def _cg_steps(
+    x: np.ndarray, targets: np.ndarray, lam: np.ndarray, shared: np.ndarray | None, start: np.ndarray, steps: int
+) -> np.ndarray:
+    """``steps`` CG iterations on (XᵀX + shared + lam I) u = Xᵀy per row, from ``start``, in float32."""
+    xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
+
+    def apply(p: np.ndarray) -> np.ndarray:
+        ap = np.matmul(xt, np.matmul(x, p[:, :, None]))[:, :, 0] + lam * p
+        return np.asarray(ap if shared is None else ap + p @ shared)
+
+    b = np.matmul(xt, targets.astype(np.float32)[:, :, None])[:, :, 0]
+    u = start.astype(np.float32)
+    residual = b - apply(u)
+    direction = residual.copy()
+    rs = np.einsum("gr,gr->g", residual, residual)
+    for _ in range(steps):
+        ad = apply(direction)
+        alpha = rs / np.maximum(np.einsum("gr,gr->g", direction, ad), 1e-30)
+        u += alpha[:, None] * direction
+        residual -= alpha[:, None] * ad
+        rs_new = np.einsum("gr,gr->g", residual, residual)
+        direction = residual + (rs_new / np.maximum(rs, 1e-30))[:, None] * direction
+        rs = rs_new
+    return u
 
 
 def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.ndarray:
     x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
     xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
     kernel = np.matmul(x, xt).astype(np.float64)
-    kernel += ridge[:, None, None] * np.eye(x.shape[1])
+    add_to_diagonal(kernel, ridge[:, None])
     alpha = np.linalg.solve(kernel, _weighted_targets(bucket)[:, :, None])
     return np.asarray(np.matmul(xt, alpha.astype(padded.dtype))[:, :, 0])  # in the Grams' dtype: no float64 copy of X
 

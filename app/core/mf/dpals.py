@@ -23,8 +23,10 @@ K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F =
 
 Symmetric matrices are released as their upper triangle (diagonal included) with i.i.d. noise,
 then mirrored; the upper triangle's L2 norm is at most the Frobenius norm, so the bounds hold.
-User embeddings are exact solves over each user's own ratings (privileged, never released);
-the item step only sees them clipped to ‖u_i‖ <= Γ_u. V's random initialisation is data-free.
+User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
+few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
+a function of her ratings and the released V's only; the item step only sees them clipped to
+‖u_i‖ <= Γ_u, which is all its sensitivities rely on. V's random initialisation is data-free.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core.data.ratings import Ratings
-from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side
-from app.core.mf.linalg import noise_edge, project_psd, solve_noisy_systems
+from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
+from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
@@ -72,9 +74,10 @@ OBJECTIVES = ("rating", "ranking")
 MEAN_MODES = ("dp", "public")
 Progress = Callable[[float, str], None]
 # The item systems use Π_PSD(Ã_j + s I) with s = PSD_SHIFT x 2σ√r, the spectral edge of the Gram noise
-# (data-independent, so post-processing): Ã_j + s I is then positive definite with high probability
-# and a Cholesky test replaces the per-item eigen-decomposition. 0 is the paper's Π_PSD(Ã_j). On
-# quality-ml1m's validation splits 1.0 matched 0 within seed noise (better at eps = 1); 0.5 no better.
+# (data-independent, so post-processing): Ã_j + s I is then positive definite for most items (≈ 93 %
+# in speed-train's setting) and a Cholesky test replaces their eigen-decomposition. 0 is the paper's
+# Π_PSD(Ã_j). On quality-ml1m's validation splits 1.0 matched 0 within seed noise (better at eps = 1);
+# 0.5 no better.
 PSD_SHIFT = 1.0
 
 
@@ -121,6 +124,9 @@ class DPALSConfig:
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     self_calibration: bool = False  # fold-in: each user's ridge by leave-out on her ratings (foldin.py)
+    # training's user solves: CG iterations per user and step, warm-started (as implicit's ALS, which
+    # does 3); 0: exact. quality-ml1m (10 seeds, paired): 3 lost 0.003 Recall@20 at eps = 10, 6 nothing
+    user_cg_steps: int = 6
     init_scale: float = 1.0
     defaults_rule: int | None = None  # set when the ε-aware rule (app.core.mf.defaults) chose the values
     seed: int = 0
@@ -133,6 +139,9 @@ class DPALSConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        steps = self.user_cg_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"user_cg_steps must be an integer >= 0, got {steps!r}")
         if self.contribution_mode not in CONTRIBUTION_MODES:
             raise ValueError(f"contribution_mode must be one of {CONTRIBUTION_MODES}")
         if self.mean_mode not in MEAN_MODES:
@@ -302,8 +311,8 @@ def public_preprocessing(
 ) -> PublicState:
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     k = config.contribution_bound
-    _, cols, vals = ratings.coo()
     sample = per_user_sample(ratings, k, rng)
+    cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
     counts = releaser.vector(
         "item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k),
         config.noise_multipliers()["counts"],
@@ -343,12 +352,14 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
     b_i is user i's own shrunken offset (a function of her ratings only), so removing her changes
     at most k coordinates by at most Γ_b each: L2 sensitivity sqrt(k)·Γ_b.
     """
-    rows, cols, vals = ratings.coo()
+    rows, _, vals = ratings.coo()
     residual = vals - mean
     offsets = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
-    terms = np.clip(residual - offsets[rows], -config.clip_bias, config.clip_bias)
+    residual -= offsets[rows]
+    terms = np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    cols = ratings.csr.indices  # CSR order, as ``sample``
     return np.bincount(cols[sample], weights=terms[sample], minlength=ratings.n_items).astype(np.float64)
 
 
@@ -380,24 +391,46 @@ def _item_biases(
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
-    rows, cols, vals = ratings.coo()
-    residual = vals - public.global_mean - public.item_biases[cols]
-    bias = user_regularisation(config).user_bias(
-        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
-    )
-    position = np.full(ratings.n_items, -1, dtype=np.int64)
-    position[public.frequent] = np.arange(len(public.frequent))
-    on_frequent = position[cols] >= 0
-    f_rows, f_cols = rows[on_frequent], position[cols[on_frequent]]
-    f_vals = np.clip(residual[on_frequent] - bias[f_rows], -config.clip_rating, config.clip_rating)
+    f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
+    f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     kept_weights = None if weights is None else weights[kept]
     return BoundedData(
         user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False),
         item_plan=_plan(f_rows[kept], f_cols[kept], f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True),
         recount_statistic=count_statistic(f_cols[kept], kept_weights, n_frequent),
     )
+
+
+def _frequent_entries(ratings: Ratings, public: PublicState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user, frequent-item position) of every rating on a frequent item, in CSR order (int32),
+    and the mask of those ratings among all of them."""
+    position = np.full(ratings.n_items, -1, dtype=np.int32)
+    position[public.frequent] = np.arange(len(public.frequent))
+    f_cols = position[ratings.csr.indices]
+    on_frequent = f_cols >= 0
+    rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())
+    return rows[on_frequent], f_cols[on_frequent], on_frequent
+
+
+def _frequent_values(
+    ratings: Ratings, config: DPALSConfig, public: PublicState, on_frequent: np.ndarray, f_rows: np.ndarray
+) -> np.ndarray:
+    """The centred, clipped values of the ratings on frequent items (CSR order). Computed after
+    the contribution bound and with the full-size temporaries freed on return: peak memory."""
+    rows, cols, vals = ratings.coo()
+    residual = vals - public.global_mean - public.item_biases[cols]
+    del cols
+    bias = user_regularisation(config).user_bias(
+        np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
+    )
+    del rows
+    f_vals = residual[on_frequent]
+    del residual
+    f_vals -= bias[f_rows]
+    np.clip(f_vals, -config.clip_rating, config.clip_rating, out=f_vals)
+    return np.asarray(f_vals)
 
 
 def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
@@ -451,10 +484,20 @@ def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndar
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
-    order = sort_pairs(major, minor)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
+    if _sorted_pairs(major, minor):  # entries in CSR order already are, by user: no sort, no copies
+        return make_plan(indptr, minor, vals, n_minor, weights)
+    order = sort_pairs(major, minor)
     w = None if weights is None else weights[order]
     return make_plan(indptr, minor[order], vals[order], n_minor, w)
+
+
+def _sorted_pairs(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether the (major, minor) pairs are in strictly increasing order."""
+    if len(major) < 2:
+        return True
+    step = np.diff(major)
+    return bool(np.all((step > 0) | ((step == 0) & (minor[1:] > minor[:-1]))))
 
 
 # ---------------------------------------------------------------------------- training
@@ -593,7 +636,7 @@ def _solve_filtered(
         rhs = rhs + public.rhs
         if public.shared is not None:
             system += public.shared
-    system += ridge[:, None, None] * np.eye(rhs.shape[1])
+    add_to_diagonal(system, ridge[:, None])
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
 
 
@@ -615,11 +658,27 @@ def wiener_filter(
     return eigval * weights, np.einsum("nij,nj->ni", eigvec, projected)
 
 
-def _user_step(prep: Preprocessed, item_factors: np.ndarray, config: DPALSConfig, user_reg: UserRegularisation) -> np.ndarray:
-    """Exact user solves from all of each user's frequent ratings (privileged, never released)."""
+def _user_step(
+    prep: Preprocessed,
+    item_factors: np.ndarray,
+    config: DPALSConfig,
+    user_reg: UserRegularisation,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
+    """User solves from all of each user's frequent ratings (privileged, never released).
+
+    Exact ridge solves, or ``user_cg_steps`` conjugate-gradient iterations per user from ``start``
+    (her previous step's solution; zeros at the first step): O(nnz·r) per iteration instead of
+    O(nnz·r² + n·r³) (Takács et al. 2011; ``implicit``'s ALS does the same). Either way u_i depends
+    on user i's ratings and the released V's only.
+    """
     ridge = user_reg.ridge(prep.user_plan.counts)
     shared = config.reg_gravity * item_factors.T @ item_factors if config.reg_gravity else None
-    return solve_side(prep.user_plan, item_factors, ridge, shared)
+    if config.user_cg_steps == 0:
+        return solve_side(prep.user_plan, item_factors, ridge, shared)
+    if start is None:
+        start = np.zeros((prep.user_plan.n_rows, config.rank), dtype=np.float32)
+    return solve_side_cg(prep.user_plan, item_factors, ridge, start, config.user_cg_steps, shared)
 
 
 def event_parameters(config: DPALSConfig) -> dict[str, Any]:
@@ -699,8 +758,12 @@ def fit_dpals(
     released = PublicState(
         global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
     )
+    user_start = None  # the previous step's unclipped solutions: the CG warm start
     for step in range(config.n_steps):
-        user_factors = clip_rows(_user_step(prep, item_factors, config, user_reg), config.clip_user)
+        solved = _user_step(prep, item_factors, config, user_reg, user_start)
+        user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
+        user_factors = clip_rows(solved, config.clip_user)
+        del solved
         public = None if public_terms is None else public_terms(released, item_factors)
         item_factors = _item_step(prep, user_factors, config, releaser, public)
         del user_factors
