@@ -136,6 +136,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     # where gravity is turned down the prior keeps a floor: a small dense catalogue ranks mostly by popularity
     assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
+    assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
     assert small["defaults_rule"] == defaults.RULE_VERSION == 3
 
 
