@@ -131,10 +131,13 @@ def _select_and_test(
 
 
 def _candidates(task: _Task, eps: float, delta: float) -> list[dict[str, Any]]:
-    """The ε-aware default (the service's rule) first, then the search winners."""
+    """The ε-aware default (the service's rule) first, the default with one more step (and with
+    twice the contribution bound too), then the search winners."""
     default, _ = resolve_hyperparameters("dpals", {}, objective=task.objective, epsilon=eps, delta=delta,
                                          rating_range=task.dpals_base["rating_range"], n_items=task.train.n_items)
-    return [default] + task.dpals_candidates[eps]
+    longer = {**default, "n_steps": default["n_steps"] + 1}
+    wider = {**longer, "contribution_bound": 2 * default["contribution_bound"]}
+    return [default, longer, wider] + task.dpals_candidates[eps]
 
 
 def task_rows(task: _Task, quick: bool) -> list[dict]:

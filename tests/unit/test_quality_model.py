@@ -143,7 +143,11 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(0.5, 3000)["count_noise_ratio"] < small["count_noise_ratio"] < large["count_noise_ratio"] == 2.0
     assert rule(5.0, 100)["reg_gravity"] < rule(5.0, 3000)["reg_gravity"]  # small dense catalogue: less gravity
     assert rule(5.0, 100)["frequent_fraction"] == 0.5  # never fewer than 50 trained items
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 2
+    # where gravity is turned down the prior keeps a floor: a small dense catalogue ranks mostly by popularity
+    assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
+    assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
+    assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 3
 
 
 def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
