@@ -60,7 +60,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         if algorithm.popularity_kind == "dp_count":
             items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity, strict=True)]
         return out(fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
-    if trained_scoring.applies(algorithm.score, kind):
+    if trained_scoring.applies(algorithm, kind):
         state_key = (cache.version_id, cache.sha256, user_id,
                      trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
