@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.auth import TokenError, decode_token_cached, issue_token
+from app.core.algorithms import get_algorithm
 from app.core.mf import foldin
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.services.serving import trained_scoring
@@ -43,8 +44,12 @@ def test_trained_rows_top_n_is_the_full_paths_top_n_bit_for_bit(seed: int) -> No
     assert np.array_equal(scores, full[view.rows])
     got_idx, got_top = trained_scoring.trained_top_n(view, scores, 25, allowed)
     assert np.array_equal(got_idx, want_idx) and np.array_equal(got_top, want_top)
-    assert trained_scoring.applies(foldin.user_scores, "predicted_rating")
-    assert not trained_scoring.applies(foldin.user_scores, "ranking_score")
+
+@pytest.mark.parametrize(("name", "kind", "expected"), [
+    ("dpals", "predicted_rating", True), ("dpcmf", "predicted_rating", True), ("dpals", "ranking_score", False),
+    ("dpfw", "predicted_rating", False), ("onebit", "p_thumbs_up", False)])
+def test_trained_rows_path_applies_to_the_registered_fold_in_algorithms(name: str, kind: str, expected: bool) -> None:
+    assert trained_scoring.applies(get_algorithm(name), kind) is expected
 
 
 def test_user_state_is_reused_only_under_the_same_key() -> None:

@@ -179,6 +179,7 @@ def item_mask(active_: ActiveModel, key: Any, ids: frozenset[str]) -> np.ndarray
 
 
 def scored_items(serving: ActiveModel, idx: np.ndarray, scores: np.ndarray | None) -> list[ScoredItem]:
+    """The response rows for ``idx``, best first (``tolist``: Python floats, as ``float(x)``)."""
     ids = np.asarray(serving.model.item_ids)[idx].tolist()
-    values = [None] * len(ids) if scores is None else [float(x) for x in scores]
+    values = [None] * len(ids) if scores is None else scores.tolist()
     return [ScoredItem(item_id=str(i), score=v, rank=k + 1) for k, (i, v) in enumerate(zip(ids, values, strict=True))]

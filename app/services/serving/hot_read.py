@@ -4,6 +4,12 @@ A pooled session costs a pre-ping, a BEGIN and a ROLLBACK around every query (fo
 for one SELECT). A single SELECT is its own snapshot, so on PostgreSQL the hot path runs it on
 an autocommit engine beside the session's (:func:`app.db.session.get_read_engine`); other
 databases (the embedded SQLite) use the session itself.
+
+On PostgreSQL the statement is compiled once to the driver's SQL and run on the pooled
+connection's driver cursor: SQLAlchemy's per-execution machinery (compiled-cache lookup,
+execution context, result wrapping) cost about as much CPU as the query itself. Driver errors
+are re-raised as SQLAlchemy's (``OperationalError`` stays a 503), with a dead connection
+invalidated so the one retry gets a fresh one.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Executable, Row
+from sqlalchemy import Engine, Executable
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -20,7 +26,7 @@ from app.db.session import get_read_engine
 __all__ = ["read_rows"]
 
 
-Rows = Sequence[Row[*tuple[Any, ...]]]
+Rows = Sequence[Sequence[Any]]  # SQLAlchemy rows or the driver's tuples: indexed by position
 
 
 def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]) -> Rows:
@@ -38,5 +44,26 @@ def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]
 
 
 def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> Rows:
+    sql = _driver_sql(engine, statement)
+    dbapi_error = engine.dialect.loaded_dbapi.Error
     with engine.connect() as conn:
-        return conn.execute(statement, params).all()
+        driver = conn.connection.driver_connection
+        try:
+            return driver.execute(sql, params).fetchall()  # type: ignore[union-attr]  # psycopg's connection
+        except dbapi_error as exc:
+            dead = bool(getattr(driver, "closed", False))
+            if dead:
+                conn.invalidate()
+            raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
+
+
+_compiled: dict[tuple[int, str], tuple[Executable, str]] = {}  # the statement is kept: its id stays its own
+
+
+def _driver_sql(engine: Engine, statement: Executable) -> str:
+    """``statement`` as the driver's SQL (named parameters in its style), compiled once."""
+    key = (id(statement), engine.dialect.name)
+    entry = _compiled.get(key)
+    if entry is None or entry[0] is not statement:
+        entry = _compiled[key] = (statement, str(statement.compile(dialect=engine.dialect)))  # type: ignore[attr-defined]  # a ClauseElement
+    return entry[1]

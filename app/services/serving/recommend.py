@@ -8,6 +8,7 @@ the public release, not charged). Scores and user vectors are never logged or st
 from __future__ import annotations
 
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
     s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
-    rated = np.fromiter((s.positions.get(i, -1) for i in item_ids), dtype=np.int64, count=len(item_ids))
+    rated = np.fromiter(map(s.positions.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
     kind = score_kind(cache.algorithm, model)
@@ -60,7 +61,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         if algorithm.popularity_kind == "dp_count":
             items = [item.model_copy(update={"dp_count": float(c)}) for item, c in zip(items, popularity, strict=True)]
         return out(fallback=True, fallback_reason=f"dp_popular: {reason}", items=items)
-    if trained_scoring.applies(algorithm.score, kind):
+    if trained_scoring.applies(algorithm, kind):
         state_key = (cache.version_id, cache.sha256, user_id,
                      trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from app.core.algorithms import ALGORITHMS
 from app.core.mf import foldin
 
 __all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores",
@@ -42,9 +43,14 @@ class TrainedRows:
     biases: np.ndarray
 
 
-def applies(score: Any, kind: str) -> bool:
-    """True when the scores are fold-in predicted ratings (top-N restricted to trained items)."""
-    return score is foldin.user_scores and kind == "predicted_rating"
+# The fold-in family's scoring method (DPALS and DP-CMF inherit it: foldin.user_scores).
+_FOLD_IN_SCORE = type(ALGORITHMS["dpals"]).score
+
+
+def applies(algorithm: Any, kind: str) -> bool:
+    """True when ``algorithm`` scores by fold-in predicted ratings (top-N restricted to trained
+    items). Compared on the class: ``algorithm.score`` is a new bound method on every access."""
+    return getattr(type(algorithm), "score", None) is _FOLD_IN_SCORE and kind == "predicted_rating"
 
 
 def trained_rows(model: Any) -> TrainedRows:
