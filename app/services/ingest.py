@@ -22,7 +22,7 @@ from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, V
 from app.db.session import is_postgres
 from app.errors import ConcurrentlyDeleted, InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
-from app.schemas.ingest import RatingBatchOut, RatingOut, RatingRow, RatingWriteOut, RowResult
+from app.schemas.ingest import RatingBatchResult, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
 from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
@@ -296,16 +296,16 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
                           updated_at=utcnow())
 
 
-def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchOut:
+def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
     """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
     ds = get_dataset(session, dataset)
     users = [r.user_id for r in rows]
     items = [r.item_id for r in rows]
     status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
-    # one validation of plain dicts (in pydantic-core) is cheaper than 10,000 model constructions
-    results = [{"index": k, "user_id": u, "item_id": i, "status": s}
-               for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
-    return RatingBatchOut.model_validate({"created": n_created, "updated": n_updated, "results": results})
+    # typed by construction: no per-row validation (it cost ~5 us a row), serialised as plain dicts
+    results: list[RowResultDict] = [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
+                                    for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
+    return RatingBatchResult(created=n_created, updated=n_updated, results=results)
 
 
 def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]]) -> int:
