@@ -202,6 +202,10 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
                 item_map: dict[str, int]) -> list[RowResult]:
     """Every invalid row: non-finite or out-of-range value, unknown item, repeated pair."""
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
+    # the usual batch, checked set-wise first: no value out of range, no unknown item, no repeated pair
+    if not bad_value.any() and len(item_map) == len(set(items)) \
+            and len(set(zip(users, items, strict=True))) == len(users):
+        return []
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
     for k, (u, i) in enumerate(zip(users, items, strict=True)):
