@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import CursorResult, Result
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-__all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection"]
+__all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
+           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -34,6 +36,23 @@ def pg_array(values: Sequence[Any]) -> str:
     if values and isinstance(values[0], str):
         return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
     return "{" + ",".join(map(repr, values)) + "}"
+
+
+# PostgreSQL binary COPY of (bigint, bigint, float8) rows: a field count, then length + value per field
+PG_COPY_TRIPLET = np.dtype(
+    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
+)
+PG_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature (11), flags (4), extension length (4)
+_PG_COPY_TRAILER = b"\xff\xff"  # field count -1
+
+
+def pg_copy_triplets(u: np.ndarray, i: np.ndarray, v: np.ndarray) -> bytes:
+    """``COPY ... FROM STDIN (FORMAT BINARY)`` data of the rows (u[k], i[k], v[k]): no text formatting."""
+    rows = np.empty(len(u), dtype=PG_COPY_TRIPLET)
+    rows["n"] = 3
+    rows["l1"] = rows["l2"] = rows["l3"] = 8
+    rows["u"], rows["i"], rows["v"] = u, i, v
+    return PG_COPY_HEADER + rows.tobytes() + _PG_COPY_TRAILER
 
 
 def chunks(seq: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:

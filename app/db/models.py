@@ -18,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -182,15 +183,15 @@ class Rating(Base):
     data set, the users and the items it writes for, and ``delete_user`` locks the user row
     ``FOR UPDATE`` before it deletes the user's ratings, so no rating can outlive its user. Code
     that deletes users, items or data sets must delete their ratings itself (no cascade).
-    Upserts name the conflict target by its columns, so the unique key's column order is free.
+    Keyed by (user, data set, item) alone, no surrogate id (nothing read it; it cost a sequence
+    value and a second B-tree insert per row). Upserts name the conflict target by its columns.
     """
 
     __tablename__ = "ratings"
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    dataset_id: Mapped[int] = mapped_column(Integer)
-    user_id: Mapped[int] = mapped_column(BigId)
-    item_id: Mapped[int] = mapped_column(BigId)
+    dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    user_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    item_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
     value: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
@@ -198,7 +199,7 @@ class Rating(Base):
     __table_args__ = (
         # user first: it also serves a user's ratings and their deletion, so the table needs no
         # other index (each index is a B-tree insert per upserted row)
-        UniqueConstraint("user_id", "dataset_id", "item_id", name="uq_ratings_user_dataset_item"),
+        PrimaryKeyConstraint("user_id", "dataset_id", "item_id", name="pk_ratings"),
     )
 
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.data.ratings import Ratings
-from app.db.dialect import driver_connection
+from app.db.dialect import PG_COPY_HEADER, PG_COPY_TRIPLET, driver_connection
 from app.db.models import Dataset, Item
 from app.db.session import is_postgres
 
@@ -28,12 +28,6 @@ def item_index(session: Session, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
     item_db = np.fromiter((r[0] for r in item_rows), dtype=np.int64, count=len(item_rows))
     item_ext = np.array([r[1] for r in item_rows], dtype=object)
     return item_db, item_ext
-
-
-_COPY_ROW = np.dtype(
-    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
-)
-_COPY_HEADER = 19  # PGCOPY signature (11) + flags (4) + header extension length (4)
 
 
 _TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables; values read as float64
@@ -60,10 +54,10 @@ def _triplets_postgres(session: Session, table: str, dataset_id: int, local_epsi
         for chunk in copy:
             buf += chunk
     cursor.close()
-    body = memoryview(buf)[_COPY_HEADER : len(buf) - 2]  # strip the header and the -1 trailer
-    if len(body) % _COPY_ROW.itemsize:
+    body = memoryview(buf)[len(PG_COPY_HEADER) : len(buf) - 2]  # strip the header and the -1 trailer
+    if len(body) % PG_COPY_TRIPLET.itemsize:
         raise RuntimeError("unexpected binary COPY layout for ratings")
-    rows = np.frombuffer(body, dtype=_COPY_ROW)
+    rows = np.frombuffer(body, dtype=PG_COPY_TRIPLET)
     fixed_width = all(np.all(rows[field] == width) for field, width in (("n", 3), ("l1", 8), ("l2", 8), ("l3", 8)))
     if len(rows) and not fixed_width:
         raise RuntimeError("unexpected binary COPY layout for ratings")

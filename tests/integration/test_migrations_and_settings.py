@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from alembic import command
 from pydantic import ValidationError
-from sqlalchemy import create_engine, inspect, pool, text
+from sqlalchemy import create_engine, exc, inspect, pool, text
 
 from app.config import DEFAULT_SECRET_KEY, Settings
 from app.db.migrate import alembic_config, current_revision, head_revision, upgrade_head
@@ -22,6 +22,45 @@ def test_upgrade_head_matches_the_models_and_round_trips(db_url):
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     upgrade_head(db_url)
     assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+_RATING_ROWS = [(1, 10, 100, 4.5), (1, 10, 101, 2.0), (2, 11, 100, 3.0)]  # (data set, user, item, value)
+
+
+def _rating_rows(engine) -> list[tuple]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT dataset_id, user_id, item_id, value FROM ratings ORDER BY dataset_id, user_id, item_id"))]
+
+
+def test_ratings_natural_key_migration_keeps_rows_both_ways(db_url):
+    """0007 makes (user, data set, item) the ratings' primary key and drops the surrogate id;
+    its downgrade numbers the kept rows again. Rows survive both ways; the key stays unique."""
+    engine = create_engine(normalise_url(db_url), poolclass=pool.NullPool)
+    command.downgrade(alembic_config(db_url), "0005")
+    with engine.begin() as conn:  # no foreign keys on ratings since 0005: bare rows suffice
+        for ds, user, item, value in _RATING_ROWS:
+            conn.execute(text("INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+                              "VALUES (:ds, :u, :i, :v, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"),
+                         {"ds": ds, "u": user, "i": item, "v": value})
+    upgrade_head(db_url)
+    assert _rating_rows(engine) == sorted(_RATING_ROWS)
+    ratings = inspect(engine)
+    assert "id" not in {c["name"] for c in ratings.get_columns("ratings")}
+    assert ratings.get_pk_constraint("ratings")["constrained_columns"] == ["user_id", "dataset_id", "item_id"]
+    with pytest.raises(exc.IntegrityError), engine.begin() as conn:
+        conn.execute(text("INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+                          "VALUES (1, 10, 100, 1.0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+    command.downgrade(alembic_config(db_url), "0005")
+    assert _rating_rows(engine) == sorted(_RATING_ROWS)
+    with engine.begin() as conn:  # the restored id numbers new rows too
+        conn.execute(text("INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+                          "VALUES (3, 12, 100, 5.0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        ids = [r[0] for r in conn.execute(text("SELECT id FROM ratings"))]
+    assert len(set(ids)) == len(_RATING_ROWS) + 1 and None not in ids
+    upgrade_head(db_url)
+    assert _rating_rows(engine) == sorted([*_RATING_ROWS, (3, 12, 100, 5.0)])
     engine.dispose()
 
 
