@@ -280,3 +280,37 @@ class ProjectionOut(BaseModel):
     affordable_runs: int | None = Field(description=(
         "How many runs at `epsilon` the cap still allows (null: the run costs nothing)."))
     affordable_runs_capped: bool = Field(description="True when the count was cut at 10,000.")
+
+
+class LedgerCheckOut(BaseModel):
+    """The hash chain's verification: every hash and every stored spend recomputed."""
+
+    dataset: str
+    ok: bool
+    n_entries: int
+    bad_seq: int | None
+    reason: str | None
+
+
+class ChartOut(BaseModel):
+    """The dashboard's spend chart, rendered server-side."""
+
+    points: int
+    svg: str
+
+
+class DashboardSummaryOut(BaseModel):
+    """One data set on the dashboard: budget, chain check, projection at an ε and the spend chart."""
+
+    budget: BudgetOut
+    chain: LedgerCheckOut
+    projection: ProjectionOut | None
+    projection_error: str | None = Field(description="Why no projection could be made (e.g. no algorithm applies).")
+    chart: ChartOut
+
+
+class DashboardTrainingOut(BaseModel):
+    """A training started from the dashboard (queued; the workers pick it up after the commit)."""
+
+    run_id: int
+    status: Literal["queued"]

@@ -42,3 +42,19 @@ def test_non_admin_and_bad_tokens_get_no_session(sqlite_env: Env) -> None:
     # a bearer token in the cookie is no session
     c.cookies.set("privrec_session", sqlite_env.token("root", "admin"), path="/dashboard")
     assert c.get("/dashboard/api/datasets/default/summary").status_code == 401
+
+
+def test_dashboard_json_is_typed(sqlite_env: Env) -> None:
+    """Every JSON the page reads is one of the declared response models (no ad-hoc dicts)."""
+    from app.schemas.admin import DashboardSummaryOut, LedgerEntryOut, ModelVersionOut, TrainingRunOut
+    from app.schemas.common import Page
+
+    c = sqlite_env.client
+    _sign_in(sqlite_env)
+    summary = c.get("/dashboard/api/datasets/default/summary", params={"epsilon": 1.0}).json()
+    assert DashboardSummaryOut.model_validate(summary).chain.ok
+    for path, model in (("trainings", TrainingRunOut), ("models", ModelVersionOut), ("ledger", LedgerEntryOut)):
+        body = c.get(f"/dashboard/api/datasets/default/{path}", params={"limit": 1}).json()
+        page = Page[model].model_validate(body)  # type: ignore[valid-type]  # model is a class bound per case
+        assert set(body) == {"items", "total", "offset", "limit", "next_offset"}, path
+        assert page.next_offset == (1 if page.total > 1 else None), path

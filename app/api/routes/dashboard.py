@@ -12,29 +12,43 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import jwt
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, page_query
 from app.api.params import DatasetP
 from app.auth import ISSUER, TokenError, decode_token
 from app.config import Settings
 from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
-from app.schemas.admin import MAX_EPSILON_CAP, TrainingIn
-from app.schemas.common import MAX_PAGE_SIZE, PageRequest
+from app.schemas.admin import (
+    MAX_EPSILON_CAP,
+    ChartOut,
+    DashboardSummaryOut,
+    DashboardTrainingOut,
+    LedgerCheckOut,
+    LedgerEntryOut,
+    ModelVersionOut,
+    ProjectionOut,
+    TrainingIn,
+    TrainingRunOut,
+)
+from app.schemas.common import MAX_PAGE_SIZE, Page, PageRequest
 from app.services import admin as svc
 from app.services.unit_of_work import after_commit
 
 __all__ = ["router", "COOKIE", "chart_svg"]
 
 router = APIRouter(include_in_schema=False)
+T = TypeVar("T")
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
 
 COOKIE = "privrec_session"
@@ -167,44 +181,58 @@ def chart_svg(entries: list[dict[str, Any]], width: int = 720, height: int = 240
 
 
 # ----------------------------------------------------------------------------- JSON for the page
-@router.get("/dashboard/api/datasets/{dataset}/summary")
+@router.get("/dashboard/api/datasets/{dataset}/summary", response_model=DashboardSummaryOut)
 def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
-            epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP)] = 1.0) -> dict[str, Any]:
+            epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP)] = 1.0) -> DashboardSummaryOut:
     """Budget, chain status, projection at ``epsilon`` and the spend chart."""
-    budget = svc.budget_view(session, dataset=dataset).model_dump(mode="json")
     page = svc.ledger_page(session, dataset=dataset, offset=0, limit=1)
     start = max(0, page.total - CHART_POINTS)
     entries = [e.model_dump(mode="json") for e in
                svc.ledger_page(session, dataset=dataset, offset=start, limit=CHART_POINTS).items]
+    projection: ProjectionOut | None = None
+    projection_error = None
     try:
-        projection: dict[str, Any] | None = svc.projection(session, dataset=dataset, epsilon=epsilon).model_dump(
-            mode="json")
-        projection_error = None
+        projection = svc.projection(session, dataset=dataset, epsilon=epsilon)
     except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. no algorithm applies yet)
-        projection, projection_error = None, getattr(exc, "message", type(exc).__name__)
-    return {"budget": budget, "chain": svc.chain_status(session, dataset=dataset), "projection": projection,
-            "projection_error": projection_error, "chart": {"points": len(entries), "svg": chart_svg(entries)}}
+        projection_error = getattr(exc, "message", type(exc).__name__)
+    return DashboardSummaryOut(
+        budget=svc.budget_view(session, dataset=dataset),
+        chain=LedgerCheckOut.model_validate(svc.chain_status(session, dataset=dataset)),
+        projection=projection, projection_error=projection_error,
+        chart=ChartOut(points=len(entries), svg=chart_svg(entries)))
 
 
-@router.get("/dashboard/api/datasets/{dataset}/trainings")
-def trainings(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
+@router.get("/dashboard/api/datasets/{dataset}/trainings", response_model=Page[TrainingRunOut])
+def trainings(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> Page[TrainingRunOut]:
     return _newest_first(svc.runs_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.runs_page(session, dataset=dataset, offset=o, limit=n), page)
+                         partial(_runs, session, dataset), page)
 
 
-@router.get("/dashboard/api/datasets/{dataset}/models")
-def models(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
+@router.get("/dashboard/api/datasets/{dataset}/models", response_model=Page[ModelVersionOut])
+def models(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> Page[ModelVersionOut]:
     return _newest_first(svc.versions_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.versions_page(session, dataset=dataset, offset=o, limit=n), page)
+                         partial(_versions, session, dataset), page)
 
 
-@router.get("/dashboard/api/datasets/{dataset}/ledger")
-def ledger_table(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> dict[str, Any]:
+@router.get("/dashboard/api/datasets/{dataset}/ledger", response_model=Page[LedgerEntryOut])
+def ledger_table(dataset: DatasetP, _: SessionAdmin, session: SessionDep, page: DashboardPageQ) -> Page[LedgerEntryOut]:
     return _newest_first(svc.ledger_page(session, dataset=dataset, offset=0, limit=1).total,
-                         lambda o, n: svc.ledger_page(session, dataset=dataset, offset=o, limit=n), page)
+                         partial(_ledger, session, dataset), page)
 
 
-def _newest_first(total: int, fetch: Any, page: PageRequest) -> dict[str, Any]:
+def _runs(session: Session, dataset: str, offset: int, limit: int) -> Page[TrainingRunOut]:
+    return svc.runs_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+def _versions(session: Session, dataset: str, offset: int, limit: int) -> Page[ModelVersionOut]:
+    return svc.versions_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+def _ledger(session: Session, dataset: str, offset: int, limit: int) -> Page[LedgerEntryOut]:
+    return svc.ledger_page(session, dataset=dataset, offset=offset, limit=limit)
+
+
+def _newest_first(total: int, fetch: Callable[[int, int], Page[T]], page: PageRequest) -> Page[T]:
     """Page ``page`` of the newest-first listing, whatever order the service lists in."""
     offset, limit = page.offset, page.limit
     end = max(0, total - offset)
@@ -212,29 +240,30 @@ def _newest_first(total: int, fetch: Any, page: PageRequest) -> dict[str, Any]:
     first = fetch(0, 1).items
     last = fetch(max(total - 1, 0), 1).items
     ascending = not first or not last or _key(first[0]) <= _key(last[0])
+    items: list[T]
     if not ascending:
         items = fetch(offset, limit).items
     elif end > start:
         items = list(reversed(fetch(start, end - start).items))
     else:
         items = []
-    return {"items": [i.model_dump(mode="json") for i in items], "total": total, "offset": offset, "limit": limit}
+    next_offset = offset + limit if offset + limit < total else None
+    return Page[T](items=items, total=total, offset=offset, limit=limit, next_offset=next_offset)
 
 
 def _key(item: Any) -> int:
     return int(getattr(item, "seq", 0) or getattr(item, "id", 0))
 
 
-@router.post("/dashboard/api/datasets/{dataset}/trainings", status_code=202)
+@router.post("/dashboard/api/datasets/{dataset}/trainings", status_code=202, response_model=DashboardTrainingOut)
 def start_training(dataset: DatasetP, body: TrainingIn, claims: CsrfAdmin, session: WriteSessionDep,
-                   settings: SettingsDep) -> dict[str, Any]:
+                   settings: SettingsDep) -> DashboardTrainingOut:
     run_id = svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{claims['sub']}")
     after_commit(session, partial(svc.enqueue, run_id, settings))  # never before the reservation is durable
-    return {"run_id": run_id, "status": "queued"}
+    return DashboardTrainingOut(run_id=run_id, status="queued")
 
 
-@router.post("/dashboard/api/datasets/{dataset}/models/{version_id}/activate")
+@router.post("/dashboard/api/datasets/{dataset}/models/{version_id}/activate", response_model=ModelVersionOut)
 def activate(dataset: DatasetP, version_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)], claims: CsrfAdmin,
-             session: WriteSessionDep) -> dict[str, Any]:
-    out = svc.activate(session, dataset=dataset, version_id=int(version_id), actor=f"admin:{claims['sub']}")
-    return out.model_dump(mode="json")
+             session: WriteSessionDep) -> ModelVersionOut:
+    return svc.activate(session, dataset=dataset, version_id=int(version_id), actor=f"admin:{claims['sub']}")
