@@ -1,6 +1,6 @@
 """Batched dense kernels of the ALS-type solvers: Gram formation, symmetric noise layout, solves.
 
-Chien et al. 2021 (arXiv:2110.05638), Algorithm 1: every trained item j solves
+Chien et al. 2021 (arXiv:2107.09802), Algorithm 1: every trained item j solves
     v_j = (Π_PSD(Ã_j) + λ0 K̃ + λ r_j I)⁻¹ b̃_j
 with Ã_j the noisy Gram matrix. An r × r eigen-decomposition per item is the slow part of that
 step; :func:`solve_noisy_systems` replaces it by a Cholesky test and a Cholesky solve per item,
@@ -125,7 +125,7 @@ def solve_noisy_systems(
 
     Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a data-independent diagonal shift, E (``extra``,
     (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. With s = 0 this is the
-    projected system of arXiv:2110.05638, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
+    projected system of arXiv:2107.09802, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
     projection is the identity and a Cholesky solve per item follows; the exact projection (the
     non-positive eigenpairs, :func:`psd_part`) runs only for the rest. A shift at the noise's
     spectral edge (:func:`noise_edge`) keeps that rest small (≈ 7 % of the items in speed-train's
