@@ -53,18 +53,21 @@ def _check_range(ds: Any, value: float) -> str | None:
     return None
 
 
-# One statement: creates the missing users (in sorted external-id order, so concurrent writers'
-# inserts never cross) and locks the existing ones FOR KEY SHARE (the set-based replacement of the
-# ratings' foreign key; such locks never conflict with each other, only with delete_user's FOR
-# UPDATE). Both parts read the statement's snapshot: a user committed or deleted concurrently is
-# missing from the result and handled by the next attempt, which sees the newer state.
+# Users in two statements, both in sorted external-id order. The INSERT's DO UPDATE .. WHERE false
+# locks every conflicting (existing) row without writing it, so concurrent writers lock users in one
+# global order and a user deleted meanwhile is simply created again: no second INSERT, whose order
+# could cross another writer's, is ever needed. (A single statement with DO NOTHING plus a
+# FOR KEY SHARE select deadlocked in the delete/insert race test under load: DO NOTHING locks
+# nothing, so a user deleted meanwhile needs a retry whose INSERT can cross another writer's.)
+# The SELECT then holds every row FOR KEY SHARE until commit (the ratings' foreign key, set-based).
 _PG_ENSURE_USERS = text(
-    "WITH created AS (INSERT INTO users (external_id, created_at, updated_at) "
+    "INSERT INTO users (external_id, created_at, updated_at) "
     "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) "
-    "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id), "
-    "existing AS (SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
-    "JOIN users u ON u.external_id = t.e ORDER BY u.id FOR KEY SHARE OF u) "
-    "SELECT id, external_id FROM created UNION ALL SELECT id, external_id FROM existing"
+    "ON CONFLICT (external_id) DO UPDATE SET updated_at = EXCLUDED.updated_at WHERE false"
+)
+_PG_USER_IDS = text(
+    "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
+    "JOIN users u ON u.external_id = t.e ORDER BY u.id FOR KEY SHARE OF u"
 )
 _PG_LOCK_REFERENCES = text(  # the data set's and the items' rows, FOR KEY SHARE until commit
     "SELECT (SELECT count(*) FROM (SELECT 1 FROM datasets WHERE id = :ds FOR KEY SHARE) AS d) "
@@ -136,8 +139,8 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
     if is_postgres(session):  # one statement each, arrays as parameters (PostgreSQL)
         missing = ids
         for _ in range(_MAX_USER_ATTEMPTS):
-            out.update({ext: uid for uid, ext in session.execute(_PG_ENSURE_USERS, {"ids": pg_array(missing),
-                                                                                   "now": now}).all()})
+            session.execute(_PG_ENSURE_USERS, {"ids": pg_array(missing), "now": now})
+            out.update({ext: uid for uid, ext in session.execute(_PG_USER_IDS, {"ids": pg_array(missing)}).all()})
             missing = [e for e in ids if e not in out]
             if not missing:
                 return out
