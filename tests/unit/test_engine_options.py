@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.config import Settings
-from app.db.session import EngineOptions, dispose_engines, engine_options, get_engine, open_database
+from app.db.session import DEFAULT_ENGINE_OPTIONS, EngineOptions, dispose_engines, engine_options, get_engine, open_database
 
 
 def test_engine_uses_the_options_it_is_given() -> None:
@@ -26,3 +26,10 @@ def test_open_database_builds_the_engine_from_the_given_settings(tmp_path) -> No
         assert open_database(settings, other) == other  # a caller's own database wins
     finally:
         dispose_engines()
+
+
+def test_default_options_are_the_settings_defaults() -> None:
+    fields = Settings.model_fields
+    from_settings = EngineOptions(echo=fields["db_echo"].default, pool_size=fields["db_pool_size"].default,
+                                  sqlite_busy_timeout_ms=fields["sqlite_busy_timeout_ms"].default)
+    assert from_settings == DEFAULT_ENGINE_OPTIONS
