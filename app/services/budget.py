@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.config import Settings
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, TrainingRun
-from app.errors import DeltaRequired, InvalidDatasetName, InvalidRatingRange, PersonBudgetFixed, UnknownDataset
+from app.errors import DeltaRequired, InvalidDatasetName, InvalidRatingRange, PersonBudgetFixed
 from app.schemas.admin import LedgerEntryOut
 from app.schemas.common import require_valid_page
+from app.services.catalog import get_dataset  # one definition; re-exported for the training services
 
 __all__ = [
     "BudgetView",
@@ -65,14 +66,6 @@ class BudgetView:
     neighbouring_relation: str = "add_or_remove_one_user"  # the account's: every number above holds under it
     neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
     person_budget: PersonBudgetView | None = None  # the per-person bound this data set counts against
-
-
-def get_dataset(session: Session, name: str) -> Dataset:
-    """The data set called ``name`` (NotFound otherwise)."""
-    ds = session.scalar(select(Dataset).where(Dataset.name == name))
-    if ds is None:
-        raise UnknownDataset(name)
-    return ds
 
 
 def ensure_dataset(

@@ -11,7 +11,7 @@ is data-independent.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dp_accounting import dp_event
@@ -45,9 +45,6 @@ class Projection:
     fits: bool
     affordable_runs: int | None  # None: the run costs nothing
     affordable_runs_capped: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict[str, Any], str | None]:
