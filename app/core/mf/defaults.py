@@ -146,10 +146,10 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 3
+RULE_VERSION = 4
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
-CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 50.0}
-CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 100.0}
+CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
+CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
 # ranking: the DP-popularity prior's floor where gravity is turned down (see _ranking_defaults)
 PRIOR_FLOOR = 4.0
 # ranking: catalogues of at least this many items get the full gravity and no prior floor
