@@ -170,6 +170,9 @@ def test_dpcmf_defaults_weigh_public_sources_less_as_the_noise_falls(objective: 
     small, large = resolve(1.0), resolve(20.0)
     assert small["alpha_metadata"] == pytest.approx(20 * large["alpha_metadata"]) and large["alpha_metadata"] > 0
     assert small["alpha_public_users"] > 0 and small["alpha_similarities"] > 0
+    if objective == "ranking":  # rule 4: a genre row's ridge λ_F/α = 30·ε, re-derived for the rank law
+        assert small["reg_feature"] / small["alpha_metadata"] == pytest.approx(30.0)
+        assert large["reg_feature"] / large["alpha_metadata"] == pytest.approx(600.0)
     dpals_rule = defaults.default_hyperparameters(objective=objective, epsilon=1.0, delta=1e-6,
                                                   rating_range=(1.0, 5.0), n_items=3000)
     assert {k: small[k] for k in dpals_rule} == dpals_rule  # DPALS's rule plus the public side
