@@ -147,7 +147,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 3
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 4
 
 
 def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
@@ -170,6 +170,9 @@ def test_dpcmf_defaults_weigh_public_sources_less_as_the_noise_falls(objective: 
     small, large = resolve(1.0), resolve(20.0)
     assert small["alpha_metadata"] == pytest.approx(20 * large["alpha_metadata"]) and large["alpha_metadata"] > 0
     assert small["alpha_public_users"] > 0 and small["alpha_similarities"] > 0
+    if objective == "ranking":  # rule 4: a genre row's ridge λ_F/α = 30·ε, re-derived for the rank law
+        assert small["reg_feature"] / small["alpha_metadata"] == pytest.approx(30.0)
+        assert large["reg_feature"] / large["alpha_metadata"] == pytest.approx(600.0)
     dpals_rule = defaults.default_hyperparameters(objective=objective, epsilon=1.0, delta=1e-6,
                                                   rating_range=(1.0, 5.0), n_items=3000)
     assert {k: small[k] for k in dpals_rule} == dpals_rule  # DPALS's rule plus the public side
