@@ -34,7 +34,10 @@ def pg_array(values: Sequence[Any]) -> str:
     Numbers are written with ``repr``; strings are double-quoted with ``\\`` and ``"`` escaped.
     """
     if values and isinstance(values[0], str):
-        return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+        joined = '","'.join(values)  # one C-level join; escaping (rare) only when needed
+        if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
+            joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+        return '{"' + joined + '"}'
     return "{" + ",".join(map(repr, values)) + "}"
 
 
