@@ -23,7 +23,7 @@ from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, V
 from app.db.session import is_postgres
 from app.errors import InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
-from app.schemas.ingest import RatingBatchResult, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
+from app.schemas.ingest import RatingBatchResult, RatingColumns, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
 from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
@@ -370,9 +370,11 @@ def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[Ratin
     """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
     share_references(session)
     ds = get_dataset(session, dataset)
-    users = [r.user_id for r in rows]
-    items = [r.item_id for r in rows]
-    status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
+    if isinstance(rows, RatingColumns):  # validated column-wise by the route's body model
+        users, items, values = rows.user_ids, rows.item_ids, rows.ratings
+    else:
+        users, items, values = [r.user_id for r in rows], [r.item_id for r in rows], [r.rating for r in rows]
+    status, n_created, n_updated = _upsert_many(session, ds, users, items, values)
     # typed by construction: no per-row validation (it cost ~5 us a row), serialised as plain dicts
     results: list[RowResultDict] = [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
                                     for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
