@@ -9,16 +9,24 @@ never logged.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from sqlalchemy import TextClause, delete, func, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.db.dialect import CHUNK, chunks, driver_connection, insert_for, pg_array, pg_copy_triplets, rows_matched
+from app.db.dialect import (
+    CHUNK,
+    chunks,
+    driver_connection,
+    driver_sql,
+    insert_for,
+    pg_array,
+    pg_copy_triplets,
+    rows_matched,
+)
 from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
 from app.db.session import is_postgres
 from app.errors import InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
@@ -85,15 +93,17 @@ _PG_USER_IDS = text(
 REFERENCES_LOCK_KEY = 0x70726976_72656301  # "privrec" + 1: the one advisory lock key of the service
 _PG_SHARE_REFERENCES = text("SELECT pg_advisory_xact_lock_shared(:key)")
 _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
-# Under the shared references lock: the new users inserted, every id returned in one statement.
-# The SELECT half reads the statement's snapshot, so a user committed by a concurrent writer
-# after it began (DO NOTHING waited for that writer) is missing: the caller reads those again.
+# Under the shared references lock: the known users read, the others inserted (sorted), every id
+# returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
+# concurrent writer after it began (DO NOTHING waited for that writer) is in neither half: the
+# caller reads those again. Inserting only the unknown ids spares a conflict probe per known user.
 _PG_RATING_USERS = text(
-    "WITH t AS (SELECT e FROM unnest(CAST(:ids AS text[])) AS t(e)), new AS ("
-    "INSERT INTO users (external_id, created_at, updated_at) SELECT e, :now, :now FROM t "
+    "WITH t AS (SELECT e FROM unnest(CAST(:ids AS text[])) AS t(e)), "
+    "known AS (SELECT u.id, u.external_id FROM t JOIN users u ON u.external_id = t.e), "
+    "new AS (INSERT INTO users (external_id, created_at, updated_at) "
+    "SELECT e, :now, :now FROM t WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.external_id = t.e) ORDER BY e "
     "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
-    "SELECT id, external_id FROM new UNION ALL "
-    "SELECT u.id, u.external_id FROM t JOIN users u ON u.external_id = t.e"
+    "SELECT id, external_id FROM known UNION ALL SELECT id, external_id FROM new"
 )
 _PG_RATING_USERS_AGAIN = text(
     "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) JOIN users u ON u.external_id = t.e"
@@ -154,14 +164,11 @@ _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters be
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
 
 
-def _driver_sql(stmt: TextClause) -> str:
-    """``stmt``'s SQL for the driver's own cursor: ``:name`` becomes ``%(name)s``, ``%`` doubles."""
-    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", stmt.text.replace("%", "%%"))
-
-
-_DRIVER_SHARE_REFERENCES = _driver_sql(_PG_SHARE_REFERENCES)
-_DRIVER_UPSERT_ONE = _driver_sql(_PG_UPSERT_ONE)
-_DRIVER_NEW_USER = _driver_sql(_PG_NEW_USER)
+_DRIVER_SHARE_REFERENCES = driver_sql(_PG_SHARE_REFERENCES)
+_DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
+_DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
+_DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
+_DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
 
 
 class _Range(NamedTuple):
@@ -211,11 +218,11 @@ def _rating_user_ids(session: Session, external_ids: Sequence[str], now: datetim
     """Create missing users; return external id -> row id (PostgreSQL, under the shared references
     lock: no user can be deleted meanwhile, so no row locks and no retry of the INSERT)."""
     ids = sorted(set(external_ids))
-    literal = pg_array(ids)
-    out = {ext: uid for uid, ext in session.execute(_PG_RATING_USERS, {"ids": literal, "now": now}).all()}
-    if len(out) < len(ids):  # created by a concurrent writer that committed while this statement ran
-        missing = pg_array([e for e in ids if e not in out])
-        out.update({ext: uid for uid, ext in session.execute(_PG_RATING_USERS_AGAIN, {"ids": missing}).all()})
+    with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
+        out = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, {"ids": pg_array(ids), "now": now})}
+        if len(out) < len(ids):  # created by a concurrent writer that committed while this statement ran
+            missing = pg_array([e for e in ids if e not in out])
+            out.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": missing})})
     if len(out) < len(ids):
         raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
     return out
