@@ -4,16 +4,17 @@ the session's driver connection (binary COPY, raw cursors)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import CursorResult, Result
+from sqlalchemy import CursorResult, Result, TextClause
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 __all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
-           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets"]
+           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "driver_sql"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -34,7 +35,10 @@ def pg_array(values: Sequence[Any]) -> str:
     Numbers are written with ``repr``; strings are double-quoted with ``\\`` and ``"`` escaped.
     """
     if values and isinstance(values[0], str):
-        return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+        joined = '","'.join(values)  # one C-level join; escaping (rare) only when needed
+        if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
+            joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+        return '{"' + joined + '"}'
     return "{" + ",".join(map(repr, values)) + "}"
 
 
@@ -75,3 +79,9 @@ def driver_connection(session: Session) -> Any:
     if driver is None:
         raise RuntimeError("the session's connection has no live driver connection")
     return driver
+
+
+def driver_sql(stmt: TextClause) -> str:
+    """``stmt``'s SQL for the driver's own cursor (psycopg): ``:name`` becomes ``%(name)s`` and
+    ``%`` doubles. Hot statements run there: no SQL compilation, plain tuples instead of rows."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", stmt.text.replace("%", "%%"))

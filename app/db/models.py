@@ -179,10 +179,11 @@ class Rating(Base):
     """One user's rating of one item (unique per data set, user and item; upserted).
 
     No foreign keys (their per-row triggers were most of a bulk upsert's time): the ingest service
-    checks references set-based in the writing transaction, holding ``FOR KEY SHARE`` locks on the
-    data set, the users and the items it writes for, and ``delete_user`` locks the user row
-    ``FOR UPDATE`` before it deletes the user's ratings, so no rating can outlive its user. Code
-    that deletes users, items or data sets must delete their ratings itself (no cascade).
+    resolves references set-based in the writing transaction while holding the *references lock*
+    shared (a transaction-scoped advisory lock, :func:`app.services.ingest.share_references`), and
+    ``delete_user`` holds it exclusively while it deletes the user's ratings, so no rating can
+    outlive its user. Code that deletes users, items or data sets must take that lock exclusively
+    and delete their ratings itself (no cascade).
     Keyed by (user, data set, item) alone, no surrogate id (nothing read it; it cost a sequence
     value and a second B-tree insert per row). Upserts name the conflict target by its columns.
     """

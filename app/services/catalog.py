@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.db.dialect import CHUNK, chunks, insert_for, pg_array
+from app.db.dialect import CHUNK, chunks, driver_connection, driver_sql, insert_for, pg_array
 from app.db.models import Dataset, Item, bump_ratings_version, utcnow
 from app.db.session import is_postgres
 from app.errors import InvalidItemId, UnknownDataset, UnknownItem
@@ -48,13 +48,15 @@ _PG_ITEM_IDS = text(
     "SELECT i.id, i.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "JOIN items i ON i.dataset_id = :ds AND i.external_id = t.e"
 )
+_DRIVER_ITEM_IDS = driver_sql(_PG_ITEM_IDS)
 
 
 def item_row_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:
     """External item id -> row id for the known items among ``external_ids``."""
     ids = sorted(set(external_ids))
     if is_postgres(session):
-        return {ext: iid for iid, ext in session.execute(_PG_ITEM_IDS, {"ds": ds.id, "ids": pg_array(ids)}).all()}
+        with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
+            return {ext: iid for iid, ext in cursor.execute(_DRIVER_ITEM_IDS, {"ds": ds.id, "ids": pg_array(ids)})}
     out: dict[str, int] = {}
     for part in chunks(ids, CHUNK):
         rows = session.execute(

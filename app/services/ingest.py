@@ -11,18 +11,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.db.dialect import CHUNK, chunks, driver_connection, insert_for, pg_array, pg_copy_triplets, rows_matched
+from app.db.dialect import (
+    CHUNK,
+    chunks,
+    driver_connection,
+    driver_sql,
+    insert_for,
+    pg_array,
+    pg_copy_triplets,
+    rows_matched,
+)
 from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
 from app.db.session import is_postgres
-from app.errors import ConcurrentlyDeleted, InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
+from app.errors import InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
-from app.schemas.ingest import RatingBatchResult, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
+from app.schemas.ingest import RatingBatchResult, RatingColumns, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
 from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
@@ -34,6 +43,8 @@ __all__ = [
     "list_user_ratings",
     "user_ratings_arrays",
     "ensure_user_rows",
+    "share_references",
+    "REFERENCES_LOCK_KEY",
 ]
 
 WriteStatus = Literal["created", "updated"]  # what one rating write did
@@ -59,7 +70,8 @@ def _check_range(ds: Any, value: float) -> str | None:
 # could cross another writer's, is ever needed. (A single statement with DO NOTHING plus a
 # FOR KEY SHARE select deadlocked in the delete/insert race test under load: DO NOTHING locks
 # nothing, so a user deleted meanwhile needs a retry whose INSERT can cross another writer's.)
-# The SELECT then holds every row FOR KEY SHARE until commit (the ratings' foreign key, set-based).
+# The SELECT then holds every row FOR KEY SHARE until commit. Votes and public data use this
+# (:func:`ensure_user_rows`): the row locks serialise each user's writers (the votes cap checks).
 _PG_ENSURE_USERS = text(
     "INSERT INTO users (external_id, created_at, updated_at) "
     "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) "
@@ -69,10 +81,32 @@ _PG_USER_IDS = text(
     "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "JOIN users u ON u.external_id = t.e ORDER BY u.id FOR KEY SHARE OF u"
 )
-_PG_LOCK_REFERENCES = text(  # the data set's and the items' rows, FOR KEY SHARE until commit
-    "SELECT (SELECT count(*) FROM (SELECT 1 FROM datasets WHERE id = :ds FOR KEY SHARE) AS d) "
-    "+ (SELECT count(*) FROM (SELECT 1 FROM items WHERE id = ANY(CAST(:ids AS bigint[])) "
-    "ORDER BY id FOR KEY SHARE) AS i)"
+# Ratings take no row locks on the rows they reference (each was a WAL record, and a MultiXact
+# when two writers shared a row). Instead every rating write holds the *references lock* shared
+# (a transaction-scoped advisory lock, released at commit) from before it reads any user, item or
+# data set id until it commits, and :func:`delete_user` holds it exclusively while it deletes the
+# user and their ratings (no code deletes items or data sets; code that did would take it
+# exclusively too). So a delete either committed before the writer's next statement, which then
+# no longer sees the user (it is created again), or waits until the writer's ratings are
+# committed and deletes them: no orphan either way. Deletes are rare and short; while one waits,
+# new writers queue behind it (PostgreSQL grants lock requests in order).
+REFERENCES_LOCK_KEY = 0x70726976_72656301  # "privrec" + 1: the one advisory lock key of the service
+_PG_SHARE_REFERENCES = text("SELECT pg_advisory_xact_lock_shared(:key)")
+_PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
+# Under the shared references lock: the known users read, the others inserted (sorted), every id
+# returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
+# concurrent writer after it began (DO NOTHING waited for that writer) is in neither half: the
+# caller reads those again. Inserting only the unknown ids spares a conflict probe per known user.
+_PG_RATING_USERS = text(
+    "WITH t AS (SELECT e FROM unnest(CAST(:ids AS text[])) AS t(e)), "
+    "known AS (SELECT u.id, u.external_id FROM t JOIN users u ON u.external_id = t.e), "
+    "new AS (INSERT INTO users (external_id, created_at, updated_at) "
+    "SELECT e, :now, :now FROM t WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.external_id = t.e) ORDER BY e "
+    "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
+    "SELECT id, external_id FROM known UNION ALL SELECT id, external_id FROM new"
+)
+_PG_RATING_USERS_AGAIN = text(
+    "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) JOIN users u ON u.external_id = t.e"
 )
 _PG_STAGE = text(
     "CREATE TEMP TABLE IF NOT EXISTS ingest_rating_stage "
@@ -99,32 +133,49 @@ _PG_UPSERT_ARRAYS = text(
     "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
     "SELECT user_id, item_id FROM upserted WHERE inserted"
 )
-_PG_ONE_REFERENCES = text(  # one round trip: the data set, item and user rows, all FOR KEY SHARE
-    "SELECT d.id, d.rating_min, d.rating_max, "
-    "(SELECT id FROM items WHERE dataset_id = d.id AND external_id = :item FOR KEY SHARE) AS item_id, "
-    "(SELECT id FROM users WHERE external_id = :user FOR KEY SHARE) AS user_id "
-    "FROM datasets d WHERE d.name = :name FOR KEY SHARE"
-)
-_PG_NEW_USER = text(
-    "INSERT INTO users (external_id, created_at, updated_at) VALUES (:user, :now, :now) "
-    "ON CONFLICT (external_id) DO NOTHING RETURNING id"
-)
-_PG_LOCK_USER = text("SELECT id FROM users WHERE external_id = :user FOR KEY SHARE")
-_PG_UPSERT_ONE = text(  # the rating and the data set's version shard in one statement
-    "WITH rating AS ("
+# One rating in one statement, under the shared references lock (taken by the statement before):
+# the data set, item and user looked up, then the rating and the data set's version shard written
+# only if all three exist and the value is in range. The row says what was found, so the caller
+# can refuse (404/422, nothing written) or create the missing user and run it again.
+_PG_UPSERT_ONE = text(
+    "WITH d AS (SELECT id, rating_min, rating_max FROM datasets WHERE name = :name), "
+    "it AS (SELECT items.id FROM items JOIN d ON items.dataset_id = d.id WHERE items.external_id = :item), "
+    "u AS (SELECT id FROM users WHERE external_id = :user), "
+    "ok AS (SELECT d.id AS ds, u.id AS uid, it.id AS iid FROM d, u, it "
+    "WHERE CAST(:v AS float8) BETWEEN d.rating_min AND d.rating_max), "
+    "rating AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
-    "VALUES (:ds, :uid, :iid, :v, :now, :now) "
+    "SELECT ds, uid, iid, :v, :now, :now FROM ok "
     "ON CONFLICT (user_id, dataset_id, item_id) "
     "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
     "RETURNING (xmax = 0) AS inserted), "
     "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
-    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, 1, :now) "
+    f"SELECT ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, 1, :now FROM ok "
     "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + 1, "
     "changed_at = EXCLUDED.changed_at) "
-    "SELECT inserted FROM rating"
+    "SELECT d.rating_min, d.rating_max, (SELECT id FROM it) AS item_id, (SELECT id FROM u) AS user_id, "
+    "(SELECT inserted FROM rating) AS inserted FROM d"
+)
+_PG_NEW_USER = text(
+    "INSERT INTO users (external_id, created_at, updated_at) VALUES (:user, :now, :now) "
+    "ON CONFLICT (external_id) DO NOTHING"
 )
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
+
+
+_DRIVER_SHARE_REFERENCES = driver_sql(_PG_SHARE_REFERENCES)
+_DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
+_DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
+_DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
+_DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
+
+
+class _Range(NamedTuple):
+    """A data set's rating range (what :func:`_check_range` reads)."""
+
+    rating_min: float
+    rating_max: float
 
 
 def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
@@ -155,6 +206,28 @@ def _ensure_users(session: Session, external_ids: Sequence[str], now: datetime) 
     return out
 
 
+def share_references(session: Session) -> None:
+    """PostgreSQL: hold the references lock shared until the transaction ends (a no-op when this
+    transaction holds it already counts twice; SQLite serialises writers). Call before reading
+    any user, item or data set id that a rating will reference."""
+    if is_postgres(session):
+        session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
+
+
+def _rating_user_ids(session: Session, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
+    """Create missing users; return external id -> row id (PostgreSQL, under the shared references
+    lock: no user can be deleted meanwhile, so no row locks and no retry of the INSERT)."""
+    ids = sorted(set(external_ids))
+    with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
+        out = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, {"ids": pg_array(ids), "now": now})}
+        if len(out) < len(ids):  # created by a concurrent writer that committed while this statement ran
+            missing = pg_array([e for e in ids if e not in out])
+            out.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": missing})})
+    if len(out) < len(ids):
+        raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
+    return out
+
+
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                    values: list[float], now: datetime) -> set[tuple[int, int]]:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE); return the (user, item) row-id pairs that were created."""
@@ -179,12 +252,9 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
 
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                       values: list[float], now: datetime) -> set[tuple[int, int]]:
-    """PostgreSQL's bulk path: lock the items (set-based reference check), COPY the rows into a
-    temporary staging table, then one set-based upsert. The ratings table has no foreign keys;
-    the data set, users and items are held ``FOR KEY SHARE`` by this transaction instead."""
-    if session.execute(_PG_LOCK_REFERENCES, {"ds": ds.id, "ids": pg_array(sorted(set(item_ids)))}).scalar() \
-            != 1 + len(set(item_ids)):
-        raise ConcurrentlyDeleted("the data set or an item was deleted concurrently; nothing was written")
+    """PostgreSQL's bulk path: COPY the rows into a temporary staging table, then one set-based
+    upsert. The ratings table has no foreign keys; the caller holds the references lock shared
+    (:func:`share_references`), so the data set, users and items stay."""
     u, i, v = np.asarray(user_ids, dtype=np.int64), np.asarray(item_ids, dtype=np.int64), np.asarray(values)
     order = np.lexsort((i, u))  # key order: B-tree inserts touch neighbouring pages
     u, i, v = u[order], i[order], v[order]
@@ -241,7 +311,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
             details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
         )
     now = utcnow()
-    user_map = _ensure_users(session, users, now)
+    user_map = (_rating_user_ids if is_postgres(session) else _ensure_users)(session, users, now)
     uids = [user_map[u] for u in users]
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
@@ -264,27 +334,26 @@ def _require_in_range(ds: Any, rating: float) -> None:
 
 
 def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> WriteStatus:
-    """One rating on PostgreSQL in two round trips (three for a new user): the data set, item and
-    user rows (locked FOR KEY SHARE), then the rating and its version shard. The batch path's
-    checks and locks, without its per-batch work and without loading ORM objects."""
+    """One rating on PostgreSQL in two statements (four for a new user): the shared references
+    lock, then lookups and writes in one statement (:data:`_PG_UPSERT_ONE`). Both go through the
+    driver's cursor (prepared by psycopg after a few uses): no ORM objects, no SQL compilation."""
     now = utcnow()
-    ds = session.execute(_PG_ONE_REFERENCES, {"name": dataset, "item": item_id, "user": user_id}).one_or_none()
-    if ds is None:
-        raise unknown_dataset(dataset)
-    _require_in_range(ds, rating)
-    if ds.item_id is None:
-        raise _unknown_item(dataset, item_id)
-    uid = ds.user_id
-    for _ in range(_MAX_USER_ATTEMPTS):  # a concurrently deleted user is created again
-        if uid is not None:
-            break
-        uid = session.execute(_PG_NEW_USER, {"user": user_id, "now": now}).scalar()
-        if uid is None:  # created concurrently: lock that row
-            uid = session.execute(_PG_LOCK_USER, {"user": user_id}).scalar()
-    if uid is None:
-        raise RuntimeError("the user was deleted concurrently again and again; retry the request")
-    inserted = session.execute(_PG_UPSERT_ONE, {"ds": ds.id, "uid": uid, "iid": ds.item_id, "v": float(rating),
-                                                "now": now}).scalar()
+    params = {"name": dataset, "item": item_id, "user": user_id, "v": float(rating), "now": now}
+    with driver_connection(session).cursor() as cursor:
+        cursor.execute(_DRIVER_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
+        row = cursor.execute(_DRIVER_UPSERT_ONE, params).fetchone()
+        if row is None:
+            raise unknown_dataset(dataset)
+        rating_min, rating_max, iid, uid, inserted = row
+        _require_in_range(_Range(rating_min, rating_max), rating)
+        if iid is None:
+            raise _unknown_item(dataset, item_id)
+        if uid is None:  # the user's first rating: create them (no one can delete them meanwhile)
+            cursor.execute(_DRIVER_NEW_USER, {"user": user_id, "now": now})
+            row = cursor.execute(_DRIVER_UPSERT_ONE, params).fetchone()
+            inserted = row[4] if row is not None else None
+        if inserted is None:
+            raise RuntimeError("the rating was not written")  # pragma: no cover - impossible under the lock
     return "created" if inserted else "updated"
 
 
@@ -306,10 +375,13 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
 
 def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
     """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
+    share_references(session)
     ds = get_dataset(session, dataset)
-    users = [r.user_id for r in rows]
-    items = [r.item_id for r in rows]
-    status, n_created, n_updated = _upsert_many(session, ds, users, items, [r.rating for r in rows])
+    if isinstance(rows, RatingColumns):  # validated column-wise by the route's body model
+        users, items, values = rows.user_ids, rows.item_ids, rows.ratings
+    else:
+        users, items, values = [r.user_id for r in rows], [r.item_id for r in rows], [r.rating for r in rows]
+    status, n_created, n_updated = _upsert_many(session, ds, users, items, values)
     # typed by construction: no per-row validation (it cost ~5 us a row), serialised as plain dicts
     results: list[RowResultDict] = [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
                                     for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
@@ -324,20 +396,22 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
     ``unknown_items``, listing them; nothing written), never a reason to create the item, which
     would make the public catalogue reveal that someone rated it.
     """
+    share_references(session)
     ds = get_dataset(session, dataset)
     last: dict[tuple[str, str], float] = {}
     for u, i, v in rows:
         last[(str(u), str(i))] = float(v)
     users = [k[0] for k in last]
     items = [k[1] for k in last]
-    missing = sorted(set(items) - set(item_row_ids(session, ds, items)))
+    item_map = item_row_ids(session, ds, items)
+    missing = sorted(set(items) - set(item_map))
     if missing:
         shown = ", ".join(repr(m) for m in missing[:20]) + (", ..." if len(missing) > 20 else "")
         raise UnknownItems(
             f"{len(missing)} unknown item(s) in data set {ds.name!r}: {shown}. Items come only from public input: "
             "add them first (privrec import-items, or PUT /v1/datasets/{dataset}/items/{item_id}); nothing was written",
             details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
-    _upsert_many(session, ds, users, items, list(last.values()))
+    _upsert_many(session, ds, users, items, list(last.values()), item_map)
     return len(last)
 
 
@@ -366,8 +440,11 @@ def delete_user(session: Session, *, user_id: str) -> int:
     The ratings are deleted here (the table has no foreign keys); their votes go with the user row
     (foreign-key cascade); their randomised-vote allowance stays
     (keyed by a hash of the data set and external id), so re-creating the user gives no fresh bits."""
-    # FOR UPDATE first: a concurrent ingest holding the row FOR KEY SHARE commits its ratings
-    # before this reads and deletes them; a later one waits, then finds the user gone (no orphans)
+    # the references lock exclusively first: every rating writer in flight commits before this
+    # reads and deletes the user's ratings, a later one waits, then finds the user gone (no
+    # orphans); then FOR UPDATE: writers that lock the user row (votes, public data) likewise
+    if is_postgres(session):
+        session.execute(_PG_EXCLUSIVE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
     uid = _user_row_id(session, user_id, lock=True)
     if uid is None:
         raise UnknownUser(f"unknown user {user_id!r}", details={"user_id": user_id})

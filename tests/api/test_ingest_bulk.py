@@ -145,3 +145,90 @@ def test_two_large_batches_in_one_transaction(env: Env) -> None:
     with env.session() as s:
         values = sorted(v for (v,) in s.execute(text("SELECT value FROM ratings")).all())
     assert values == [2.0] * 50 + [4.0] * 100
+
+
+def _wait_for_advisory_lock(env: Env, pid: int) -> None:
+    """Block until backend ``pid`` waits for an advisory lock (the references lock)."""
+    for _ in range(6000):  # polled; fails only if the backend never waits (the protocol is broken)
+        with env.session() as s:
+            state = s.execute(text("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = :p"),
+                              {"p": pid}).one_or_none()
+        if state is not None and tuple(state) == ("Lock", "advisory"):
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"backend {pid} never waited for the references lock")
+
+
+def _run_in_thread(work) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=guarded)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("rows", [1, 8, 100])  # single upsert, array path, staged (COPY) path
+def test_a_user_delete_waits_for_ratings_in_flight_then_removes_them(env: Env, rows: int) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    add_items(env, 100)
+    with env.session() as s:
+        ingest.upsert_rating(s, dataset="default", user_id="gone", item_id="i0", rating=1.0)
+        s.commit()
+    writer = env.session()
+    if rows == 1:
+        ingest.upsert_rating(writer, dataset="default", user_id="gone", item_id="i1", rating=2.0)
+    else:
+        ingest.import_ratings(writer, dataset="default", rows=[("gone", f"i{k}", 3.0) for k in range(rows)])
+    deleter = env.session()
+    pid = deleter.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+    def delete() -> None:
+        ingest.delete_user(deleter, user_id="gone")
+        deleter.commit()
+
+    thread, errors = _run_in_thread(delete)
+    _wait_for_advisory_lock(env, pid)  # the delete waits for the uncommitted ratings
+    writer.commit()
+    writer.close()
+    thread.join()
+    deleter.close()
+    assert not errors, errors
+    assert env.count("ratings") == 0 and env.count("users") == 0
+
+
+@pytest.mark.integration
+def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    add_items(env, 100)
+    with env.session() as s:
+        ingest.import_ratings(s, dataset="default", rows=[("back", f"i{k}", 1.0) for k in range(100)])
+        s.commit()
+    deleter = env.session()
+    assert ingest.delete_user(deleter, user_id="back") == 100  # uncommitted: holds the lock exclusively
+    writer = env.session()
+    pid = writer.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+    def write() -> None:
+        ingest.import_ratings(writer, dataset="default", rows=[("back", f"i{k}", 4.0) for k in range(70)])
+        writer.commit()
+
+    thread, errors = _run_in_thread(write)
+    _wait_for_advisory_lock(env, pid)
+    deleter.commit()
+    deleter.close()
+    thread.join()
+    writer.close()
+    assert not errors, errors
+    orphans = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
+    with env.session() as s:
+        assert s.execute(text(orphans)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (70, 4.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter, Response
 
 from app.api.deps import (
@@ -16,7 +18,16 @@ from app.api.deps import (
 )
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.common import Page
-from app.schemas.ingest import DeletedOut, RatingBatchIn, RatingBatchOut, RatingIn, RatingOut, RatingWriteOut
+from app.schemas.ingest import (
+    DeletedOut,
+    RatingBatchIn,
+    RatingBatchOut,
+    RatingColumns,
+    RatingIn,
+    RatingOut,
+    RatingRow,
+    RatingWriteOut,
+)
 from app.services import ingest as ingest_svc
 
 router = APIRouter()
@@ -35,10 +46,11 @@ def put_rating(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: RatingIn
              summary="Upsert up to 10,000 ratings, all or nothing, with a result per row")
 def post_ratings_batch(dataset: DatasetP, body: RatingBatchIn, principal: CurrentPrincipal,
                        session: WriteSessionDep, settings: SettingsDep) -> Response:
-    require_batch_within(len(body.ratings), settings)
-    for user in {r.user_id for r in body.ratings}:
+    rows: Sequence[RatingRow] = body.ratings  # RatingColumns when every row is plain
+    require_batch_within(len(rows), settings)
+    for user in set(rows.user_ids if isinstance(rows, RatingColumns) else [r.user_id for r in rows]):
         require_ingest_access(principal, user)
-    out = ingest_svc.upsert_ratings_batch(session, dataset=dataset, rows=body.ratings)
+    out = ingest_svc.upsert_ratings_batch(session, dataset=dataset, rows=rows)
     # encoded here from the typed result: a returned model would be validated again (10,000 rows)
     return Response(content=out.to_json(), media_type="application/json")
 
