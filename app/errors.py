@@ -275,12 +275,6 @@ class NoBudgetAccount(NotFound):
     code, where = "no_budget_account", "internal"
 
 
-class ConcurrentlyDeleted(NotFound):
-    """The data set or an item was deleted while the request ran; nothing was written."""
-
-    code = "concurrently_deleted"
-
-
 # ----------------------------------------------------------------------------- 409
 class DatasetExists(Conflict):
     """A data set with this name exists."""

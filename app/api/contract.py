@@ -28,7 +28,6 @@ from app.errors import (
     CapRequired,
     CatalogueTooSmall,
     ClientRandomisationForbidden,
-    ConcurrentlyDeleted,
     DatabaseUnavailable,
     DatasetExists,
     DeltaRequired,
@@ -101,8 +100,8 @@ _NEW_BUDGET: Errors = (InvalidEpsilonCap, InvalidDelta, InvalidRelation)
 
 ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     # ratings, users, items
-    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, ConcurrentlyDeleted, RatingOutOfRange),
-    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, ConcurrentlyDeleted, BatchTooLarge, InvalidRows),
+    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, RatingOutOfRange),
+    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, BatchTooLarge, InvalidRows),
     ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating),
     ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser),
     ("PUT", f"{_DS}/items/{{item_id}}"): (ScopeRequired,),
