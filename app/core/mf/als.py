@@ -282,7 +282,9 @@ class ALSConfig:
     user_bias_shrinkage: float = 10.0
     global_mean: float | None = None  # None: the exact mean; 0.0 for implicit (positives-only) data
     init_scale: float = 0.1
-    solver: str = "exact"  # "exact" ridge solves, or "cg": cg_steps warm-started conjugate-gradient steps
+    # "cg" (default): cg_steps warm-started conjugate-gradient steps per row, or "exact" ridge solves.
+    # quality-ml1m ALS candidates, seeds 0-2, paired: RMSE within 0.0001, Recall@20 within seed noise
+    solver: str = "cg"
     cg_steps: int = 3
     seed: int = 0
 
