@@ -48,7 +48,6 @@ from fractions import Fraction
 from typing import Any, TypeVar, cast
 
 import numpy as np
-from numba import njit
 
 from app.core.arrays import BoolArray
 
@@ -77,9 +76,21 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _compiled(fn: _F) -> _F:
-    """numba's ``njit``: compiled once per machine (on-disk cache), releases the GIL, and divides
-    by zero as IEEE floats do (±inf), as numpy does."""
-    return cast(_F, njit(cache=True, nogil=True, error_model="numpy")(fn))
+    """``fn`` compiled by numba's ``njit`` at its first call (on-disk cache; releases the GIL;
+    divides by zero as IEEE floats do, ±inf, as numpy does). numba is imported only then, so a
+    process that never samples (the API) does not load it (~50 MiB)."""
+
+    @functools.cache
+    def compiled() -> _F:
+        from numba import njit  # pylint: disable=import-outside-toplevel
+
+        return cast(_F, njit(cache=True, nogil=True, error_model="numpy")(fn))
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        return compiled()(*args)
+
+    return cast(_F, call)
 
 
 # ----------------------------------------------------------------------------- test-only hook
