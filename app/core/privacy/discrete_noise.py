@@ -351,7 +351,7 @@ def discrete_gaussian_pmf(sigma: int, support: np.ndarray) -> np.ndarray:
 def _gaussian_fast_path(first: np.ndarray, log_first: np.ndarray, second: np.ndarray, log_second: np.ndarray,
                         sigma: float, margin: float, ln_cells: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compiled fast path of :func:`_gaussian_block`, fused into one pass over the proposals:
-    (signed proposals ±M, accepted, indices whose decision the float bounds do not settle).
+    (signed proposals ±M, accepted, whether the float bounds settle the decision).
 
     ``log_first``, ``log_second``: numpy's float64 log(c + ½) of each 53-bit cell c (vectorised,
     the bound tested by ``test_numpy_log_is_within_the_assumed_error``). Every other step is the
