@@ -6,8 +6,9 @@ quick mode uses 20K x 5K x 1M), same matrix for every algorithm, ranks 64 and 12
 * ``implicit``: ``implicit.cpu.als.AlternatingLeastSquares`` (its defaults: float32, conjugate
   gradient), ``num_threads`` = BLAS_THREADS and its BLAS pool at one thread, as it recommends;
   seconds per iteration (one user and one item pass) from its own per-iteration callback.
-* ``als``: our non-private weighted ALS (exact solves), seconds per iteration; ``als-cg`` the same
-  with three warm-started conjugate-gradient steps per row instead (``solver="cg"``, as implicit).
+* ``als``: our non-private weighted ALS with exact solves (``solver="exact"``), seconds per
+  iteration; ``als-cg`` the same with three warm-started conjugate-gradient steps per row instead
+  (``solver="cg"``, as implicit; ALSConfig's default).
 * ``cpu_seconds_per_step``: the process's CPU seconds (all threads) over the same steps, steadier
   than wall time on a shared machine; peak-memory rows carry their ratio to implicit's.
 * ``dpals``: seconds per DPALS step with the config's defaults otherwise (user CG iterations,
@@ -176,7 +177,7 @@ def run(quick: bool) -> list[dict]:
         rows.append(_row(name, "implicit-als", "cpu_seconds_per_step", implicit_cpu))
         rows.append(_row(name, "implicit-als", "peak_rss_mib", implicit_mem))
         with limit_threads(BLAS_THREADS):
-            als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1)
+            als_config = ALSConfig(rank=rank, n_iters=STEPS, reg_item=5.0, reg_user=0.1, solver="exact")
             with _run_memory() as memory:
                 als_step, als_cpu, _ = _step_times(partial(train_als, ratings, als_config))
             rows.append(_row(name, "als", "seconds_per_step", als_step, implicit_step))

@@ -194,3 +194,43 @@ def test_draws_are_int64_and_shaped_and_sigma_is_bounded():
         discrete_gaussian(rng, 2**40, 3)
     with pytest.raises(ValueError):
         discrete_gaussian(rng, 2.5, 3)
+
+
+def _vectorised_gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
+    """The fast path as numpy array operations (the sampler before it was compiled): the reference."""
+    first = discrete_noise._uniform_cells(rng, n)
+    second = discrete_noise._uniform_cells(rng, n, extra_bits=1)
+    y1, slack1 = discrete_noise._minus_log_uniform(first)
+    x = sigma * y1
+    magnitude, sure = discrete_noise._floor_is_certain(x, sigma * slack1 + (x + 64.0 * sigma) * discrete_noise._MARGIN)
+    scaled_gap = (magnitude - sigma) * (1.0 / (sigma * math.sqrt(2.0)))
+    gamma = scaled_gap * scaled_gap
+    y2, slack2 = discrete_noise._minus_log_uniform(second >> 1)
+    gap = y2 - gamma
+    sure &= np.abs(gap) > slack2 + (y2 + gamma + 64.0) * discrete_noise._MARGIN
+    accept = gap > 0
+    negative = (second & 1).astype(bool)
+    for i in np.flatnonzero(~sure):
+        magnitude[i] = m = discrete_noise._exact_geometric(rng, int(first[i]), 1, sigma, x[i])
+        accept[i] = discrete_noise._LazyUniform(rng, int(second[i]) >> 1, 53).below_exp(
+            Fraction((m - sigma) ** 2, 2 * sigma * sigma))
+    accept &= ~(negative & (magnitude == 0))
+    return np.where(negative, -magnitude, magnitude)[accept].astype(np.int64)
+
+
+@pytest.mark.parametrize(("sigma", "margin"), [(1, None), (3, None), (2**10, None), (2**20, None), (2**40 - 1, None),
+                                               (2**12, 2.0**-16), (5, 1.0)])
+def test_compiled_path_draws_as_numpy_did(sigma: int, margin: float | None, monkeypatch: pytest.MonkeyPatch):
+    """The compiled fast path takes the same decisions as the vectorised float64 form, bit for bit,
+    the exact path included (a wide margin sends a few percent, or all, of the draws there)."""
+    if margin is not None:
+        monkeypatch.setattr(discrete_noise, "_MARGIN", margin)
+    compiled = discrete_gaussian(np.random.default_rng(21), sigma, 60_000)
+    monkeypatch.setattr(discrete_noise, "_gaussian_block", _vectorised_gaussian_block)
+    reference = discrete_gaussian(np.random.default_rng(21), sigma, 60_000)
+    assert np.array_equal(compiled, reference)
+
+
+def test_compiled_path_with_an_integers_only_generator():
+    draws = discrete_gaussian(IntegersOnly(3), 7, 20_000)
+    assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(7, x)) > 1e-3

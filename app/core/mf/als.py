@@ -79,12 +79,17 @@ def make_plan(
     values: np.ndarray,
     n_cols: int,
     weights: np.ndarray | None = None,
+    value_dtype: type = np.float64,
 ) -> SolvePlan:
-    """Lay out a compressed-row matrix (CSR, or CSC read by columns) into padded buckets."""
+    """Lay out a compressed-row matrix (CSR, or CSC read by columns) into padded buckets.
+
+    ``value_dtype`` float32 halves the targets' memory where a solver reads them in float32 only
+    (the CG solves: :func:`_cg_steps` casts them to float32 anyway, so the result is the same).
+    """
     indptr = np.asarray(indptr, dtype=np.int64)
     n_rows = len(indptr) - 1
     counts = np.diff(indptr)
-    values = np.asarray(values, dtype=np.float64)
+    values = np.asarray(values, dtype=value_dtype)
     sqrt_w = None if weights is None else np.sqrt(np.asarray(weights, np.float64))
     padded = _padded_length(counts)
     buckets: list[Bucket] = []
@@ -112,7 +117,7 @@ def _fill_bucket(
     valid = offsets[None, :] < counts[:, None]
     src = (starts[:, None] + offsets[None, :])[valid]
     cols = np.full((len(rows), length), n_cols, dtype=np.int32)  # 4 bytes a slot: plans live all run
-    vals = np.zeros((len(rows), length))
+    vals = np.zeros((len(rows), length), dtype=values.dtype)
     cols[valid] = indices[src]
     vals[valid] = values[src]
     sw = None
@@ -282,7 +287,9 @@ class ALSConfig:
     user_bias_shrinkage: float = 10.0
     global_mean: float | None = None  # None: the exact mean; 0.0 for implicit (positives-only) data
     init_scale: float = 0.1
-    solver: str = "exact"  # "exact" ridge solves, or "cg": cg_steps warm-started conjugate-gradient steps
+    # "cg" (default): cg_steps warm-started conjugate-gradient steps per row, or "exact" ridge solves.
+    # quality-ml1m ALS candidates, seeds 0-2, paired: RMSE within 0.0001, Recall@20 within seed noise
+    solver: str = "cg"
     cg_steps: int = 3
     seed: int = 0
 

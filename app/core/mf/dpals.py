@@ -46,7 +46,7 @@ from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
 from app.core.privacy.releaser import GaussianReleaser
-from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample, sort_pairs
+from app.core.privacy.sampling import clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
 
 __all__ = [
     "CONTRIBUTION_MODES",
@@ -352,8 +352,8 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
     b_i is user i's own shrunken offset (a function of her ratings only), so removing her changes
     at most k coordinates by at most Γ_b each: L2 sensitivity sqrt(k)·Γ_b.
     """
-    rows, _, vals = ratings.coo()
-    residual = vals - mean
+    rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())  # CSR order, 4 bytes each
+    residual = ratings.csr.data - mean
     offsets = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
@@ -395,11 +395,21 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
     n_frequent = len(public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
     f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
+    del on_frequent
     kept_weights = None if weights is None else weights[kept]
+    del weights
+    kept_cols = f_cols[kept]
+    recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent)
+    # the item plan first (its sort's temporaries), then the user plan: the two never peak together
+    item_plan = _plan(f_rows[kept], kept_cols, f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True)
+    del kept, kept_cols, kept_weights
+    if config.user_cg_steps:  # the CG user solves read the targets in float32 only (same solutions, half the bytes)
+        f_vals = f_vals.astype(np.float32)
     return BoundedData(
-        user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False),
-        item_plan=_plan(f_rows[kept], f_cols[kept], f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True),
-        recount_statistic=count_statistic(f_cols[kept], kept_weights, n_frequent),
+        user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False,
+                        value_dtype=f_vals.dtype.type),
+        item_plan=item_plan,
+        recount_statistic=recount_statistic,
     )
 
 
@@ -419,9 +429,9 @@ def _frequent_values(
 ) -> np.ndarray:
     """The centred, clipped values of the ratings on frequent items (CSR order). Computed after
     the contribution bound and with the full-size temporaries freed on return: peak memory."""
-    rows, cols, vals = ratings.coo()
-    residual = vals - public.global_mean - public.item_biases[cols]
-    del cols
+    residual = ratings.csr.data - public.global_mean
+    residual -= public.item_biases[ratings.csr.indices]
+    rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())
     bias = user_regularisation(config).user_bias(
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
@@ -469,27 +479,32 @@ def _bound_contributions(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² = B."""
     k = config.contribution_bound
+    # keys drawn chunk by chunk (rows are in CSR order): the same stream as one draw, O(chunk) memory
     if config.contribution_mode == "uniform":
-        return lowest_k_per_row(rows, rng.random(len(rows)), k), None
+        return lowest_k_per_row(rows, lambda start, stop: rng.random(stop - start), k), None
     if config.contribution_mode == "tail":
         # the k least frequent items of each user (ties broken at random)
-        keys = counts[cols] + 0.5 * rng.random(len(rows)) / (1.0 + counts.max())
+        top = 1.0 + counts.max()
+
+        def keys(start: int, stop: int) -> np.ndarray:
+            return np.asarray(counts[cols[start:stop]] + 0.5 * rng.random(stop - start) / top)
+
         return lowest_k_per_row(rows, keys, k), None
     weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
     return np.ones(len(rows), dtype=bool), weights
 
 
 def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndarray | None, n_users: int,
-          n_items: int, *, by_item: bool) -> SolvePlan:
+          n_items: int, *, by_item: bool, value_dtype: type = np.float64) -> SolvePlan:
     """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
     major, minor = (cols, rows) if by_item else (rows, cols)
     n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
     if _sorted_pairs(major, minor):  # entries in CSR order already are, by user: no sort, no copies
-        return make_plan(indptr, minor, vals, n_minor, weights)
+        return make_plan(indptr, minor, vals, n_minor, weights, value_dtype)
     order = sort_pairs(major, minor)
     w = None if weights is None else weights[order]
-    return make_plan(indptr, minor[order], vals[order], n_minor, w)
+    return make_plan(indptr, minor[order], vals[order], n_minor, w, value_dtype)
 
 
 def _sorted_pairs(major: np.ndarray, minor: np.ndarray) -> bool:
@@ -521,12 +536,14 @@ PublicTermsHook = Callable[[PublicState, np.ndarray], "PublicItemTerms | None"]
 
 def _item_step(
     prep: Preprocessed,
-    user_factors: np.ndarray,
+    padded: np.ndarray,
     config: DPALSConfig,
     releaser: GaussianReleaser,
     public: PublicItemTerms | None = None,
 ) -> np.ndarray:
     """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves.
+
+    ``padded``: the clipped user factors and a trailing zero row (:func:`_clipped_padded`).
 
     ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
     its draw order do not depend on it.
@@ -535,6 +552,7 @@ def _item_step(
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
     n_items = len(prep.frequent)
     gravity = None
+    user_factors = padded[:-1]
     if config.reg_gravity > 0:
         k_noisy = releaser.symmetric("gravity_gram", user_factors.T @ user_factors, gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
@@ -549,7 +567,6 @@ def _item_step(
     kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
     item_factors = np.empty((n_items, rank))
-    padded = np.vstack([user_factors, np.zeros((1, rank))])
     chunks = list(_item_chunks(prep.item_plan))
     # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
     children = releaser.rng.spawn(len(chunks))
@@ -564,6 +581,14 @@ def _item_step(
 
     parallel_map(solve_chunk, zip(chunks, children, strict=True))  # chunks own disjoint items
     return item_factors
+
+
+def _clipped_padded(solved: np.ndarray, bound: float) -> np.ndarray:
+    """clip(u_i, Γ_u) for every user (``clip_rows``, value for value) and a trailing zero row, the
+    padding target of the item plan's buckets, in one buffer: no second copy of U for the gather."""
+    padded = np.zeros((solved.shape[0] + 1, solved.shape[1]))
+    np.multiply(solved, clip_scale(np.linalg.norm(solved, axis=1), bound)[:, None], out=padded[:-1])
+    return padded
 
 
 def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
@@ -762,11 +787,11 @@ def fit_dpals(
     for step in range(config.n_steps):
         solved = _user_step(prep, item_factors, config, user_reg, user_start)
         user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
-        user_factors = clip_rows(solved, config.clip_user)
+        padded = _clipped_padded(solved, config.clip_user)
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
-        item_factors = _item_step(prep, user_factors, config, releaser, public)
-        del user_factors
+        item_factors = _item_step(prep, padded, config, releaser, public)
+        del padded
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
     per_step = 3 if config.reg_gravity > 0 else 2

@@ -8,6 +8,8 @@ clipping scales her row to L2 norm at most c (Chien et al. 2021, Algorithm 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from app.core.arrays import BoolArray, FloatArray, IntArray
@@ -16,17 +18,62 @@ from app.core.data.ratings import Ratings
 __all__ = ["clip_rows", "clip_scale", "lowest_k_per_row", "per_user_sample", "sort_pairs"]
 
 
+_CHUNK = 1 << 20  # ratings per pass of the per-row selection: its temporaries stay O(chunk), not O(nnz)
+
+KeysOf = Callable[[int, int], FloatArray]
+
+
 def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> BoolArray:
-    """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user."""
-    rows, _, _ = ratings.coo()
-    return lowest_k_per_row(rows, rng.random(len(rows)), k)
+    """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user.
+
+    The keys are ``rng.random`` drawn chunk by chunk of whole users, in CSR order: the same
+    stream as one draw for all ratings, at O(chunk) memory.
+    """
+    indptr = ratings.csr.indptr
+    keep = np.ones(int(indptr[-1]), dtype=bool)
+    for first, last in _row_chunks(indptr):
+        start, stop = int(indptr[first]), int(indptr[last])
+        rows = np.repeat(np.arange(last - first), np.diff(indptr[first : last + 1]))
+        keep[start:stop] = _lowest_k_in_chunk(rows, rng.random(stop - start), k)
+    return keep
 
 
-def lowest_k_per_row(rows: IntArray, keys: FloatArray, k: int) -> BoolArray:
+def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int) -> BoolArray:
     """Mask keeping, within each row, the k entries with the smallest keys.
 
-    Rows with at most k entries are kept whole; only the longer rows are sorted.
+    ``keys``: an array, or ``keys(start, stop)`` giving those of ``rows[start:stop]``, called
+    once per chunk in increasing order (a caller that draws random keys draws them as it would
+    in one go, without an O(nnz) key array). Sorted ``rows`` (CSR order) are handled a chunk of
+    whole rows at a time; rows with at most k entries are kept whole, only the longer are sorted.
     """
+    n = len(rows)
+    if n and not bool(np.all(rows[1:] >= rows[:-1])):
+        values = keys(0, n) if callable(keys) else keys
+        return _lowest_k_in_chunk(rows, values, k)
+    keep = np.ones(n, dtype=bool)
+    ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1 if n else np.zeros(0, dtype=np.int64)
+    bounds = np.concatenate([[0], ends, [n]])
+    for first, last in _row_chunks(bounds):
+        start, stop = int(bounds[first]), int(bounds[last])
+        values = keys(start, stop) if callable(keys) else keys[start:stop]
+        keep[start:stop] = _lowest_k_in_chunk(rows[start:stop] - rows[start], values, k)
+    return keep
+
+
+def _row_chunks(indptr: IntArray) -> Iterator[tuple[int, int]]:
+    """(first row, end row) of consecutive whole rows holding about :data:`_CHUNK` entries each
+    (``indptr``: the rows' start offsets and the total, CSR style); a longer row is a chunk alone."""
+    n_rows = len(indptr) - 1
+    first = 0
+    while first < n_rows:
+        last = int(np.searchsorted(indptr, indptr[first] + _CHUNK, side="right")) - 1
+        last = min(max(last, first + 1), n_rows)
+        yield first, last
+        first = last
+
+
+def _lowest_k_in_chunk(rows: IntArray, keys: FloatArray, k: int) -> BoolArray:
+    """:func:`lowest_k_per_row` on one block of rows (non-negative row numbers, any order)."""
     counts = np.bincount(rows) if len(rows) else np.zeros(0, dtype=np.int64)
     keep = np.ones(len(rows), dtype=bool)
     long_rows = np.flatnonzero(counts[rows] > k) if len(rows) else np.zeros(0, dtype=np.int64)
