@@ -37,6 +37,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     OPENBLAS_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \
+    NUMBA_CACHE_DIR=/home/privrec/.cache/numba \
     API_HOST=0.0.0.0 \
     API_PORT=8000 \
     DATABASE_URL=sqlite:////data/privrec.db \
