@@ -10,6 +10,9 @@ connection's driver cursor: SQLAlchemy's per-execution machinery (compiled-cache
 execution context, result wrapping) cost about as much CPU as the query itself. Driver errors
 are re-raised as SQLAlchemy's (``OperationalError`` stays a 503), with a dead connection
 invalidated so the one retry gets a fresh one.
+
+:func:`read_rows_async` is the same read on the event loop, on a pool of autocommit psycopg
+connections (:func:`app.db.session.async_read_pool`), so the request needs no worker thread.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine, Executable
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app.db.session import get_read_engine
 
-__all__ = ["read_rows"]
+__all__ = ["read_rows", "read_rows_async"]
 
 
 Rows = Sequence[Sequence[Any]]  # SQLAlchemy rows or the driver's tuples: indexed by position
@@ -57,13 +63,39 @@ def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> R
             raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
 
 
+async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
+    """All rows of ``statement`` in one round trip on ``pool`` (PostgreSQL), retried once when the
+    connection turned out dead (the pool discards a broken connection when it comes back)."""
+    try:
+        return await _rows_async(pool, statement, params)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        return await _rows_async(pool, statement, params)
+
+
+async def _rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
+    sql = _driver_sql_for(_PG_DIALECT, statement)
+    async with pool.connection() as conn:
+        try:
+            cursor = await conn.execute(sql, params)
+            return await cursor.fetchall()
+        except psycopg.Error as exc:  # re-raised as SQLAlchemy's: OperationalError stays a 503
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=conn.broken) from exc
+
+
+_PG_DIALECT = PGDialect_psycopg()
 _compiled: dict[tuple[int, str], tuple[Executable, str]] = {}  # the statement is kept: its id stays its own
 
 
 def _driver_sql(engine: Engine, statement: Executable) -> str:
     """``statement`` as the driver's SQL (named parameters in its style), compiled once."""
-    key = (id(statement), engine.dialect.name)
+    return _driver_sql_for(engine.dialect, statement)
+
+
+def _driver_sql_for(dialect: Any, statement: Executable) -> str:
+    key = (id(statement), dialect.name)
     entry = _compiled.get(key)
     if entry is None or entry[0] is not statement:
-        entry = _compiled[key] = (statement, str(statement.compile(dialect=engine.dialect)))  # type: ignore[attr-defined]  # a ClauseElement
+        entry = _compiled[key] = (statement, str(statement.compile(dialect=dialect)))  # type: ignore[attr-defined]  # a ClauseElement
     return entry[1]
