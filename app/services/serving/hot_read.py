@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import Engine, Executable
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError
@@ -63,11 +63,20 @@ def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> R
             raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
 
 
-async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
+POOL_WAIT_S = 1.0
+"""How long :func:`read_rows_async` waits for a pooled connection before giving up (None)."""
+
+
+async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows | None:
     """All rows of ``statement`` in one round trip on ``pool`` (PostgreSQL), retried once when the
-    connection turned out dead (the pool discards a broken connection when it comes back)."""
+    connection turned out dead (the pool discards a broken connection when it comes back). None
+    when no connection came within POOL_WAIT_S (the pool cannot connect, or every connection is
+    busy): the caller reads through its session instead, which fails fast with a 503 when the
+    database is down (the pool itself would keep a request waiting while it retries)."""
     try:
         return await _rows_async(pool, statement, params)
+    except PoolTimeout:
+        return None
     except DBAPIError as exc:
         if not exc.connection_invalidated:
             raise
@@ -76,7 +85,7 @@ async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, para
 
 async def _rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
     sql = _driver_sql_for(_PG_DIALECT, statement)
-    async with pool.connection() as conn:
+    async with pool.connection(timeout=POOL_WAIT_S) as conn:
         try:
             cursor = await conn.execute(sql, params)
             return await cursor.fetchall()
