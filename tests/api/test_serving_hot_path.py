@@ -113,10 +113,14 @@ def test_a_write_is_seen_by_the_next_warm_request(pg_published: Env, monkeypatch
 
 
 def test_what_the_caches_cannot_answer_takes_the_full_path(pg_published: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """... from the rows already read: still one round trip for the user's ratings."""
     env = pg_published
     spy = _ThreadSpy()
     monkeypatch.setattr(reco_routes, "run_with_session", spy)
     warm = _requests(env)
+    reads: list[object] = []
+    real_read = active.read_rows
+    monkeypatch.setattr(active, "read_rows", lambda *a: reads.append(a) or real_read(*a))
     monkeypatch.setattr(active, "CATALOG_TTL_S", 0.0)  # the catalogue is always due for a reload
     spy.calls = 0
     assert _requests(env) == warm and spy.calls == 3  # a ranking of given items reads no catalogue
@@ -124,6 +128,7 @@ def test_what_the_caches_cannot_answer_takes_the_full_path(pg_published: Env, mo
     monkeypatch.setattr(recommend, "INLINE_MAX_RATINGS", 1)  # every history counts as long
     spy.calls = 0
     assert _requests(env) == warm and spy.calls == 3  # the new user has no ratings: one row
+    assert reads == []  # the threaded path worked from the rows the event loop had read
 
 
 def test_recommendations_with_the_database_down_are_503(tmp_path: Path) -> None:

@@ -51,15 +51,17 @@ async def post_recommendations(request: Request, dataset: DatasetP, user_id: Use
 
 async def _recommend(request: Request, dataset: str, user_id: str, query: RecommendationQuery) -> RecommendationsOut:
     """On PostgreSQL the one read runs on the event loop and the process's caches answer (no worker
-    thread); the full path on a worker thread covers everything else (cold caches, SQLite)."""
+    thread); the full path on a worker thread covers everything else (cold caches, SQLite), from
+    the same rows."""
     pool = request.app.state.read_pool
+    rows = None
     if pool is not None:
         rows = await recommend.read_user_rows(pool, dataset=dataset, user_id=user_id)
         out = None if rows is None else recommend.recommend_cached(rows, dataset=dataset, user_id=user_id, query=query)
         if out is not None:
             return out
-    return await run_with_session(
-        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query))
+    return await run_with_session(  # the rows already read are not read again
+        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query, rows=rows))
 
 
 def _json(out: RecommendationsOut) -> Response:

@@ -107,9 +107,12 @@ ACTIVE_AND_RATINGS = text(
 )
 
 
-def active_with_ratings(session: Session, dataset: str, user_id: str) -> tuple[ServedModel, list[str], list[float]]:
-    """The active model (cached per version) and the one user's ratings, in one query."""
-    rows = read_rows(session, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
+def active_with_ratings(session: Session, dataset: str, user_id: str,
+                        rows: Rows | None = None) -> tuple[ServedModel, list[str], list[float]]:
+    """The active model (cached per version) and the one user's ratings, in one query (none when
+    the caller passes the ``rows`` of :data:`ACTIVE_AND_RATINGS` it has just read)."""
+    if rows is None:
+        rows = read_rows(session, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
     hit = cached_with_ratings(rows)
     if hit is not None:
         return hit

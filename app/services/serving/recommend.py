@@ -48,11 +48,12 @@ class NeedsSession(Exception):
     """The cached path cannot answer without the database session (internal; never reaches a client)."""
 
 
-def recommend_for_user(session: Session, *, dataset: str, user_id: str,
-                       query: RecommendationQuery) -> RecommendationsOut:
+def recommend_for_user(session: Session, *, dataset: str, user_id: str, query: RecommendationQuery,
+                       rows: Rows | None = None) -> RecommendationsOut:
     """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
-    user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
-    cache, item_ids, values = active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    user's own ratings only (own stored votes for a model trained on votes: one-bit). ``rows``:
+    what :func:`read_user_rows` has just read for this request (not read again)."""
+    cache, item_ids, values = active_with_ratings(session, dataset, user_id, rows)  # 404s as `active`
     return _recommend(session, cache, item_ids, values, dataset=dataset, user_id=user_id, query=query)
 
 
