@@ -57,7 +57,7 @@ async def _recommend(request: Request, dataset: str, user_id: str, query: Recomm
     rows = None
     if pool is not None:
         rows = await recommend.read_user_rows(pool, dataset=dataset, user_id=user_id)
-        out = None if rows is None else recommend.recommend_cached(rows, dataset=dataset, user_id=user_id, query=query)
+        out = recommend.recommend_cached(rows, dataset=dataset, user_id=user_id, query=query)
         if out is not None:
             return out
     return await run_with_session(  # the rows already read are not read again

@@ -63,34 +63,50 @@ def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> R
             raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
 
 
-POOL_WAIT_S = 1.0
-"""How long :func:`read_rows_async` waits for a pooled connection before giving up (None)."""
+POOL_CONNECT_WAIT_S = 1.0
+"""How long a request waits for a first pooled connection when the pool holds none (the database
+may be down: the pool retries in the background, the request gets a fast 503)."""
+POOL_TIMEOUT_S = 30.0
+"""How long a request waits for a busy pool's next free connection (SQLAlchemy's pool_timeout)."""
 
 
-async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows | None:
+async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
     """All rows of ``statement`` in one round trip on ``pool`` (PostgreSQL), retried once when the
-    connection turned out dead (the pool discards a broken connection when it comes back). None
-    when no connection came within POOL_WAIT_S (the pool cannot connect, or every connection is
-    busy): the caller reads through its session instead, which fails fast with a 503 when the
-    database is down (the pool itself would keep a request waiting while it retries)."""
+    connection turned out dead (the pool discards a broken connection when it comes back). A pool
+    that holds no connection after POOL_CONNECT_WAIT_S, or none free within POOL_TIMEOUT_S,
+    raises SQLAlchemy's ``OperationalError`` (503): never a second pool, so the number of
+    connections stays bounded under overload."""
+    sql = _driver_sql_for(_PG_DIALECT, statement)
     try:
-        return await _rows_async(pool, statement, params)
-    except PoolTimeout:
-        return None
+        return await _rows_async(pool, sql, params)
     except DBAPIError as exc:
         if not exc.connection_invalidated:
             raise
-        return await _rows_async(pool, statement, params)
+        return await _rows_async(pool, sql, params)
 
 
-async def _rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
-    sql = _driver_sql_for(_PG_DIALECT, statement)
-    async with pool.connection(timeout=POOL_WAIT_S) as conn:
-        try:
-            cursor = await conn.execute(sql, params)
-            return await cursor.fetchall()
-        except psycopg.Error as exc:  # re-raised as SQLAlchemy's: OperationalError stays a 503
-            raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=conn.broken) from exc
+async def _rows_async(pool: AsyncConnectionPool, sql: str, params: Mapping[str, Any]) -> Rows:
+    conn = await _connection(pool, sql, params)
+    try:
+        cursor = await conn.execute(sql, params)
+        return await cursor.fetchall()
+    except psycopg.Error as exc:  # re-raised as SQLAlchemy's: OperationalError stays a 503
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=conn.broken) from exc
+    finally:
+        await pool.putconn(conn)
+
+
+async def _connection(pool: AsyncConnectionPool, sql: str, params: Mapping[str, Any]) -> psycopg.AsyncConnection:
+    """A pooled connection, or SQLAlchemy's OperationalError (see :func:`read_rows_async`)."""
+    try:
+        return await pool.getconn(timeout=POOL_CONNECT_WAIT_S)
+    except PoolTimeout as exc:
+        if not pool.get_stats().get("pool_size", 0):  # nothing connected: the database is not reachable
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+    try:  # every connection is busy: wait for one as any pooled request does
+        return await pool.getconn(timeout=POOL_TIMEOUT_S - POOL_CONNECT_WAIT_S)
+    except PoolTimeout as exc:
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
 
 
 _PG_DIALECT = PGDialect_psycopg()

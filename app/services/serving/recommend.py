@@ -57,9 +57,8 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str, query: R
     return _recommend(session, cache, item_ids, values, dataset=dataset, user_id=user_id, query=query)
 
 
-async def read_user_rows(pool: AsyncConnectionPool, *, dataset: str, user_id: str) -> Rows | None:
-    """The request's one round trip on the event loop: the active version and the user's ratings
-    (None: no pooled connection in time; take the full path)."""
+async def read_user_rows(pool: AsyncConnectionPool, *, dataset: str, user_id: str) -> Rows:
+    """The request's one round trip on the event loop: the active version and the user's ratings."""
     return await read_rows_async(pool, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
 
 
