@@ -26,7 +26,7 @@ from app.api.routes import ROUTERS, dashboard, health
 from app.api.routes.health import __version__
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
 from app.db.migrate import upgrade_head
-from app.db.session import async_read_pool, engine_options, get_sessionmaker
+from app.db.session import engine_options, get_sessionmaker
 from app.services import budget, demo
 from app.services.training.embedded_worker import start_embedded_worker
 from app.services.unit_of_work import commit
@@ -89,21 +89,6 @@ def _shutdown(app: FastAPI) -> None:
         app.state.worker = None
 
 
-async def _open_read_pool(app: FastAPI, settings: Settings) -> None:
-    """PostgreSQL: the event loop's pool for the serving hot read (connections open in the
-    background; requests wait for one as for any pooled connection)."""
-    pool = async_read_pool(settings.database_url, settings.db_pool_size)
-    if pool is not None:
-        await pool.open(wait=False)
-    app.state.read_pool = pool
-
-
-async def _close_read_pool(app: FastAPI) -> None:
-    pool, app.state.read_pool = app.state.read_pool, None
-    if pool is not None:
-        await pool.close()
-
-
 def _mount_dashboard(app: FastAPI) -> None:
     """The admin dashboard page, its JSON routes and its static files (no build step)."""
     app.include_router(dashboard.router)
@@ -122,11 +107,9 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _startup(app, settings)
-        await _open_read_pool(app, settings)
         try:
             yield
         finally:
-            await _close_read_pool(app)
             _shutdown(app)
 
     app = FastAPI(
@@ -139,7 +122,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.sessionmaker = get_sessionmaker(settings.database_url, engine_options(settings))
     app.state.worker = None
-    app.state.read_pool = None  # opened by the lifespan, inside the server's event loop
     install_error_handlers(app)
     install_middleware(app, settings)
     app.include_router(health.router)

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,7 +27,6 @@ __all__ = [
     "get_engine",
     "get_sessionmaker",
     "get_read_engine",
-    "async_read_pool",
     "session_scope",
     "open_database",
     "dispose_engines",
@@ -165,18 +163,6 @@ def get_read_engine(engine: Engine) -> Engine:
                 engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, pool_reset_on_return=None,
                 pool_size=size, max_overflow=size)
         return read
-
-
-def async_read_pool(url: str, size: int) -> AsyncConnectionPool | None:
-    """An unopened pool of autocommit psycopg connections for single-statement reads on the event
-    loop (the serving hot path: no worker thread per request); None for other databases. The
-    owner opens it inside its running loop and closes it there (a pool is bound to its loop)."""
-    parsed = make_url(normalise_url(url))
-    if parsed.get_backend_name() != "postgresql":
-        return None
-    conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-    return AsyncConnectionPool(conninfo, min_size=1, max_size=max(1, size), open=False,
-                               kwargs={"autocommit": True}, name="privrec-read")
 
 
 def dispose_engines() -> None:

@@ -37,7 +37,8 @@ async def get_recommendations(
 ) -> Response:
     require_user_access(principal, user_id)
     query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
-    return _json(await _recommend(request, dataset, user_id, query))
+    return _json(await run_with_session(
+        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
 
 
 @router.post("/datasets/{dataset}/users/{user_id}/recommendations", tags=["privileged"], response_model=RecommendationsOut,
@@ -46,22 +47,8 @@ async def get_recommendations(
 async def post_recommendations(request: Request, dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
                                principal: CurrentPrincipal) -> Response:
     require_user_access(principal, user_id)
-    return _json(await _recommend(request, dataset, user_id, body))
-
-
-async def _recommend(request: Request, dataset: str, user_id: str, query: RecommendationQuery) -> RecommendationsOut:
-    """On PostgreSQL the one read runs on the event loop and the process's caches answer (no worker
-    thread); the full path on a worker thread covers everything else (cold caches, SQLite), from
-    the same rows."""
-    pool = request.app.state.read_pool
-    rows = None
-    if pool is not None:
-        rows = await recommend.read_user_rows(pool, dataset=dataset, user_id=user_id)
-        out = recommend.recommend_cached(rows, dataset=dataset, user_id=user_id, query=query)
-        if out is not None:
-            return out
-    return await run_with_session(  # the rows already read are not read again
-        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query, rows=rows))
+    return _json(await run_with_session(
+        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body)))
 
 
 def _json(out: RecommendationsOut) -> Response:

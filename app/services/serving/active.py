@@ -20,10 +20,9 @@ from app.db.models import Dataset, Item, ModelVersion
 from app.model_store import get_active_model
 from app.schemas.serving import ScoredItem
 from app.services.ingest import user_ratings_arrays
-from app.services.serving.hot_read import Rows, read_rows
+from app.services.serving.hot_read import read_rows
 
-__all__ = ["CATALOG_TTL_S", "ServedModel", "Catalog", "ActiveModel", "active", "ACTIVE_AND_RATINGS", "active_with_ratings",
-           "cached_with_ratings", "fresh_catalog",
+__all__ = ["CATALOG_TTL_S", "ServedModel", "Catalog", "ActiveModel", "active", "active_with_ratings",
            "invalidate_catalog", "catalog", "item_mask", "scored_items"]
 
 CATALOG_TTL_S = 30.0
@@ -96,7 +95,7 @@ def active(session: Session, dataset: str) -> ActiveModel:
 
 
 # One round trip for the hot path: the active version's key plus this user's own ratings.
-ACTIVE_AND_RATINGS = text(
+_ACTIVE_AND_RATINGS = text(
     "SELECT mv.id, mv.sha256, i.external_id, r.value "
     "FROM datasets d "
     "JOIN model_versions mv ON mv.dataset_id = d.id AND mv.active "
@@ -107,36 +106,18 @@ ACTIVE_AND_RATINGS = text(
 )
 
 
-def active_with_ratings(session: Session, dataset: str, user_id: str,
-                        rows: Rows | None = None) -> tuple[ServedModel, list[str], list[float]]:
-    """The active model (cached per version) and the one user's ratings, in one query (none when
-    the caller passes the ``rows`` of :data:`ACTIVE_AND_RATINGS` it has just read)."""
-    if rows is None:
-        rows = read_rows(session, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
-    hit = cached_with_ratings(rows)
-    if hit is not None:
-        return hit
-    # cold cache, no active model or unknown data set: the full path
-    cached = active(session, dataset).cache
-    if not rows or rows[0][0] != cached.version_id:  # activation raced with this request
-        items, values = user_ratings_arrays(session, dataset_id=cached.dataset_id, user_id=user_id)
-        return cached, items, values
-    return cached, *_ratings(rows)
-
-
-def cached_with_ratings(rows: Rows) -> tuple[ServedModel, list[str], list[float]] | None:
-    """The model and the user's ratings from the rows of :data:`ACTIVE_AND_RATINGS`, when the
-    version they name is in this process's cache (None: no active model, or not loaded here)."""
+def active_with_ratings(session: Session, dataset: str, user_id: str) -> tuple[ServedModel, list[str], list[float]]:
+    """The active model (cached per version) and the one user's ratings, in one query."""
+    rows = read_rows(session, _ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
     cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
-    if cached is None:
-        return None
-    return cached, *_ratings(rows)
-
-
-def _ratings(rows: Rows) -> tuple[list[str], list[float]]:
+    if cached is None:  # cold cache, no active model or unknown data set: the full path
+        cached = active(session, dataset).cache
+        if not rows or rows[0][0] != cached.version_id:  # activation raced with this request
+            items, values = user_ratings_arrays(session, dataset_id=cached.dataset_id, user_id=user_id)
+            return cached, items, values
     items = [r[2] for r in rows if r[2] is not None]
     values = [float(r[3]) for r in rows if r[2] is not None]
-    return items, values
+    return cached, items, values
 
 
 def invalidate_catalog(dataset: str | None = None) -> None:
@@ -162,21 +143,12 @@ def _load_catalog(session: Session, dataset_id: int) -> Catalog:
                     by_category={k: frozenset(v) for k, v in by_category.items()})
 
 
-def fresh_catalog(dataset: str) -> Catalog | None:
-    """The cached catalogue while it is within its TTL (None: it is due for a reload)."""
-    cat = _catalogs.get(dataset)
-    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
-        return cat
-    return None
-
-
 def catalog(session: Session, dataset_id: int, dataset: str) -> Catalog:
     """The cached catalogue; after the TTL one thread reloads it while the others keep using
     the previous copy (no thundering herd on large catalogues)."""
-    fresh = fresh_catalog(dataset)
-    if fresh is not None:
-        return fresh
     cat = _catalogs.get(dataset)
+    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
+        return cat
     if not _refresh_lock.acquire(blocking=cat is None):
         return cat  # type: ignore[return-value]  # another thread is refreshing
     try:

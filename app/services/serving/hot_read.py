@@ -10,9 +10,6 @@ connection's driver cursor: SQLAlchemy's per-execution machinery (compiled-cache
 execution context, result wrapping) cost about as much CPU as the query itself. Driver errors
 are re-raised as SQLAlchemy's (``OperationalError`` stays a 503), with a dead connection
 invalidated so the one retry gets a fresh one.
-
-:func:`read_rows_async` is the same read on the event loop, on a pool of autocommit psycopg
-connections (:func:`app.db.session.async_read_pool`), so the request needs no worker thread.
 """
 
 from __future__ import annotations
@@ -20,16 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import Engine, Executable
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app.db.session import get_read_engine
 
-__all__ = ["read_rows", "read_rows_async"]
+__all__ = ["read_rows"]
 
 
 Rows = Sequence[Sequence[Any]]  # SQLAlchemy rows or the driver's tuples: indexed by position
@@ -63,64 +57,13 @@ def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> R
             raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
 
 
-POOL_CONNECT_WAIT_S = 1.0
-"""How long a request waits for a first pooled connection when the pool holds none (the database
-may be down: the pool retries in the background, the request gets a fast 503)."""
-POOL_TIMEOUT_S = 30.0
-"""How long a request waits for a busy pool's next free connection (SQLAlchemy's pool_timeout)."""
-
-
-async def read_rows_async(pool: AsyncConnectionPool, statement: Executable, params: Mapping[str, Any]) -> Rows:
-    """All rows of ``statement`` in one round trip on ``pool`` (PostgreSQL), retried once when the
-    connection turned out dead (the pool discards a broken connection when it comes back). A pool
-    that holds no connection after POOL_CONNECT_WAIT_S, or none free within POOL_TIMEOUT_S,
-    raises SQLAlchemy's ``OperationalError`` (503): never a second pool, so the number of
-    connections stays bounded under overload."""
-    sql = _driver_sql_for(_PG_DIALECT, statement)
-    try:
-        return await _rows_async(pool, sql, params)
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        return await _rows_async(pool, sql, params)
-
-
-async def _rows_async(pool: AsyncConnectionPool, sql: str, params: Mapping[str, Any]) -> Rows:
-    conn = await _connection(pool, sql, params)
-    try:
-        cursor = await conn.execute(sql, params)
-        return await cursor.fetchall()
-    except psycopg.Error as exc:  # re-raised as SQLAlchemy's: OperationalError stays a 503
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=conn.broken) from exc
-    finally:
-        await pool.putconn(conn)
-
-
-async def _connection(pool: AsyncConnectionPool, sql: str, params: Mapping[str, Any]) -> psycopg.AsyncConnection:
-    """A pooled connection, or SQLAlchemy's OperationalError (see :func:`read_rows_async`)."""
-    try:
-        return await pool.getconn(timeout=POOL_CONNECT_WAIT_S)
-    except PoolTimeout as exc:
-        if not pool.get_stats().get("pool_size", 0):  # nothing connected: the database is not reachable
-            raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
-    try:  # every connection is busy: wait for one as any pooled request does
-        return await pool.getconn(timeout=POOL_TIMEOUT_S - POOL_CONNECT_WAIT_S)
-    except PoolTimeout as exc:
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
-
-
-_PG_DIALECT = PGDialect_psycopg()
 _compiled: dict[tuple[int, str], tuple[Executable, str]] = {}  # the statement is kept: its id stays its own
 
 
 def _driver_sql(engine: Engine, statement: Executable) -> str:
     """``statement`` as the driver's SQL (named parameters in its style), compiled once."""
-    return _driver_sql_for(engine.dialect, statement)
-
-
-def _driver_sql_for(dialect: Any, statement: Executable) -> str:
-    key = (id(statement), dialect.name)
+    key = (id(statement), engine.dialect.name)
     entry = _compiled.get(key)
     if entry is None or entry[0] is not statement:
-        entry = _compiled[key] = (statement, str(statement.compile(dialect=dialect)))  # type: ignore[attr-defined]  # a ClauseElement
+        entry = _compiled[key] = (statement, str(statement.compile(dialect=engine.dialect)))  # type: ignore[attr-defined]  # a ClauseElement
     return entry[1]

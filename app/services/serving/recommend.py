@@ -12,7 +12,6 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
-from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.orm import Session
 
 from app.core.algorithms import get_algorithm, score_kind
@@ -20,74 +19,22 @@ from app.core.mf import foldin
 from app.errors import ItemsNotInModel
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
 from app.services.serving import trained_scoring
-from app.services.serving.active import (
-    ACTIVE_AND_RATINGS,
-    ActiveModel,
-    Catalog,
-    ServedModel,
-    active_with_ratings,
-    cached_with_ratings,
-    catalog,
-    fresh_catalog,
-    item_mask,
-    scored_items,
-)
-from app.services.serving.hot_read import Rows, read_rows_async
+from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
-__all__ = ["INLINE_MAX_RATINGS", "NeedsSession", "recommend_for_user", "read_user_rows", "recommend_cached"]
+__all__ = ["recommend_for_user"]
 
 
-INLINE_MAX_RATINGS = 2_000
-"""Longer histories are answered on a worker thread (:func:`recommend_cached` declines them), so
-one user's large fold-in never holds up the event loop's other requests."""
-
-
-class NeedsSession(Exception):
-    """The cached path cannot answer without the database session (internal; never reaches a client)."""
-
-
-def recommend_for_user(session: Session, *, dataset: str, user_id: str, query: RecommendationQuery,
-                       rows: Rows | None = None) -> RecommendationsOut:
+def recommend_for_user(session: Session, *, dataset: str, user_id: str,
+                       query: RecommendationQuery) -> RecommendationsOut:
     """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
-    user's own ratings only (own stored votes for a model trained on votes: one-bit). ``rows``:
-    what :func:`read_user_rows` has just read for this request (not read again)."""
-    cache, item_ids, values = active_with_ratings(session, dataset, user_id, rows)  # 404s as `active`
-    return _recommend(session, cache, item_ids, values, dataset=dataset, user_id=user_id, query=query)
-
-
-async def read_user_rows(pool: AsyncConnectionPool, *, dataset: str, user_id: str) -> Rows:
-    """The request's one round trip on the event loop: the active version and the user's ratings."""
-    return await read_rows_async(pool, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
-
-
-def recommend_cached(rows: Rows, *, dataset: str, user_id: str, query: RecommendationQuery) -> RecommendationsOut | None:
-    """:func:`recommend_for_user` from the rows :func:`read_user_rows` read and this process's
-    caches alone: the same answer, or None when it would need the session (the version is not
-    loaded here, the catalogue is due for a reload, a model trained on votes, a history longer
-    than INLINE_MAX_RATINGS); the caller then takes the full path."""
-    if len(rows) > INLINE_MAX_RATINGS:
-        return None
-    hit = cached_with_ratings(rows)
-    if hit is None:
-        return None
-    try:
-        return _recommend(None, *hit, dataset=dataset, user_id=user_id, query=query)
-    except NeedsSession:
-        return None
-
-
-def _recommend(session: Session | None, cache: ServedModel, item_ids: list[str], values: list[float], *,
-               dataset: str, user_id: str, query: RecommendationQuery) -> RecommendationsOut:
-    """The recommendation from the model and the user's ratings as read (NeedsSession when
-    ``session`` is None and more must be read)."""
+    user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
+    cache, item_ids, values = active_with_ratings(session, dataset, user_id)  # 404s as `active`
     algorithm = get_algorithm(cache.algorithm)
     noun = "ratings"
     if algorithm.data == "votes":
         noun = "votes"
-        if session is None:
-            raise NeedsSession
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
     s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
@@ -136,19 +83,9 @@ def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.nd
     return trained_scoring.trained_top_n(s.cache.trained, scores, n, allowed)
 
 
-def _catalog(session: Session | None, s: ActiveModel, dataset: str) -> Catalog:
-    """The cached catalogue, reloaded through ``session`` when due (NeedsSession without one)."""
-    if session is not None:
-        return catalog(session, s.cache.dataset_id, dataset)
-    cat = fresh_catalog(dataset)
-    if cat is None:
-        raise NeedsSession
-    return cat
-
-
-def _allowed(session: Session | None, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
+def _allowed(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
     """Candidate mask: active items, in ``categories`` when given, not in ``exclude``."""
-    cat = _catalog(session, s, dataset)
+    cat = catalog(session, s.cache.dataset_id, dataset)
     allowed = ~item_mask(s, ("inactive", cat.stamp), cat.inactive)
     if query.categories is not None:
         in_cats = np.zeros(s.model.n_items, dtype=bool)
@@ -161,11 +98,11 @@ def _allowed(session: Session | None, s: ActiveModel, dataset: str, query: Recom
     return allowed
 
 
-def _category_notes(session: Session | None, s: ActiveModel, dataset: str, query: RecommendationQuery) -> list[str]:
+def _category_notes(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> list[str]:
     """Say so when a requested category is carried by no item (the list would be silently empty)."""
     if not query.categories:
         return []
-    known = _catalog(session, s, dataset).by_category
+    known = catalog(session, s.cache.dataset_id, dataset).by_category
     return [f"no item carries category {c!r}" for c in query.categories if c not in known]
 
 
