@@ -140,8 +140,15 @@ def cmd_api(args: argparse.Namespace) -> int:
 def _server_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's options for the API processes: its own access log off (the app writes one JSON
     line per request with the route template, never the raw path, which can name a user); event
-    loop and HTTP parser "auto" pick uvloop and httptools (``uvicorn[standard]``) where installed."""
-    return {"log_level": settings.log_level.lower(), "access_log": False, "loop": "auto", "http": "auto"}
+    loop and HTTP parser "auto" pick uvloop and httptools (``uvicorn[standard]``) where installed.
+    The supervisor kills a worker that has not answered its ping within ``WORKER_HEALTHCHECK_S``;
+    uvicorn's 5 s default is shorter than a spawned worker's start on a loaded machine, which
+    then never came up (killed and respawned forever)."""
+    return {"log_level": settings.log_level.lower(), "access_log": False, "loop": "auto", "http": "auto",
+            "timeout_worker_healthcheck": WORKER_HEALTHCHECK_S}
+
+
+WORKER_HEALTHCHECK_S = 60
 
 
 def _tcp_listener(host: str, port: int) -> socket.socket:
