@@ -127,14 +127,28 @@ def cmd_api(args: argparse.Namespace) -> int:
     """Production API process(es): uvicorn on the app factory, no in-process worker."""
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
+    options = _server_options(settings)
     if args.workers <= 1:
-        uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port,
-                    log_level=settings.log_level.lower())
+        uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port, **options)
         return 0
     config = uvicorn.Config("app.main:create_app_from_env", factory=True, host=host, port=port,
-                            workers=args.workers, log_level=settings.log_level.lower())
+                            workers=args.workers, **options)
     Multiprocess(config, sockets=[_tcp_listener(host, port)]).run()
     return 0
+
+
+def _server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for the API processes: its own access log off (the app writes one JSON
+    line per request with the route template, never the raw path, which can name a user); event
+    loop and HTTP parser "auto" pick uvloop and httptools (``uvicorn[standard]``) where installed.
+    The supervisor kills a worker that has not answered its ping within ``WORKER_HEALTHCHECK_S``;
+    uvicorn's 5 s default is shorter than a spawned worker's start on a loaded machine, which
+    then never came up (killed and respawned forever)."""
+    return {"log_level": settings.log_level.lower(), "access_log": False, "loop": "auto", "http": "auto",
+            "timeout_worker_healthcheck": WORKER_HEALTHCHECK_S}
+
+
+WORKER_HEALTHCHECK_S = 60
 
 
 def _tcp_listener(host: str, port: int) -> socket.socket:

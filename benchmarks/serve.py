@@ -16,6 +16,9 @@ Phases and rows (targets on the 2-core machine in the ``baseline`` column):
   omission); ``p50_ms``, ``p99_ms`` (target 20), ``achieved_rps``, ``cpu_ms_per_request``.
 * ``all-phases``/``loadgen_cpu_fraction``: the share of the machine's CPU the load generator used,
   so a generator that starves the server of the cores cannot go unnoticed.
+
+Environment: ``BENCH_SERVE_WORKERS`` (API processes), ``BENCH_SERVE_REDIS_URL`` (the API's Redis,
+default db 15), ``BENCH_SERVE_LOG`` (keep the server's log).
 """
 
 from __future__ import annotations
@@ -297,6 +300,12 @@ def _loadgen_row(phases: list[_Measured]) -> dict:
     return make_row(SUITE, "all-phases", "-", "loadgen_cpu_fraction", own / (wall * (os.cpu_count() or 1)), seconds=wall)
 
 
+def _redis_url() -> str:
+    """The Redis the API processes are configured with (``BENCH_SERVE_REDIS_URL``; db 15 unless
+    told otherwise): each person sharing a Redis server picks their own db number."""
+    return os.environ.get("BENCH_SERVE_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
 def run(quick: bool) -> list[dict]:
 
     from app.auth import issue_token
@@ -312,7 +321,7 @@ def run(quick: bool) -> list[dict]:
                             secret_key=secret, artifact_dir=Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{os.getpid()}")
         users = _prepare(url, quick, settings)
         port = _free_port()
-        env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": "redis://127.0.0.1:6379/15", "SECRET_KEY": secret,
+        env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": _redis_url(), "SECRET_KEY": secret,
                "ARTIFACT_DIR": str(settings.artifact_dir), "LOG_LEVEL": "WARNING",
                "SERVER_TIMING": "true",  # opt-in header: the server-side columns read it
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -3,6 +3,7 @@ the opt-in ``Server-Timing`` header, the request body limit."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -42,17 +43,17 @@ class RequestContext(_HttpMiddleware):
     """ASGI middleware: request id, access log line (route template, status, ms) and metrics."""
 
     async def handle(self, scope: dict, receive: Any, send: Any) -> None:
-        incoming = dict(scope.get("headers", ())).get(b"x-request-id", b"").decode("latin-1")
-        rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+        rid = _request_id(scope)
         token = REQUEST_ID.set(rid)
         start = time.perf_counter()
         status = 500
+        id_header = (b"x-request-id", rid.encode())
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+                message = {**message, "headers": [*message.get("headers", []), id_header]}
             await send(message)
 
         try:
@@ -60,14 +61,40 @@ class RequestContext(_HttpMiddleware):
         finally:
             elapsed = time.perf_counter() - start
             route = _template(scope)
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
-            LATENCY.labels(scope["method"], route).observe(elapsed)
-            access_log.info("request", extra={"http": {"method": scope["method"], "route": route,
-                                                       "status": status, "ms": round(elapsed * 1000, 3)}})
+            count, latency = _metrics(scope["method"], route, status)
+            count.inc()
+            latency.observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info("request", extra={"http": {"method": scope["method"], "route": route,
+                                                           "status": status, "ms": round(elapsed * 1000, 3)}})
             REQUEST_ID.reset(token)
 
 
+def _request_id(scope: dict) -> str:
+    """A safe incoming ``X-Request-ID`` (the last one sent) or a fresh random id."""
+    incoming = ""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            incoming = value.decode("latin-1")
+    return incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+
+
+_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def _metrics(method: str, route: str, status: int) -> tuple[Any, Any]:
+    """The request counter and latency histogram children for these labels (``labels()``
+    validates and locks on every call; the children are looked up once per label set). Routes
+    are templates, so the label sets stay few."""
+    key = (method, route, status)
+    children = _CHILDREN.get(key)
+    if children is None:
+        children = _CHILDREN[key] = (REQUESTS.labels(method, route, str(status)), LATENCY.labels(method, route))
+    return children
+
+
 _TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
+_CANDIDATES: dict[tuple[int, str], list[tuple[re.Pattern[str], str]]] = {}
 
 
 def _template(scope: dict) -> str:
@@ -77,14 +104,17 @@ def _template(scope: dict) -> str:
     app = scope.get("app")
     if route is None or app is None:
         return "unmatched"
-    patterns = _TEMPLATES.get(id(app))
-    if patterns is None:
-        patterns = _TEMPLATES[id(app)] = [
-            (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(t)) + "$"), t)
-            for t in app.openapi().get("paths", {})]
+    candidates = _CANDIDATES.get((id(app), route))
+    if candidates is None:  # the OpenAPI paths ending with this route's path, once per route
+        patterns = _TEMPLATES.get(id(app))
+        if patterns is None:
+            patterns = _TEMPLATES[id(app)] = [
+                (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(t)) + "$"), t)
+                for t in app.openapi().get("paths", {})]
+        candidates = _CANDIDATES[(id(app), route)] = [(p, t) for p, t in patterns if t.endswith(route)]
     path = scope.get("path", "")
-    for pattern, template in patterns:
-        if template.endswith(route) and pattern.match(path):
+    for pattern, template in candidates:
+        if pattern.match(path):
             return template
     return route
 

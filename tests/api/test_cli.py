@@ -116,6 +116,31 @@ def test_multi_worker_listener_is_tcp_so_connections_get_nodelay() -> None:
         sock.close()
 
 
+def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`privrec api` passes its options to uvicorn: a worker gets WORKER_HEALTHCHECK_S (not
+    uvicorn's 5 s) to answer its first ping, and uvicorn's access log (raw paths name users) is off."""
+    import uvicorn
+
+    from app.config import Settings
+
+    seen: dict = {}
+    monkeypatch.setattr(cli, "_settings", lambda: Settings(redis_url=None, database_url="sqlite:///:memory:"))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: seen.update(options))
+    monkeypatch.setattr(cli, "Multiprocess", lambda config, sockets: seen.update(config=config) or _NoRun())
+    monkeypatch.setattr(cli, "_tcp_listener", lambda host, port: None)
+    cli.main(["api", "--port", "8123"])
+    assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
+    cli.main(["api", "--port", "8123", "--workers", "2"])
+    config = seen["config"]
+    assert config.workers == 2 and config.access_log is False
+    assert config.timeout_worker_healthcheck == cli.WORKER_HEALTHCHECK_S
+
+
+class _NoRun:
+    def run(self) -> None:
+        pass
+
+
 def test_configuration_errors_are_one_line_without_the_secret(tmp_path) -> None:
     import os
     import subprocess

@@ -9,5 +9,6 @@ from app.api.routes import budget, datasets, items, models, public_data, ratings
 __all__ = ["ROUTERS"]
 
 ROUTERS: tuple[APIRouter, ...] = tuple(module.router for module in (
-    datasets, budget, trainings, models, items, ratings, users, votes, public_data, recommendations))
-"""Every ``/v1`` router, in the order the OpenAPI document lists their paths."""
+    recommendations, datasets, budget, trainings, models, items, ratings, users, votes, public_data))
+"""Every ``/v1`` router, in the order the OpenAPI document lists their paths. Requests are matched
+against the routes in this order, so the hot serving routes come first."""
