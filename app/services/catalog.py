@@ -56,7 +56,8 @@ def item_row_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> 
     ids = sorted(set(external_ids))
     if is_postgres(session):
         with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-            return {ext: iid for iid, ext in cursor.execute(_DRIVER_ITEM_IDS, {"ds": ds.id, "ids": pg_array(ids)})}
+            rows = cursor.execute(_DRIVER_ITEM_IDS, {"ds": ds.id, "ids": pg_array(ids)}).fetchall()  # one driver call
+            return {ext: iid for iid, ext in rows}
     out: dict[str, int] = {}
     for part in chunks(ids, CHUNK):
         rows = session.execute(
