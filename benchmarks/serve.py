@@ -155,7 +155,15 @@ async def _open_loop(port: int, paths: list[tuple[str, dict[str, str]]], rate: f
 
     async def one(k: int, due: float) -> None:
         reader, writer = idle.pop() if idle else await _connect(port)
-        status, _, body = await _request(reader, writer, raws[k])
+        try:
+            status, _, body = await _request(reader, writer, raws[k])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # the server closed this keep-alive connection while it sat idle (uvicorn: after 5 s);
+            # like any HTTP client, send the idempotent GET again on a new one (latency still
+            # counts from the due time)
+            writer.close()
+            reader, writer = await _connect(port)
+            status, _, body = await _request(reader, writer, raws[k])
         lat[k] = (time.perf_counter() - due) * 1000
         if status != 200:
             failures.append(f"{paths[k][0]} -> {status}: {body[:200]!r}")
