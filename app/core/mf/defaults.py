@@ -156,7 +156,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 4
+RULE_VERSION = 5
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -164,6 +164,8 @@ CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
 PRIOR_FLOOR = 4.0
 # ranking: catalogues of at least this many items get the full gravity and no prior floor
 LARGE_CATALOGUE = 1000.0
+# ranking (rule 5): below this ε·max_users (declared bound) the run takes two steps instead of three
+FEW_USERS_EPS = 3000.0
 
 
 def _band(epsilon: float) -> int:
@@ -207,7 +209,13 @@ def _ranking_rank(epsilon: float) -> int:
     return int(min(32, max(8, 2 ** round(math.log2(8.0 * (epsilon / 2.0) ** 1.5)))))
 
 
-def _ranking_defaults(epsilon: float, n_items: int) -> dict[str, Any]:
+def _ranking_steps(epsilon: float, max_users: int | None) -> int:
+    """2 steps while ε·max_users < FEW_USERS_EPS, else 3: few users' positives carry little signal
+    per step, and fewer steps leave each step a larger share of ε. Without a declared bound: 3."""
+    return 2 if max_users is not None and epsilon * max_users < FEW_USERS_EPS else 3
+
+
+def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> dict[str, Any]:
     # the most frequent share of the catalogue grows slowly with ε (never fewer than 50 items)
     size = max(n_items, 1)
     fraction = min(1.0, max(50.0 / size, 0.05 * epsilon**0.4))
@@ -216,7 +224,7 @@ def _ranking_defaults(epsilon: float, n_items: int) -> dict[str, Any]:
     return {
         "objective": "ranking",
         "rank": _ranking_rank(epsilon),
-        "n_steps": 3,
+        "n_steps": _ranking_steps(epsilon, max_users),
         "reg_item": 160.0,
         "item_reg_exponent": 0.0,
         "reg_user": 0.5,
@@ -249,8 +257,8 @@ def default_hyperparameters(
 ) -> dict[str, Any]:
     """The DPALS / DP-CMF hyper-parameters for a run at (ε, δ) from public facts only.
 
-    ``max_users`` is an admin-declared public bound on the number of users (unused by the rule;
-    accepted so that callers pass every public fact the rule may grow to use).
+    ``max_users`` is an admin-declared public bound on the number of users: the ranking rule takes
+    one step fewer where ε·max_users is small (rule 5); without it the rule assumes many users.
     """
     if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
         raise ValueError("epsilon must be finite and > 0, delta in (0, 1)")
@@ -262,7 +270,7 @@ def default_hyperparameters(
     if objective == "rating":
         params = _rating_defaults(epsilon, 0.5 * (hi - lo), n_items)
     elif objective == "ranking":
-        params = _ranking_defaults(epsilon, n_items)
+        params = _ranking_defaults(epsilon, n_items, max_users)
     else:
         raise ValueError("objective must be 'rating' or 'ranking'")
     return {**params, "defaults_rule": RULE_VERSION}
