@@ -17,12 +17,16 @@ use only; never copied into the repo), both objectives, at the service's default
 * ``dpcmf-default`` (ML-1M, its 18 genres as public item metadata): the registry's DP-CMF default
   (DPALS's rule plus α per public source), same splits and scores.
 
+Each data set declares the public bound ``max_users`` an admin would (the next power of ten at or
+above its users: ML-100K 1,000, ML-1M 10,000, Jester-1 100,000); the rule reads it (rule 5).
+
 Splits: ML-1M canonical (80/10/10 and held-out users); ML-100K and Jester-1 seeded 80/10/10 and
 held-out users (positives: ratings at or above lo + 0.75 (hi − lo)).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -92,6 +96,7 @@ class _Data:
     valid: Ratings
     test: Ratings
     ranking: HeldoutSplit
+    max_users: int | None = None  # the admin-declared public bound on the number of users
     public: Callable[[Ratings], PublicData] | None = None  # the public item data DP-CMF gets (ML-1M: genres)
 
 
@@ -99,17 +104,23 @@ def _genre_data(train: Ratings) -> PublicData:
     return PublicData((_genres(train.item_ids),))
 
 
+def _declared_bound(n_users: int) -> int:
+    """The bound an admin declares: the next power of ten at or above the data set's users."""
+    return 10 ** math.ceil(math.log10(max(n_users, 1)))
+
+
 def _load(name: str) -> _Data:
     if name == "ml-1m":
         train, valid, test = load_ml1m_rating_split()
         ranking = load_ml1m_ranking_split()
-        return _Data(name, (1.0, 5.0), train, valid, test, ranking, public=_genre_data)
+        return _Data(name, (1.0, 5.0), train, valid, test, ranking, _declared_bound(merge(train, valid).n_users),
+                     public=_genre_data)
     data = load_dataset(name)
     lo, hi = data.rating_range
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=0)
     n_held = max(20, data.ratings.n_users // 10)
     ranking = heldout_users_split(data.ratings, n_held, n_held, seed=0, positive_threshold=lo + 0.75 * (hi - lo))
-    return _Data(name, data.rating_range, train, valid, test, ranking)
+    return _Data(name, data.rating_range, train, valid, test, ranking, _declared_bound(data.ratings.n_users))
 
 
 def _train(train: Ratings, params: dict[str, Any], eps: float, rating_range: tuple[float, float], seed: int,
@@ -125,7 +136,8 @@ def _train(train: Ratings, params: dict[str, Any], eps: float, rating_range: tup
 
 def _defaults(objective: str, eps: float, data: _Data, train: Ratings, name: str = "dpals") -> dict[str, Any]:
     params, used = resolve_hyperparameters(name, {}, objective=objective, epsilon=eps, delta=DELTA,
-                                           rating_range=data.rating_range, n_items=train.n_items)
+                                           rating_range=data.rating_range, n_items=train.n_items,
+                                           max_users=data.max_users)
     assert used
     return params
 

@@ -55,6 +55,16 @@ def test_ranking_objective_scores_and_fallback_fields(env: Env) -> None:
     assert all(x["score"] != x["dp_count"] for x in fallback["items"])
 
 
+def test_ranking_defaults_read_the_declared_user_bound(env: Env) -> None:
+    """Rule 5: the admin's public max_users reaches the rule (two steps where ε·max_users < 3000)."""
+    seed_ratings(env)
+    assert _train(env, 2.0, objective="ranking")["config"]["n_steps"] == 3  # no bound declared
+    r = env.client.patch("/v1/admin/datasets/default", headers=env.admin, json={"max_users": 1000})
+    assert r.status_code == 200, r.text
+    run = _train(env, 2.0, objective="ranking")
+    assert run["config"]["n_steps"] == 2 and run["config"]["defaults_rule"] == RULE_VERSION
+
+
 def test_rating_fallback_scores_are_baseline_ratings_not_counts(env: Env) -> None:
     seed_ratings(env)
     train_and_publish(env)

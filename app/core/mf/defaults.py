@@ -147,6 +147,30 @@ number of users that pays for more steps is private; ranking with 5 steps and us
 ε ≥ 10 — ML-1M +0.007 to +0.009 Recall@20 (with a smaller user ridge and β = 0.15–0.2; δ = 1e-4,
 seeds 1 and 2), Jester-1 +0.005, but ML-100K −0.012 / −0.033 at ε = 10 / 20. ``quality-ml1m``
 offers these variants as candidates chosen on validation.
+
+Rule 5 (ranking only) narrows ML-100K's ranking gap at ε ≤ 2 (validation) with a law in the
+declared user bound: **two steps instead of three while ε·max_users < 3,000** (:func:`_ranking_steps`).
+The noise per step is fixed by ε and the steps, the signal grows with the users, so few users'
+positives carry too little per step to pay for a third step's share of ε. Without a declared
+bound the rule assumes many users (three steps, rule 4). The number of users is private; the
+bound is the admin's public declaration (``quality-defaults`` declares the next power of ten:
+ML-100K 1,000, ML-1M 10,000, Jester-1 100,000), so only ML-100K at ε ≤ 2 changes. Validation
+Recall@20, seeds 0–4, δ = 1e-6, 3 → 2 steps (ε·max_users in brackets):
+
+=========================  ===============  ===============  ==============  ==============
+3 steps → 2 steps          ε=0.5            ε=1              ε=2             ε=5
+=========================  ===============  ===============  ==============  ==============
+ML-100K (max_users 1,000)  .081→.079 (500)  .132→.151 (1k)   .202→.208 (2k)  .264→.260 (5k)
+ML-1M (10,000)             .167→.169 (5k)   .197→.185 (10k)  .225→.212       .266→.266
+Jester-1 (100,000)         .601→.601        .608→.605        .615→.610       .619→.618
+=========================  ===============  ===============  ==============  ==============
+
+Tried and left out: a rank floor of 4 at ε ≤ 1 (the lead from rule 3's table): ML-100K ε = 1
++0.007 (.139 vs .132), but ML-1M −0.004 (.193 vs .197) and Jester-1 −0.003 (.606 vs .608); at
+ε = 0.5 all three within ±0.003. Rank 4 on top of two steps: ML-100K .152 / .207 at ε = 1 / 2
+(no gain). ML-100K's ε = 20 gap is left: the grid's winner, a 10× smaller user ridge (.340 vs
+.292), costs ML-1M and Jester-1 (rule 4's notes); contribution bound 120 (.321) gives ML-1M +0.005
+but Jester-1 −0.010 at ε = 20 (−0.007 at ε = 10; seeds 0–2).
 """
 
 from __future__ import annotations
@@ -156,7 +180,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 4
+RULE_VERSION = 5
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -164,6 +188,8 @@ CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
 PRIOR_FLOOR = 4.0
 # ranking: catalogues of at least this many items get the full gravity and no prior floor
 LARGE_CATALOGUE = 1000.0
+# ranking (rule 5): below this ε·max_users (declared bound) the run takes two steps instead of three
+FEW_USERS_EPS = 3000.0
 
 
 def _band(epsilon: float) -> int:
@@ -207,7 +233,13 @@ def _ranking_rank(epsilon: float) -> int:
     return int(min(32, max(8, 2 ** round(math.log2(8.0 * (epsilon / 2.0) ** 1.5)))))
 
 
-def _ranking_defaults(epsilon: float, n_items: int) -> dict[str, Any]:
+def _ranking_steps(epsilon: float, max_users: int | None) -> int:
+    """2 steps while ε·max_users < FEW_USERS_EPS, else 3: few users' positives carry little signal
+    per step, and fewer steps leave each step a larger share of ε. Without a declared bound: 3."""
+    return 2 if max_users is not None and epsilon * max_users < FEW_USERS_EPS else 3
+
+
+def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> dict[str, Any]:
     # the most frequent share of the catalogue grows slowly with ε (never fewer than 50 items)
     size = max(n_items, 1)
     fraction = min(1.0, max(50.0 / size, 0.05 * epsilon**0.4))
@@ -216,7 +248,7 @@ def _ranking_defaults(epsilon: float, n_items: int) -> dict[str, Any]:
     return {
         "objective": "ranking",
         "rank": _ranking_rank(epsilon),
-        "n_steps": 3,
+        "n_steps": _ranking_steps(epsilon, max_users),
         "reg_item": 160.0,
         "item_reg_exponent": 0.0,
         "reg_user": 0.5,
@@ -249,8 +281,8 @@ def default_hyperparameters(
 ) -> dict[str, Any]:
     """The DPALS / DP-CMF hyper-parameters for a run at (ε, δ) from public facts only.
 
-    ``max_users`` is an admin-declared public bound on the number of users (unused by the rule;
-    accepted so that callers pass every public fact the rule may grow to use).
+    ``max_users`` is an admin-declared public bound on the number of users: the ranking rule takes
+    one step fewer where ε·max_users is small (rule 5); without it the rule assumes many users.
     """
     if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
         raise ValueError("epsilon must be finite and > 0, delta in (0, 1)")
@@ -262,7 +294,7 @@ def default_hyperparameters(
     if objective == "rating":
         params = _rating_defaults(epsilon, 0.5 * (hi - lo), n_items)
     elif objective == "ranking":
-        params = _ranking_defaults(epsilon, n_items)
+        params = _ranking_defaults(epsilon, n_items, max_users)
     else:
         raise ValueError("objective must be 'rating' or 'ranking'")
     return {**params, "defaults_rule": RULE_VERSION}
