@@ -23,6 +23,14 @@ K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F =
 
 Symmetric matrices are released as their upper triangle (diagonal included) with i.i.d. noise,
 then mirrored; the upper triangle's L2 norm is at most the Frobenius norm, so the bounds hold.
+Two optional steps after the releases, functions of released quantities and public constants only
+(post-processing: no release, no event change; tests/unit/test_dpals_postprocessing.py):
+``gram_pooling`` ψ shrinks each noisy Ã_j towards c̃_j·Ā, the pooled Gram Ā = Σ_j Ã_j / Σ_j c̃_j
+scaled by the item's released re-count, in proportion to its noise (:func:`pool_item_grams`), and
+``average_last`` m publishes the mean of the last m steps' released V_t (:func:`average_releases`).
+On quality-ml1m's validation splits (δ = 1e-4, seeds 0-2) both together gained at every ε tried,
+e.g. ranking ε = 5 Recall@20 .279 → .288, rating ε = 20 RMSE .905 → .900 (with more steps).
+
 User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
 few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
 a function of her ratings and the released V's only; the item step only sees them clipped to
@@ -32,6 +40,7 @@ a function of her ratings and the released V's only; the item step only sees the
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Self
@@ -67,6 +76,9 @@ __all__ = [
     "PublicItemTerms",
     "public_model",
     "project_psd",
+    "pooled_gram",
+    "pool_item_grams",
+    "average_releases",
 ]
 
 CONTRIBUTION_MODES = ("uniform", "tail", "adaptive_weights")
@@ -123,6 +135,8 @@ class DPALSConfig:
     item_bias_shrinkage: float = 10.0  # s_b: pseudo-count pulling b̃_j towards 0 (data noise)
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
+    gram_pooling: float = 0.0  # ψ: shrink each Ã_j towards the pooled c̃_j·Ā (0: off), see pool_item_grams
+    average_last: int = 1  # m: publish the mean of the last m steps' released V (1: the last one)
     self_calibration: bool = False  # fold-in: each user's ridge by leave-out on her ratings (foldin.py)
     # training's user solves: CG iterations per user and step, warm-started (as implicit's ALS, which
     # does 3); 0: exact. quality-ml1m (10 seeds, paired): 3 lost 0.003 Recall@20 at eps = 10, 6 nothing
@@ -139,6 +153,10 @@ class DPALSConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.average_last, int) or isinstance(self.average_last, bool) or not (
+            1 <= self.average_last <= self.n_steps
+        ):
+            raise ValueError(f"average_last must be an integer in [1, n_steps], got {self.average_last!r}")
         steps = self.user_cg_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"user_cg_steps must be an integer >= 0, got {steps!r}")
@@ -158,7 +176,7 @@ class DPALSConfig:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
-                     "item_bias_shrinkage", "noise_filter"):
+                     "item_bias_shrinkage", "noise_filter", "gram_pooling"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -571,16 +589,64 @@ def _item_step(
     # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
     children = releaser.rng.spawn(len(chunks))
 
-    def solve_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> None:
+    def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job
         items, gram, b = _chunk_statistics(chunk, padded, rank)
-        gram = grid_gram.release_symmetric(child, gram)
-        b = grid_linear.release(child, b)
-        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
-                                               shift)
+        return items, grid_gram.release_symmetric(child, gram), grid_linear.release(child, b)
 
-    parallel_map(solve_chunk, zip(chunks, children, strict=True))  # chunks own disjoint items
+    def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:
+        items, gram, b = released
+        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
+                                               shifts)
+
+    jobs = zip(chunks, children, strict=True)
+    if config.gram_pooling == 0:
+        parallel_map(lambda job: solve(release_chunk(job)), jobs)  # chunks own disjoint items
+        return item_factors
+    # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
+    released_chunks = parallel_map(release_chunk, jobs)
+    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std)
+
+    def solve_pooled(released: _ReleasedChunk) -> None:
+        items, gram, b = released
+        pooled, weights = pool_item_grams(gram, prep.recounts[items], mean_gram, scale, config.gram_pooling)
+        solve((items, pooled, b), shift * weights[:, None])  # the noise left in Â_j is w_j times Ã_j's
+
+    parallel_map(solve_pooled, released_chunks)
     return item_factors
+
+
+_ReleasedChunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # (trained-item positions, Ã_j, b̃_j)
+
+
+def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float) -> tuple[np.ndarray, float]:
+    """(Ā, c*): the pooled Gram per unit of contribution weight, Ā = Σ_j Ã_j / Σ_j c̃_j over all
+    trained items, and c* = σ_A / (tr Ā / r), the weight at which an item's Gram signal per entry
+    (≈ c_j · tr Ā / r) equals the release's noise std σ_A.
+
+    Ã_j and the recounts c̃_j (the same weights c_ij, ``item_recounts``) are released; σ_A is public:
+    post-processing. The sum's noise is √n_frequent · σ_A per entry against Σ_j c_j of signal, so Ā
+    is far less noisy than any single Ã_j. c* = 0 (no pooling) if tr Ā is not positive.
+    """
+    total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)
+    mean_gram = total / max(float(recounts.sum()), 1.0)
+    per_entry = float(np.trace(mean_gram)) / mean_gram.shape[0]
+    return mean_gram, (noise_std / per_entry if per_entry > 0 else 0.0)
+
+
+def pool_item_grams(
+    grams: np.ndarray, recounts: np.ndarray, mean_gram: np.ndarray, scale: float, strength: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Â_j, w_j): Â_j = w_j Ã_j + (1 − w_j) c̃_j Ā with w_j = c̃_j / (c̃_j + ψ c*), ψ = ``strength``.
+
+    Empirical-Bayes shrinkage of each noisy Gram towards the pooled one scaled by the item's own
+    weight (the users who rate item j taken as a sample of all users, Ā from :func:`pooled_gram`):
+    an item whose Gram signal is below the noise (c̃_j ≪ c*) takes the pooled Gram, a heavily rated
+    one keeps its own. Post-processing of released Ã_j, c̃_j and Ā. ``grams`` is not modified.
+    """
+    weights = recounts / (recounts + strength * scale) if scale > 0 else np.ones(len(recounts))
+    pooled = grams * weights[:, None, None] + ((1.0 - weights) * recounts)[:, None, None] * mean_gram
+    return pooled, weights
 
 
 def _clipped_padded(solved: np.ndarray, bound: float) -> np.ndarray:
@@ -619,12 +685,13 @@ def _solve_projected(
     gravity: np.ndarray | None,
     public: PublicItemTerms | None = None,
     kappa: float = 0.0,
-    shift: float = 0.0,
+    shift: float | np.ndarray = 0.0,
 ) -> np.ndarray:
     """v_j = (Π_PSD(Ã_j + s I) + λ0 K̃ [+ public grams] + λ r_j I)⁻¹ (b̃_j [+ public rhs]) for a batch.
 
-    s = ``shift`` is data-independent; the projection runs only where Ã_j + s I has no Cholesky
-    factor (post-processing: see :func:`app.core.mf.linalg.solve_noisy_systems`). With the noise
+    s = ``shift`` (a scalar, or one per item shaped (n, 1)) is data-independent or a function of
+    released quantities; the projection runs only where Ã_j + s I has no Cholesky factor
+    (post-processing: see :func:`app.core.mf.linalg.solve_noisy_systems`). With the noise
     filter on (κ > 0) the filter needs every Π_PSD(Ã_j)'s eigenbasis: :func:`_solve_filtered`,
     unshifted, as before."""
     if kappa > 0:
@@ -784,6 +851,7 @@ def fit_dpals(
         global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
     )
     user_start = None  # the previous step's unclipped solutions: the CG warm start
+    last_releases: deque[np.ndarray] = deque(maxlen=config.average_last)  # the released V's to average
     for step in range(config.n_steps):
         solved = _user_step(prep, item_factors, config, user_reg, user_start)
         user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
@@ -791,14 +859,27 @@ def fit_dpals(
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
         item_factors = _item_step(prep, padded, config, releaser, public)
+        last_releases.append(item_factors)
         del padded
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
+    item_factors = average_releases(list(last_releases))
     per_step = 3 if config.reg_gravity > 0 else 2
     event = releaser.event(config.n_steps, per_step)
     if event != dpals_event(config):
         raise RuntimeError("the releases made differ from the reserved privacy event")
     return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser)
+
+
+def average_releases(item_factors: list[np.ndarray]) -> np.ndarray:
+    """The published V: the mean of the last ``average_last`` steps' released V_t (Polyak-style
+    averaging: each step's release noise is independent, so m steps' mean carries ≈ 1/√m of it
+    once the signal has settled). Each V_t is a released output of a charged step (the event
+    composes all T of them), so any function of them is post-processing: no release, no cost.
+    One V is returned as is."""
+    if len(item_factors) == 1:
+        return item_factors[0]
+    return np.asarray(np.mean(item_factors, axis=0))
 
 
 def train_dpals(

@@ -119,11 +119,12 @@ def solve_noisy_systems(
     rhs: np.ndarray,
     ridge: np.ndarray,
     extra: np.ndarray | None = None,
-    shift: float = 0.0,
+    shift: float | np.ndarray = 0.0,
 ) -> tuple[np.ndarray, int]:
     """Solve (Π_PSD(Ã_j + s I) + E_j + ridge_j I) x_j = b_j for a batch; return (x, number projected).
 
-    Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a data-independent diagonal shift, E (``extra``,
+    Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a diagonal shift (a scalar, or (n, 1) one per
+    system; data-independent or a function of released quantities), E (``extra``,
     (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. With s = 0 this is the
     projected system of arXiv:2107.09802, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
     projection is the identity and a Cholesky solve per item follows; the exact projection (the
@@ -133,7 +134,7 @@ def solve_noisy_systems(
     public quantities: post-processing, no privacy cost. ``grams`` is overwritten.
     """
     shifted = grams
-    if shift:
+    if np.any(shift):  # a scalar, or one shift per system shaped (n, 1)
         add_to_diagonal(shifted, shift)
     ok = positive_definite_mask(shifted)
     # Π_PSD(Ã + sI) only where the factorisation failed (in place: the rows are disjoint)

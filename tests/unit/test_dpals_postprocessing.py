@@ -1,0 +1,159 @@
+"""DPALS post-processing options: pooled item Grams and averaged released V's.
+
+Both are functions of released quantities only, so they must leave every release, its noise
+draws and the run's event exactly as they are; these tests check that, and the formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from app.core.data.ratings import Ratings
+from app.core.mf import dpals
+from app.core.mf.dpals import DPALSConfig, average_releases, pool_item_grams, pooled_gram, train_dpals
+from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian
+
+
+def _ratings(n_users: int = 80, n_items: int = 30, seed: int = 0) -> Ratings:
+    rng = np.random.default_rng(seed)
+    users, items = np.nonzero(rng.random((n_users, n_items)) < 0.4)
+    return Ratings.from_arrays(users, items, rng.integers(1, 6, size=len(users)).astype(float))
+
+
+def _config(**overrides) -> DPALSConfig:
+    base = dict(rank=3, n_steps=3, contribution_bound=6, frequent_fraction=0.6, noise_multiplier=0.5, seed=3)
+    return DPALSConfig(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("gravity", [0.0, 0.4])
+def test_pooling_and_averaging_leave_releases_and_event_unchanged(gravity: float):
+    ratings = _ratings()
+    plain = train_dpals(ratings, _config(reg_gravity=gravity))
+    post = train_dpals(ratings, _config(reg_gravity=gravity, gram_pooling=5.0, average_last=2))
+    assert post.event == plain.event
+    assert post.metadata["releases"] == plain.metadata["releases"]
+    # pre-processing's releases are drawn before training: bit for bit the same
+    assert np.array_equal(post.item_counts, plain.item_counts)
+    assert np.array_equal(post.item_biases, plain.item_biases)
+    assert post.global_mean == plain.global_mean
+    assert not np.allclose(post.item_factors, plain.item_factors)
+
+
+def test_pool_item_grams_formula_and_limits():
+    rng = np.random.default_rng(0)
+    grams = rng.normal(size=(4, 3, 3))
+    grams = grams + np.swapaxes(grams, 1, 2)
+    counts = np.array([1.0, 10.0, 100.0, 1000.0])
+    mean_gram = np.diag([1.0, 2.0, 3.0])
+    pooled, weights = pool_item_grams(grams, counts, mean_gram, scale=10.0, strength=2.0)
+    assert np.allclose(weights, counts / (counts + 20.0))
+    for j in range(4):
+        expected = weights[j] * grams[j] + (1 - weights[j]) * counts[j] * mean_gram
+        assert np.allclose(pooled[j], expected)
+    same, ones = pool_item_grams(grams, counts, mean_gram, scale=10.0, strength=0.0)
+    assert np.array_equal(same, grams) and np.all(ones == 1)
+    full, _ = pool_item_grams(grams, counts, mean_gram, scale=10.0, strength=1e12)
+    assert np.allclose(full, counts[:, None, None] * mean_gram)
+    unpooled, _ = pool_item_grams(grams, counts, mean_gram, scale=0.0, strength=5.0)  # c* = 0: no pooling
+    assert np.array_equal(unpooled, grams)
+
+
+def test_pooled_gram_is_the_weight_normalised_sum():
+    rng = np.random.default_rng(1)
+    chunks = [rng.normal(size=(5, 2, 2)), rng.normal(size=(3, 2, 2))]
+    recounts = rng.uniform(1, 9, size=8)
+    mean_gram, scale = pooled_gram(chunks, recounts, noise_std=4.0)
+    total = chunks[0].sum(axis=0) + chunks[1].sum(axis=0)
+    assert np.allclose(mean_gram, total / recounts.sum())
+    per_entry = np.trace(mean_gram) / 2
+    assert scale == (pytest.approx(4.0 / per_entry) if per_entry > 0 else 0.0)
+    _, none = pooled_gram([-np.eye(2)[None]], np.ones(1), noise_std=4.0)  # a non-positive trace: no pooling
+    assert none == 0.0
+
+
+def test_pooled_item_step_is_a_function_of_the_releases(monkeypatch: pytest.MonkeyPatch):
+    """Rebuild the pooled solve from the released Ã_j, b̃_j and recounts alone."""
+    released: list[np.ndarray] = []
+    original = GridGaussian.release
+
+    def recording(self, rng, value):
+        out = original(self, rng, value)
+        released.append(out)
+        return out
+
+    monkeypatch.setattr(GridGaussian, "release", recording)
+    monkeypatch.setenv("PRIVREC_THREADS", "1")  # chunks released in order
+    config = _config(n_steps=1, gram_pooling=3.0, reg_gravity=0.0)
+    items: list[tuple] = []
+    original_step = dpals._item_step
+
+    def capture(prep, padded, cfg, releaser, public=None):
+        released.clear()
+        factors = original_step(prep, padded, cfg, releaser, public)
+        items.append((prep, factors, list(released)))
+        return factors
+
+    monkeypatch.setattr(dpals, "_item_step", capture)
+    train_dpals(_ratings(), config)
+    prep, factors, draws = items[0]
+    rank, n = config.rank, len(prep.frequent)
+    upper = rank * (rank + 1) // 2
+    # chunk by chunk: the Gram release (upper triangles), then the linear one
+    grams, rhs, order = [], [], []
+    position = 0
+    for chunk in dpals._item_chunks(prep.item_plan):
+        rows = chunk.rows if isinstance(chunk, dpals.Bucket) else chunk
+        tri, lin = draws[position], draws[position + 1]
+        position += 2
+        full = np.zeros((len(rows), rank, rank))
+        iu = np.triu_indices(rank)
+        full[:, iu[0], iu[1]] = tri.reshape(len(rows), upper)
+        full[:, iu[1], iu[0]] = tri.reshape(len(rows), upper)
+        grams.append(full)
+        rhs.append(lin.reshape(len(rows), rank))
+        order.append(rows)
+    assert position == len(draws)
+    gram_std = grid_gaussian(np.sqrt(config.contribution_bound) * config.clip_user**2,
+                             config.noise_multipliers()["gram"], n * upper).std
+    mean_gram, scale = pooled_gram(grams, prep.recounts, gram_std)
+    shift = dpals.PSD_SHIFT * dpals.noise_edge(gram_std, rank)
+    ridge = config.reg_item * dpals.item_ridge_weights(prep.recounts, config.item_reg_exponent)
+    rebuilt = np.empty((n, rank))
+    for rows, gram, b in zip(order, grams, rhs, strict=True):
+        pooled, weights = pool_item_grams(gram, prep.recounts[rows], mean_gram, scale, config.gram_pooling)
+        rebuilt[rows] = dpals._solve_projected(pooled, b, ridge[rows], None, None, 0.0, shift * weights[:, None])
+    assert np.allclose(rebuilt, factors)
+
+
+def test_average_last_publishes_the_mean_of_the_last_released_factors(monkeypatch: pytest.MonkeyPatch):
+    steps: list[np.ndarray] = []
+    original_step = dpals._item_step
+
+    def capture(*args, **kwargs):
+        factors = original_step(*args, **kwargs)
+        steps.append(factors.copy())
+        return factors
+
+    monkeypatch.setattr(dpals, "_item_step", capture)
+    config = _config(n_steps=4, average_last=3)
+    model = train_dpals(_ratings(), config)
+    expected = np.mean(steps[-3:], axis=0)
+    assert np.allclose(model.item_factors[model.trained_mask], expected)
+    # training itself is unchanged: the steps' releases match a run publishing the last V only
+    steps.clear()
+    last = train_dpals(_ratings(), replace(config, average_last=1))
+    assert np.allclose(last.item_factors[last.trained_mask], steps[-1])
+    assert np.array_equal(average_releases([steps[-1]]), steps[-1])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"gram_pooling": -1.0}, {"gram_pooling": float("inf")}, {"average_last": 0}, {"average_last": 4},
+     {"average_last": 1.5}, {"average_last": True}],
+)
+def test_bad_postprocessing_configs_raise(overrides):
+    with pytest.raises(ValueError):
+        _config(**overrides)
