@@ -112,7 +112,10 @@ RANKING_DEFAULT_CHANGES: dict[float, list[dict[str, Any]]] = {
     1.0: [dict(_POOLED, n_steps=5, average_last=3), dict(_POOLED, n_steps=4, average_last=2)],
     5.0: [dict(_POOLED, n_steps=5, average_last=3), dict(_POOLED, n_steps=5, average_last=4)],
     10.0: [_RANKING_LONGER, _RANKING_WIDER, _RANKING_POOLED, dict(_RANKING_POOLED, frequent_fraction=0.2)],
-    20.0: [_RANKING_LONGER, _RANKING_WIDER, _RANKING_POOLED, dict(_RANKING_POOLED, frequent_fraction=0.2)],
+    20.0: [_RANKING_LONGER, _RANKING_WIDER, _RANKING_POOLED, dict(_RANKING_POOLED, frequent_fraction=0.2),
+           dict(_RANKING_POOLED, frequent_fraction=0.2, rank=64, n_steps=8, reg_user=0.05, gram_noise_ratio=1.5),
+           dict(_RANKING_POOLED, rank=64, n_steps=7, reg_user=0.05, clip_user=0.15, frequent_fraction=0.2,
+                reg_gravity=0.3, count_noise_ratio=3.0)],
 }
 ALS_RANKING_CANDIDATES = [
     dict(rank=32, n_iters=10, reg_gravity=0.5, reg_item=5.0, reg_user=0.5, item_reg_exponent=0.0,

@@ -56,9 +56,10 @@ def test_ranking_objective_scores_and_fallback_fields(env: Env) -> None:
 
 
 def test_ranking_defaults_read_the_declared_user_bound(env: Env) -> None:
-    """Rule 5: the admin's public max_users reaches the rule (two steps where ε·max_users < 3000)."""
+    """Rule 5: the admin's public max_users reaches the rule (two steps where ε·max_users < 3000;
+    rule 6: four otherwise)."""
     seed_ratings(env)
-    assert _train(env, 2.0, objective="ranking")["config"]["n_steps"] == 3  # no bound declared
+    assert _train(env, 2.0, objective="ranking")["config"]["n_steps"] == 4  # no bound declared
     r = env.client.patch("/v1/admin/datasets/default", headers=env.admin, json={"max_users": 1000})
     assert r.status_code == 200, r.text
     run = _train(env, 2.0, objective="ranking")

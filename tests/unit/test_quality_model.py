@@ -147,17 +147,22 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 5
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 6
+    # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
+    assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
+    assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)
 
 
 def test_ranking_rule_takes_fewer_steps_for_few_declared_users():
-    def steps(eps: float, max_users: int | None) -> int:
-        return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
-                                                n_items=1682, max_users=max_users)["n_steps"]
+    def steps(eps: float, max_users: int | None) -> tuple[int, int]:
+        params = defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6,
+                                                  rating_range=(1.0, 5.0), n_items=1682, max_users=max_users)
+        return params["n_steps"], params["average_last"]
 
-    # rule 5: two steps while eps * max_users < 3000 (ML-100K-sized at eps <= 2), else three
-    assert [steps(eps, 1000) for eps in (0.5, 1.0, 2.0, 5.0, 20.0)] == [2, 2, 2, 3, 3]
-    assert steps(0.5, 10_000) == steps(0.5, None) == steps(1.0, None) == 3  # no bound declared: many users
+    # rule 5: two steps while eps * max_users < 3000 (ML-100K-sized at eps <= 2); rule 6: else four,
+    # the last two released V's averaged
+    assert [steps(eps, 1000) for eps in (0.5, 1.0, 2.0, 5.0, 20.0)] == [(2, 1)] * 3 + [(4, 2)] * 2
+    assert steps(0.5, 10_000) == steps(0.5, None) == steps(1.0, None) == (4, 2)  # no bound declared: many users
     rating = defaults.default_hyperparameters(objective="rating", epsilon=1.0, delta=1e-6, rating_range=(1.0, 5.0),
                                               n_items=1682, max_users=1000)
     assert rating == defaults.default_hyperparameters(objective="rating", epsilon=1.0, delta=1e-6,
@@ -170,6 +175,7 @@ def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
                                                 rating_range=(-10.0, 10.0), n_items=n_items)
 
     assert rule(3000)["self_calibration"] and rule(3000)["frequent_fraction"] == 0.4
+    assert rule(3000)["gram_pooling"] == rule(100)["gram_pooling"] == 1000.0  # rule 6: pooled item Grams
     assert rule(100)["frequent_fraction"] == 1.0 and rule(200)["frequent_fraction"] == 0.5
 
 

@@ -180,7 +180,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 5
+RULE_VERSION = 6
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -188,8 +188,11 @@ CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
 PRIOR_FLOOR = 4.0
 # ranking: catalogues of at least this many items get the full gravity and no prior floor
 LARGE_CATALOGUE = 1000.0
-# ranking (rule 5): below this ε·max_users (declared bound) the run takes two steps instead of three
+# ranking (rule 5): below this ε·max_users (declared bound) the run takes two steps instead of four (rule 6)
 FEW_USERS_EPS = 3000.0
+# rule 6: strength ψ of the pooled item Grams (DPALSConfig.gram_pooling), rating; ranking at full gravity
+RATING_GRAM_POOLING = 1000.0
+RANKING_GRAM_POOLING = 10.0
 
 
 def _band(epsilon: float) -> int:
@@ -225,6 +228,7 @@ def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[st
         "item_bias_prior_std": 0.25 * half_range,
         "noise_filter": round(min(100.0, 10.0 / epsilon**3), 8),
         "self_calibration": True,
+        "gram_pooling": RATING_GRAM_POOLING,
     }
 
 
@@ -233,10 +237,11 @@ def _ranking_rank(epsilon: float) -> int:
     return int(min(32, max(8, 2 ** round(math.log2(8.0 * (epsilon / 2.0) ** 1.5)))))
 
 
-def _ranking_steps(epsilon: float, max_users: int | None) -> int:
-    """2 steps while ε·max_users < FEW_USERS_EPS, else 3: few users' positives carry little signal
-    per step, and fewer steps leave each step a larger share of ε. Without a declared bound: 3."""
-    return 2 if max_users is not None and epsilon * max_users < FEW_USERS_EPS else 3
+def _ranking_steps(epsilon: float, max_users: int | None) -> tuple[int, int]:
+    """(steps, released V's averaged): (2, 1) while ε·max_users < FEW_USERS_EPS, else (4, 2) (rule 6;
+    rule 5: 3 steps, the last V): few users' positives carry little signal per step, and fewer
+    steps leave each step a larger share of ε. Without a declared bound: many users."""
+    return (2, 1) if max_users is not None and epsilon * max_users < FEW_USERS_EPS else (4, 2)
 
 
 def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> dict[str, Any]:
@@ -245,10 +250,13 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
     fraction = min(1.0, max(50.0 / size, 0.05 * epsilon**0.4))
     large = min(1.0, size / LARGE_CATALOGUE)  # gravity's share: "unobserved means disliked" holds
     prior = 2.0 / epsilon * (LARGE_CATALOGUE / size) ** 0.25 + PRIOR_FLOOR * (1.0 - large)
+    steps, averaged = _ranking_steps(epsilon, max_users)
     return {
         "objective": "ranking",
         "rank": _ranking_rank(epsilon),
-        "n_steps": _ranking_steps(epsilon, max_users),
+        "n_steps": steps,
+        "average_last": averaged,
+        "gram_pooling": round(RANKING_GRAM_POOLING * large, 6),
         "reg_item": 160.0,
         "item_reg_exponent": 0.0,
         "reg_user": 0.5,
