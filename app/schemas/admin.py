@@ -92,7 +92,8 @@ MAX_USERS_DOC = (
     "Admin-declared public upper bound on the number of users of this data set (null: not declared). "
     "Every rule that needs a user count reads it: delta above 1/(10 max_users) is warned about, and "
     "one-bit runs default `user_rows` to it (add/remove-one-user privacy; excess voters are dropped at random), "
-    "and the ranking defaults take two steps instead of three where epsilon * max_users < 3000.")
+    "and the ranking defaults take two steps instead of four (publishing the last step's item factors "
+    "instead of the mean of the last two) where epsilon * max_users < 3000.")
 
 
 class DatasetIn(StrictModel):
