@@ -69,7 +69,7 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
     if kind != "ranking_score":
         allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
-    idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
+    idx, top = foldin.top_n_allowed(scores, query.n, allowed)
     return out(fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
 
 
