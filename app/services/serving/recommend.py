@@ -30,15 +30,16 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
     """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
     user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
-    cache, item_ids, values = active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    cache, item_ids, values, model_row = active_with_ratings(session, dataset, user_id)  # 404s as `active`
     algorithm = get_algorithm(cache.algorithm)
     noun = "ratings"
     if algorithm.data == "votes":
         noun = "votes"
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
+        model_row = cache.positions
     s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
-    rated = np.fromiter(map(s.positions.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
+    rated = np.fromiter(map(model_row.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
     kind = score_kind(cache.algorithm, model)
