@@ -6,11 +6,13 @@ thread for each of them; the session dependency (blocking I/O at close) stays sy
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Annotated, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, TypeVar
 
-import anyio
-import anyio.to_thread
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -32,6 +34,8 @@ __all__ = [
     "get_session",
     "get_write_session",
     "run_with_session",
+    "run_in_app_session",
+    "verify_bearer",
     "require_user_access",
     "require_ingest_access",
     "require_item_writer",
@@ -82,23 +86,40 @@ WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function"
 
 async def run_with_session(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work(session)`` in one worker thread with its own session (hot read paths: one
-    thread hop per request instead of one per dependency). At most DB_POOL_SIZE such calls run
-    at once, so threads neither wait on the connection pool nor crowd the interpreter lock.
-    Nothing is committed."""
+    thread hop per request instead of one per dependency); see :func:`run_in_app_session`."""
+    return await run_in_app_session(request.app, work)
+
+
+async def run_in_app_session(app: Any, work: Callable[[Session], T]) -> T:
+    """Run ``work(session)`` in one worker thread with a session of ``app``'s database (the
+    caller's context variables, e.g. the request id, go with it). A process-wide pool of
+    max(2, DB_POOL_SIZE) threads runs these calls, so threads neither wait on the connection
+    pool nor crowd the interpreter lock; the event loop's own executor hop costs about two
+    thirds of anyio's worker-thread call. Nothing is committed."""
 
     def call() -> T:
-        session = request.app.state.sessionmaker()
+        session = app.state.sessionmaker()
         try:
             return work(session)
         finally:
             session.rollback()
             session.close()
 
-    limiter = getattr(request.app.state, "work_limiter", None)
-    if limiter is None:  # created lazily inside the running event loop
-        limiter = request.app.state.work_limiter = anyio.CapacityLimiter(
-            max(2, request.app.state.settings.db_pool_size))
-    return await anyio.to_thread.run_sync(call, limiter=limiter)
+    executor = _read_executor(max(2, app.state.settings.db_pool_size))
+    return await asyncio.get_running_loop().run_in_executor(executor, contextvars.copy_context().run, call)
+
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def _read_executor(threads: int) -> ThreadPoolExecutor:
+    """The process's thread pool of this size for :func:`run_in_app_session` (created once)."""
+    executor = _executors.get(threads)
+    if executor is None:
+        with _executors_lock:
+            executor = _executors.setdefault(threads, ThreadPoolExecutor(threads, thread_name_prefix="privrec-read"))
+    return executor
 
 
 async def get_principal(
@@ -108,12 +129,17 @@ async def get_principal(
     """Verify the bearer token; 401 when missing, malformed, tampered with or expired. (The
     settings are read from the app, not through ``SettingsDep``: one dependency fewer to solve
     on every authenticated request.)"""
-    settings: Settings = request.app.state.settings
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise MissingToken("a bearer token is required")
+    return verify_bearer(request.app.state.settings, credentials.credentials)
+
+
+def verify_bearer(settings: Settings, token: str) -> Principal:
+    """The principal of a bearer token (cached once verified); 401 when it is malformed,
+    tampered with or expired."""
     try:
-        return decode_token_cached(credentials.credentials, secret=settings.secret_key,
-                                   algorithm=settings.jwt_algorithm, max_lifetime_s=settings.max_token_ttl_s)
+        return decode_token_cached(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                   max_lifetime_s=settings.max_token_ttl_s)
     except TokenError as exc:
         refusal = TokenExpired if "expired" in str(exc) else InvalidToken
         raise refusal(str(exc)) from None

@@ -1,5 +1,6 @@
 """The ASGI middleware of the app, outermost first: request context (id, access log, metrics),
-the opt-in ``Server-Timing`` header, the request body limit."""
+the opt-in ``Server-Timing`` header, the request body limit, the recommendation fast path
+(:mod:`app.api.fast_path`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.api.errors import render_error
+from app.api.fast_path import RecommendationFastPath
 from app.api.observability import LATENCY, REQUEST_ID, REQUESTS, access_log
 from app.config import Settings
 from app.errors import BodyTooLarge
@@ -181,7 +183,9 @@ class BodyLimit(_HttpMiddleware):
 
 
 def install_middleware(app: FastAPI, settings: Settings) -> None:
-    """Add the middleware; the last added runs first (request context outermost)."""
+    """Add the middleware; the last added runs first (request context outermost, the fast path
+    innermost: the requests it answers still get their id, metrics, timing and body limit)."""
+    app.add_middleware(RecommendationFastPath)
     app.add_middleware(BodyLimit)
     if settings.server_timing:  # opt-in: response times can reveal data-dependent work
         app.add_middleware(ServerTiming)

@@ -1,4 +1,5 @@
-"""Validated path parameters shared by the routers."""
+"""Validated path parameters shared by the routers (patterns and lengths as constants: the
+recommendation fast path, :mod:`app.api.fast_path`, checks the same ones)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ from typing import Annotated
 
 from fastapi import Path
 
-DatasetP = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$",
+DATASET_PATTERN = r"^[A-Za-z0-9_\-]+$"
+DATASET_MAX_LENGTH = 64
+EXTERNAL_ID_PATTERN = r"^[A-Za-z0-9_.:@\-]+$"
+EXTERNAL_ID_MAX_LENGTH = 128
+
+DatasetP = Annotated[str, Path(min_length=1, max_length=DATASET_MAX_LENGTH, pattern=DATASET_PATTERN,
                                description="Data set name (the budget scope), e.g. `default`.")]
-UserP = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$",
+UserP = Annotated[str, Path(min_length=1, max_length=EXTERNAL_ID_MAX_LENGTH, pattern=EXTERNAL_ID_PATTERN,
                             description="External user id.")]
 IdP = Annotated[int, Path(ge=1, le=2**31 - 1, description="Numeric id (a 32-bit database key).")]
-ItemP = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@\-]+$",
+ItemP = Annotated[str, Path(min_length=1, max_length=EXTERNAL_ID_MAX_LENGTH, pattern=EXTERNAL_ID_PATTERN,
                             description="External item id.")]

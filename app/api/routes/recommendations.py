@@ -3,11 +3,11 @@ popular items (anyone)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import CurrentPrincipal, SessionDep, require_user_access, run_with_session
+from app.api.deps import CurrentPrincipal, SessionDep, require_user_access, run_in_app_session
 from app.api.params import DatasetP, ItemP, UserP
 from app.schemas.common import ExternalId
 from app.schemas.serving import MAX_N, PopularOut, RecommendationQuery, RecommendationsOut, SimilarOut
@@ -37,8 +37,7 @@ async def get_recommendations(
 ) -> Response:
     require_user_access(principal, user_id)
     query = RecommendationQuery(n=n, categories=category, exclude=exclude or [])
-    return _json(await run_with_session(
-        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
+    return await recommendations_response(request.app, dataset, user_id, query)
 
 
 @router.post("/datasets/{dataset}/users/{user_id}/recommendations", tags=["privileged"], response_model=RecommendationsOut,
@@ -47,8 +46,14 @@ async def get_recommendations(
 async def post_recommendations(request: Request, dataset: DatasetP, user_id: UserP, body: RecommendationQuery,
                                principal: CurrentPrincipal) -> Response:
     require_user_access(principal, user_id)
-    return _json(await run_with_session(
-        request, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=body)))
+    return await recommendations_response(request.app, dataset, user_id, body)
+
+
+async def recommendations_response(app: Any, dataset: str, user_id: str, query: RecommendationQuery) -> Response:
+    """The response of both recommendation routes (and of :mod:`app.api.fast_path`) for a caller
+    already allowed to act for ``user_id``: the service in one worker thread, the body as JSON."""
+    return _json(await run_in_app_session(
+        app, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
 
 
 def _json(out: RecommendationsOut) -> Response:

@@ -5,9 +5,10 @@ for one SELECT). A single SELECT is its own snapshot, so on PostgreSQL the hot p
 an autocommit engine beside the session's (:func:`app.db.session.get_read_engine`); other
 databases (the embedded SQLite) use the session itself.
 
-On PostgreSQL the statement is compiled once to the driver's SQL and run on the pooled
-connection's driver cursor: SQLAlchemy's per-execution machinery (compiled-cache lookup,
-execution context, result wrapping) cost about as much CPU as the query itself. Driver errors
+On PostgreSQL the statement is compiled once to the driver's SQL and run on a binary-result
+driver cursor kept with the pooled connection: SQLAlchemy's per-execution machinery
+(compiled-cache lookup, execution context, result wrapping) cost about as much CPU as the query
+itself. Driver errors
 are re-raised as SQLAlchemy's (``OperationalError`` stays a 503), with a dead connection
 invalidated so the one retry gets a fresh one.
 """
@@ -46,15 +47,30 @@ def read_rows(session: Session, statement: Executable, params: Mapping[str, Any]
 def _rows(engine: Engine, statement: Executable, params: Mapping[str, Any]) -> Rows:
     sql = _driver_sql(engine, statement)
     dbapi_error = engine.dialect.loaded_dbapi.Error
-    with engine.connect() as conn:
-        driver = conn.connection.driver_connection
+    pooled = engine.raw_connection()  # the pool's checkout without a Connection around it
+    try:
         try:
-            return driver.execute(sql, params).fetchall()  # type: ignore[union-attr]  # psycopg's connection
+            return _cursor(pooled).execute(sql, params).fetchall()
         except dbapi_error as exc:
-            dead = bool(getattr(driver, "closed", False))
+            dead = bool(getattr(pooled.driver_connection, "closed", False))
             if dead:
-                conn.invalidate()
+                pooled.invalidate()
             raise DBAPIError.instance(sql, params, exc, dbapi_error, connection_invalidated=dead) from exc
+    finally:
+        pooled.close()
+
+
+_CURSOR = "privrec_hot_read_cursor"
+
+
+def _cursor(pooled: Any) -> Any:
+    """The pooled connection's own binary-result cursor, kept in the pool record's ``info`` (which
+    goes with the connection when the pool drops it): no cursor and adapters map to build per
+    read, and no text parsing of the numbers."""
+    cursor = pooled.info.get(_CURSOR)
+    if cursor is None:
+        cursor = pooled.info[_CURSOR] = pooled.driver_connection.cursor(binary=True)
+    return cursor
 
 
 _compiled: dict[tuple[int, str], tuple[Executable, str]] = {}  # the statement is kept: its id stays its own

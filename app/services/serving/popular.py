@@ -16,7 +16,7 @@ __all__ = ["popular", "popular_indices"]
 
 def popular_indices(s: ActiveModel, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Top-``n`` candidates by the popularity the model's algorithm released (and those values)."""
-    return foldin.top_n(get_algorithm(s.cache.algorithm).popularity(s.model), n, np.flatnonzero(candidates))
+    return foldin.top_n_allowed(get_algorithm(s.cache.algorithm).popularity(s.model), n, candidates)
 
 
 def popular(session: Session, *, dataset: str, n: int) -> PopularOut:

@@ -19,7 +19,7 @@ from app.core.mf import foldin
 from app.errors import ItemsNotInModel
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
 from app.services.serving import trained_scoring
-from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items
+from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items, scored_rows
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
@@ -30,15 +30,16 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
                        query: RecommendationQuery) -> RecommendationsOut:
     """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
     user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
-    cache, item_ids, values = active_with_ratings(session, dataset, user_id)  # 404s as `active`
+    cache, item_ids, values, model_row = active_with_ratings(session, dataset, user_id)  # 404s as `active`
     algorithm = get_algorithm(cache.algorithm)
     noun = "ratings"
     if algorithm.data == "votes":
         noun = "votes"
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
+        model_row = cache.positions
     s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
-    rated = np.fromiter(map(s.positions.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
+    rated = np.fromiter(map(model_row.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
     known = rated >= 0
     rated_idx, rated_vals = rated[known], np.asarray(values, dtype=np.float64)[known]
     kind = score_kind(cache.algorithm, model)
@@ -65,12 +66,12 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
         state_key = (cache.version_id, cache.sha256, user_id,
                      trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
-        return out(fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+        return out(fallback=False, fallback_reason=None, items=scored_rows(s, idx, top))
     scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
     if kind != "ranking_score":
         allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
-    idx, top = foldin.top_n(scores, query.n, np.flatnonzero(allowed))
-    return out(fallback=False, fallback_reason=None, items=scored_items(s, idx, top))
+    idx, top = foldin.top_n_allowed(scores, query.n, allowed)
+    return out(fallback=False, fallback_reason=None, items=scored_rows(s, idx, top))
 
 
 def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.ndarray, rated_vals: np.ndarray,

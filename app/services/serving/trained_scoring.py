@@ -108,5 +108,5 @@ def trained_scores(model: Any, view: TrainedRows, vector: np.ndarray, offset: fl
 def trained_top_n(view: TrainedRows, scores: np.ndarray, n: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The ``n`` best allowed trained items (global rows, best first) and their scores, chosen
     exactly as :func:`foldin.top_n` chooses among the allowed trained items of the full vector."""
-    local, top = foldin.top_n(scores, n, np.flatnonzero(allowed[view.rows]))
+    local, top = foldin.top_n_allowed(scores, n, allowed[view.rows])
     return view.rows[local], top
