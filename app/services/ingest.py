@@ -25,6 +25,7 @@ from app.db.dialect import (
     insert_for,
     pg_array,
     pg_copy_triplets,
+    pg_unless_unique_violation,
     rows_matched,
 )
 from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
@@ -112,8 +113,19 @@ _PG_STAGE = text(
     "CREATE TEMP TABLE IF NOT EXISTS ingest_rating_stage "
     "(user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS"
 )
+# The usual batch is all new ratings: a plain INSERT of the staged rows (one B-tree descent and
+# two WAL records a row) instead of the upsert (a conflict probe, a speculative insertion and its
+# confirmation: a third WAL record). It runs in a savepoint and fails at the first row whose
+# (user, data set, item) exists (committed, or written by a concurrent writer that then commits):
+# the savepoint is rolled back and the upsert below does the batch (both in key order: no
+# deadlock between writers). Every sub-statement reads the same snapshot of the stage.
+_PG_INSERT_STAGED = text(
+    "WITH staged AS (DELETE FROM ingest_rating_stage RETURNING user_id, item_id, value) "
+    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
+    "SELECT :ds, user_id, item_id, value, :now, :now FROM staged ORDER BY user_id, item_id"
+)
 # the inserted (not updated) pairs come back as two arrays; the staged rows are deleted in the same
-# statement (every sub-statement reads the same snapshot of the stage)
+# statement
 _PG_UPSERT_STAGED = text(
     "WITH staged AS (DELETE FROM ingest_rating_stage), upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
@@ -169,6 +181,7 @@ _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
+_DRIVER_INSERT_STAGED = driver_sql(_PG_INSERT_STAGED)
 
 
 class _Range(NamedTuple):
@@ -255,7 +268,8 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                       values: list[float], now: datetime) -> set[tuple[int, int]]:
     """PostgreSQL's bulk path: COPY the rows into a temporary staging table, then one set-based
-    upsert. The ratings table has no foreign keys; the caller holds the references lock shared
+    INSERT (:data:`_PG_INSERT_STAGED`), or where a rating exists already, one set-based upsert.
+    The ratings table has no foreign keys; the caller holds the references lock shared
     (:func:`share_references`), so the data set, users and items stay."""
     u, i, v = np.asarray(user_ids, dtype=np.int64), np.asarray(item_ids, dtype=np.int64), np.asarray(values)
     order = np.lexsort((i, u))  # key order: B-tree inserts touch neighbouring pages
@@ -266,9 +280,11 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
             "v": pg_array(v.tolist())})
         return set(map(tuple, result.all()))
     session.execute(_PG_STAGE)
-    with (driver_connection(session).cursor() as cursor,
-          cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN (FORMAT BINARY)") as copy):
-        copy.write(pg_copy_triplets(u, i, v))
+    with driver_connection(session).cursor() as cursor:
+        with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(pg_copy_triplets(u, i, v))
+        if pg_unless_unique_violation(cursor, _DRIVER_INSERT_STAGED, {"ds": ds.id, "now": now}):
+            return set(zip(u.tolist(), i.tolist(), strict=True))  # every row was new
     created_users, created_items = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).one()
     return set(zip(created_users or [], created_items or [], strict=True))
 

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from app.db.models import Dataset
+from app.schemas.ingest import RatingBatchResult, RatingRow
 from app.services import ingest
 from tests.api.conftest import Env, add_items
 
@@ -232,3 +233,51 @@ def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(
     with env.session() as s:
         assert s.execute(text(orphans)).scalar_one() == 0
         assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (70, 4.0)
+
+
+def _wait_for_transaction(env: Env, pid: int) -> None:
+    """Block until backend ``pid`` waits for another transaction (a unique-key check)."""
+    for _ in range(6000):
+        with env.session() as s:
+            state = s.execute(text("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = :p"),
+                              {"p": pid}).one_or_none()
+        if state is not None and tuple(state) == ("Lock", "transactionid"):
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"backend {pid} never waited for the other writer")
+
+
+@pytest.mark.integration
+def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    add_items(env, N_ITEMS)
+    rows = [(f"u{k}", f"i{j}", 2.0) for k in range(5) for j in range(N_ITEMS)]  # 200 rows: the staged path
+    v0 = _version(env)
+    first = env.session()
+    assert ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows(rows)).created == 200
+    second = env.session()
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    out: list[RatingBatchResult] = []
+
+    def write() -> None:  # the plain INSERT waits for `first`, then fails on its keys: the upsert runs
+        out.append(ingest.upsert_ratings_batch(second, dataset="default",
+                                               rows=_rating_rows([(u, i, 4.5) for u, i, _ in rows])))
+        second.commit()
+
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    first.commit()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+    assert (out[0].created, out[0].updated) == (0, 200)
+    assert {r["status"] for r in out[0].results} == {"updated"}
+    with env.session() as s:
+        assert s.execute(text("SELECT count(*), min(value), max(value) FROM ratings")).one() == (200, 4.5, 4.5)
+    assert _version(env) == v0 + 400
+
+
+def _rating_rows(rows: list[tuple[str, str, float]]) -> list[RatingRow]:
+    return [RatingRow(user_id=u, item_id=i, rating=v) for u, i, v in rows]
