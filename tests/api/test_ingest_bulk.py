@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from app.db.models import Dataset
+from app.db.reference_ids import reference_ids
 from app.schemas.ingest import RatingBatchResult, RatingRow
 from app.services import ingest
 from tests.api.conftest import Env, add_items
@@ -281,3 +282,49 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
 
 def _rating_rows(rows: list[tuple[str, str, float]]) -> list[RatingRow]:
     return [RatingRow(user_id=u, item_id=i, rating=v) for u, i, v in rows]
+
+
+_ORPHANS = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
+
+
+def _user_ids(env: Env) -> dict[str, int]:
+    with env.session() as s:
+        return {e: i for e, i in s.execute(text("SELECT external_id, id FROM users")).all()}
+
+
+@pytest.mark.integration
+def test_cached_user_ids_follow_deletes_rollbacks_and_plain_sql(env: Env) -> None:
+    """Batches reuse user and item ids cached at commit; a user deleted (by the service or by
+    plain SQL) or created by a transaction that rolled back is never reused."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the id cache is PostgreSQL's")
+    add_items(env, N_ITEMS)
+
+    def batch(users: list[str], value: float, commit: bool = True) -> None:
+        with env.session() as s:
+            ingest.upsert_ratings_batch(s, dataset="default", rows=_rating_rows(
+                [(u, f"i{j}", value) for u in users for j in range(20)]))
+            if commit:
+                s.commit()
+
+    batch(["a", "b", "c"], 1.0)
+    with env.session() as s:
+        refs = reference_ids(s)
+        ds_id = s.execute(text("SELECT id FROM datasets WHERE name = 'default'")).scalar_one()
+    assert set(refs.users) == {"a", "b", "c"} and len(refs.items_of(ds_id)) == 20
+    batch(["a", "b", "c"], 2.0)  # from the cache
+    before = _user_ids(env)
+    with env.session() as s:
+        ingest.delete_user(s, user_id="a")
+        s.commit()
+    with env.session() as s:
+        s.execute(text("DELETE FROM ratings WHERE user_id = :u"), {"u": before["b"]})
+        s.execute(text("DELETE FROM users WHERE id = :u"), {"u": before["b"]})
+        s.commit()
+    batch(["ghost"], 3.0, commit=False)  # created, then rolled back
+    batch(["a", "b", "c", "ghost"], 4.0)
+    after = _user_ids(env)
+    assert after["c"] == before["c"] and after["a"] != before["a"] and after["b"] != before["b"]
+    with env.session() as s:
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (80, 4.0)
