@@ -7,7 +7,8 @@ cached rows exist as long as the epoch a transaction reads is unchanged. Rating 
 under the shared references lock (:func:`app.services.ingest.share_references`), in a statement
 after the lock was granted, so a ``delete_user`` that committed meanwhile is seen; a delete that
 comes later waits for the writer's commit. Ids read or created in a transaction join the cache
-only when the session commits (a user created by a transaction rolled back does not exist).
+only when the session commits (a user created by a transaction rolled back does not exist): on
+SQLAlchemy's own commit event, so whoever commits (a route's unit of work, a CLI, a test) fills it.
 """
 
 from __future__ import annotations

@@ -119,16 +119,24 @@ _PG_STAGE = text(
 # confirmation: a third WAL record). It runs in a savepoint and fails at the first row whose
 # (user, data set, item) exists (committed, or written by a concurrent writer that then commits):
 # the savepoint is rolled back and the upsert below does the batch (both in key order: no
-# deadlock between writers). Every sub-statement reads the same snapshot of the stage.
+# deadlock between writers). Every sub-statement reads the same snapshot of the stage. Both
+# statements bump the data set's version shard by the batch's row count (:data:`_PG_BUMP_BATCH`).
+_PG_BUMP_BATCH = (
+    "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
+    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, :n, :now) "
+    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + EXCLUDED.n, "
+    "changed_at = EXCLUDED.changed_at)"
+)
 _PG_INSERT_STAGED = text(
-    "WITH staged AS (DELETE FROM ingest_rating_stage RETURNING user_id, item_id, value) "
+    "WITH staged AS (DELETE FROM ingest_rating_stage RETURNING user_id, item_id, value), "
+    f"{_PG_BUMP_BATCH} "
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, user_id, item_id, value, :now, :now FROM staged ORDER BY user_id, item_id"
 )
 # the inserted (not updated) pairs come back as two arrays; the staged rows are deleted in the same
 # statement
 _PG_UPSERT_STAGED = text(
-    "WITH staged AS (DELETE FROM ingest_rating_stage), upserted AS ("
+    f"WITH staged AS (DELETE FROM ingest_rating_stage), {_PG_BUMP_BATCH}, upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id "
     "ON CONFLICT (user_id, dataset_id, item_id) "
@@ -283,10 +291,12 @@ def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
 
 
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                   values: list[float], now: datetime) -> set[tuple[int, int]]:
-    """Upsert (INSERT ... ON CONFLICT DO UPDATE); return the (user, item) row-id pairs that were created."""
+                   values: list[float], now: datetime) -> set[tuple[int, int]] | None:
+    """Upsert (INSERT ... ON CONFLICT DO UPDATE) and bump the data set's version by the row count;
+    return the (user, item) row-id pairs that were created, or ``None`` when every row was."""
     if is_postgres(session):
         return _write_ratings_pg(session, ds, user_ids, item_ids, values, now)
+    bump_ratings_version_sharded(session, ds.id, n=len(user_ids))
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
@@ -305,7 +315,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
 
 
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                      values: list[float], now: datetime) -> set[tuple[int, int]]:
+                      values: list[float], now: datetime) -> set[tuple[int, int]] | None:
     """PostgreSQL's bulk path: COPY the rows into a temporary staging table, then one set-based
     INSERT (:data:`_PG_INSERT_STAGED`), or where a rating exists already, one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
@@ -317,14 +327,16 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         result = session.execute(_PG_UPSERT_ARRAYS, {
             "ds": ds.id, "now": now, "u": pg_array(u.tolist()), "i": pg_array(i.tolist()),
             "v": pg_array(v.tolist())})
+        bump_ratings_version_sharded(session, ds.id, n=len(order))
         return set(map(tuple, result.all()))
     session.execute(_PG_STAGE)
+    params = {"ds": ds.id, "now": now, "n": len(order)}
     with driver_connection(session).cursor() as cursor:
         with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN (FORMAT BINARY)") as copy:
             copy.write(pg_copy_triplets(u, i, v))
-        if pg_unless_unique_violation(cursor, _DRIVER_INSERT_STAGED, {"ds": ds.id, "now": now}):
-            return set(zip(u.tolist(), i.tolist(), strict=True))  # every row was new
-    created_users, created_items = session.execute(_PG_UPSERT_STAGED, {"ds": ds.id, "now": now}).one()
+        if pg_unless_unique_violation(cursor, _DRIVER_INSERT_STAGED, params):
+            return None  # every row was new
+    created_users, created_items = session.execute(_PG_UPSERT_STAGED, params).one()
     return set(zip(created_users or [], created_items or [], strict=True))
 
 
@@ -373,7 +385,8 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     uids = [user_map[u] for u in users]
     iids = [item_map[i] for i in items]
     created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
-    bump_ratings_version_sharded(session, ds.id, n=len(uids))
+    if created is None:
+        return ["created"] * len(uids), len(uids), 0
     status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
     n_created = len(created)
     return status, n_created, len(status) - n_created
