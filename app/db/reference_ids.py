@@ -25,10 +25,12 @@ from app.db.dialect import driver_connection
 __all__ = ["ReferenceIds", "reference_ids", "remember_on_commit", "MAX_CACHED_IDS"]
 
 MAX_CACHED_IDS = 250_000  # users and items together, per database; the cache is emptied when full
+_lock = threading.Lock()  # guards _by_database
+_add_lock = threading.Lock()  # serialises ReferenceIds.add
 _PENDING = "privrec.reference_ids.pending"  # Session.info key: what joins the cache at commit
 # the epoch, and what tells this database apart from one created again under the same URL (its
 # oid; the table's, should it be dropped and restored) or restored to an earlier state (a server
-# started anew): cached ids are valid only while all five are unchanged
+# started anew): cached ids are valid only while all four are unchanged
 _READ_EPOCH = ("SELECT n, (SELECT oid FROM pg_database WHERE datname = current_database()), "
                "'reference_epoch'::regclass::oid, pg_postmaster_start_time() FROM reference_epoch")
 
@@ -47,16 +49,17 @@ class ReferenceIds:
         return self.items.get(dataset_id, {})
 
     def add(self, users: dict[str, int], dataset_id: int | None, items: dict[str, int]) -> None:
-        size = len(self.users) + sum(map(len, self.items.values()))
-        if size + len(users) + len(items) > MAX_CACHED_IDS:
-            self.users.clear()
-            self.items.clear()
-        self.users.update(users)
-        if dataset_id is not None and items:
-            self.items.setdefault(dataset_id, {}).update(items)
+        """Called at commit (any thread); readers only look ids up, so one lock serialises adds."""
+        with _add_lock:
+            size = len(self.users) + sum(map(len, self.items.values()))
+            if size + len(users) + len(items) > MAX_CACHED_IDS:
+                self.users.clear()
+                self.items.clear()
+            self.users.update(users)
+            if dataset_id is not None and items:
+                self.items.setdefault(dataset_id, {}).update(items)
 
 
-_lock = threading.Lock()
 _by_database: dict[str, ReferenceIds] = {}
 
 
@@ -78,9 +81,8 @@ def reference_ids(session: Session) -> ReferenceIds:
 def remember_on_commit(session: Session, ids: ReferenceIds, *, users: dict[str, int] | None = None,
                        dataset_id: int | None = None, items: dict[str, int] | None = None) -> None:
     """Add ``users`` and the data set's ``items`` (read or written in ``session``'s transaction)
-    to ``ids`` when,
-    and only if, the transaction commits. Inside a savepoint (``begin_nested``), which can be
-    rolled back alone, nothing is remembered."""
+    to ``ids`` when, and only if, the transaction commits. Inside a savepoint (``begin_nested``),
+    which can be rolled back alone, nothing is remembered."""
     if not session.in_nested_transaction():
         session.info.setdefault(_PENDING, []).append((ids, users or {}, dataset_id, items or {}))
 

@@ -236,20 +236,25 @@ def share_references(session: Session) -> None:
         session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
 
+def _split_cached(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[dict[str, int], list[str]]:
+    """The distinct ``external_ids`` split into (id -> cached row id, ids not cached)."""
+    found: dict[str, int] = {}
+    missing: list[str] = []
+    for ext in set(external_ids):
+        row_id = cached.get(ext)
+        if row_id is None:
+            missing.append(ext)
+        else:
+            found[ext] = row_id
+    return found, missing
+
+
 def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequence[str],
                      now: datetime) -> dict[str, int]:
     """Create missing users; return external id -> row id (PostgreSQL, under the shared references
     lock: no user can be deleted meanwhile, so no row locks and no retry of the INSERT). Users in
     ``refs`` are not read again; the others are, and join it when the transaction commits."""
-    out: dict[str, int] = {}
-    missing: list[str] = []
-    cached = refs.users
-    for ext in set(external_ids):
-        uid = cached.get(ext)
-        if uid is None:
-            missing.append(ext)
-        else:
-            out[ext] = uid
+    out, missing = _split_cached(refs.users, external_ids)
     if not missing:
         return out
     missing.sort()  # concurrent writers insert new users in one order
@@ -274,15 +279,7 @@ def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
     from there, the others read (:func:`item_row_ids`) and added to it when the transaction commits."""
     if refs is None:
         return item_row_ids(session, ds, external_ids)
-    out: dict[str, int] = {}
-    missing: list[str] = []
-    cached = refs.items_of(ds.id)
-    for ext in set(external_ids):
-        iid = cached.get(ext)
-        if iid is None:
-            missing.append(ext)
-        else:
-            out[ext] = iid
+    out, missing = _split_cached(refs.items_of(ds.id), external_ids)
     if missing:
         read = item_row_ids(session, ds, missing)
         remember_on_commit(session, refs, dataset_id=ds.id, items=read)

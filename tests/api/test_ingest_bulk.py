@@ -328,3 +328,22 @@ def test_cached_user_ids_follow_deletes_rollbacks_and_plain_sql(env: Env) -> Non
     with env.session() as s:
         assert s.execute(text(_ORPHANS)).scalar_one() == 0
         assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (80, 4.0)
+
+
+@pytest.mark.integration
+def test_ids_written_inside_a_savepoint_rolled_back_are_not_cached(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the id cache is PostgreSQL's")
+    add_items(env, N_ITEMS)
+    rows = _rating_rows([("inner", f"i{j}", 2.0) for j in range(20)])
+    with env.session() as s:
+        nested = s.begin_nested()
+        ingest.upsert_ratings_batch(s, dataset="default", rows=rows)
+        nested.rollback()
+        s.commit()
+    with env.session() as s:
+        assert "inner" not in reference_ids(s).users
+        ingest.upsert_ratings_batch(s, dataset="default", rows=rows)
+        s.commit()
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+    assert env.count("ratings") == 20
