@@ -249,9 +249,10 @@ def _wait_for_transaction(env: Env, pid: int) -> None:
 
 
 @pytest.mark.integration
-def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env) -> None:
+def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env, monkeypatch) -> None:
     if env.settings.database_url.startswith("sqlite"):
         pytest.skip("SQLite serialises writers")
+    monkeypatch.setattr(ingest, "_PLAIN_INSERT_FIRST", ingest._PlainInsertFirst())  # both try the plain INSERT
     add_items(env, N_ITEMS)
     rows = [(f"u{k}", f"i{j}", 2.0) for k in range(5) for j in range(N_ITEMS)]  # 200 rows: the staged path
     v0 = _version(env)
@@ -347,3 +348,11 @@ def test_ids_written_inside_a_savepoint_rolled_back_are_not_cached(env: Env) -> 
         s.commit()
         assert s.execute(text(_ORPHANS)).scalar_one() == 0
     assert env.count("ratings") == 20
+
+
+def test_after_a_batch_met_existing_ratings_the_next_few_skip_the_plain_insert() -> None:
+    first = ingest._PlainInsertFirst()
+    assert first.worth_trying() and first.worth_trying()
+    first.missed()
+    assert [first.worth_trying() for _ in range(ingest._UPSERTS_AFTER_A_MISS + 2)] == \
+        [False] * ingest._UPSERTS_AFTER_A_MISS + [True, True]
