@@ -9,12 +9,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from psycopg.errors import UniqueViolation
 from sqlalchemy import CursorResult, Result, TextClause
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 __all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
-           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "driver_sql"]
+           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "driver_sql", "pg_unless_unique_violation"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -85,3 +86,16 @@ def driver_sql(stmt: TextClause) -> str:
     """``stmt``'s SQL for the driver's own cursor (psycopg): ``:name`` becomes ``%(name)s`` and
     ``%`` doubles. Hot statements run there: no SQL compilation, plain tuples instead of rows."""
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", stmt.text.replace("%", "%%"))
+
+
+def pg_unless_unique_violation(cursor: Any, sql: str, params: dict[str, Any]) -> bool:
+    """Run one statement on a psycopg ``cursor`` inside a savepoint: True when it ran, False when
+    it hit a unique violation, in which case it is rolled back (the rest of the transaction stays)."""
+    cursor.execute("SAVEPOINT unless_unique_violation")
+    try:
+        cursor.execute(sql, params)
+    except UniqueViolation:
+        cursor.execute("ROLLBACK TO SAVEPOINT unless_unique_violation")
+        return False
+    cursor.execute("RELEASE SAVEPOINT unless_unique_violation")
+    return True

@@ -58,6 +58,7 @@ __all__ = [
     "bump_ratings_version",
     "bump_ratings_version_sharded",
     "RatingsVersionShard",
+    "ReferenceEpoch",
 ]
 
 NAMING = {
@@ -519,6 +520,18 @@ class RatingsVersionShard(Base):
 
 
 RATINGS_VERSION_SHARDS = 16
+
+
+class ReferenceEpoch(Base):
+    """One row whose ``n`` changes in every transaction that deletes user, item or data set rows or
+    changes their ids or external ids (statement-level triggers, PostgreSQL; migration 0008). It
+    starts at a random number, so two databases (or one created again) do not share values.
+    Processes cache external id -> row id maps for one epoch (:mod:`app.db.reference_ids`)."""
+
+    __tablename__ = "reference_epoch"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(BigInteger)
 
 Dataset.ratings_version = column_property(
     Dataset.__table__.c.ratings_version

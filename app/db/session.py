@@ -8,12 +8,13 @@ the serialising lock the privacy ledger relies on (PostgreSQL uses ``SELECT ... 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
+PING_AFTER_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
+_CHECKED_IN_AT = "privrec.checked_in_at"  # ConnectionRecord.info key: monotonic seconds
 _engines: dict[str, Engine] = {}
 _makers: dict[str, sessionmaker[Session]] = {}
 _read_engines: dict[str, Engine] = {}
@@ -61,6 +64,29 @@ def _prepare_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # pragma: no cover - exercised via engine use
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
+    """Pessimistic disconnect handling only where it pays: a connection that sat in the pool for
+    ``idle_seconds`` or more (where a server restart, an idle timeout or a network drop leaves dead
+    connections) is pinged on checkout, and a failed ping empties the pool and connects afresh (as
+    ``pool_pre_ping`` does). One just returned by a busy service skips that round trip; should it
+    be dead all the same, its statement fails once and SQLAlchemy invalidates the pool (optimistic
+    handling), so the next checkouts connect afresh."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn, record) -> None:  # pragma: no cover - exercised via engine use
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, _proxy) -> None:  # pragma: no cover - exercised via engine use
+        checked_in_at = record.info.get(_CHECKED_IN_AT)
+        if checked_in_at is None or time.monotonic() - checked_in_at < idle_seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as err:
+            raise exc.InvalidatePoolError(f"pooled connection failed its ping: {err.__class__.__name__}") from err
 
 
 @dataclass(frozen=True)
@@ -95,13 +121,14 @@ def _create_engine(url: str, options: EngineOptions) -> Engine:
         )
         _prepare_sqlite(engine, options.sqlite_busy_timeout_ms)
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         echo=options.echo,
-        pool_pre_ping=True,
         pool_size=options.pool_size,
         max_overflow=options.pool_size,
     )
+    _ping_after_idle(engine, PING_AFTER_IDLE_S)
+    return engine
 
 
 def get_engine(url: str, options: EngineOptions = DEFAULT_ENGINE_OPTIONS) -> Engine:

@@ -10,6 +10,8 @@ import pytest
 from sqlalchemy import text
 
 from app.db.models import Dataset
+from app.db.reference_ids import reference_ids
+from app.schemas.ingest import RatingBatchResult, RatingRow
 from app.services import ingest
 from tests.api.conftest import Env, add_items
 
@@ -232,3 +234,125 @@ def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(
     with env.session() as s:
         assert s.execute(text(orphans)).scalar_one() == 0
         assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (70, 4.0)
+
+
+def _wait_for_transaction(env: Env, pid: int) -> None:
+    """Block until backend ``pid`` waits for another transaction (a unique-key check)."""
+    for _ in range(6000):
+        with env.session() as s:
+            state = s.execute(text("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = :p"),
+                              {"p": pid}).one_or_none()
+        if state is not None and tuple(state) == ("Lock", "transactionid"):
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"backend {pid} never waited for the other writer")
+
+
+@pytest.mark.integration
+def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env, monkeypatch) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    monkeypatch.setattr(ingest, "_PLAIN_INSERT_FIRST", ingest._PlainInsertFirst())  # both try the plain INSERT
+    add_items(env, N_ITEMS)
+    rows = [(f"u{k}", f"i{j}", 2.0) for k in range(5) for j in range(N_ITEMS)]  # 200 rows: the staged path
+    v0 = _version(env)
+    first = env.session()
+    assert ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows(rows)).created == 200
+    second = env.session()
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    out: list[RatingBatchResult] = []
+
+    def write() -> None:  # the plain INSERT waits for `first`, then fails on its keys: the upsert runs
+        out.append(ingest.upsert_ratings_batch(second, dataset="default",
+                                               rows=_rating_rows([(u, i, 4.5) for u, i, _ in rows])))
+        second.commit()
+
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    first.commit()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+    assert (out[0].created, out[0].updated) == (0, 200)
+    assert {r["status"] for r in out[0].results} == {"updated"}
+    with env.session() as s:
+        assert s.execute(text("SELECT count(*), min(value), max(value) FROM ratings")).one() == (200, 4.5, 4.5)
+    assert _version(env) == v0 + 400
+
+
+def _rating_rows(rows: list[tuple[str, str, float]]) -> list[RatingRow]:
+    return [RatingRow(user_id=u, item_id=i, rating=v) for u, i, v in rows]
+
+
+_ORPHANS = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
+
+
+def _user_ids(env: Env) -> dict[str, int]:
+    with env.session() as s:
+        return {e: i for e, i in s.execute(text("SELECT external_id, id FROM users")).all()}
+
+
+@pytest.mark.integration
+def test_cached_user_ids_follow_deletes_rollbacks_and_plain_sql(env: Env) -> None:
+    """Batches reuse user and item ids cached at commit; a user deleted (by the service or by
+    plain SQL) or created by a transaction that rolled back is never reused."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the id cache is PostgreSQL's")
+    add_items(env, N_ITEMS)
+
+    def batch(users: list[str], value: float, commit: bool = True) -> None:
+        with env.session() as s:
+            ingest.upsert_ratings_batch(s, dataset="default", rows=_rating_rows(
+                [(u, f"i{j}", value) for u in users for j in range(20)]))
+            if commit:
+                s.commit()
+
+    batch(["a", "b", "c"], 1.0)
+    with env.session() as s:
+        refs = reference_ids(s)
+        ds_id = s.execute(text("SELECT id FROM datasets WHERE name = 'default'")).scalar_one()
+    assert set(refs.users) == {"a", "b", "c"} and len(refs.items_of(ds_id)) == 20
+    batch(["a", "b", "c"], 2.0)  # from the cache
+    before = _user_ids(env)
+    with env.session() as s:
+        ingest.delete_user(s, user_id="a")
+        s.commit()
+    with env.session() as s:
+        s.execute(text("DELETE FROM ratings WHERE user_id = :u"), {"u": before["b"]})
+        s.execute(text("DELETE FROM users WHERE id = :u"), {"u": before["b"]})
+        s.commit()
+    batch(["ghost"], 3.0, commit=False)  # created, then rolled back
+    batch(["a", "b", "c", "ghost"], 4.0)
+    after = _user_ids(env)
+    assert after["c"] == before["c"] and after["a"] != before["a"] and after["b"] != before["b"]
+    with env.session() as s:
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (80, 4.0)
+
+
+@pytest.mark.integration
+def test_ids_written_inside_a_savepoint_rolled_back_are_not_cached(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the id cache is PostgreSQL's")
+    add_items(env, N_ITEMS)
+    rows = _rating_rows([("inner", f"i{j}", 2.0) for j in range(20)])
+    with env.session() as s:
+        nested = s.begin_nested()
+        ingest.upsert_ratings_batch(s, dataset="default", rows=rows)
+        nested.rollback()
+        s.commit()
+    with env.session() as s:
+        assert "inner" not in reference_ids(s).users
+        ingest.upsert_ratings_batch(s, dataset="default", rows=rows)
+        s.commit()
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+    assert env.count("ratings") == 20
+
+
+def test_after_a_batch_met_existing_ratings_the_next_few_skip_the_plain_insert() -> None:
+    first = ingest._PlainInsertFirst()
+    assert first.worth_trying() and first.worth_trying()
+    first.missed()
+    assert [first.worth_trying() for _ in range(ingest._UPSERTS_AFTER_A_MISS + 2)] == \
+        [False] * ingest._UPSERTS_AFTER_A_MISS + [True, True]

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, exc, inspect, pool, text
 
 from app.config import DEFAULT_SECRET_KEY, Settings
+from app.db import session as db_session
 from app.db.migrate import alembic_config, current_revision, head_revision, upgrade_head
 from app.db.models import Base
 from app.db.session import get_engine, normalise_url
@@ -92,3 +93,34 @@ def test_settings_reject_bad_values(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "")
     s = Settings()
     assert s.retrain_interval_s == 60 and s.embedded
+
+
+def _terminate(pid: int) -> None:
+    from tests.integration.conftest import _pg_admin
+
+    with _pg_admin() as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone() == (True,)
+
+
+def _backend_pid(engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def test_a_pooled_connection_idle_past_the_limit_is_pinged_and_replaced(pg_url, monkeypatch):
+    monkeypatch.setattr(db_session, "PING_AFTER_IDLE_S", 0.0)  # every checkout counts as idle
+    engine = get_engine(pg_url)
+    pid = _backend_pid(engine)
+    _terminate(pid)
+    assert _backend_pid(engine) != pid  # the ping found it dead: a fresh connection, no error
+
+
+def test_a_busy_pooled_connection_is_not_pinged_and_a_dead_one_fails_once(pg_url, monkeypatch):
+    monkeypatch.setattr(db_session, "PING_AFTER_IDLE_S", 3600.0)
+    engine = get_engine(pg_url)
+    pid = _backend_pid(engine)
+    _terminate(pid)
+    with pytest.raises(exc.DBAPIError) as failed, engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    assert failed.value.connection_invalidated  # the pool is invalidated: the next checkout connects afresh
+    assert _backend_pid(engine) != pid
