@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy.orm import Session
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction
 
 __all__ = ["after_commit", "commit"]
 
@@ -20,6 +21,14 @@ _AFTER_COMMIT = "privrec.after_commit"
 def after_commit(session: Session, action: Callable[[], object]) -> None:
     """Run ``action`` right after this session's unit of work commits (never if it rolls back)."""
     session.info.setdefault(_AFTER_COMMIT, []).append(action)
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _forget_actions(session: Session, previous_transaction: SessionTransaction) -> None:
+    """A rolled-back unit of work runs none of its actions, then or at the session's next commit
+    (a savepoint's rollback leaves the enclosing unit's actions in place)."""
+    if not previous_transaction.nested:
+        session.info.pop(_AFTER_COMMIT, None)
 
 
 def commit(session: Session) -> None:

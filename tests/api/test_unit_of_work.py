@@ -50,6 +50,32 @@ def test_a_rolled_back_unit_runs_no_action(tmp_path: Path) -> None:
     assert seen == [] and _rows(maker) == 0
 
 
+def test_a_rolled_back_units_actions_never_run_at_a_later_commit(tmp_path: Path) -> None:
+    maker = _maker(tmp_path)
+    seen: list[str] = []
+    with maker() as session:
+        session.execute(text("INSERT INTO t (k) VALUES (1)"))
+        after_commit(session, lambda: seen.append("first"))
+        session.rollback()
+        session.execute(text("INSERT INTO t (k) VALUES (2)"))
+        after_commit(session, lambda: seen.append("second"))
+        commit(session)
+    assert seen == ["second"] and _rows(maker) == 1
+
+
+def test_a_savepoint_rollback_keeps_the_units_actions(tmp_path: Path) -> None:
+    maker = _maker(tmp_path)
+    seen: list[str] = []
+    with maker() as session:
+        session.execute(text("INSERT INTO t (k) VALUES (1)"))
+        after_commit(session, lambda: seen.append("unit"))
+        savepoint = session.begin_nested()
+        session.execute(text("INSERT INTO t (k) VALUES (2)"))
+        savepoint.rollback()
+        commit(session)
+    assert seen == ["unit"] and _rows(maker) == 1
+
+
 def _app(tmp_path: Path, seen: list[str]) -> tuple[TestClient, sessionmaker[Session]]:
     app = FastAPI()
     app.state.sessionmaker = maker = _maker(tmp_path)
