@@ -11,12 +11,22 @@ costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major).
+
+The per-item Cholesky tests and solves call LAPACK's ``dpotrf``/``dpotrs`` (scipy's, through
+``scipy.linalg.cython_lapack``) from one compiled (numba) loop over the batch that releases the GIL:
+scipy's Python wrappers hold it, which serialised the solver threads, and cost a wrapper call
+(and a copy) per item. The calls and their arguments are the wrappers' (lower triangle of a
+column-major copy), so the results are the same, bit for bit.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any, cast
 
 import numpy as np
 from scipy.linalg import lapack
@@ -84,9 +94,81 @@ def positive_definite_mask(systems: np.ndarray) -> np.ndarray:
 
     One LAPACK ``potrf`` per matrix: its status is per matrix, where numpy's batched Cholesky is
     all-or-nothing (and, copying and cleaning each factor, about twice as slow at r = 64).
+    float64 batches run in the compiled loop (module doc); ``systems`` is left as it is.
     """
+    if _compiled_ok(systems):
+        status = np.empty(len(systems), dtype=np.int32)
+        unused = np.empty((0, 0))  # no right-hand sides: the factorisations' status only
+        _cholesky_kernel()(systems, unused, unused, status, False)
+        factorised: np.ndarray = status == 0
+        return factorised
     potrf = lapack.get_lapack_funcs("potrf", (systems,))
     return np.fromiter((potrf(a, lower=True, clean=False)[1] == 0 for a in systems), dtype=bool, count=len(systems))
+
+
+def _compiled_ok(systems: np.ndarray, rhs: np.ndarray | None = None) -> bool:
+    """Whether the compiled LAPACK loop takes these arrays: float64, C-contiguous, non-empty."""
+    arrays = (systems,) if rhs is None else (systems, rhs)
+    return len(systems) > 0 and all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
+
+
+def _lapack_address(name: str) -> int:
+    """Address of LAPACK routine ``name`` in ``scipy.linalg.cython_lapack`` (the wrappers' LAPACK)."""
+    from scipy.linalg import cython_lapack  # pylint: disable=import-outside-toplevel
+
+    capsule = cython_lapack.__pyx_capi__[name]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return int(get_pointer(capsule, get_name(capsule)))
+
+
+_LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8}  # every argument a pointer (Fortran calling convention)
+_DPOTRF: Any = None  # numba external functions, set by :func:`_cholesky_kernel`
+_DPOTRS: Any = None
+
+
+@functools.cache
+def _cholesky_kernel() -> Callable[..., None]:
+    """:func:`_cholesky_loop` compiled by numba at the first call (numba is imported only then:
+    processes that never solve, the API, do not load it). The LAPACK routines are external symbols
+    registered under fixed names at their run-time addresses, so the compiled code is cached on
+    disk like the sampler's."""
+    import llvmlite.binding as llvm  # pylint: disable=import-outside-toplevel
+    from numba import njit, types  # pylint: disable=import-outside-toplevel
+
+    for name, n_args in _LAPACK_ARGUMENTS.items():
+        symbol = f"privrec_{name}"
+        llvm.add_symbol(symbol, _lapack_address(name))
+        globals()[f"_{name.upper()}"] = types.ExternalFunction(symbol, types.void(*([types.voidptr] * n_args)))
+    return cast(Callable[..., None], njit(cache=True, nogil=True)(_cholesky_loop))
+
+
+def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool) -> None:
+    """Per system j: LAPACK ``dpotrf`` of its lower triangle, status in ``info_out[j]``; with
+    ``solve``, ``dpotrs`` of rhs[j] into out[j] where the factorisation succeeded (``posv`` is
+    exactly the two). The triangle is copied column-major, as scipy's wrapper copies it, in
+    8 x 8 tiles that keep the transposing copy in cache. Compiled by :func:`_cholesky_kernel`."""
+    n, r = systems.shape[0], systems.shape[1]
+    uplo = np.array([ord("L")], dtype=np.uint8)
+    dim = np.array([r], dtype=np.int32)
+    one = np.array([1], dtype=np.int32)
+    info = np.zeros(1, dtype=np.int32)
+    factor = np.zeros((r, r))  # factor[q, p] is the column-major (p, q) entry
+    x = np.empty(r)
+    for j in range(n):
+        for p0 in range(0, r, 8):
+            for q0 in range(0, p0 + 1, 8):
+                for p in range(p0, min(p0 + 8, r)):
+                    for q in range(q0, min(q0 + 8, p + 1)):
+                        factor[q, p] = systems[j, p, q]
+        _DPOTRF(uplo.ctypes, dim.ctypes, factor.ctypes, dim.ctypes, info.ctypes)
+        info_out[j] = info[0]
+        if solve and info[0] == 0:
+            x[:] = rhs[j]
+            _DPOTRS(uplo.ctypes, dim.ctypes, one.ctypes, factor.ctypes, dim.ctypes, x.ctypes, dim.ctypes, info.ctypes)
+            out[j] = x
 
 
 def psd_part(matrices: np.ndarray) -> np.ndarray:
@@ -154,8 +236,21 @@ def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     faster than numpy's batched LU (≈ 13 vs 24 µs at r = 64, 70 vs 110 µs at r = 128). A system
     whose factorisation fails (not PD in floating point) is solved by LU instead.
     """
-    posv = lapack.get_lapack_funcs("posv", (systems, rhs))
     out = np.empty(rhs.shape, dtype=np.result_type(systems, rhs))
+    if _compiled_ok(systems, rhs):
+        info = np.empty(len(systems), dtype=np.int32)
+        _cholesky_kernel()(systems, rhs, out, info, True)
+        failed = [int(j) for j in np.flatnonzero(info != 0)]
+    else:
+        failed = _solve_with_wrapper(systems, rhs, out)
+    if failed:
+        out[failed] = np.linalg.solve(systems[failed], rhs[failed][:, :, None])[:, :, 0]
+    return out
+
+
+def _solve_with_wrapper(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray) -> list[int]:
+    """scipy's ``posv`` per system into ``out``; returns the systems it could not factorise."""
+    posv = lapack.get_lapack_funcs("posv", (systems, rhs))
     failed = []
     for j, (a, b) in enumerate(zip(systems, rhs, strict=True)):
         _, x, info = posv(a, b, lower=True)
@@ -163,9 +258,7 @@ def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
             out[j] = x
         else:
             failed.append(j)
-    if failed:
-        out[failed] = np.linalg.solve(systems[failed], rhs[failed][:, :, None])[:, :, 0]
-    return out
+    return failed
 
 
 def add_to_diagonal(matrices: np.ndarray, values: np.ndarray | float) -> None:
