@@ -166,3 +166,23 @@ def test_compiled_cholesky_loop_equals_scipys_wrappers_bit_for_bit(rank: int):
     # the float32 and non-contiguous batches take scipy's wrappers: same answers
     assert np.array_equal(positive_definite_mask(systems[::-1])[::-1], want_ok)
     assert np.array_equal(solve_positive_definite(systems[::-1], rhs[::-1])[::-1][want_ok], got[want_ok])
+
+
+@pytest.mark.parametrize("rank", [1, 5, 64])
+def test_compiled_psd_part_equals_the_wrappers_syevr_bit_for_bit(rank: int):
+    """psd_part's compiled syevr loop gives the numbers of scipy's wrapper (the former code path)."""
+    from scipy.linalg import lapack
+
+    rng = np.random.default_rng(10 + rank)
+    grams = _noisy_grams(rng, 30, rank, noise=0.4)
+    syevr = lapack.get_lapack_funcs("syevr", (grams,))
+    want = grams.copy()
+    for k, a in enumerate(grams):
+        floor = -float(np.abs(a).sum(axis=1).max()) - 1.0
+        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
+        assert info == 0
+        if found:
+            want[k] -= (eigvec[:, :found] * eigval[:found]) @ eigvec[:, :found].T
+    assert not np.array_equal(want, grams)
+    assert np.array_equal(psd_part(grams), want)
+    assert np.array_equal(psd_part(grams[::-1])[::-1], want)  # non-contiguous: the wrapper itself

@@ -12,11 +12,12 @@ costs no privacy.
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major).
 
-The per-item Cholesky tests and solves call LAPACK's ``dpotrf``/``dpotrs`` (scipy's, through
+The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
+call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
 ``scipy.linalg.cython_lapack``) from one compiled (numba) loop over the batch that releases the GIL:
 scipy's Python wrappers hold it, which serialised the solver threads, and cost a wrapper call
-(and a copy) per item. The calls and their arguments are the wrappers' (lower triangle of a
-column-major copy), so the results are the same, bit for bit.
+(and a copy) per item. The calls and their arguments are the wrappers' (the triangle they read, copied
+column-major), so the results are the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, cast
 
@@ -124,9 +125,10 @@ def _lapack_address(name: str) -> int:
     return int(get_pointer(capsule, get_name(capsule)))
 
 
-_LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8}  # every argument a pointer (Fortran calling convention)
+_LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8, "dsyevr": 21}  # every argument a pointer (Fortran calling convention)
 _DPOTRF: Any = None  # numba external functions, set by :func:`_cholesky_kernel`
 _DPOTRS: Any = None
+_DSYEVR: Any = None
 
 
 @functools.cache
@@ -143,6 +145,48 @@ def _cholesky_kernel() -> Callable[..., None]:
         llvm.add_symbol(symbol, _lapack_address(name))
         globals()[f"_{name.upper()}"] = types.ExternalFunction(symbol, types.void(*([types.voidptr] * n_args)))
     return cast(Callable[..., None], njit(cache=True, nogil=True)(_cholesky_loop))
+
+
+@functools.cache
+def _eigen_kernel() -> Callable[..., None]:
+    """:func:`_negative_eigenpairs_loop` compiled as :func:`_cholesky_kernel` is."""
+    _cholesky_kernel()  # registers the LAPACK symbols
+    from numba import njit  # pylint: disable=import-outside-toplevel
+
+    return cast(Callable[..., None], njit(cache=True, nogil=True)(_negative_eigenpairs_loop))
+
+
+def _negative_eigenpairs_loop(matrices: np.ndarray, floors: np.ndarray, eigval: np.ndarray, eigvec: np.ndarray,
+                              found: np.ndarray, info_out: np.ndarray) -> None:
+    """Per matrix k: LAPACK ``dsyevr`` of its upper triangle for the eigenpairs in (floors[k], 0],
+    with the arguments scipy's wrapper passes (``compute_v=1, range="V", lower=0``, default
+    workspace); eigenvalues in eigval[k, :found[k]], eigenvector c in eigvec[k, c] (the rows of
+    eigvec[k] are the wrapper's columns). Compiled by :func:`_eigen_kernel`."""
+    n, r = matrices.shape[0], matrices.shape[1]
+    jobz, uplo = np.array([ord("V")], dtype=np.uint8), np.array([ord("U")], dtype=np.uint8)
+    value_range = jobz  # "V": eigenvectors, and eigenvalues in a value range
+    dim = np.array([r], dtype=np.int32)
+    lower, upper, abstol = np.zeros(1), np.zeros(1), np.zeros(1)
+    il, iu = np.array([1], dtype=np.int32), np.array([r], dtype=np.int32)
+    count, info = np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32)
+    lwork, liwork = np.array([max(26 * r, 1)], dtype=np.int32), np.array([max(10 * r, 1)], dtype=np.int32)
+    work, iwork = np.empty(lwork[0]), np.empty(liwork[0], dtype=np.int32)
+    support = np.empty(2 * r, dtype=np.int32)
+    a = np.zeros((r, r))  # a[q, p] is the column-major (p, q) entry
+    w, z = np.empty(r), np.empty((r, r))
+    for k in range(n):
+        for q0 in range(0, r, 8):
+            for p0 in range(0, q0 + 1, 8):
+                for q in range(q0, min(q0 + 8, r)):
+                    for p in range(p0, min(p0 + 8, q + 1)):
+                        a[q, p] = matrices[k, p, q]
+        lower[0] = floors[k]
+        _DSYEVR(jobz.ctypes, value_range.ctypes, uplo.ctypes, dim.ctypes, a.ctypes, dim.ctypes, lower.ctypes,
+                upper.ctypes, il.ctypes, iu.ctypes, abstol.ctypes, count.ctypes, w.ctypes, z.ctypes, dim.ctypes,
+                support.ctypes, work.ctypes, lwork.ctypes, iwork.ctypes, liwork.ctypes, info.ctypes)
+        found[k], info_out[k] = count[0], info[0]
+        eigval[k] = w
+        eigvec[k] = z
 
 
 def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool) -> None:
@@ -176,18 +220,36 @@ def psd_part(matrices: np.ndarray) -> np.ndarray:
 
     Only the non-positive eigenpairs are computed (LAPACK ``syevr`` on a value range): a noisy
     Gram that just failed a Cholesky test has few, and this is several times cheaper than a full
-    eigen-decomposition. Equal to ``V max(Λ, 0) Vᵀ`` up to rounding.
+    eigen-decomposition. Equal to ``V max(Λ, 0) Vᵀ`` up to rounding. float64 batches call
+    ``syevr`` from the compiled loop (module doc), with the wrapper's arguments: the same numbers.
     """
-    syevr = lapack.get_lapack_funcs("syevr", (matrices,))
     out = np.array(matrices, copy=True)
-    for k, a in enumerate(matrices):
-        floor = -float(np.abs(a).sum(axis=1).max()) - 1.0  # below every eigenvalue (Gershgorin)
-        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
-        if info != 0:
+    if len(matrices) == 0:
+        return out
+    floors = [-float(np.abs(a).sum(axis=1).max()) - 1.0 for a in matrices]  # below every eigenvalue (Gershgorin)
+    if _compiled_ok(matrices):
+        eigval, eigvec = np.empty(matrices.shape[:2]), np.empty(matrices.shape)
+        found, info = np.empty(len(matrices), dtype=np.int32), np.empty(len(matrices), dtype=np.int32)
+        _eigen_kernel()(matrices, np.array(floors), eigval, eigvec, found, info)
+        # eigvec[k].T is column-major like the wrapper's z, so the products below are the same BLAS calls
+        pairs: Iterator[tuple[np.ndarray, np.ndarray, int, int]] = (
+            (eigval[k], eigvec[k].T, int(found[k]), int(info[k])) for k in range(len(matrices)))
+    else:
+        pairs = _wrapper_negative_eigenpairs(matrices, floors)
+    for k, (values, vectors, count, status) in enumerate(pairs):
+        if status != 0:
             raise np.linalg.LinAlgError("syevr did not converge")
-        if found:
-            out[k] -= (eigvec[:, :found] * eigval[:found]) @ eigvec[:, :found].T
+        if count:
+            out[k] -= (vectors[:, :count] * values[:count]) @ vectors[:, :count].T
     return out
+
+
+def _wrapper_negative_eigenpairs(matrices: np.ndarray, floors: list[float]) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+    """(eigenvalues, eigenvectors, how many, status) in (floor, 0] per matrix, by scipy's ``syevr``."""
+    syevr = lapack.get_lapack_funcs("syevr", (matrices,))
+    for a, floor in zip(matrices, floors, strict=True):
+        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
+        yield eigval, eigvec, int(found), int(info)
 
 
 def noise_edge(std: float, rank: int) -> float:
