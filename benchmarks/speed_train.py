@@ -84,10 +84,10 @@ def _noise_timer() -> Iterator[list[float]]:
     originals = {name: getattr(GridGaussian, name) for name in ("release", "release_symmetric")}  # neither calls the other
 
     def timer(original: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        def timed(self: GridGaussian, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+        def timed(self: GridGaussian, rng: np.random.Generator, value: np.ndarray, **kwargs: np.ndarray) -> np.ndarray:
             start, start_cpu = time.perf_counter(), time.thread_time()
             try:
-                return original(self, rng, value)
+                return original(self, rng, value, **kwargs)
             finally:
                 with lock:
                     total[0] += time.perf_counter() - start

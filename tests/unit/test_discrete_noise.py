@@ -143,6 +143,9 @@ def test_symmetric_release_is_the_release_of_the_upper_triangles_mirrored(rank: 
     assert got.shape == value.shape
     assert np.array_equal(got, want)
     assert np.array_equal(got, np.swapaxes(got, -1, -2))
+    in_place = value.copy()  # the release written over its own statistic: the same numbers
+    assert spec.release_symmetric(np.random.default_rng(9), in_place, out=in_place) is in_place
+    assert np.array_equal(in_place, want)
 
 
 def test_releaser_draws_are_on_its_grid_and_recorded():

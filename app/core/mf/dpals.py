@@ -574,7 +574,7 @@ def _item_step(
     def solve_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> None:
         chunk, child = job
         items, gram, b = _chunk_statistics(chunk, padded, rank)
-        gram = grid_gram.release_symmetric(child, gram)
+        gram = grid_gram.release_symmetric(child, gram, out=gram)  # in place: the chunk's Grams are ours
         b = grid_linear.release(child, b)
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
                                                shift)

@@ -227,21 +227,30 @@ def psd_part(matrices: np.ndarray) -> np.ndarray:
     if len(matrices) == 0:
         return out
     floors = [-float(np.abs(a).sum(axis=1).max()) - 1.0 for a in matrices]  # below every eigenvalue (Gershgorin)
-    if _compiled_ok(matrices):
-        eigval, eigvec = np.empty(matrices.shape[:2]), np.empty(matrices.shape)
-        found, info = np.empty(len(matrices), dtype=np.int32), np.empty(len(matrices), dtype=np.int32)
-        _eigen_kernel()(matrices, np.array(floors), eigval, eigvec, found, info)
-        # eigvec[k].T is column-major like the wrapper's z, so the products below are the same BLAS calls
-        pairs: Iterator[tuple[np.ndarray, np.ndarray, int, int]] = (
-            (eigval[k], eigvec[k].T, int(found[k]), int(info[k])) for k in range(len(matrices)))
-    else:
-        pairs = _wrapper_negative_eigenpairs(matrices, floors)
+    pairs = (_compiled_negative_eigenpairs if _compiled_ok(matrices) else _wrapper_negative_eigenpairs)(matrices, floors)
     for k, (values, vectors, count, status) in enumerate(pairs):
         if status != 0:
             raise np.linalg.LinAlgError("syevr did not converge")
         if count:
             out[k] -= (vectors[:, :count] * values[:count]) @ vectors[:, :count].T
     return out
+
+
+_EIGEN_GROUP = 16  # matrices per compiled call: their eigenvectors stay small (2 MiB at r = 128)
+
+
+def _compiled_negative_eigenpairs(matrices: np.ndarray, floors: list[float]) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+    """:func:`_wrapper_negative_eigenpairs` by the compiled loop, a group of matrices at a time.
+    Each eigenvector block is yielded transposed, column-major like the wrapper's ``z``, so the
+    caller's products are the same BLAS calls."""
+    kernel, rank = _eigen_kernel(), matrices.shape[-1]
+    eigval, eigvec = np.empty((_EIGEN_GROUP, rank)), np.empty((_EIGEN_GROUP, rank, rank))
+    found, info = np.empty(_EIGEN_GROUP, dtype=np.int32), np.empty(_EIGEN_GROUP, dtype=np.int32)
+    for start in range(0, len(matrices), _EIGEN_GROUP):
+        group = matrices[start : start + _EIGEN_GROUP]
+        kernel(group, np.array(floors[start : start + _EIGEN_GROUP]), eigval, eigvec, found, info)
+        for k in range(len(group)):
+            yield eigval[k], eigvec[k].T, int(found[k]), int(info[k])
 
 
 def _wrapper_negative_eigenpairs(matrices: np.ndarray, floors: list[float]) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:

@@ -449,16 +449,22 @@ class GridGaussian:
         _grid_release(statistic.reshape(-1), noise.reshape(-1), self.grid, _CLIP, out.reshape(-1))
         return out if out.ndim else out[()]  # a 0-d statistic gives a float64 scalar, as numpy's product did
 
-    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored: the
         same numbers as :meth:`release` of the upper triangles (``np.triu_indices`` order) and
-        :func:`mirror_upper`, in one compiled pass (no temporaries the size of the batch)."""
+        :func:`mirror_upper`, in one compiled pass (no temporaries the size of the batch).
+
+        ``out`` (float64, C-contiguous, ``value``'s shape) receives the release; it may be ``value``
+        itself (each upper entry is read before any write to it; lower entries are only written)."""
         rank = value.shape[-1]
         matrices = np.asarray(value, dtype=np.float64, order="C").reshape(-1, rank, rank)
         noise = discrete_gaussian(rng, self.sigma, (matrices.shape[0], rank * (rank + 1) // 2))
-        out = np.empty(matrices.shape)
-        _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out)
-        return out.reshape(value.shape)
+        if out is None:
+            out = np.empty(value.shape)
+        elif out.shape != value.shape or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous float64 array of the value's shape")
+        _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out.reshape(-1, rank, rank))
+        return out
 
 
 @_compiled
