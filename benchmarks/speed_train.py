@@ -81,22 +81,27 @@ def _noise_timer() -> Iterator[list[float]]:
     by other load on a shared machine, wall time is."""
     total = [0.0, 0.0]
     lock = threading.Lock()
-    original = GridGaussian.release
+    originals = {name: getattr(GridGaussian, name) for name in ("release", "release_symmetric")}  # neither calls the other
 
-    def timed(self: GridGaussian, rng, value):
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        try:
-            return original(self, rng, value)
-        finally:
-            with lock:
-                total[0] += time.perf_counter() - start
-                total[1] += time.thread_time() - start_cpu
+    def timer(original: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        def timed(self: GridGaussian, rng: np.random.Generator, value: np.ndarray, **kwargs: np.ndarray) -> np.ndarray:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            try:
+                return original(self, rng, value, **kwargs)
+            finally:
+                with lock:
+                    total[0] += time.perf_counter() - start
+                    total[1] += time.thread_time() - start_cpu
 
-    GridGaussian.release = timed  # type: ignore[method-assign]
+        return timed
+
+    for name, original in originals.items():
+        setattr(GridGaussian, name, timer(original))
     try:
         yield total
     finally:
-        GridGaussian.release = original  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(GridGaussian, name, original)
 
 
 def _release_freed_heap() -> None:

@@ -18,6 +18,7 @@ from app.core.privacy.discrete_noise import (
     discrete_laplace_exact,
     exp_neg_bounds,
     grid_gaussian,
+    mirror_upper,
     noise_switched_off,
 )
 from app.core.privacy.laplace import discrete_laplace_noise
@@ -105,6 +106,46 @@ def test_grid_release_is_on_the_grid_and_hides_the_value_within_a_cell():
     # the accounting: S covers the rounded shift z·(Δ/g + √d), noise in value units ≈ zΔ
     assert spec.sigma >= 3.0 * (2.0 / spec.grid + math.sqrt(10))
     assert spec.std == pytest.approx(6.0, rel=1 / 200)
+
+
+def _numpy_release(spec, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    """The grid release as numpy operations: g·(rint(clip(x/g, ±2^52)) + N), N drawn for x's shape."""
+    counts = np.rint(np.clip(value / spec.grid, -float(1 << 52), float(1 << 52))).astype(np.int64)
+    return spec.grid * (counts + discrete_gaussian(rng, spec.sigma, counts.shape)).astype(np.float64)
+
+
+def _awkward_values(rng: np.random.Generator, spec, shape: tuple[int, ...]) -> np.ndarray:
+    """Values with exact half-grid ties (rounded to even), huge ones (clipped) and ordinary ones."""
+    value = rng.normal(0.0, 40.0 * spec.grid, size=shape).ravel()
+    value[:6] = spec.grid * np.array([2.5, 3.5, -0.5, -1.5, 1e300, -1e300])
+    return value.reshape(shape)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5)])
+def test_compiled_grid_release_equals_the_numpy_operations(shape: tuple[int, ...]):
+    spec = grid_gaussian(sensitivity=2.0, multiplier=0.7, changed_coordinates=40)
+    value = _awkward_values(np.random.default_rng(1), spec, (max(int(np.prod(shape)), 6),))[: int(np.prod(shape))]
+    value = value.reshape(shape)
+    got = spec.release(np.random.default_rng(5), value)
+    assert np.shape(got) == shape
+    assert np.array_equal(got, _numpy_release(spec, np.random.default_rng(5), value))
+
+
+@pytest.mark.parametrize("rank", [1, 2, 9, 64])
+def test_symmetric_release_is_the_release_of_the_upper_triangles_mirrored(rank: int):
+    """The fused symmetric release: the same draws, in the same order, as releasing each matrix's
+    upper triangle (``np.triu_indices`` order) elementwise and mirroring it."""
+    spec = grid_gaussian(sensitivity=1.5, multiplier=2.0, changed_coordinates=4 * rank * (rank + 1) // 2)
+    value = _awkward_values(np.random.default_rng(rank), spec, (2, 3, rank, rank))
+    rows, cols = np.triu_indices(rank)
+    want = mirror_upper(_numpy_release(spec, np.random.default_rng(9), value[..., rows, cols]), rank)
+    got = spec.release_symmetric(np.random.default_rng(9), value)
+    assert got.shape == value.shape
+    assert np.array_equal(got, want)
+    assert np.array_equal(got, np.swapaxes(got, -1, -2))
+    in_place = value.copy()  # the release written over its own statistic: the same numbers
+    assert spec.release_symmetric(np.random.default_rng(9), in_place, out=in_place) is in_place
+    assert np.array_equal(in_place, want)
 
 
 def test_releaser_draws_are_on_its_grid_and_recorded():

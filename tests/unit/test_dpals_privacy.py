@@ -184,14 +184,22 @@ class CountingRng:
 
 
 def _record_grid_releases(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) on its rng."""
-    original = GridGaussian.release
+    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) on its rng:
+    elementwise releases all their entries, symmetric ones each matrix's upper triangle."""
+    original, original_symmetric = GridGaussian.release, GridGaussian.release_symmetric
 
     def release(self, rng, value):
         rng.normal_draws.append((self.sensitivity * self.multiplier, int(np.size(value))))
         return original(self, rng, value)
 
+    def release_symmetric(self, rng, value, out=None):
+        rank = value.shape[-1]
+        drawn = int(np.size(value)) // (rank * rank) * rank * (rank + 1) // 2
+        rng.normal_draws.append((self.sensitivity * self.multiplier, drawn))
+        return original_symmetric(self, rng, value, out=out)
+
     monkeypatch.setattr(GridGaussian, "release", release)
+    monkeypatch.setattr(GridGaussian, "release_symmetric", release_symmetric)
 
 
 @pytest.mark.parametrize("gravity", [0.0, 0.5])

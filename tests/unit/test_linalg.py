@@ -142,3 +142,47 @@ def test_positive_definite_solves_match_lu_and_fall_back_where_cholesky_fails():
     want = np.linalg.solve(systems, rhs[:, :, None])[:, :, 0]
     assert np.allclose(solve_positive_definite(systems, rhs), want, rtol=1e-10, atol=1e-12)
     assert solve_positive_definite(systems[:0], rhs[:0]).shape == (0, 6)
+
+
+@pytest.mark.parametrize("rank", [1, 5, 64])
+def test_compiled_cholesky_loop_equals_scipys_wrappers_bit_for_bit(rank: int):
+    """The compiled potrf/potrs loop reads what scipy's ``potrf``/``posv`` read (the lower
+    triangle) and returns their numbers exactly; non-PD systems fail in both."""
+    from scipy.linalg import lapack
+
+    rng = np.random.default_rng(rank)
+    shifts = np.linspace(-1.5, 1.5, 60)[:, None, None] / rank * np.eye(rank)  # some lose positive definiteness
+    systems = _noisy_grams(rng, 60, rank, noise=0.1 / rank**1.5) + shifts
+    systems[:, -1, 0] += 1e-3  # not exactly symmetric: only the lower triangle may be read
+    systems[7] = -np.eye(rank)
+    rhs = rng.normal(size=(60, rank))
+    potrf, posv = lapack.get_lapack_funcs(("potrf", "posv"), (systems, rhs))
+    want_ok = np.array([potrf(a, lower=True, clean=False)[1] == 0 for a in systems])
+    assert 0 < want_ok.sum() < len(want_ok)
+    assert np.array_equal(positive_definite_mask(systems), want_ok)
+    got = solve_positive_definite(systems, rhs)
+    for j in np.flatnonzero(want_ok):
+        assert np.array_equal(got[j], posv(systems[j], rhs[j], lower=True)[1])
+    # the float32 and non-contiguous batches take scipy's wrappers: same answers
+    assert np.array_equal(positive_definite_mask(systems[::-1])[::-1], want_ok)
+    assert np.array_equal(solve_positive_definite(systems[::-1], rhs[::-1])[::-1][want_ok], got[want_ok])
+
+
+@pytest.mark.parametrize("rank", [1, 5, 64])
+def test_compiled_psd_part_equals_the_wrappers_syevr_bit_for_bit(rank: int):
+    """psd_part's compiled syevr loop gives the numbers of scipy's wrapper (the former code path)."""
+    from scipy.linalg import lapack
+
+    rng = np.random.default_rng(10 + rank)
+    grams = _noisy_grams(rng, 30, rank, noise=0.4)
+    syevr = lapack.get_lapack_funcs("syevr", (grams,))
+    want = grams.copy()
+    for k, a in enumerate(grams):
+        floor = -float(np.abs(a).sum(axis=1).max()) - 1.0
+        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
+        assert info == 0
+        if found:
+            want[k] -= (eigvec[:, :found] * eigval[:found]) @ eigvec[:, :found].T
+    assert not np.array_equal(want, grams)
+    assert np.array_equal(psd_part(grams), want)
+    assert np.array_equal(psd_part(grams[::-1])[::-1], want)  # non-contiguous: the wrapper itself

@@ -11,9 +11,10 @@ Loss of Chien et al. 2021 (arXiv:2107.09802, Eq. 35), non-private:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,9 +43,6 @@ Progress = Callable[[float, str], None]
 # solves copy them); 1024-row chunks raised DPALS's peak memory by ~450 MiB there, for no speed.
 _MAX_SLOTS_PER_CHUNK = 1 << 14  # padded entries per chunk: bounds the (g, L, r) gather
 _MAX_ROWS_PER_CHUNK = 256  # rows per chunk: bounds the (g, r, r) Gram batch
-# CG reads each row's gathered factors twice per iteration: blocks of ~1 MiB stay in cache
-# (a whole 16 MiB chunk streams from memory every time: ~1.5x slower).
-_CG_BLOCK_BYTES = 1 << 20
 
 
 def _padded_length(count: np.ndarray) -> np.ndarray:
@@ -84,7 +82,7 @@ def make_plan(
     """Lay out a compressed-row matrix (CSR, or CSC read by columns) into padded buckets.
 
     ``value_dtype`` float32 halves the targets' memory where a solver reads them in float32 only
-    (the CG solves: :func:`_cg_steps` casts them to float32 anyway, so the result is the same).
+    (the CG solves: :func:`_cg_rows` casts unweighted targets to float32 anyway, so the result is the same).
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     n_rows = len(indptr) - 1
@@ -203,57 +201,114 @@ def solve_side_cg(
 
     G_i is never formed: A p = Xᵢᵀ(Xᵢ p) + shared p + ridge_i p costs O(L r) per row and iteration
     instead of O(L r²) for the Gram and O(r³) for its solve (warm-started ALS, Takács et al. 2011,
-    as ``implicit`` does). Float32 products, like ``implicit``'s. Rows without entries get zero.
+    as ``implicit`` does). Float32 arithmetic, like ``implicit``'s, in one compiled pass per row
+    (:func:`_cg_rows`: no gathered copy of the factors, no Python between the steps, the GIL
+    released). Rows without entries get zero.
     """
     rank = factors.shape[1]
     out = np.zeros((plan.n_rows, rank))
     padded = np.vstack([factors, np.zeros((1, rank))]).astype(np.float32)
-    shared32 = None if shared is None else shared.astype(np.float32)
-    slots = max(1, _CG_BLOCK_BYTES // (4 * rank))
+    shared32 = np.zeros((0, 0), dtype=np.float32) if shared is None else shared.astype(np.float32)
+    ridge32 = ridge.astype(np.float32)
+    no_weights = np.zeros((0, 0))
+    kernel = _cg_kernel()
 
     def solve(bucket: Bucket) -> None:
-        for block in _row_blocks(bucket, slots):
-            x = gather_rows(padded, block.cols, block.sqrt_weights)
-            lam = ridge[block.rows].astype(np.float32)[:, None]
-            out[block.rows] = _cg_steps(x, _weighted_targets(block), lam, shared32, start[block.rows], steps)
+        weights = no_weights if bucket.sqrt_weights is None else bucket.sqrt_weights
+        kernel(padded, bucket.rows, bucket.cols, bucket.values, weights, ridge32, shared32, start, steps, out)
 
     parallel_map(solve, plan.buckets, n_threads)  # buckets own disjoint rows of ``out``
     return out
 
 
-def _row_blocks(bucket: Bucket, slots: int) -> Iterator[Bucket]:
-    """The bucket's rows in consecutive blocks of at most ``slots`` padded entries (at least one row)."""
-    per_block = max(1, slots // bucket.cols.shape[1])
-    for start in range(0, len(bucket.rows), per_block):
-        rows = slice(start, start + per_block)
-        weights = None if bucket.sqrt_weights is None else bucket.sqrt_weights[rows]
-        yield Bucket(rows=bucket.rows[rows], cols=bucket.cols[rows], values=bucket.values[rows], sqrt_weights=weights)
+@functools.cache
+def _cg_kernel() -> Callable[..., None]:
+    """:func:`_cg_rows` compiled by numba at the first call (cached on disk; numba is imported only
+    then). Float32 sums may be reassociated (vectorised), as BLAS's are."""
+    from numba import njit  # pylint: disable=import-outside-toplevel
+
+    return cast(Callable[..., None], njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})(_cg_rows))
 
 
-def _cg_steps(
-    x: np.ndarray, targets: np.ndarray, lam: np.ndarray, shared: np.ndarray | None, start: np.ndarray, steps: int
-) -> np.ndarray:
-    """``steps`` CG iterations on (XᵀX + shared + lam I) u = Xᵀy per row, from ``start``, in float32."""
-    xt = x.transpose(0, 2, 1)  # a column-major view: batched GEMM reads it without a copy
+def _cg_rows(padded: np.ndarray, rows: np.ndarray, cols: np.ndarray, values: np.ndarray, sqrt_weights: np.ndarray,
+             ridge: np.ndarray, shared: np.ndarray, start: np.ndarray, steps: int, out: np.ndarray) -> None:
+    """CG on (XᵢᵀXᵢ + shared + ridge_i I) u = Xᵢᵀ yᵢ for each row of one bucket, in float32.
 
-    def apply(p: np.ndarray) -> np.ndarray:
-        ap = np.matmul(xt, np.matmul(x, p[:, :, None]))[:, :, 0] + lam * p
-        return np.asarray(ap if shared is None else ap + p @ shared)
-
-    b = np.matmul(xt, targets.astype(np.float32)[:, :, None])[:, :, 0]
-    u = start.astype(np.float32)
-    residual = b - apply(u)
-    direction = residual.copy()
-    rs = np.einsum("gr,gr->g", residual, residual)
-    for _ in range(steps):
-        ad = apply(direction)
-        alpha = rs / np.maximum(np.einsum("gr,gr->g", direction, ad), 1e-30)
-        u += alpha[:, None] * direction
-        residual -= alpha[:, None] * ad
-        rs_new = np.einsum("gr,gr->g", residual, residual)
-        direction = residual + (rs_new / np.maximum(rs, 1e-30))[:, None] * direction
-        rs = rs_new
-    return u
+    Xᵢ's rows are ``padded[cols[i]]`` (the zero row at padding), scaled by float32(sqrt w) when
+    ``sqrt_weights`` is not empty, yᵢ = float32(sqrt w · values); ``shared`` (r, r) or empty;
+    u starts from float32(start[row]); out[row] = u after ``steps`` iterations:
+        r₀ = b − A u₀, d₀ = r₀;  α = rᵀr / max(dᵀA d, 1e-30), u += α d, r −= α A d,
+        d = r + (r'ᵀr' / max(rᵀr, 1e-30)) d.
+    Pass 0 applies A to u₀, pass t >= 1 to d (one copy of the product's loops).
+    """
+    length, rank = cols.shape[1], padded.shape[1]
+    weighted, with_shared = sqrt_weights.shape[0] > 0, shared.shape[0] > 0
+    x = np.empty((length, rank), dtype=np.float32)  # the row's factors, gathered once, read 2 x (steps + 1) times
+    y = np.empty(length, dtype=np.float32)
+    q = np.empty(length, dtype=np.float32)
+    u = np.empty(rank, dtype=np.float32)
+    residual = np.empty(rank, dtype=np.float32)
+    direction = np.empty(rank, dtype=np.float32)
+    product = np.empty(rank, dtype=np.float32)
+    vector = np.empty(rank, dtype=np.float32)  # what A is applied to (u₀, then d)
+    for i in range(cols.shape[0]):
+        row = rows[i]
+        for slot in range(length):
+            scale = np.float32(sqrt_weights[i, slot]) if weighted else np.float32(1.0)
+            source = padded[cols[i, slot]]
+            for k in range(rank):
+                x[slot, k] = source[k] * scale
+            y[slot] = np.float32(sqrt_weights[i, slot] * values[i, slot]) if weighted else np.float32(values[i, slot])
+        lam = ridge[row]
+        for k in range(rank):
+            u[k] = np.float32(start[row, k])
+        rs = np.float32(0.0)
+        for step in range(steps + 1):
+            vector[:] = u if step == 0 else direction
+            for slot in range(length):  # product = Xᵀ(X v) + lam v [+ v @ shared]
+                factor = x[slot]
+                total = np.float32(0.0)
+                for k in range(rank):
+                    total += factor[k] * vector[k]
+                q[slot] = total
+            for k in range(rank):
+                product[k] = lam * vector[k]
+            for slot in range(length):
+                factor, weight = x[slot], q[slot]
+                for k in range(rank):
+                    product[k] += weight * factor[k]
+            if with_shared:
+                for k in range(rank):
+                    total = np.float32(0.0)
+                    for m in range(rank):
+                        total += vector[m] * shared[m, k]
+                    product[k] += total
+            if step == 0:  # r₀ = Xᵀy − A u₀
+                for k in range(rank):
+                    residual[k] = -product[k]
+                for slot in range(length):
+                    factor, weight = x[slot], y[slot]
+                    for k in range(rank):
+                        residual[k] += weight * factor[k]
+                direction[:] = residual
+                for k in range(rank):
+                    rs += residual[k] * residual[k]
+                continue
+            curvature = np.float32(0.0)
+            for k in range(rank):
+                curvature += direction[k] * product[k]
+            alpha = rs / max(curvature, np.float32(1e-30))
+            rs_new = np.float32(0.0)
+            for k in range(rank):
+                u[k] += alpha * direction[k]
+                residual[k] -= alpha * product[k]
+                rs_new += residual[k] * residual[k]
+            beta = rs_new / max(rs, np.float32(1e-30))
+            for k in range(rank):
+                direction[k] = residual[k] + beta * direction[k]
+            rs = rs_new
+        for k in range(rank):
+            out[row, k] = u[k]
 
 
 def _solve_dual(bucket: Bucket, padded: np.ndarray, ridge: np.ndarray) -> np.ndarray:

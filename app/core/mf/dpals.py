@@ -592,7 +592,8 @@ def _item_step(
     def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job
         items, gram, b = _chunk_statistics(chunk, padded, rank)
-        return items, grid_gram.release_symmetric(child, gram), grid_linear.release(child, b)
+        gram = grid_gram.release_symmetric(child, gram, out=gram)  # in place: the chunk's Grams are ours
+        return items, gram, grid_linear.release(child, b)
 
     def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:
         items, gram, b = released

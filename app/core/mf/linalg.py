@@ -11,12 +11,23 @@ costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major).
+
+The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
+call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
+``scipy.linalg.cython_lapack``) from one compiled (numba) loop over the batch that releases the GIL:
+scipy's Python wrappers hold it, which serialised the solver threads, and cost a wrapper call
+(and a copy) per item. The calls and their arguments are the wrappers' (the triangle they read, copied
+column-major), so the results are the same, bit for bit.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
+from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import Any, cast
 
 import numpy as np
 from scipy.linalg import lapack
@@ -84,9 +95,124 @@ def positive_definite_mask(systems: np.ndarray) -> np.ndarray:
 
     One LAPACK ``potrf`` per matrix: its status is per matrix, where numpy's batched Cholesky is
     all-or-nothing (and, copying and cleaning each factor, about twice as slow at r = 64).
+    float64 batches run in the compiled loop (module doc); ``systems`` is left as it is.
     """
+    if _compiled_ok(systems):
+        status = np.empty(len(systems), dtype=np.int32)
+        unused = np.empty((0, 0))  # no right-hand sides: the factorisations' status only
+        _cholesky_kernel()(systems, unused, unused, status, False)
+        factorised: np.ndarray = status == 0
+        return factorised
     potrf = lapack.get_lapack_funcs("potrf", (systems,))
     return np.fromiter((potrf(a, lower=True, clean=False)[1] == 0 for a in systems), dtype=bool, count=len(systems))
+
+
+def _compiled_ok(systems: np.ndarray, rhs: np.ndarray | None = None) -> bool:
+    """Whether the compiled LAPACK loop takes these arrays: float64, C-contiguous, non-empty."""
+    arrays = (systems,) if rhs is None else (systems, rhs)
+    return len(systems) > 0 and all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
+
+
+def _lapack_address(name: str) -> int:
+    """Address of LAPACK routine ``name`` in ``scipy.linalg.cython_lapack`` (the wrappers' LAPACK)."""
+    from scipy.linalg import cython_lapack  # pylint: disable=import-outside-toplevel
+
+    capsule = cython_lapack.__pyx_capi__[name]
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return int(get_pointer(capsule, get_name(capsule)))
+
+
+_LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8, "dsyevr": 21}  # every argument a pointer (Fortran calling convention)
+_DPOTRF: Any = None  # numba external functions, set by :func:`_cholesky_kernel`
+_DPOTRS: Any = None
+_DSYEVR: Any = None
+
+
+@functools.cache
+def _cholesky_kernel() -> Callable[..., None]:
+    """:func:`_cholesky_loop` compiled by numba at the first call (numba is imported only then:
+    processes that never solve, the API, do not load it). The LAPACK routines are external symbols
+    registered under fixed names at their run-time addresses, so the compiled code is cached on
+    disk like the sampler's."""
+    import llvmlite.binding as llvm  # pylint: disable=import-outside-toplevel
+    from numba import njit, types  # pylint: disable=import-outside-toplevel
+
+    for name, n_args in _LAPACK_ARGUMENTS.items():
+        symbol = f"privrec_{name}"
+        llvm.add_symbol(symbol, _lapack_address(name))
+        globals()[f"_{name.upper()}"] = types.ExternalFunction(symbol, types.void(*([types.voidptr] * n_args)))
+    return cast(Callable[..., None], njit(cache=True, nogil=True)(_cholesky_loop))
+
+
+@functools.cache
+def _eigen_kernel() -> Callable[..., None]:
+    """:func:`_negative_eigenpairs_loop` compiled as :func:`_cholesky_kernel` is."""
+    _cholesky_kernel()  # registers the LAPACK symbols
+    from numba import njit  # pylint: disable=import-outside-toplevel
+
+    return cast(Callable[..., None], njit(cache=True, nogil=True)(_negative_eigenpairs_loop))
+
+
+def _negative_eigenpairs_loop(matrices: np.ndarray, floors: np.ndarray, eigval: np.ndarray, eigvec: np.ndarray,
+                              found: np.ndarray, info_out: np.ndarray) -> None:
+    """Per matrix k: LAPACK ``dsyevr`` of its upper triangle for the eigenpairs in (floors[k], 0],
+    with the arguments scipy's wrapper passes (``compute_v=1, range="V", lower=0``, default
+    workspace); eigenvalues in eigval[k, :found[k]], eigenvector c in eigvec[k, c] (the rows of
+    eigvec[k] are the wrapper's columns). Compiled by :func:`_eigen_kernel`."""
+    n, r = matrices.shape[0], matrices.shape[1]
+    jobz, uplo = np.array([ord("V")], dtype=np.uint8), np.array([ord("U")], dtype=np.uint8)
+    value_range = jobz  # "V": eigenvectors, and eigenvalues in a value range
+    dim = np.array([r], dtype=np.int32)
+    lower, upper, abstol = np.zeros(1), np.zeros(1), np.zeros(1)
+    il, iu = np.array([1], dtype=np.int32), np.array([r], dtype=np.int32)
+    count, info = np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32)
+    lwork, liwork = np.array([max(26 * r, 1)], dtype=np.int32), np.array([max(10 * r, 1)], dtype=np.int32)
+    work, iwork = np.empty(lwork[0]), np.empty(liwork[0], dtype=np.int32)
+    support = np.empty(2 * r, dtype=np.int32)
+    a = np.zeros((r, r))  # a[q, p] is the column-major (p, q) entry
+    w, z = np.empty(r), np.empty((r, r))
+    for k in range(n):
+        for q0 in range(0, r, 8):
+            for p0 in range(0, q0 + 1, 8):
+                for q in range(q0, min(q0 + 8, r)):
+                    for p in range(p0, min(p0 + 8, q + 1)):
+                        a[q, p] = matrices[k, p, q]
+        lower[0] = floors[k]
+        _DSYEVR(jobz.ctypes, value_range.ctypes, uplo.ctypes, dim.ctypes, a.ctypes, dim.ctypes, lower.ctypes,
+                upper.ctypes, il.ctypes, iu.ctypes, abstol.ctypes, count.ctypes, w.ctypes, z.ctypes, dim.ctypes,
+                support.ctypes, work.ctypes, lwork.ctypes, iwork.ctypes, liwork.ctypes, info.ctypes)
+        found[k], info_out[k] = count[0], info[0]
+        eigval[k] = w
+        eigvec[k] = z
+
+
+def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool) -> None:
+    """Per system j: LAPACK ``dpotrf`` of its lower triangle, status in ``info_out[j]``; with
+    ``solve``, ``dpotrs`` of rhs[j] into out[j] where the factorisation succeeded (``posv`` is
+    exactly the two). The triangle is copied column-major, as scipy's wrapper copies it, in
+    8 x 8 tiles that keep the transposing copy in cache. Compiled by :func:`_cholesky_kernel`."""
+    n, r = systems.shape[0], systems.shape[1]
+    uplo = np.array([ord("L")], dtype=np.uint8)
+    dim = np.array([r], dtype=np.int32)
+    one = np.array([1], dtype=np.int32)
+    info = np.zeros(1, dtype=np.int32)
+    factor = np.zeros((r, r))  # factor[q, p] is the column-major (p, q) entry
+    x = np.empty(r)
+    for j in range(n):
+        for p0 in range(0, r, 8):
+            for q0 in range(0, p0 + 1, 8):
+                for p in range(p0, min(p0 + 8, r)):
+                    for q in range(q0, min(q0 + 8, p + 1)):
+                        factor[q, p] = systems[j, p, q]
+        _DPOTRF(uplo.ctypes, dim.ctypes, factor.ctypes, dim.ctypes, info.ctypes)
+        info_out[j] = info[0]
+        if solve and info[0] == 0:
+            x[:] = rhs[j]
+            _DPOTRS(uplo.ctypes, dim.ctypes, one.ctypes, factor.ctypes, dim.ctypes, x.ctypes, dim.ctypes, info.ctypes)
+            out[j] = x
 
 
 def psd_part(matrices: np.ndarray) -> np.ndarray:
@@ -94,18 +220,45 @@ def psd_part(matrices: np.ndarray) -> np.ndarray:
 
     Only the non-positive eigenpairs are computed (LAPACK ``syevr`` on a value range): a noisy
     Gram that just failed a Cholesky test has few, and this is several times cheaper than a full
-    eigen-decomposition. Equal to ``V max(Λ, 0) Vᵀ`` up to rounding.
+    eigen-decomposition. Equal to ``V max(Λ, 0) Vᵀ`` up to rounding. float64 batches call
+    ``syevr`` from the compiled loop (module doc), with the wrapper's arguments: the same numbers.
     """
-    syevr = lapack.get_lapack_funcs("syevr", (matrices,))
     out = np.array(matrices, copy=True)
-    for k, a in enumerate(matrices):
-        floor = -float(np.abs(a).sum(axis=1).max()) - 1.0  # below every eigenvalue (Gershgorin)
-        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
-        if info != 0:
+    if len(matrices) == 0:
+        return out
+    floors = [-float(np.abs(a).sum(axis=1).max()) - 1.0 for a in matrices]  # below every eigenvalue (Gershgorin)
+    pairs = (_compiled_negative_eigenpairs if _compiled_ok(matrices) else _wrapper_negative_eigenpairs)(matrices, floors)
+    for k, (values, vectors, count, status) in enumerate(pairs):
+        if status != 0:
             raise np.linalg.LinAlgError("syevr did not converge")
-        if found:
-            out[k] -= (eigvec[:, :found] * eigval[:found]) @ eigvec[:, :found].T
+        if count:
+            out[k] -= (vectors[:, :count] * values[:count]) @ vectors[:, :count].T
     return out
+
+
+_EIGEN_GROUP = 16  # matrices per compiled call: their eigenvectors stay small (2 MiB at r = 128)
+
+
+def _compiled_negative_eigenpairs(matrices: np.ndarray, floors: list[float]) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+    """:func:`_wrapper_negative_eigenpairs` by the compiled loop, a group of matrices at a time.
+    Each eigenvector block is yielded transposed, column-major like the wrapper's ``z``, so the
+    caller's products are the same BLAS calls."""
+    kernel, rank = _eigen_kernel(), matrices.shape[-1]
+    eigval, eigvec = np.empty((_EIGEN_GROUP, rank)), np.empty((_EIGEN_GROUP, rank, rank))
+    found, info = np.empty(_EIGEN_GROUP, dtype=np.int32), np.empty(_EIGEN_GROUP, dtype=np.int32)
+    for start in range(0, len(matrices), _EIGEN_GROUP):
+        group = matrices[start : start + _EIGEN_GROUP]
+        kernel(group, np.array(floors[start : start + _EIGEN_GROUP]), eigval, eigvec, found, info)
+        for k in range(len(group)):
+            yield eigval[k], eigvec[k].T, int(found[k]), int(info[k])
+
+
+def _wrapper_negative_eigenpairs(matrices: np.ndarray, floors: list[float]) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+    """(eigenvalues, eigenvectors, how many, status) in (floor, 0] per matrix, by scipy's ``syevr``."""
+    syevr = lapack.get_lapack_funcs("syevr", (matrices,))
+    for a, floor in zip(matrices, floors, strict=True):
+        eigval, eigvec, found, _, info = syevr(a, compute_v=1, range="V", vl=floor, vu=0.0)
+        yield eigval, eigvec, int(found), int(info)
 
 
 def noise_edge(std: float, rank: int) -> float:
@@ -155,8 +308,21 @@ def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     faster than numpy's batched LU (≈ 13 vs 24 µs at r = 64, 70 vs 110 µs at r = 128). A system
     whose factorisation fails (not PD in floating point) is solved by LU instead.
     """
-    posv = lapack.get_lapack_funcs("posv", (systems, rhs))
     out = np.empty(rhs.shape, dtype=np.result_type(systems, rhs))
+    if _compiled_ok(systems, rhs):
+        info = np.empty(len(systems), dtype=np.int32)
+        _cholesky_kernel()(systems, rhs, out, info, True)
+        failed = [int(j) for j in np.flatnonzero(info != 0)]
+    else:
+        failed = _solve_with_wrapper(systems, rhs, out)
+    if failed:
+        out[failed] = np.linalg.solve(systems[failed], rhs[failed][:, :, None])[:, :, 0]
+    return out
+
+
+def _solve_with_wrapper(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray) -> list[int]:
+    """scipy's ``posv`` per system into ``out``; returns the systems it could not factorise."""
+    posv = lapack.get_lapack_funcs("posv", (systems, rhs))
     failed = []
     for j, (a, b) in enumerate(zip(systems, rhs, strict=True)):
         _, x, info = posv(a, b, lower=True)
@@ -164,9 +330,7 @@ def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
             out[j] = x
         else:
             failed.append(j)
-    if failed:
-        out[failed] = np.linalg.solve(systems[failed], rhs[failed][:, :, None])[:, :, 0]
-    return out
+    return failed
 
 
 def add_to_diagonal(matrices: np.ndarray, values: np.ndarray | float) -> None:

@@ -443,16 +443,54 @@ class GridGaussian:
 
     def release(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
         """g·(round(value/g) + N_Z(0, S²)) elementwise, as float64."""
-        counts = np.rint(np.clip(np.asarray(value, dtype=np.float64) / self.grid, -_CLIP, _CLIP)).astype(np.int64)
-        noisy: np.ndarray = (counts + discrete_gaussian(rng, self.sigma, counts.shape)).astype(np.float64)
-        return self.grid * noisy
+        statistic = np.asarray(value, dtype=np.float64, order="C")  # 0-d stays 0-d
+        noise = discrete_gaussian(rng, self.sigma, statistic.shape)
+        out = np.empty(statistic.shape)
+        _grid_release(statistic.reshape(-1), noise.reshape(-1), self.grid, _CLIP, out.reshape(-1))
+        return out if out.ndim else out[()]  # a 0-d statistic gives a float64 scalar, as numpy's product did
 
-    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
-        """The release on the upper triangle (diagonal included) of each matrix, mirrored."""
+    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The release on the upper triangle (diagonal included) of each matrix, mirrored: the
+        same numbers as :meth:`release` of the upper triangles (``np.triu_indices`` order) and
+        :func:`mirror_upper`, in one compiled pass (no temporaries the size of the batch).
+
+        ``out`` (float64, C-contiguous, ``value``'s shape) receives the release; it may be ``value``
+        itself (each upper entry is read before any write to it; lower entries are only written)."""
         rank = value.shape[-1]
-        upper, _ = _triangle_maps(rank)
-        flat = value.reshape(-1, rank * rank)
-        return mirror_upper(self.release(rng, np.take(flat, upper, axis=1)), rank).reshape(value.shape)
+        matrices = np.asarray(value, dtype=np.float64, order="C").reshape(-1, rank, rank)
+        noise = discrete_gaussian(rng, self.sigma, (matrices.shape[0], rank * (rank + 1) // 2))
+        if out is None:
+            out = np.empty(value.shape)
+        elif out.shape != value.shape or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous float64 array of the value's shape")
+        _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out.reshape(-1, rank, rank))
+        return out
+
+
+@_compiled
+def _grid_release(statistic: np.ndarray, noise: np.ndarray, grid: float, clip: float, out: np.ndarray) -> None:
+    """out = g·float(int(rint(clip(x/g, ±clip))) + N) elementwise: numpy's operations of the grid
+    release, in its order, fused (IEEE division and product; round half to even; exact integers)."""
+    for i in range(statistic.shape[0]):
+        counts = np.int64(np.rint(min(max(statistic[i] / grid, -clip), clip)))
+        out[i] = grid * np.float64(counts + noise[i])
+
+
+@_compiled
+def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float, clip: float,
+                            out: np.ndarray) -> None:
+    """:func:`_grid_release` of each matrix's upper triangle (row by row: ``np.triu_indices``
+    order, noise[j, k] for its k-th entry), written to both triangles of ``out``."""
+    rank = matrices.shape[1]
+    for j in range(matrices.shape[0]):
+        k = 0
+        for p in range(rank):
+            for q in range(p, rank):
+                counts = np.int64(np.rint(min(max(matrices[j, p, q] / grid, -clip), clip)))
+                released = grid * np.float64(counts + noise[j, k])
+                out[j, p, q] = released
+                out[j, q, p] = released
+                k += 1
 
 
 def mirror_upper(upper: np.ndarray, rank: int) -> np.ndarray:
