@@ -77,14 +77,20 @@ def test_pooled_gram_is_the_weight_normalised_sum():
 def test_pooled_item_step_is_a_function_of_the_releases(monkeypatch: pytest.MonkeyPatch):
     """Rebuild the pooled solve from the released Ã_j, b̃_j and recounts alone."""
     released: list[np.ndarray] = []
-    original = GridGaussian.release
+    original, original_symmetric = GridGaussian.release, GridGaussian.release_symmetric
 
     def recording(self, rng, value):
         out = original(self, rng, value)
         released.append(out)
         return out
 
+    def recording_symmetric(self, rng, value, out=None):
+        out = original_symmetric(self, rng, value, out=out)
+        released.append(out.copy())  # the released Ã_j of the chunk, whole matrices
+        return out
+
     monkeypatch.setattr(GridGaussian, "release", recording)
+    monkeypatch.setattr(GridGaussian, "release_symmetric", recording_symmetric)
     monkeypatch.setenv("PRIVREC_THREADS", "1")  # chunks released in order
     config = _config(n_steps=1, gram_pooling=3.0, reg_gravity=0.0)
     items: list[tuple] = []
@@ -101,17 +107,14 @@ def test_pooled_item_step_is_a_function_of_the_releases(monkeypatch: pytest.Monk
     prep, factors, draws = items[0]
     rank, n = config.rank, len(prep.frequent)
     upper = rank * (rank + 1) // 2
-    # chunk by chunk: the Gram release (upper triangles), then the linear one
+    # chunk by chunk: the Gram release (whole symmetric matrices), then the linear one
     grams, rhs, order = [], [], []
     position = 0
     for chunk in dpals._item_chunks(prep.item_plan):
         rows = chunk.rows if isinstance(chunk, dpals.Bucket) else chunk
-        tri, lin = draws[position], draws[position + 1]
+        full, lin = draws[position], draws[position + 1]
         position += 2
-        full = np.zeros((len(rows), rank, rank))
-        iu = np.triu_indices(rank)
-        full[:, iu[0], iu[1]] = tri.reshape(len(rows), upper)
-        full[:, iu[1], iu[0]] = tri.reshape(len(rows), upper)
+        assert full.shape == (len(rows), rank, rank) and np.array_equal(full, full.transpose(0, 2, 1))
         grams.append(full)
         rhs.append(lin.reshape(len(rows), rank))
         order.append(rows)
