@@ -224,7 +224,8 @@ def _uniform_cells(rng: np.random.Generator, n: int, extra_bits: int = 0) -> np.
     if bit_generator is None:
         return rng.integers(0, 1 << (_UNIFORM_BITS + extra_bits), size=n, dtype=np.int64)
     raw = np.asarray(bit_generator.random_raw(n), dtype=np.uint64)  # numpy types random_raw as Any
-    return (raw >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
+    raw >>= np.uint64(64 - _UNIFORM_BITS - extra_bits)  # in place: the array is ours
+    return raw.view(np.int64)
 
 
 def _minus_log_uniform(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -324,6 +325,18 @@ def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float)
     return out
 
 
+def _collect_into(fill_block: Callable[[int, np.ndarray, int], int], n: int, acceptance: float) -> np.ndarray:
+    """:func:`_collect` with blocks that write their accepted draws straight into the output:
+    ``fill_block(m, out, have)`` draws m proposals and writes the first ``min(accepted, n − have)``
+    of them to ``out[have:n]``, returning how many (``out`` has n + 1 slots, the last a spare the
+    block may overwrite). Same block sizes, same draws, no copies."""
+    out = np.empty(n + 1, dtype=np.int64)
+    have = 0
+    while have < n:
+        have += fill_block(int(min(_BLOCK, n - have) / acceptance) + 16, out, have)
+    return out[:n]
+
+
 def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int | tuple[int, ...]) -> np.ndarray:
     """int64 draws with pmf ∝ exp(−|x|·s/t) (exact; the construction of CKS 2020 Algorithm 2).
 
@@ -383,6 +396,22 @@ def _gaussian_fast_path(first: np.ndarray, log_first: np.ndarray, second: np.nda
     return signed, accept, sure
 
 
+@_compiled
+def _compact(signed: np.ndarray, accept: np.ndarray, sure: np.ndarray, out: np.ndarray, start: int) -> tuple[int, int]:
+    """The accepted ``signed`` draws in order into ``out[start:-1]`` (as many as fit): (how many
+    written, how many proposals are not ``sure``). Branch-free: each proposal is written and only
+    an accepted one advances; ``out``'s last slot is a spare that takes the writes once the rest
+    is full. Where the second count is not 0 the caller discards what was written: the exact path
+    settles those proposals first."""
+    limit = out.shape[0] - 1  # the spare slot
+    written, unsure = start, 0
+    for i in range(signed.shape[0]):
+        out[min(written, limit)] = signed[i]
+        written += np.int64(accept[i]) & np.int64(written < limit)
+        unsure += 1 - np.int64(sure[i])
+    return written - start, unsure
+
+
 def _log_cell_centres(cells: np.ndarray) -> np.ndarray:
     """float64 log(c + ½) of each cell c (< 2^53: exact as a float), in place in one buffer."""
     centres: np.ndarray = np.add(cells, 0.5)
@@ -390,13 +419,37 @@ def _log_cell_centres(cells: np.ndarray) -> np.ndarray:
     return centres
 
 
+def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray, start: int) -> int:
+    """:func:`_gaussian_block` writing its accepted draws to ``out[start:-1]`` (as many as fit; the
+    last slot is :func:`_compact`'s spare); returns how many. A block whose float decisions all
+    hold (all but ~10^-7 of the proposals do) is compacted by a compiled pass instead of numpy's
+    boolean indexing; any other takes :func:`_gaussian_block`'s route from the same proposals (it
+    draws the exact path's extra bits), so the draws and the stream are the same either way."""
+    first = _uniform_cells(rng, n)
+    second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
+    log_first, log_second = _log_cell_centres(first), _log_cell_centres(second >> 1)
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
+    written, unsure = _compact(signed, accept, sure, out, start)
+    if unsure:
+        accepted = _settle(rng, sigma, first, log_first, second, log_second)[: len(out) - 1 - start]
+        out[start : start + len(accepted)] = accepted
+        written = len(accepted)
+    return int(written)
+
+
 def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
     """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ), fused:
     magnitude M = ⌊σ·(−ln U₁)⌋, sign from a bit, accepted iff −ln U₂ > (M − σ)²/(2σ²) and not −0."""
     first = _uniform_cells(rng, n)
     second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
-    signed, accept, sure = _gaussian_fast_path(first, _log_cell_centres(first), second,
-                                               _log_cell_centres(second >> 1), float(sigma), _MARGIN, _LN_CELLS)
+    return _settle(rng, sigma, first, _log_cell_centres(first), second, _log_cell_centres(second >> 1))
+
+
+def _settle(rng: np.random.Generator, sigma: int, first: np.ndarray, log_first: np.ndarray, second: np.ndarray,
+            log_second: np.ndarray) -> np.ndarray:
+    """The accepted draws of one block of proposals: the compiled fast path, then the exact path
+    for the decisions it leaves open (drawing more bits of their U's from ``rng``, in order)."""
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
     for i in np.flatnonzero(~sure):  # exact path: same U₁, U₂ (their cells), more bits as needed
         m = _exact_geometric(rng, int(first[i]), 1, sigma, sigma * (_LN_CELLS - math.log(float(first[i]) + 0.5)))
         negative = bool(second[i] & 1)
@@ -422,7 +475,7 @@ def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[in
     n = int(np.prod(shape))
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
-    return _collect(lambda m: _gaussian_block(rng, sigma, m), n, 0.7).reshape(shape)
+    return _collect_into(lambda m, out, start: _gaussian_fill(rng, sigma, m, out, start), n, 0.7).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- grid releases
