@@ -407,8 +407,8 @@ def _compact(signed: np.ndarray, accept: np.ndarray, sure: np.ndarray, out: np.n
     written, unsure = start, 0
     for i in range(signed.shape[0]):
         out[min(written, limit)] = signed[i]
-        written += np.int64(accept[i]) & np.int64(written < limit)
-        unsure += 1 - np.int64(sure[i])
+        written += int(accept[i]) & int(written < limit)
+        unsure += 1 - int(sure[i])
     return written - start, unsure
 
 
