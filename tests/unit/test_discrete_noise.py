@@ -131,7 +131,7 @@ def test_compiled_grid_release_equals_the_numpy_operations(shape: tuple[int, ...
     assert np.array_equal(got, _numpy_release(spec, np.random.default_rng(5), value))
 
 
-@pytest.mark.parametrize("rank", [1, 2, 9, 64])
+@pytest.mark.parametrize("rank", [1, 2, 9, 33, 64])
 def test_symmetric_release_is_the_release_of_the_upper_triangles_mirrored(rank: int):
     """The fused symmetric release: the same draws, in the same order, as releasing each matrix's
     upper triangle (``np.triu_indices`` order) elementwise and mirroring it."""

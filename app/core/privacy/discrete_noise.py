@@ -533,17 +533,25 @@ def _grid_release(statistic: np.ndarray, noise: np.ndarray, grid: float, clip: f
 def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float, clip: float,
                             out: np.ndarray) -> None:
     """:func:`_grid_release` of each matrix's upper triangle (row by row: ``np.triu_indices``
-    order, noise[j, k] for its k-th entry), written to both triangles of ``out``."""
+    order, noise[j, k] for its k-th entry), written to both triangles of ``out``: each upper row
+    first (contiguous, so the loop vectorises), then mirrored into the lower triangle in 16 x 16
+    tiles (which stay in cache). Entry by entry the same operations as before; only the lower
+    triangle is written from the released upper one."""
     rank = matrices.shape[1]
     for j in range(matrices.shape[0]):
         k = 0
         for p in range(rank):
+            source, target, draws = matrices[j, p], out[j, p], noise[j, k : k + rank - p]
             for q in range(p, rank):
-                counts = np.int64(np.rint(min(max(matrices[j, p, q] / grid, -clip), clip)))
-                released = grid * np.float64(counts + noise[j, k])
-                out[j, p, q] = released
-                out[j, q, p] = released
-                k += 1
+                counts = np.int64(np.rint(min(max(source[q] / grid, -clip), clip)))
+                target[q] = grid * np.float64(counts + draws[q - p])
+            k += rank - p
+        released = out[j]
+        for p0 in range(0, rank, 16):
+            for q0 in range(p0, rank, 16):
+                for p in range(p0, min(p0 + 16, rank)):
+                    for q in range(max(q0, p + 1), min(q0 + 16, rank)):
+                        released[q, p] = released[p, q]
 
 
 def mirror_upper(upper: np.ndarray, rank: int) -> np.ndarray:
