@@ -11,10 +11,11 @@ Vectorised float64 arithmetic (−ln U > γ) settles a comparison only when it h
 log within 2^-50 relative, margin 32x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled
 by drawing more bits of U and bracketing e^{−γ} with exact rational series
 (:func:`exp_neg_bounds`). The output's pmf is therefore exactly the target's. The discrete
-Gaussian's fast path is numpy's vectorised log followed by one compiled (numba) pass over the
-proposals, ~15-18 ns a draw (numpy array operations alone: ~33 ns; an exact sampler built from
-Bernoulli trials: ~1 µs); the compiled pass takes the vectorised form's decisions bit for bit, so
-the exactness argument is the same. A release rounds the statistic to
+Gaussian's fast path is a compiled (numba) pass that splits the raw words into cells, numpy's
+vectorised log, one compiled pass over the proposals and a compiled compaction of the accepted
+draws, ~13-15 ns a draw (numpy array operations alone: ~33 ns; an exact sampler built from
+Bernoulli trials: ~1 µs); the compiled passes take the vectorised form's decisions bit for bit,
+so the exactness argument is the same. A release rounds the statistic to
 a grid of step g (float arithmetic is used *before* the rounding only) and adds integer noise, so
 the released float g·(K + N) depends on the integer K + N alone.
 
@@ -425,9 +426,7 @@ def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray
     hold (all but ~10^-7 of the proposals do) is compacted by a compiled pass instead of numpy's
     boolean indexing; any other takes :func:`_gaussian_block`'s route from the same proposals (it
     draws the exact path's extra bits), so the draws and the stream are the same either way."""
-    first = _uniform_cells(rng, n)
-    second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
-    log_first, log_second = _log_cell_centres(first), _log_cell_centres(second >> 1)
+    first, log_first, second, log_second = _proposal_cells(rng, n)
     signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
     written, unsure = _compact(signed, accept, sure, out, start)
     if unsure:
@@ -435,6 +434,38 @@ def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray
         out[start : start + len(accepted)] = accepted
         written = len(accepted)
     return int(written)
+
+
+def _proposal_cells(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(U₁'s cells, log of their centres, U₂'s cells with the sign bit, log of their centres) of n
+    proposals, as :func:`_gaussian_block` draws them: n raw words for U₁, then n for U₂ (one
+    ``random_raw(2n)``: the same words in the same order), split and converted to the cell centres
+    c + ½ by one compiled pass, then numpy's log over both halves at once (the same values)."""
+    bit_generator = getattr(rng, "bit_generator", None)
+    if bit_generator is None:  # a generator of integers only: as _gaussian_block does it
+        first = _uniform_cells(rng, n)
+        second = _uniform_cells(rng, n, extra_bits=1)
+        return first, _log_cell_centres(first), second, _log_cell_centres(second >> 1)
+    raw = np.asarray(bit_generator.random_raw(2 * n), dtype=np.uint64)  # numpy types random_raw as Any
+    centres = np.empty(2 * n)
+    _split_cells(raw, n, _UNIFORM_BITS, centres)
+    np.log(centres, out=centres)
+    cells = raw.view(np.int64)
+    return cells[:n], centres[:n], cells[n:], centres[n:]
+
+
+@_compiled
+def _split_cells(raw: np.ndarray, n: int, bits: int, centres: np.ndarray) -> None:
+    """In place: raw[:n] >>= 64 − bits (U₁'s cells), raw[n:] >>= 63 − bits (U₂'s cells and the
+    sign bit); centres = float64(cell) + ½ of each (U₂'s without the sign bit): numpy's
+    conversions and sum (cells < 2^53 convert exactly; the sum rounds as IEEE addition does)."""
+    first_shift, second_shift, one = np.uint64(64 - bits), np.uint64(63 - bits), np.uint64(1)
+    for i in range(n):
+        raw[i] >>= first_shift
+        centres[i] = np.float64(np.int64(raw[i])) + 0.5
+    for i in range(n, raw.shape[0]):
+        raw[i] >>= second_shift
+        centres[i] = np.float64(np.int64(raw[i] >> one)) + 0.5
 
 
 def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
