@@ -10,7 +10,9 @@ system is not positive definite. Which system is solved depends only on released
 costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
-factors are multiplied through a transposed view (no copy: BLAS reads it column-major).
+factors are multiplied through a transposed view (no copy: BLAS reads it column-major). The DP
+item Grams, whose release reads one triangle, take one BLAS ``dsyrk`` per item instead
+(:func:`upper_gram_and_rhs`: half the flops).
 
 The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
 call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
