@@ -131,7 +131,7 @@ def test_compiled_grid_release_equals_the_numpy_operations(shape: tuple[int, ...
     assert np.array_equal(got, _numpy_release(spec, np.random.default_rng(5), value))
 
 
-@pytest.mark.parametrize("rank", [1, 2, 9, 64])
+@pytest.mark.parametrize("rank", [1, 2, 9, 33, 64])
 def test_symmetric_release_is_the_release_of_the_upper_triangles_mirrored(rank: int):
     """The fused symmetric release: the same draws, in the same order, as releasing each matrix's
     upper triangle (``np.triu_indices`` order) elementwise and mirroring it."""
@@ -267,9 +267,28 @@ def test_compiled_path_draws_as_numpy_did(sigma: int, margin: float | None, monk
     if margin is not None:
         monkeypatch.setattr(discrete_noise, "_MARGIN", margin)
     compiled = discrete_gaussian(np.random.default_rng(21), sigma, 60_000)
-    monkeypatch.setattr(discrete_noise, "_gaussian_block", _vectorised_gaussian_block)
-    reference = discrete_gaussian(np.random.default_rng(21), sigma, 60_000)
+    rng = np.random.default_rng(21)  # the sampler before the compiled pass: vectorised blocks, collected
+    reference = discrete_noise._collect(lambda m: _vectorised_gaussian_block(rng, sigma, m), 60_000, 0.7)
     assert np.array_equal(compiled, reference)
+    rng = np.random.default_rng(21)  # the compiled pass returning arrays, collected (the previous sampler)
+    blocks = discrete_noise._collect(lambda m: discrete_noise._gaussian_block(rng, sigma, m), 60_000, 0.7)
+    assert np.array_equal(compiled, blocks)
+
+
+@pytest.mark.parametrize("margin", [None, 2.0**-36, 1.0])  # none, some (~1 in 6), every block settled exactly
+def test_blocks_written_in_place_leave_the_stream_as_it_was(margin: float | None, monkeypatch: pytest.MonkeyPatch):
+    """Draws written straight into the output (the compiled compaction, and its fallback where the
+    exact path settles a block) continue the generator's stream exactly as collected blocks did:
+    later draws from the same generator are equal too."""
+    if margin is not None:
+        monkeypatch.setattr(discrete_noise, "_MARGIN", margin)
+    sigma, sizes = 2**12 + 3, (1, 17, 20_000, 50_001)
+    fast, slow = np.random.default_rng(5), np.random.default_rng(5)
+    for size in sizes:
+        written = discrete_gaussian(fast, sigma, size)
+        collected = discrete_noise._collect(lambda m: _vectorised_gaussian_block(slow, sigma, m), size, 0.7)
+        assert np.array_equal(written, collected)
+    assert fast.integers(0, 2**62) == slow.integers(0, 2**62)
 
 
 def test_compiled_path_with_an_integers_only_generator():

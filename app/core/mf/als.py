@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from app.core.data.ratings import Ratings
-from app.core.mf.linalg import add_to_diagonal, gather_rows, gram_and_rhs
+from app.core.mf.linalg import add_to_diagonal, gather_rows, gram_and_rhs, upper_gram_and_rhs
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 
@@ -29,6 +29,7 @@ __all__ = [
     "make_plan",
     "iter_grams",
     "bucket_gram",
+    "bucket_upper_gram",
     "solve_rows",
     "solve_side_cg",
     "ALSConfig",
@@ -139,6 +140,13 @@ def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndar
     """(G, b) of one bucket in the dtype of ``padded`` (factors plus a trailing zero row)."""
     x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
     return gram_and_rhs(x, _weighted_targets(bucket))
+
+
+def bucket_upper_gram(bucket: Bucket, padded: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bucket_gram` in float64 with each G's upper triangle only (``linalg.upper_gram_and_rhs``);
+    ``counts``: the bucket's rows' numbers of entries (their slots beyond are padding)."""
+    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
+    return upper_gram_and_rhs(x, _weighted_targets(bucket), counts)
 
 
 def _weighted_targets(bucket: Bucket) -> np.ndarray:

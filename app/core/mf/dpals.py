@@ -49,7 +49,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core.data.ratings import Ratings
-from app.core.mf.als import Bucket, SolvePlan, bucket_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
+from app.core.mf.als import Bucket, SolvePlan, bucket_upper_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
 from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
@@ -591,7 +591,7 @@ def _item_step(
 
     def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job
-        items, gram, b = _chunk_statistics(chunk, padded, rank)
+        items, gram, b = _chunk_statistics(chunk, padded, rank, prep.item_plan.counts)
         gram = grid_gram.release_symmetric(child, gram, out=gram)  # in place: the chunk's Grams are ours
         return items, gram, grid_linear.release(child, b)
 
@@ -666,10 +666,12 @@ def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
         yield empty[start : start + 1024]
 
 
-def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(items, Σ c_ij u uᵀ, Σ c_ij M_ij u) of one chunk (zeros for items without data)."""
+def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int,
+                      counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(items, Σ c_ij u uᵀ, Σ c_ij M_ij u) of one chunk (zeros for items without data); the Grams'
+    upper triangles only (their release reads nothing else). ``counts``: the plan's per item."""
     if isinstance(chunk, Bucket):
-        return (chunk.rows, *bucket_gram(chunk, padded))
+        return (chunk.rows, *bucket_upper_gram(chunk, padded, counts[chunk.rows]))
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 

@@ -10,7 +10,9 @@ system is not positive definite. Which system is solved depends only on released
 costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
-factors are multiplied through a transposed view (no copy: BLAS reads it column-major).
+factors are multiplied through a transposed view (no copy: BLAS reads it column-major). The DP
+item Grams, whose release reads one triangle, take one BLAS ``dsyrk`` per item instead
+(:func:`upper_gram_and_rhs`: half the flops).
 
 The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
 call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
@@ -35,6 +37,7 @@ from scipy.linalg import lapack
 __all__ = [
     "gather_rows",
     "gram_and_rhs",
+    "upper_gram_and_rhs",
     "symmetric_from_upper",
     "positive_definite_mask",
     "psd_part",
@@ -63,6 +66,40 @@ def gram_and_rhs(x: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.nda
     gram = np.matmul(xt, x)
     rhs = np.matmul(xt, targets.astype(x.dtype, copy=False)[:, :, None])[:, :, 0]
     return gram, rhs
+
+
+def upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`gram_and_rhs` in float64 with each Gram's upper triangle only (the lower one is left
+    unset), X_jᵀ X_j over its first ``counts[j]`` rows (the rest are padding, all zero).
+
+    For the DP item statistics, whose release reads the upper triangles only: one BLAS ``dsyrk``
+    per row group (half the flops of the full product, padding skipped) from the compiled loop,
+    the GIL released. The sums are the same products in BLAS's order; the release rounds them to
+    its grid (``app.core.privacy.discrete_noise``).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    grams = np.empty((x.shape[0], x.shape[2], x.shape[2]))
+    if len(x):
+        _gram_kernel()(x, np.asarray(counts, dtype=np.int32), grams)
+    rhs = np.matmul(x.transpose(0, 2, 1), targets.astype(np.float64, copy=False)[:, :, None])[:, :, 0]
+    return grams, rhs
+
+
+def _upper_gram_loop(x: np.ndarray, counts: np.ndarray, grams: np.ndarray) -> None:
+    """Per j: ``dsyrk`` of X_j's first counts[j] rows (row-major X_j is column-major X_jᵀ, so the
+    column-major lower triangle of X_jᵀ X_j it writes is the row-major upper one). Compiled by
+    :func:`_gram_kernel`."""
+    rank = x.shape[2]
+    lower, no_trans = np.array([ord("L")], dtype=np.uint8), np.array([ord("N")], dtype=np.uint8)
+    dim, used = np.array([rank], dtype=np.int32), np.zeros(1, dtype=np.int32)
+    alpha, beta = np.ones(1), np.zeros(1)
+    for j in range(x.shape[0]):
+        used[0] = counts[j]
+        if counts[j] == 0:
+            grams[j] = 0.0
+            continue
+        _DSYRK(lower.ctypes, no_trans.ctypes, dim.ctypes, used.ctypes, alpha.ctypes, x[j].ctypes, dim.ctypes,
+               beta.ctypes, grams[j].ctypes, dim.ctypes)
 
 
 @lru_cache(maxsize=64)
@@ -113,11 +150,12 @@ def _compiled_ok(systems: np.ndarray, rhs: np.ndarray | None = None) -> bool:
     return len(systems) > 0 and all(a.dtype == np.float64 and a.flags.c_contiguous for a in arrays)
 
 
-def _lapack_address(name: str) -> int:
-    """Address of LAPACK routine ``name`` in ``scipy.linalg.cython_lapack`` (the wrappers' LAPACK)."""
-    from scipy.linalg import cython_lapack  # pylint: disable=import-outside-toplevel
+def _lapack_address(name: str, blas: bool = False) -> int:
+    """Address of LAPACK routine ``name`` in ``scipy.linalg.cython_lapack`` (the wrappers' LAPACK),
+    or with ``blas`` of BLAS routine ``name`` in ``scipy.linalg.cython_blas`` (the same library)."""
+    from scipy.linalg import cython_blas, cython_lapack  # pylint: disable=import-outside-toplevel
 
-    capsule = cython_lapack.__pyx_capi__[name]
+    capsule = (cython_blas if blas else cython_lapack).__pyx_capi__[name]
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -126,9 +164,11 @@ def _lapack_address(name: str) -> int:
 
 
 _LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8, "dsyevr": 21}  # every argument a pointer (Fortran calling convention)
+_BLAS_ARGUMENTS = {"dsyrk": 10}
 _DPOTRF: Any = None  # numba external functions, set by :func:`_cholesky_kernel`
 _DPOTRS: Any = None
 _DSYEVR: Any = None
+_DSYRK: Any = None
 
 
 @functools.cache
@@ -140,11 +180,21 @@ def _cholesky_kernel() -> Callable[..., None]:
     import llvmlite.binding as llvm  # pylint: disable=import-outside-toplevel
     from numba import njit, types  # pylint: disable=import-outside-toplevel
 
-    for name, n_args in _LAPACK_ARGUMENTS.items():
+    routines = [(name, n_args, False) for name, n_args in _LAPACK_ARGUMENTS.items()]
+    for name, n_args, blas in routines + [(name, n_args, True) for name, n_args in _BLAS_ARGUMENTS.items()]:
         symbol = f"privrec_{name}"
-        llvm.add_symbol(symbol, _lapack_address(name))
+        llvm.add_symbol(symbol, _lapack_address(name, blas))
         globals()[f"_{name.upper()}"] = types.ExternalFunction(symbol, types.void(*([types.voidptr] * n_args)))
     return cast(Callable[..., None], njit(cache=True, nogil=True)(_cholesky_loop))
+
+
+@functools.cache
+def _gram_kernel() -> Callable[..., None]:
+    """:func:`_upper_gram_loop` compiled as :func:`_cholesky_kernel` is."""
+    _cholesky_kernel()  # registers the BLAS and LAPACK symbols
+    from numba import njit  # pylint: disable=import-outside-toplevel
+
+    return cast(Callable[..., None], njit(cache=True, nogil=True)(_upper_gram_loop))
 
 
 @functools.cache

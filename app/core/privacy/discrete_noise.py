@@ -11,10 +11,11 @@ Vectorised float64 arithmetic (−ln U > γ) settles a comparison only when it h
 log within 2^-50 relative, margin 32x; tested); the rest (~10^-7 of them at σ <= 2^20) is settled
 by drawing more bits of U and bracketing e^{−γ} with exact rational series
 (:func:`exp_neg_bounds`). The output's pmf is therefore exactly the target's. The discrete
-Gaussian's fast path is numpy's vectorised log followed by one compiled (numba) pass over the
-proposals, ~15-18 ns a draw (numpy array operations alone: ~33 ns; an exact sampler built from
-Bernoulli trials: ~1 µs); the compiled pass takes the vectorised form's decisions bit for bit, so
-the exactness argument is the same. A release rounds the statistic to
+Gaussian's fast path is a compiled (numba) pass that splits the raw words into cells, numpy's
+vectorised log, one compiled pass over the proposals and a compiled compaction of the accepted
+draws, ~13-15 ns a draw (numpy array operations alone: ~33 ns; an exact sampler built from
+Bernoulli trials: ~1 µs); the compiled passes take the vectorised form's decisions bit for bit,
+so the exactness argument is the same. A release rounds the statistic to
 a grid of step g (float arithmetic is used *before* the rounding only) and adds integer noise, so
 the released float g·(K + N) depends on the integer K + N alone.
 
@@ -224,7 +225,8 @@ def _uniform_cells(rng: np.random.Generator, n: int, extra_bits: int = 0) -> np.
     if bit_generator is None:
         return rng.integers(0, 1 << (_UNIFORM_BITS + extra_bits), size=n, dtype=np.int64)
     raw = np.asarray(bit_generator.random_raw(n), dtype=np.uint64)  # numpy types random_raw as Any
-    return (raw >> np.uint64(64 - _UNIFORM_BITS - extra_bits)).view(np.int64)
+    raw >>= np.uint64(64 - _UNIFORM_BITS - extra_bits)  # in place: the array is ours
+    return raw.view(np.int64)
 
 
 def _minus_log_uniform(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -324,6 +326,18 @@ def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float)
     return out
 
 
+def _collect_into(fill_block: Callable[[int, np.ndarray, int], int], n: int, acceptance: float) -> np.ndarray:
+    """:func:`_collect` with blocks that write their accepted draws straight into the output:
+    ``fill_block(m, out, have)`` draws m proposals and writes the first ``min(accepted, n − have)``
+    of them to ``out[have:n]``, returning how many (``out`` has n + 1 slots, the last a spare the
+    block may overwrite). Same block sizes, same draws, no copies."""
+    out = np.empty(n + 1, dtype=np.int64)
+    have = 0
+    while have < n:
+        have += fill_block(int(min(_BLOCK, n - have) / acceptance) + 16, out, have)
+    return out[:n]
+
+
 def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int | tuple[int, ...]) -> np.ndarray:
     """int64 draws with pmf ∝ exp(−|x|·s/t) (exact; the construction of CKS 2020 Algorithm 2).
 
@@ -383,6 +397,22 @@ def _gaussian_fast_path(first: np.ndarray, log_first: np.ndarray, second: np.nda
     return signed, accept, sure
 
 
+@_compiled
+def _compact(signed: np.ndarray, accept: np.ndarray, sure: np.ndarray, out: np.ndarray, start: int) -> tuple[int, int]:
+    """The accepted ``signed`` draws in order into ``out[start:-1]`` (as many as fit): (how many
+    written, how many proposals are not ``sure``). Branch-free: each proposal is written and only
+    an accepted one advances; ``out``'s last slot is a spare that takes the writes once the rest
+    is full. Where the second count is not 0 the caller discards what was written: the exact path
+    settles those proposals first."""
+    limit = out.shape[0] - 1  # the spare slot
+    written, unsure = start, 0
+    for i in range(signed.shape[0]):
+        out[min(written, limit)] = signed[i]
+        written += int(accept[i]) & int(written < limit)
+        unsure += 1 - int(sure[i])
+    return written - start, unsure
+
+
 def _log_cell_centres(cells: np.ndarray) -> np.ndarray:
     """float64 log(c + ½) of each cell c (< 2^53: exact as a float), in place in one buffer."""
     centres: np.ndarray = np.add(cells, 0.5)
@@ -390,13 +420,67 @@ def _log_cell_centres(cells: np.ndarray) -> np.ndarray:
     return centres
 
 
+def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray, start: int) -> int:
+    """:func:`_gaussian_block` writing its accepted draws to ``out[start:-1]`` (as many as fit; the
+    last slot is :func:`_compact`'s spare); returns how many. A block whose float decisions all
+    hold (all but ~10^-7 of the proposals do) is compacted by a compiled pass instead of numpy's
+    boolean indexing; any other takes :func:`_gaussian_block`'s route from the same proposals (it
+    draws the exact path's extra bits), so the draws and the stream are the same either way."""
+    first, log_first, second, log_second = _proposal_cells(rng, n)
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
+    written, unsure = _compact(signed, accept, sure, out, start)
+    if unsure:
+        accepted = _settle(rng, sigma, first, log_first, second, log_second)[: len(out) - 1 - start]
+        out[start : start + len(accepted)] = accepted
+        written = len(accepted)
+    return int(written)
+
+
+def _proposal_cells(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(U₁'s cells, log of their centres, U₂'s cells with the sign bit, log of their centres) of n
+    proposals, as :func:`_gaussian_block` draws them: n raw words for U₁, then n for U₂ (one
+    ``random_raw(2n)``: the same words in the same order), split and converted to the cell centres
+    c + ½ by one compiled pass, then numpy's log over both halves at once (the same values)."""
+    bit_generator = getattr(rng, "bit_generator", None)
+    if bit_generator is None:  # a generator of integers only: as _gaussian_block does it
+        first = _uniform_cells(rng, n)
+        second = _uniform_cells(rng, n, extra_bits=1)
+        return first, _log_cell_centres(first), second, _log_cell_centres(second >> 1)
+    raw = np.asarray(bit_generator.random_raw(2 * n), dtype=np.uint64)  # numpy types random_raw as Any
+    centres = np.empty(2 * n)
+    _split_cells(raw, n, _UNIFORM_BITS, centres)
+    np.log(centres, out=centres)
+    cells = raw.view(np.int64)
+    return cells[:n], centres[:n], cells[n:], centres[n:]
+
+
+@_compiled
+def _split_cells(raw: np.ndarray, n: int, bits: int, centres: np.ndarray) -> None:
+    """In place: raw[:n] >>= 64 − bits (U₁'s cells), raw[n:] >>= 63 − bits (U₂'s cells and the
+    sign bit); centres = float64(cell) + ½ of each (U₂'s without the sign bit): numpy's
+    conversions and sum (cells < 2^53 convert exactly; the sum rounds as IEEE addition does)."""
+    first_shift, second_shift, one = np.uint64(64 - bits), np.uint64(63 - bits), np.uint64(1)
+    for i in range(n):
+        raw[i] >>= first_shift
+        centres[i] = np.float64(np.int64(raw[i])) + 0.5
+    for i in range(n, raw.shape[0]):
+        raw[i] >>= second_shift
+        centres[i] = np.float64(np.int64(raw[i] >> one)) + 0.5
+
+
 def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
     """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ), fused:
     magnitude M = ⌊σ·(−ln U₁)⌋, sign from a bit, accepted iff −ln U₂ > (M − σ)²/(2σ²) and not −0."""
     first = _uniform_cells(rng, n)
     second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
-    signed, accept, sure = _gaussian_fast_path(first, _log_cell_centres(first), second,
-                                               _log_cell_centres(second >> 1), float(sigma), _MARGIN, _LN_CELLS)
+    return _settle(rng, sigma, first, _log_cell_centres(first), second, _log_cell_centres(second >> 1))
+
+
+def _settle(rng: np.random.Generator, sigma: int, first: np.ndarray, log_first: np.ndarray, second: np.ndarray,
+            log_second: np.ndarray) -> np.ndarray:
+    """The accepted draws of one block of proposals: the compiled fast path, then the exact path
+    for the decisions it leaves open (drawing more bits of their U's from ``rng``, in order)."""
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
     for i in np.flatnonzero(~sure):  # exact path: same U₁, U₂ (their cells), more bits as needed
         m = _exact_geometric(rng, int(first[i]), 1, sigma, sigma * (_LN_CELLS - math.log(float(first[i]) + 0.5)))
         negative = bool(second[i] & 1)
@@ -422,7 +506,7 @@ def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[in
     n = int(np.prod(shape))
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
-    return _collect(lambda m: _gaussian_block(rng, sigma, m), n, 0.7).reshape(shape)
+    return _collect_into(lambda m, out, start: _gaussian_fill(rng, sigma, m, out, start), n, 0.7).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- grid releases
@@ -480,17 +564,25 @@ def _grid_release(statistic: np.ndarray, noise: np.ndarray, grid: float, clip: f
 def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float, clip: float,
                             out: np.ndarray) -> None:
     """:func:`_grid_release` of each matrix's upper triangle (row by row: ``np.triu_indices``
-    order, noise[j, k] for its k-th entry), written to both triangles of ``out``."""
+    order, noise[j, k] for its k-th entry), written to both triangles of ``out``: each upper row
+    first (contiguous, so the loop vectorises), then mirrored into the lower triangle in 16 x 16
+    tiles (which stay in cache). Entry by entry the same operations as before; only the lower
+    triangle is written from the released upper one."""
     rank = matrices.shape[1]
     for j in range(matrices.shape[0]):
         k = 0
         for p in range(rank):
+            source, target, draws = matrices[j, p], out[j, p], noise[j, k : k + rank - p]
             for q in range(p, rank):
-                counts = np.int64(np.rint(min(max(matrices[j, p, q] / grid, -clip), clip)))
-                released = grid * np.float64(counts + noise[j, k])
-                out[j, p, q] = released
-                out[j, q, p] = released
-                k += 1
+                counts = np.int64(np.rint(min(max(source[q] / grid, -clip), clip)))
+                target[q] = grid * np.float64(counts + draws[q - p])
+            k += rank - p
+        released = out[j]
+        for p0 in range(0, rank, 16):
+            for q0 in range(p0, rank, 16):
+                for p in range(p0, min(p0 + 16, rank)):
+                    for q in range(max(q0, p + 1), min(q0 + 16, rank)):
+                        released[q, p] = released[p, q]
 
 
 def mirror_upper(upper: np.ndarray, rank: int) -> np.ndarray:
