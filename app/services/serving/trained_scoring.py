@@ -82,10 +82,8 @@ def user_state(model: Any, key: Hashable, rated_idx: np.ndarray,
         if state is not None:
             _states.move_to_end(key)
             return state
-    item_idx, values = foldin.objective_view(model, rated_idx, rated_vals)
-    vector = foldin.fold_in(model, item_idx, values)
-    vector.setflags(write=False)
-    state = (vector, foldin.user_offset(model, values, item_idx) if len(values) else None)
+    state = foldin.fold_in_state(model, *foldin.objective_view(model, rated_idx, rated_vals))
+    state[0].setflags(write=False)
     with _states_lock:
         _states[key] = state
         while len(_states) > USER_STATE_CAPACITY:
