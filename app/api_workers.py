@@ -6,10 +6,13 @@ keep-alive connections (a closed-loop run saw 20 sockets in one worker and 51 in
 the other sits half idle. Here every worker gets its own socket bound with ``SO_REUSEPORT``, and
 the kernel spreads new connections over the sockets by a hash of their addresses.
 
-The supervisor keeps the sockets (a worker that dies leaves its queue of pending connections to
-its replacement), replaces a worker that exits or stops answering uvicorn's health ping, stops
-for good if a worker fails before it ever started (a broken app or configuration would fail the
-same way again), and on SIGINT/SIGTERM asks every worker to finish its requests and waits.
+A socket joins the kernel's group when its worker starts listening, so connections go only to
+workers that have started. The supervisor replaces a worker that exits or stops answering
+uvicorn's health ping on a fresh socket (the dead worker's socket is closed: new connections go
+to the live workers while the replacement starts, instead of waiting in a queue nobody
+accepts), stops for good if a worker fails before it ever started (a broken app or
+configuration would fail the same way again), and on SIGINT/SIGTERM asks every worker to finish
+its requests and waits.
 """
 
 from __future__ import annotations
@@ -106,5 +109,13 @@ class Supervisor:
                 self.should_exit.set()
                 return 1
             log.warning("Worker [%s] died (exit code %s), starting another.", process.pid, process.exitcode)
+            self.sockets[idx] = _fresh(self.sockets[idx])
             self.processes[idx] = self._start(self.sockets[idx])
         return 0
+
+
+def _fresh(sock: socket.socket) -> socket.socket:
+    """A new ``SO_REUSEPORT`` socket on ``sock``'s address, which is closed."""
+    host, port = sock.getsockname()[:2]
+    sock.close()
+    return tcp_listener(host, port, reuse_port=True)

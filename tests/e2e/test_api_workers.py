@@ -1,6 +1,7 @@
 """`privrec api --workers 2` as real processes: each worker listens on its own SO_REUSEPORT socket,
-so a burst of new keep-alive connections reaches both workers; a killed worker is replaced and
-the replacement takes connections; SIGTERM stops every worker and the supervisor exits 0."""
+so a burst of new keep-alive connections reaches both workers; a killed worker is replaced (the
+live one serves meanwhile) and the replacement takes connections; SIGTERM stops every worker and
+the supervisor exits 0."""
 
 from __future__ import annotations
 
@@ -55,6 +56,23 @@ def _connections_per_worker(workers: set[int], port: int) -> dict[int, int]:
     return counts
 
 
+def _listening(workers: set[int], port: int, timeout: float = 60) -> None:
+    """Wait until every worker listens on ``port`` (a socket joins the SO_REUSEPORT group, and
+    gets connections, once its worker has started)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listening = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+                listening.add(fields[9])
+        if all(any(os.readlink(fd)[8:-1] in listening for fd in Path(f"/proc/{pid}/fd").iterdir() if fd.is_symlink())
+               for pid in workers):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"workers {workers} did not all listen on {port} within {timeout}s")
+
+
 def _burst(port: int, n: int = 32) -> list[socket.socket]:
     """``n`` keep-alive connections opened at once, each then answered one `/health`."""
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
@@ -85,6 +103,7 @@ def test_two_workers_share_connections_are_replaced_and_stop_cleanly(spawn, tmp_
     proc: Proc = spawn([PRIVREC, "api", "--port", str(port), "--workers", "2"], env, "api")
     wait_http(f"http://127.0.0.1:{port}/health", proc)
     workers = _wait_workers(proc.p.pid, 2, set())
+    _listening(workers, port)
     conns = _burst(port)
     counts = _connections_per_worker(workers, port)
     assert sum(counts.values()) == 32 and min(counts.values()) > 0, counts
@@ -94,12 +113,12 @@ def test_two_workers_share_connections_are_replaced_and_stop_cleanly(spawn, tmp_
     killed = min(workers)
     os.kill(killed, signal.SIGKILL)
     replacement = _wait_workers(proc.p.pid, 1, workers)
-    wait_http(f"http://127.0.0.1:{port}/health", proc)
+    for c in _burst(port):  # served by the live worker while the replacement starts
+        c.close()
+    _listening(replacement, port)
     conns = _burst(port)
-    deadline = time.monotonic() + 60  # the replacement accepts once its app has started
-    while _connections_per_worker(replacement, port)[min(replacement)] == 0 and time.monotonic() < deadline:
-        conns += _burst(port, 8)
-    assert _connections_per_worker(replacement, port)[min(replacement)] > 0
+    counts = _connections_per_worker(workers - {killed} | replacement, port)
+    assert sum(counts.values()) == 32 and min(counts.values()) > 0, counts
     for c in conns:
         c.close()
 
