@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -28,8 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
-from uvicorn.supervisors import Multiprocess
 
+from app.api_workers import Supervisor, reuse_port_listeners
 from app.auth import Kind, issue_token
 from app.config import Settings, get_settings, reset_settings_cache
 from app.db.migrate import alembic_config, current_revision, upgrade_head
@@ -124,7 +123,8 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    """Production API process(es): uvicorn on the app factory, no in-process worker."""
+    """Production API process(es): uvicorn on the app factory, no in-process worker; with
+    ``--workers N``, N processes each on its own ``SO_REUSEPORT`` socket (`app.api_workers`)."""
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
     options = _server_options(settings)
@@ -133,8 +133,11 @@ def cmd_api(args: argparse.Namespace) -> int:
         return 0
     config = uvicorn.Config("app.main:create_app_from_env", factory=True, host=host, port=port,
                             workers=args.workers, **options)
-    Multiprocess(config, sockets=[_tcp_listener(host, port)]).run()
-    return 0
+    try:
+        sockets = reuse_port_listeners(host, port, args.workers)
+    except OSError as exc:
+        raise SystemExit(f"privrec api: cannot listen on {host}:{port} ({exc.strerror})") from None
+    return Supervisor(config, sockets).run()
 
 
 def _server_options(settings: Settings) -> dict[str, Any]:
@@ -149,21 +152,6 @@ def _server_options(settings: Settings) -> dict[str, Any]:
 
 
 WORKER_HEALTHCHECK_S = 60
-
-
-def _tcp_listener(host: str, port: int) -> socket.socket:
-    """A listening socket created with ``IPPROTO_TCP`` for uvicorn's worker processes.
-
-    uvicorn's own multi-process socket has protocol 0, so asyncio does not switch Nagle off on
-    accepted connections and every response waits ~40 ms for a delayed ACK; with the protocol
-    set, connections get TCP_NODELAY as in the single-process server.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
 
 
 def _celery(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ default db 15), ``BENCH_SERVE_LOG`` (keep the server's log).
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import re
 import socket
@@ -146,15 +147,19 @@ async def _open_loop(port: int, paths: list[tuple[str, dict[str, str]]], rate: f
 
     Open loop: request k is due at t0 + k/rate and its latency runs from that due time, not from
     when it was sent, so a server that falls behind is charged for the queue it builds (no
-    coordinated omission). A due request takes an idle keep-alive connection or opens a new one.
+    coordinated omission). A due request takes the longest-idle keep-alive connection (first in,
+    first out) or opens a new one: every warm connection stays in use, spread over the server's
+    worker processes like many clients' connections. (Taking the last one used put the whole
+    load on the few connections at the top of a stack, often all on one worker process, while
+    the others sat idle until the server closed them after its keep-alive timeout.)
     """
     raws = [_raw(p, h) for p, h in paths]
-    idle = [await _connect(port) for _ in range(warm_connections)]
+    idle = collections.deque([await _connect(port) for _ in range(warm_connections)])
     lat = np.full(len(raws), np.nan)
     failures: list[str] = []
 
     async def one(k: int, due: float) -> None:
-        reader, writer = idle.pop() if idle else await _connect(port)
+        reader, writer = idle.popleft() if idle else await _connect(port)
         try:
             status, _, body = await _request(reader, writer, raws[k])
         except (asyncio.IncompleteReadError, ConnectionError):

@@ -90,9 +90,13 @@ def test_multi_worker_listener_is_tcp_so_connections_get_nodelay() -> None:
     import asyncio
     import socket
 
-    sock = cli._tcp_listener("127.0.0.1", 0)
+    from app.api_workers import reuse_port_listeners
+
+    sock, other = reuse_port_listeners("127.0.0.1", 0, 2)
+    other.close()
     try:
         assert sock.proto == socket.IPPROTO_TCP and sock.get_inheritable()
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
         port = sock.getsockname()[1]
         seen: list[int] = []
 
@@ -116,6 +120,27 @@ def test_multi_worker_listener_is_tcp_so_connections_get_nodelay() -> None:
         sock.close()
 
 
+def test_multi_worker_listeners_refuse_a_port_in_use() -> None:
+    """The SO_REUSEPORT group is bound only on a free port: a server already listening there
+    (another `privrec api` included) makes `privrec api --workers 2` stop with one clear line
+    instead of silently sharing the port's connections with it."""
+    import socket
+
+    from app.api_workers import reuse_port_listeners
+
+    for reuse_port in (False, True):
+        with socket.socket() as taken:
+            if reuse_port:
+                taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(OSError):
+                reuse_port_listeners("127.0.0.1", port, 2)
+            with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+                cli.main(["api", "--port", str(port), "--workers", "2"])
+
+
 def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     """`privrec api` passes its options to uvicorn: a worker gets WORKER_HEALTHCHECK_S (not
     uvicorn's 5 s) to answer its first ping, and uvicorn's access log (raw paths name users) is off."""
@@ -126,19 +151,19 @@ def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch
     seen: dict = {}
     monkeypatch.setattr(cli, "_settings", lambda: Settings(redis_url=None, database_url="sqlite:///:memory:"))
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: seen.update(options))
-    monkeypatch.setattr(cli, "Multiprocess", lambda config, sockets: seen.update(config=config) or _NoRun())
-    monkeypatch.setattr(cli, "_tcp_listener", lambda host, port: None)
+    monkeypatch.setattr(cli, "Supervisor", lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
+    monkeypatch.setattr(cli, "reuse_port_listeners", lambda host, port, count: [None] * count)
     cli.main(["api", "--port", "8123"])
     assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
     cli.main(["api", "--port", "8123", "--workers", "2"])
     config = seen["config"]
-    assert config.workers == 2 and config.access_log is False
+    assert config.workers == 2 and config.access_log is False and len(seen["sockets"]) == 2
     assert config.timeout_worker_healthcheck == cli.WORKER_HEALTHCHECK_S
 
 
 class _NoRun:
-    def run(self) -> None:
-        pass
+    def run(self) -> int:
+        return 0
 
 
 def test_configuration_errors_are_one_line_without_the_secret(tmp_path) -> None:

@@ -10,7 +10,16 @@ import pytest
 from app.core.data.ratings import Ratings
 from app.core.mf.als import ALSConfig, make_plan, solve_side, train_als
 from app.core.mf.dpals import DPALSConfig, train_dpals
-from app.core.mf.foldin import fold_in, fold_in_users, popular_items, recommend, similar_items, user_offset, user_offsets
+from app.core.mf.foldin import (
+    fold_in,
+    fold_in_state,
+    fold_in_users,
+    popular_items,
+    recommend,
+    similar_items,
+    user_offset,
+    user_offsets,
+)
 
 
 def _low_rank(n_users=120, n_items=80, rank=3, density=0.5, seed=0):
@@ -100,6 +109,24 @@ def test_fold_in_rejects_bad_input_and_handles_empty_history():
         fold_in(model, np.array([0, 0]), np.array([1.0, 2.0]))
     with pytest.raises(ValueError):
         fold_in(model, np.array([10_000]), np.array([1.0]))
+    with pytest.raises(ValueError, match="duplicate"):
+        fold_in(model, np.array([7, 3, 9, 3, 1]), np.full(5, 2.0))  # not adjacent until sorted
+
+
+@pytest.mark.parametrize("centring", [False, True])
+def test_fold_in_state_is_the_embedding_and_offset_of_one_pass(centring: bool):
+    """The serving path's (u, m̃ + b_u) in one pass equals fold_in and user_offset bit for bit."""
+    _, ratings = _low_rank(n_items=50)
+    clipped = ratings.with_values(np.clip(ratings.csr.data, 1, 5))
+    model = train_dpals(clipped, DPALSConfig(rank=6, frequent_fraction=0.6, contribution_bound=8,
+                                             noise_multiplier=0.5, user_centering=centring))
+    for u in range(0, clipped.n_users, 11):
+        items, values = clipped.user_row(u)
+        vector, offset = fold_in_state(model, items[::-1], values[::-1])
+        assert np.array_equal(vector, fold_in(model, items[::-1], values[::-1]))
+        assert offset == user_offset(model, values[::-1], items[::-1])
+    vector, offset = fold_in_state(model, np.array([], dtype=int), np.array([]))
+    assert offset is None and not vector.any()
 
 
 def test_similar_and_popular_items():

@@ -45,6 +45,63 @@ def test_trained_rows_top_n_is_the_full_paths_top_n_bit_for_bit(seed: int) -> No
     got_idx, got_top = trained_scoring.trained_top_n(view, scores, 25, allowed)
     assert np.array_equal(got_idx, want_idx) and np.array_equal(got_top, want_top)
 
+def _reference_top_n(model: PublicModel, view, vector, offset, n, allowed, scale):
+    scores = trained_scoring.trained_scores(model, view, vector, offset)
+    return trained_scoring.trained_top_n(view, scores if scale is None else np.clip(scores, *scale), n, allowed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("case", ["plain", "clipped-top", "clipped-bottom", "few-allowed", "duplicate-rows", "near-ties"])
+def test_preselected_top_n_is_the_float64_top_n(seed: int, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_n_scores (float32 preselection, float64 scores for the candidates) chooses exactly the
+    items, order and ties of the float64 product over every trained row. Its scores are float64
+    dot products of the same rows, equal to the full product's up to the last bits: BLAS rounds a
+    row differently depending on where it falls in the matrix (OpenBLAS: the last rows beyond a
+    multiple of 4), so not even the full and the trained-rows products agree bit for bit in general."""
+    model = _model(n_items=6_000, rank=64, seed=seed)
+    trained = np.flatnonzero(model.trained_mask)
+    if case == "duplicate-rows":  # exactly equal scores: order by row
+        model.item_factors[trained[1::2]] = model.item_factors[trained[0]]
+        model.item_biases[trained] = 0.25
+    rng = np.random.default_rng(200 + seed)
+    if case == "near-ties":  # scores ~1e-7 apart, float32's own resolution: the bound must keep them
+        jitter = 1 + 1e-7 * rng.normal(size=(len(trained), model.rank))
+        model.item_factors[trained] = model.item_factors[trained[0]] * jitter
+        model.item_biases[trained] = 0.0
+    rated = rng.choice(np.flatnonzero(model.trained_mask), size=40, replace=False)
+    vector, offset = trained_scoring.user_state(model, ("pre", case, seed), rated, rng.uniform(0.5, 5.0, size=40))
+    allowed = rng.random(model.n_items) < (0.004 if case == "few-allowed" else 0.8)
+    scores = trained_scoring.trained_scores(model, trained_scoring.trained_rows(model), vector, offset)
+    scale = {"clipped-top": (0.5, float(np.quantile(scores, 0.97))),
+             "clipped-bottom": (float(np.quantile(scores, 0.999)), 10.0)}.get(case, (0.5, 5.0))
+    view = trained_scoring.trained_rows(model)
+    full_products: list[int] = []
+    full = trained_scoring.trained_scores
+    for n in (1, 10, 25, 200):
+        want_idx, want_top = _reference_top_n(model, view, vector, offset, n, allowed, scale)
+        monkeypatch.setattr(trained_scoring, "trained_scores", lambda *a, n=n: full_products.append(n) or full(*a))
+        got_idx, got_top = trained_scoring.top_n_scores(model, view, vector, offset, n, allowed, scale)
+        monkeypatch.undo()
+        assert np.array_equal(got_idx, want_idx)
+        np.testing.assert_array_max_ulp(got_top, want_top, maxulp=4)
+    if case in ("clipped-bottom", "few-allowed"):  # ties at the bottom of the scale, or < n allowed
+        assert 200 in full_products
+    else:
+        assert not full_products  # the float32 preselection decided
+
+
+def test_preselection_scores_every_row_when_float32_cannot_hold_the_factors() -> None:
+    model = _model(rank=8)
+    model.item_factors[np.flatnonzero(model.trained_mask)[0], 0] = 1e39
+    view = trained_scoring.trained_rows(model)
+    assert view.factors32 is None
+    vector = np.full(8, 1e-40)
+    allowed = np.ones(model.n_items, dtype=bool)
+    got = trained_scoring.top_n_scores(model, view, vector, 3.0, 5, allowed, None)
+    want = _reference_top_n(model, view, vector, 3.0, 5, allowed, None)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 @pytest.mark.parametrize(("name", "kind", "expected"), [
     ("dpals", "predicted_rating", True), ("dpcmf", "predicted_rating", True), ("dpals", "ranking_score", False),
     ("dpfw", "predicted_rating", False), ("onebit", "p_thumbs_up", False)])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, text
+from sqlalchemy import String, cast, or_, select, text
 from sqlalchemy.orm import Session
 
 from app.db.models import Dataset, Item, ModelVersion
@@ -147,10 +147,19 @@ def invalidate_catalog(dataset: str | None = None) -> None:
 
 
 def _load_catalog(session: Session, dataset_id: int) -> Catalog:
+    """The catalogue facts, read from the items that carry one: inactive or with a category.
+
+    Every process reloads them every ``CATALOG_TTL_S`` on a request's path; reading (and decoding
+    the categories of) all 20,000 items of a typical catalogue cost 50-110 ms of CPU in that
+    process each time, while the requests it served waited. An item whose categories are stored
+    as the empty list ``[]`` (what a write of no categories stores) and that is active carries no
+    fact and is not read; any other spelling of an empty list is read and contributes nothing.
+    """
     inactive: set[str] = set()
     by_category: dict[str, set[str]] = {}
+    carries_a_fact = or_(~Item.active, cast(Item.categories, String) != "[]")
     for ext, cats, is_active in session.execute(
-        select(Item.external_id, Item.categories, Item.active).where(Item.dataset_id == dataset_id)
+        select(Item.external_id, Item.categories, Item.active).where(Item.dataset_id == dataset_id, carries_a_fact)
     ):
         if not is_active:
             inactive.add(ext)

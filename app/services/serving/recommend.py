@@ -80,8 +80,8 @@ def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.nd
     if s.cache.trained is None:
         s.cache.trained = trained_scoring.trained_rows(s.model)
     vector, offset = trained_scoring.user_state(s.model, state_key, rated_idx, rated_vals)
-    scores = _on_scale(s, kind, trained_scoring.trained_scores(s.model, s.cache.trained, vector, offset))
-    return trained_scoring.trained_top_n(s.cache.trained, scores, n, allowed)
+    scale = s.cache.rating_range if kind == "predicted_rating" else None  # as _on_scale
+    return trained_scoring.top_n_scores(s.model, s.cache.trained, vector, offset, n, allowed, scale)
 
 
 def _allowed(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
