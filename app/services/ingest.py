@@ -24,6 +24,7 @@ from app.db.dialect import (
     driver_sql,
     insert_for,
     pg_array,
+    pg_copy_ratings,
     pg_copy_triplets,
     pg_unless_unique_violation,
     rows_matched,
@@ -99,17 +100,35 @@ _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
 # concurrent writer after it began (DO NOTHING waited for that writer) is in neither half: the
 # caller reads those again. Inserting only the unknown ids spares a conflict probe per known user.
+# Each id is looked up by its own probe of the external-id index (a scalar subquery): a join
+# left to the planner scanned and hashed the whole users table for a few hundred ids while the
+# table's statistics were stale (a table that grew since the last ANALYZE).
 _PG_RATING_USERS = text(
-    "WITH t AS (SELECT e FROM unnest(CAST(:ids AS text[])) AS t(e)), "
-    "known AS (SELECT u.id, u.external_id FROM t JOIN users u ON u.external_id = t.e), "
+    "WITH t AS (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
+    "FROM unnest(CAST(:ids AS text[])) AS t(e)), "
     "new AS (INSERT INTO users (external_id, created_at, updated_at) "
-    "SELECT e, :now, :now FROM t WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.external_id = t.e) ORDER BY e "
+    "SELECT e, :now, :now FROM t WHERE id IS NULL ORDER BY e "
     "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
-    "SELECT id, external_id FROM known UNION ALL SELECT id, external_id FROM new"
+    "SELECT id, e FROM t WHERE id IS NOT NULL UNION ALL SELECT id, external_id FROM new"
 )
 _PG_RATING_USERS_AGAIN = text(
-    "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) JOIN users u ON u.external_id = t.e"
+    "WITH t AS MATERIALIZED (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
+    "FROM unnest(CAST(:ids AS text[])) AS t(e)) SELECT id, e FROM t WHERE id IS NOT NULL"
 )
+# The usual batch is all new ratings: COPY straight into ``ratings`` (PostgreSQL's bulk path: heap
+# pages filled many rows at a time, one WAL record a page, and no executor per row) instead of the
+# upsert (a conflict probe, a speculative insertion and its confirmation per row). It runs in a
+# savepoint and fails at the first row whose (user, data set, item) exists (committed, or written
+# by a concurrent writer that then commits): the savepoint is rolled back and the rows go through
+# a temporary staging table and one set-based upsert (both in key order: no deadlock between
+# writers). Either way the data set's version shard is bumped once by the batch's row count.
+_PG_BUMP_BATCH = text(
+    "INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
+    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, :n, :now) "
+    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + EXCLUDED.n, "
+    "changed_at = EXCLUDED.changed_at"
+)
+_PG_COPY_RATINGS = "COPY ratings (dataset_id, user_id, item_id, value, created_at, updated_at) FROM STDIN (FORMAT BINARY)"
 # the staging table, empty: emptied at every commit, and here for a second batch in one transaction
 # (two statements in one round trip: no parameters)
 _PG_EMPTY_STAGE = (
@@ -117,27 +136,9 @@ _PG_EMPTY_STAGE = (
     "(user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS; "
     "DELETE FROM ingest_rating_stage"
 )
-# The usual batch is all new ratings: a plain INSERT of the staged rows (one B-tree descent and
-# two WAL records a row) instead of the upsert (a conflict probe, a speculative insertion and its
-# confirmation: a third WAL record). It runs in a savepoint and fails at the first row whose
-# (user, data set, item) exists (committed, or written by a concurrent writer that then commits):
-# the savepoint is rolled back and the upsert below does the batch (both in key order: no
-# deadlock between writers). Both statements bump the data set's version shard by the batch's
-# row count (:data:`_PG_BUMP_BATCH`).
-_PG_BUMP_BATCH = (
-    "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
-    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, :n, :now) "
-    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + EXCLUDED.n, "
-    "changed_at = EXCLUDED.changed_at)"
-)
-_PG_INSERT_STAGED = text(
-    f"WITH {_PG_BUMP_BATCH} "
-    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
-    "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id"
-)
 # the inserted (not updated) pairs come back as two arrays
 _PG_UPSERT_STAGED = text(
-    f"WITH {_PG_BUMP_BATCH}, upserted AS ("
+    "WITH upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id "
     "ON CONFLICT (user_id, dataset_id, item_id) "
@@ -183,7 +184,7 @@ _PG_NEW_USER = text(
     "ON CONFLICT (external_id) DO NOTHING"
 )
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
-_UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain INSERT after one found a rating existing
+_UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain insert (COPY) after one found a rating existing
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
 
 
@@ -192,12 +193,13 @@ _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
-_DRIVER_INSERT_STAGED = driver_sql(_PG_INSERT_STAGED)
+_DRIVER_BUMP_BATCH = driver_sql(_PG_BUMP_BATCH)
+_DRIVER_UPSERT_STAGED = driver_sql(_PG_UPSERT_STAGED)
 
 
 class _PlainInsertFirst:
-    """Whether a staged batch tries the plain INSERT before the upsert. A batch with any existing
-    rating pays for a failed try (~10 % of an upsert); where one did, updates are likely in the
+    """Whether a staged batch tries the plain insert (COPY into ``ratings``) before the upsert. A
+    batch with any existing rating pays for a failed try; where one did, updates are likely in the
     batches that follow (a stream of re-ratings), so the next :data:`_UPSERTS_AFTER_A_MISS` go
     straight to the upsert. Both ways write the same rows; this only picks the cheaper one."""
 
@@ -337,8 +339,8 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
 
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
                       values: list[float], now: datetime) -> set[tuple[int, int]] | None:
-    """PostgreSQL's bulk path: COPY the rows into a temporary staging table, then one set-based
-    INSERT (:data:`_PG_INSERT_STAGED`), or where a rating exists already, one set-based upsert.
+    """PostgreSQL's bulk path: COPY the rows into ``ratings`` (:data:`_PG_COPY_RATINGS`), or where
+    a rating exists already, into a temporary staging table and one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
     (:func:`share_references`), so the data set, users and items stay."""
     u, i, v = np.asarray(user_ids, dtype=np.int64), np.asarray(item_ids, dtype=np.int64), np.asarray(values)
@@ -352,14 +354,21 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         return set(map(tuple, result.all()))
     params = {"ds": ds.id, "now": now, "n": len(order)}
     with driver_connection(session).cursor() as cursor:
+        cursor.execute(_DRIVER_BUMP_BATCH, params)
+
+        def copy_new() -> None:
+            with cursor.copy(_PG_COPY_RATINGS) as copy:
+                copy.write(pg_copy_ratings(ds.id, u, i, v, now))
+
+        if _PLAIN_INSERT_FIRST.worth_trying():
+            if pg_unless_unique_violation(cursor, copy_new):
+                return None  # every row was new
+            _PLAIN_INSERT_FIRST.missed()
         cursor.execute(_PG_EMPTY_STAGE)
         with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN (FORMAT BINARY)") as copy:
             copy.write(pg_copy_triplets(u, i, v))
-        if _PLAIN_INSERT_FIRST.worth_trying():
-            if pg_unless_unique_violation(cursor, _DRIVER_INSERT_STAGED, params):
-                return None  # every row was new
-            _PLAIN_INSERT_FIRST.missed()
-    created_users, created_items = session.execute(_PG_UPSERT_STAGED, params).one()
+        row = cursor.execute(_DRIVER_UPSERT_STAGED, params).fetchone()
+    created_users, created_items = row if row is not None else (None, None)
     return set(zip(created_users or [], created_items or [], strict=True))
 
 
