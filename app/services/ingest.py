@@ -262,59 +262,62 @@ def share_references(session: Session) -> None:
         session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
 
-def _split_cached(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[dict[str, int], list[str]]:
-    """The distinct ``external_ids`` split into (id -> cached row id, ids not cached)."""
-    found: dict[str, int] = {}
-    missing: list[str] = []
-    for ext in set(external_ids):
-        row_id = cached.get(ext)
-        if row_id is None:
-            missing.append(ext)
-        else:
-            found[ext] = row_id
-    return found, missing
+def _cached_row_ids(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[list[int | None], list[int]]:
+    """Row id per element of ``external_ids`` from ``cached`` (``None`` where not cached), and the
+    positions of those ``None``s. One C-level dict lookup per row: no per-row Python code when
+    everything is cached (the usual batch)."""
+    ids: list[int | None] = list(map(cached.get, external_ids))
+    holes = [k for k, row_id in enumerate(ids) if row_id is None] if None in ids else []
+    return ids, holes
+
+
+def _fill_holes(ids: list[int | None], holes: list[int], external_ids: Sequence[str], read: dict[str, int]) -> None:
+    """Fill ``ids`` at ``holes`` from ``read`` (by external id; ``None`` where it has none)."""
+    for k in holes:
+        ids[k] = read.get(external_ids[k])
 
 
 def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequence[str],
-                     now: datetime) -> dict[str, int]:
-    """Create missing users; return external id -> row id (PostgreSQL, under the shared references
-    lock: no user can be deleted meanwhile, so no row locks and no retry of the INSERT). Users in
-    ``refs`` are not read again; the others are, and join it when the transaction commits."""
-    out, missing = _split_cached(refs.users, external_ids)
-    if not missing:
-        return out
-    missing.sort()  # concurrent writers insert new users in one order
-    with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-        # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-        # Python call per row, ~20 % of a 10,000-row batch)
-        read = {ext: uid for uid, ext in cursor.execute(
-            _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
-        if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
-            again = pg_array([e for e in missing if e not in read])
-            read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
-    if len(read) < len(missing):
-        raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
-    remember_on_commit(session, refs, users=read)
-    out.update(read)
-    return out
+                     now: datetime) -> list[int]:
+    """Create missing users; return the row id of each of ``external_ids`` (PostgreSQL, under the
+    shared references lock: no user can be deleted meanwhile, so no row locks and no retry of the
+    INSERT). Users in ``refs`` are not read again; the others are, and join it when the
+    transaction commits."""
+    ids, holes = _cached_row_ids(refs.users, external_ids)
+    if holes:
+        missing = sorted({external_ids[k] for k in holes})  # concurrent writers insert new users in one order
+        with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
+            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
+            # Python call per row, ~20 % of a 10,000-row batch)
+            read = {ext: uid for uid, ext in cursor.execute(
+                _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
+            if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
+                again = pg_array([e for e in missing if e not in read])
+                read.update({ext: uid for uid, ext in cursor.execute(
+                    _DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+        if len(read) < len(missing):
+            raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
+        remember_on_commit(session, refs, users=read)
+        _fill_holes(ids, holes, external_ids, read)
+    return ids  # type: ignore[return-value]  # every hole filled
 
 
 def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
-                     external_ids: Sequence[str]) -> dict[str, int]:
-    """External item id -> row id for the known items among ``external_ids``: those in ``refs``
+                     external_ids: Sequence[str]) -> list[int | None]:
+    """The row id of each of ``external_ids`` (``None``: no such item in ``ds``): those in ``refs``
     from there, the others read (:func:`item_row_ids`) and added to it when the transaction commits."""
     if refs is None:
-        return item_row_ids(session, ds, external_ids)
-    out, missing = _split_cached(refs.items_of(ds.id), external_ids)
-    if missing:
-        read = item_row_ids(session, ds, missing)
+        return list(map(item_row_ids(session, ds, external_ids).get, external_ids))
+    ids, holes = _cached_row_ids(refs.items_of(ds.id), external_ids)
+    if holes:
+        read = item_row_ids(session, ds, [external_ids[k] for k in holes])
         remember_on_commit(session, refs, dataset_id=ds.id, items=read)
-        out.update(read)
-    return out
+        _fill_holes(ids, holes, external_ids, read)
+    return ids
 
 
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                   values: list[float], now: datetime) -> set[tuple[int, int]] | None:
+                   values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE) and bump the data set's version by the row count;
     return the (user, item) row-id pairs that were created, or ``None`` when every row was."""
     if is_postgres(session):
@@ -324,7 +327,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
     rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
-            for u, i, v in zip(user_ids, item_ids, values, strict=True)]
+            for u, i, v in zip(user_ids, item_ids, values.tolist(), strict=True)]
     for part in chunks(rows, CHUNK):
         base = insert_for(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
@@ -337,15 +340,23 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     return created
 
 
+def _key_order(u: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """The permutation that sorts rows by (user, item) row id: one sort of a combined 64-bit key
+    where both ids fit in 31 bits (always, short of two billion users or items), else a lexsort."""
+    if len(u) and min(u.min(), i.min()) >= 0 and max(u.max(), i.max()) < 2**31:
+        return np.argsort((u << 32) | i)
+    return np.lexsort((i, u))
+
+
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                      values: list[float], now: datetime) -> set[tuple[int, int]] | None:
+                      values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
     """PostgreSQL's bulk path: COPY the rows into ``ratings`` (:data:`_PG_COPY_RATINGS`), or where
     a rating exists already, into a temporary staging table and one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
     (:func:`share_references`), so the data set, users and items stay."""
-    u, i, v = np.asarray(user_ids, dtype=np.int64), np.asarray(item_ids, dtype=np.int64), np.asarray(values)
-    order = np.lexsort((i, u))  # key order: B-tree inserts touch neighbouring pages
-    u, i, v = u[order], i[order], v[order]
+    u, i = np.array(user_ids, dtype=np.int64), np.array(item_ids, dtype=np.int64)
+    order = _key_order(u, i)  # key order: B-tree inserts touch neighbouring pages
+    u, i, v = u[order], i[order], values[order]
     if len(order) < _STAGE_THRESHOLD:
         result = session.execute(_PG_UPSERT_ARRAYS, {
             "ds": ds.id, "now": now, "u": pg_array(u.tolist()), "i": pg_array(i.tolist()),
@@ -373,12 +384,11 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
 
 
 def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
-                item_map: dict[str, int]) -> list[RowResult]:
-    """Every invalid row: non-finite or out-of-range value, unknown item, repeated pair."""
+                item_ids: list[int | None]) -> list[RowResult]:
+    """Every invalid row: non-finite or out-of-range value, unknown item (row id ``None``), repeated pair."""
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
     # the usual batch, checked set-wise first: no value out of range, no unknown item, no repeated pair
-    if not bad_value.any() and len(item_map) == len(set(items)) \
-            and len(set(zip(users, items, strict=True))) == len(users):
+    if not bad_value.any() and None not in item_ids and len(set(zip(users, items, strict=True))) == len(users):
         return []
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
@@ -386,7 +396,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
         first = seen.setdefault((u, i), k)
         if bad_value[k]:
             msg = _check_range(ds, float(values[k]))
-        elif i not in item_map:
+        elif item_ids[k] is None:
             msg = f"unknown item {i!r} in data set {ds.name!r}"
         elif first != k:
             msg = f"duplicate (user, item) pair; first at row {first}"
@@ -404,19 +414,19 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     """
     vals = np.asarray(values, dtype=np.float64)
     refs = reference_ids(session) if is_postgres(session) else None  # the caller holds the references lock
-    if item_map is None:
-        item_map = _rating_item_ids(session, refs, ds, items)
-    errors = _row_errors(ds, users, items, vals, item_map)
+    iids = _rating_item_ids(session, refs, ds, items) if item_map is None else list(map(item_map.get, items))
+    errors = _row_errors(ds, users, items, vals, iids)
     if errors:
         raise InvalidRows(
             f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
             details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
         )
     now = utcnow()
-    user_map = _ensure_users(session, users, now) if refs is None else _rating_user_ids(session, refs, users, now)
-    uids = [user_map[u] for u in users]
-    iids = [item_map[i] for i in items]
-    created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
+    if refs is None:
+        uids = list(map(_ensure_users(session, users, now).__getitem__, users))
+    else:
+        uids = _rating_user_ids(session, refs, users, now)
+    created = _write_ratings(session, ds, uids, iids, vals, now)  # type: ignore[arg-type]  # no None left
     if created is None:
         return ["created"] * len(uids), len(uids), 0
     status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
