@@ -5,7 +5,8 @@ the session's driver connection (binary COPY, raw cursors)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 __all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
-           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "driver_sql", "pg_unless_unique_violation"]
+           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "driver_sql", "pg_unless_unique_violation"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -60,6 +61,27 @@ def pg_copy_triplets(u: np.ndarray, i: np.ndarray, v: np.ndarray) -> bytes:
     return PG_COPY_HEADER + rows.tobytes() + _PG_COPY_TRAILER
 
 
+# the same for ratings rows: (int4 data set, int8 user, int8 item, float8 value, timestamptz created, updated)
+_PG_COPY_RATING = np.dtype(
+    [("n", ">i2"), ("l0", ">i4"), ("ds", ">i4"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"),
+     ("l3", ">i4"), ("v", ">f8"), ("l4", ">i4"), ("created", ">i8"), ("l5", ">i4"), ("updated", ">i8")]
+)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # binary timestamptz: microseconds since this instant
+
+
+def pg_copy_ratings(dataset_id: int, u: np.ndarray, i: np.ndarray, v: np.ndarray, now: datetime) -> bytes:
+    """``COPY ratings (dataset_id, user_id, item_id, value, created_at, updated_at) FROM STDIN
+    (FORMAT BINARY)`` data: the rows (u[k], i[k], v[k]) of one data set, created and updated ``now``
+    (timezone-aware)."""
+    rows = np.empty(len(u), dtype=_PG_COPY_RATING)
+    rows["n"] = 6
+    rows["l0"] = 4
+    rows["l1"] = rows["l2"] = rows["l3"] = rows["l4"] = rows["l5"] = 8
+    rows["ds"], rows["u"], rows["i"], rows["v"] = dataset_id, u, i, v
+    rows["created"] = rows["updated"] = (now - _PG_EPOCH) // timedelta(microseconds=1)
+    return PG_COPY_HEADER + rows.tobytes() + _PG_COPY_TRAILER
+
+
 def chunks(seq: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
     """Consecutive slices of ``seq`` of at most ``size`` elements."""
     for start in range(0, len(seq), size):
@@ -88,12 +110,13 @@ def driver_sql(stmt: TextClause) -> str:
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", stmt.text.replace("%", "%%"))
 
 
-def pg_unless_unique_violation(cursor: Any, sql: str, params: dict[str, Any]) -> bool:
-    """Run one statement on a psycopg ``cursor`` inside a savepoint: True when it ran, False when
-    it hit a unique violation, in which case it is rolled back (the rest of the transaction stays)."""
+def pg_unless_unique_violation(cursor: Any, work: Callable[[], object]) -> bool:
+    """Run ``work`` (statements on the psycopg ``cursor``) inside a savepoint: True when it ran,
+    False when it hit a unique violation, in which case it is rolled back (the rest of the
+    transaction stays)."""
     cursor.execute("SAVEPOINT unless_unique_violation")
     try:
-        cursor.execute(sql, params)
+        work()
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT unless_unique_violation")
         return False

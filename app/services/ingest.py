@@ -24,6 +24,7 @@ from app.db.dialect import (
     driver_sql,
     insert_for,
     pg_array,
+    pg_copy_ratings,
     pg_copy_triplets,
     pg_unless_unique_violation,
     rows_matched,
@@ -99,17 +100,35 @@ _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
 # concurrent writer after it began (DO NOTHING waited for that writer) is in neither half: the
 # caller reads those again. Inserting only the unknown ids spares a conflict probe per known user.
+# Each id is looked up by its own probe of the external-id index (a scalar subquery): a join
+# left to the planner scanned and hashed the whole users table for a few hundred ids while the
+# table's statistics were stale (a table that grew since the last ANALYZE).
 _PG_RATING_USERS = text(
-    "WITH t AS (SELECT e FROM unnest(CAST(:ids AS text[])) AS t(e)), "
-    "known AS (SELECT u.id, u.external_id FROM t JOIN users u ON u.external_id = t.e), "
+    "WITH t AS (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
+    "FROM unnest(CAST(:ids AS text[])) AS t(e)), "
     "new AS (INSERT INTO users (external_id, created_at, updated_at) "
-    "SELECT e, :now, :now FROM t WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.external_id = t.e) ORDER BY e "
+    "SELECT e, :now, :now FROM t WHERE id IS NULL ORDER BY e "
     "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
-    "SELECT id, external_id FROM known UNION ALL SELECT id, external_id FROM new"
+    "SELECT id, e FROM t WHERE id IS NOT NULL UNION ALL SELECT id, external_id FROM new"
 )
 _PG_RATING_USERS_AGAIN = text(
-    "SELECT u.id, u.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) JOIN users u ON u.external_id = t.e"
+    "WITH t AS MATERIALIZED (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
+    "FROM unnest(CAST(:ids AS text[])) AS t(e)) SELECT id, e FROM t WHERE id IS NOT NULL"
 )
+# The usual batch is all new ratings: COPY straight into ``ratings`` (PostgreSQL's bulk path: heap
+# pages filled many rows at a time, one WAL record a page, and no executor per row) instead of the
+# upsert (a conflict probe, a speculative insertion and its confirmation per row). It runs in a
+# savepoint and fails at the first row whose (user, data set, item) exists (committed, or written
+# by a concurrent writer that then commits): the savepoint is rolled back and the rows go through
+# a temporary staging table and one set-based upsert (both in key order: no deadlock between
+# writers). Either way the data set's version shard is bumped once by the batch's row count.
+_PG_BUMP_BATCH = text(
+    "INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
+    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, :n, :now) "
+    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + EXCLUDED.n, "
+    "changed_at = EXCLUDED.changed_at"
+)
+_PG_COPY_RATINGS = "COPY ratings (dataset_id, user_id, item_id, value, created_at, updated_at) FROM STDIN (FORMAT BINARY)"
 # the staging table, empty: emptied at every commit, and here for a second batch in one transaction
 # (two statements in one round trip: no parameters)
 _PG_EMPTY_STAGE = (
@@ -117,27 +136,9 @@ _PG_EMPTY_STAGE = (
     "(user_id bigint, item_id bigint, value float8) ON COMMIT DELETE ROWS; "
     "DELETE FROM ingest_rating_stage"
 )
-# The usual batch is all new ratings: a plain INSERT of the staged rows (one B-tree descent and
-# two WAL records a row) instead of the upsert (a conflict probe, a speculative insertion and its
-# confirmation: a third WAL record). It runs in a savepoint and fails at the first row whose
-# (user, data set, item) exists (committed, or written by a concurrent writer that then commits):
-# the savepoint is rolled back and the upsert below does the batch (both in key order: no
-# deadlock between writers). Both statements bump the data set's version shard by the batch's
-# row count (:data:`_PG_BUMP_BATCH`).
-_PG_BUMP_BATCH = (
-    "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
-    f"VALUES (:ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, :n, :now) "
-    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + EXCLUDED.n, "
-    "changed_at = EXCLUDED.changed_at)"
-)
-_PG_INSERT_STAGED = text(
-    f"WITH {_PG_BUMP_BATCH} "
-    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
-    "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id"
-)
 # the inserted (not updated) pairs come back as two arrays
 _PG_UPSERT_STAGED = text(
-    f"WITH {_PG_BUMP_BATCH}, upserted AS ("
+    "WITH upserted AS ("
     "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
     "SELECT :ds, user_id, item_id, value, :now, :now FROM ingest_rating_stage ORDER BY user_id, item_id "
     "ON CONFLICT (user_id, dataset_id, item_id) "
@@ -183,7 +184,7 @@ _PG_NEW_USER = text(
     "ON CONFLICT (external_id) DO NOTHING"
 )
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
-_UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain INSERT after one found a rating existing
+_UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain insert (COPY) after one found a rating existing
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
 
 
@@ -192,12 +193,13 @@ _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
-_DRIVER_INSERT_STAGED = driver_sql(_PG_INSERT_STAGED)
+_DRIVER_BUMP_BATCH = driver_sql(_PG_BUMP_BATCH)
+_DRIVER_UPSERT_STAGED = driver_sql(_PG_UPSERT_STAGED)
 
 
 class _PlainInsertFirst:
-    """Whether a staged batch tries the plain INSERT before the upsert. A batch with any existing
-    rating pays for a failed try (~10 % of an upsert); where one did, updates are likely in the
+    """Whether a staged batch tries the plain insert (COPY into ``ratings``) before the upsert. A
+    batch with any existing rating pays for a failed try; where one did, updates are likely in the
     batches that follow (a stream of re-ratings), so the next :data:`_UPSERTS_AFTER_A_MISS` go
     straight to the upsert. Both ways write the same rows; this only picks the cheaper one."""
 
@@ -260,59 +262,62 @@ def share_references(session: Session) -> None:
         session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
 
-def _split_cached(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[dict[str, int], list[str]]:
-    """The distinct ``external_ids`` split into (id -> cached row id, ids not cached)."""
-    found: dict[str, int] = {}
-    missing: list[str] = []
-    for ext in set(external_ids):
-        row_id = cached.get(ext)
-        if row_id is None:
-            missing.append(ext)
-        else:
-            found[ext] = row_id
-    return found, missing
+def _cached_row_ids(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[list[int | None], list[int]]:
+    """Row id per element of ``external_ids`` from ``cached`` (``None`` where not cached), and the
+    positions of those ``None``s. One C-level dict lookup per row: no per-row Python code when
+    everything is cached (the usual batch)."""
+    ids: list[int | None] = list(map(cached.get, external_ids))
+    holes = [k for k, row_id in enumerate(ids) if row_id is None] if None in ids else []
+    return ids, holes
+
+
+def _fill_holes(ids: list[int | None], holes: list[int], external_ids: Sequence[str], read: dict[str, int]) -> None:
+    """Fill ``ids`` at ``holes`` from ``read`` (by external id; ``None`` where it has none)."""
+    for k in holes:
+        ids[k] = read.get(external_ids[k])
 
 
 def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequence[str],
-                     now: datetime) -> dict[str, int]:
-    """Create missing users; return external id -> row id (PostgreSQL, under the shared references
-    lock: no user can be deleted meanwhile, so no row locks and no retry of the INSERT). Users in
-    ``refs`` are not read again; the others are, and join it when the transaction commits."""
-    out, missing = _split_cached(refs.users, external_ids)
-    if not missing:
-        return out
-    missing.sort()  # concurrent writers insert new users in one order
-    with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-        # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-        # Python call per row, ~20 % of a 10,000-row batch)
-        read = {ext: uid for uid, ext in cursor.execute(
-            _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
-        if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
-            again = pg_array([e for e in missing if e not in read])
-            read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
-    if len(read) < len(missing):
-        raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
-    remember_on_commit(session, refs, users=read)
-    out.update(read)
-    return out
+                     now: datetime) -> list[int]:
+    """Create missing users; return the row id of each of ``external_ids`` (PostgreSQL, under the
+    shared references lock: no user can be deleted meanwhile, so no row locks and no retry of the
+    INSERT). Users in ``refs`` are not read again; the others are, and join it when the
+    transaction commits."""
+    ids, holes = _cached_row_ids(refs.users, external_ids)
+    if holes:
+        missing = sorted({external_ids[k] for k in holes})  # concurrent writers insert new users in one order
+        with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
+            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
+            # Python call per row, ~20 % of a 10,000-row batch)
+            read = {ext: uid for uid, ext in cursor.execute(
+                _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
+            if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
+                again = pg_array([e for e in missing if e not in read])
+                read.update({ext: uid for uid, ext in cursor.execute(
+                    _DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+        if len(read) < len(missing):
+            raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
+        remember_on_commit(session, refs, users=read)
+        _fill_holes(ids, holes, external_ids, read)
+    return ids  # type: ignore[return-value]  # every hole filled
 
 
 def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
-                     external_ids: Sequence[str]) -> dict[str, int]:
-    """External item id -> row id for the known items among ``external_ids``: those in ``refs``
+                     external_ids: Sequence[str]) -> list[int | None]:
+    """The row id of each of ``external_ids`` (``None``: no such item in ``ds``): those in ``refs``
     from there, the others read (:func:`item_row_ids`) and added to it when the transaction commits."""
     if refs is None:
-        return item_row_ids(session, ds, external_ids)
-    out, missing = _split_cached(refs.items_of(ds.id), external_ids)
-    if missing:
-        read = item_row_ids(session, ds, missing)
+        return list(map(item_row_ids(session, ds, external_ids).get, external_ids))
+    ids, holes = _cached_row_ids(refs.items_of(ds.id), external_ids)
+    if holes:
+        read = item_row_ids(session, ds, [external_ids[k] for k in holes])
         remember_on_commit(session, refs, dataset_id=ds.id, items=read)
-        out.update(read)
-    return out
+        _fill_holes(ids, holes, external_ids, read)
+    return ids
 
 
 def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                   values: list[float], now: datetime) -> set[tuple[int, int]] | None:
+                   values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE) and bump the data set's version by the row count;
     return the (user, item) row-id pairs that were created, or ``None`` when every row was."""
     if is_postgres(session):
@@ -322,7 +327,7 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     created: set[tuple[int, int]] = set()
     now_key = _naive_utc(now)
     rows = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": v, "created_at": now, "updated_at": now}
-            for u, i, v in zip(user_ids, item_ids, values, strict=True)]
+            for u, i, v in zip(user_ids, item_ids, values.tolist(), strict=True)]
     for part in chunks(rows, CHUNK):
         base = insert_for(session, table).values(list(part))
         stmt = base.on_conflict_do_update(
@@ -335,15 +340,23 @@ def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids:
     return created
 
 
+def _key_order(u: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """The permutation that sorts rows by (user, item) row id: one sort of a combined 64-bit key
+    where both ids fit in 31 bits (always, short of two billion users or items), else a lexsort."""
+    if len(u) and min(u.min(), i.min()) >= 0 and max(u.max(), i.max()) < 2**31:
+        return np.argsort((u << 32) | i)
+    return np.lexsort((i, u))
+
+
 def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                      values: list[float], now: datetime) -> set[tuple[int, int]] | None:
-    """PostgreSQL's bulk path: COPY the rows into a temporary staging table, then one set-based
-    INSERT (:data:`_PG_INSERT_STAGED`), or where a rating exists already, one set-based upsert.
+                      values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
+    """PostgreSQL's bulk path: COPY the rows into ``ratings`` (:data:`_PG_COPY_RATINGS`), or where
+    a rating exists already, into a temporary staging table and one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
     (:func:`share_references`), so the data set, users and items stay."""
-    u, i, v = np.asarray(user_ids, dtype=np.int64), np.asarray(item_ids, dtype=np.int64), np.asarray(values)
-    order = np.lexsort((i, u))  # key order: B-tree inserts touch neighbouring pages
-    u, i, v = u[order], i[order], v[order]
+    u, i = np.array(user_ids, dtype=np.int64), np.array(item_ids, dtype=np.int64)
+    order = _key_order(u, i)  # key order: B-tree inserts touch neighbouring pages
+    u, i, v = u[order], i[order], values[order]
     if len(order) < _STAGE_THRESHOLD:
         result = session.execute(_PG_UPSERT_ARRAYS, {
             "ds": ds.id, "now": now, "u": pg_array(u.tolist()), "i": pg_array(i.tolist()),
@@ -352,24 +365,30 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         return set(map(tuple, result.all()))
     params = {"ds": ds.id, "now": now, "n": len(order)}
     with driver_connection(session).cursor() as cursor:
+        cursor.execute(_DRIVER_BUMP_BATCH, params)
+
+        def copy_new() -> None:
+            with cursor.copy(_PG_COPY_RATINGS) as copy:
+                copy.write(pg_copy_ratings(ds.id, u, i, v, now))
+
+        if _PLAIN_INSERT_FIRST.worth_trying():
+            if pg_unless_unique_violation(cursor, copy_new):
+                return None  # every row was new
+            _PLAIN_INSERT_FIRST.missed()
         cursor.execute(_PG_EMPTY_STAGE)
         with cursor.copy("COPY ingest_rating_stage (user_id, item_id, value) FROM STDIN (FORMAT BINARY)") as copy:
             copy.write(pg_copy_triplets(u, i, v))
-        if _PLAIN_INSERT_FIRST.worth_trying():
-            if pg_unless_unique_violation(cursor, _DRIVER_INSERT_STAGED, params):
-                return None  # every row was new
-            _PLAIN_INSERT_FIRST.missed()
-    created_users, created_items = session.execute(_PG_UPSERT_STAGED, params).one()
+        row = cursor.execute(_DRIVER_UPSERT_STAGED, params).fetchone()
+    created_users, created_items = row if row is not None else (None, None)
     return set(zip(created_users or [], created_items or [], strict=True))
 
 
 def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
-                item_map: dict[str, int]) -> list[RowResult]:
-    """Every invalid row: non-finite or out-of-range value, unknown item, repeated pair."""
+                item_ids: list[int | None]) -> list[RowResult]:
+    """Every invalid row: non-finite or out-of-range value, unknown item (row id ``None``), repeated pair."""
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
     # the usual batch, checked set-wise first: no value out of range, no unknown item, no repeated pair
-    if not bad_value.any() and len(item_map) == len(set(items)) \
-            and len(set(zip(users, items, strict=True))) == len(users):
+    if not bad_value.any() and None not in item_ids and len(set(zip(users, items, strict=True))) == len(users):
         return []
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
@@ -377,7 +396,7 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
         first = seen.setdefault((u, i), k)
         if bad_value[k]:
             msg = _check_range(ds, float(values[k]))
-        elif i not in item_map:
+        elif item_ids[k] is None:
             msg = f"unknown item {i!r} in data set {ds.name!r}"
         elif first != k:
             msg = f"duplicate (user, item) pair; first at row {first}"
@@ -395,19 +414,19 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
     """
     vals = np.asarray(values, dtype=np.float64)
     refs = reference_ids(session) if is_postgres(session) else None  # the caller holds the references lock
-    if item_map is None:
-        item_map = _rating_item_ids(session, refs, ds, items)
-    errors = _row_errors(ds, users, items, vals, item_map)
+    iids = _rating_item_ids(session, refs, ds, items) if item_map is None else list(map(item_map.get, items))
+    errors = _row_errors(ds, users, items, vals, iids)
     if errors:
         raise InvalidRows(
             f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
             details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
         )
     now = utcnow()
-    user_map = _ensure_users(session, users, now) if refs is None else _rating_user_ids(session, refs, users, now)
-    uids = [user_map[u] for u in users]
-    iids = [item_map[i] for i in items]
-    created = _write_ratings(session, ds, uids, iids, vals.tolist(), now)
+    if refs is None:
+        uids = list(map(_ensure_users(session, users, now).__getitem__, users))
+    else:
+        uids = _rating_user_ids(session, refs, users, now)
+    created = _write_ratings(session, ds, uids, iids, vals, now)  # type: ignore[arg-type]  # no None left
     if created is None:
         return ["created"] * len(uids), len(uids), 0
     status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]

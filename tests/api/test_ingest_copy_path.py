@@ -1,0 +1,92 @@
+"""Bulk ingest's write paths (issue 13): a batch of new ratings is one COPY straight into
+``ratings``; a batch meeting existing ratings falls back to the staged upsert with the same
+outcome; rows are written in (user, item) key order whatever the id sizes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from sqlalchemy import text
+
+from app.db.dialect import pg_copy_ratings
+from app.schemas.ingest import RatingRow
+from app.services import ingest
+from tests.api.conftest import Env, add_items
+
+N_ITEMS = 20
+
+
+def _rows(users: range, value: float) -> list[RatingRow]:
+    return [RatingRow(user_id=f"u{k}", item_id=f"i{j}", rating=value) for k in users for j in range(N_ITEMS)]
+
+
+@pytest.fixture
+def copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The COPY statements psycopg runs (the target table of each)."""
+    seen: list[str] = []
+    original = psycopg.Cursor.copy
+
+    @contextlib.contextmanager
+    def spy(self: psycopg.Cursor, statement: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        seen.append(str(statement).split()[1])
+        with original(self, statement, *args, **kwargs) as copy:
+            yield copy
+
+    monkeypatch.setattr(psycopg.Cursor, "copy", spy)
+    monkeypatch.setattr(ingest, "_PLAIN_INSERT_FIRST", ingest._PlainInsertFirst())
+    return seen
+
+
+@pytest.mark.integration
+def test_new_ratings_are_copied_into_ratings_and_existing_ones_upserted(env: Env, copies: list[str]) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("COPY is PostgreSQL's")
+    add_items(env, N_ITEMS)
+    with env.session() as s:
+        out = ingest.upsert_ratings_batch(s, dataset="default", rows=_rows(range(5), 2.0))
+        s.commit()
+    assert (out.created, out.updated) == (100, 0) and copies == ["ratings"]
+    copies.clear()
+    with env.session() as s:  # users 3..7: 40 existing ratings, 60 new
+        out = ingest.upsert_ratings_batch(s, dataset="default", rows=_rows(range(3, 8), 4.5))
+        s.commit()
+    assert copies == ["ratings", "ingest_rating_stage"]  # the COPY met an existing key: staged upsert
+    assert (out.created, out.updated) == (60, 40)
+    assert [r["status"] for r in out.results] == ["updated"] * 40 + ["created"] * 60
+    with env.session() as s:
+        stored = s.execute(text(
+            "SELECT u.external_id, count(*), min(r.value), max(r.value), bool_and(r.created_at <= r.updated_at) "
+            "FROM ratings r JOIN users u ON u.id = r.user_id GROUP BY u.external_id ORDER BY 1")).all()
+    assert [tuple(row) for row in stored] == [(f"u{k}", N_ITEMS, 2.0 if k < 3 else 4.5, 2.0 if k < 3 else 4.5, True)
+                                              for k in range(8)]
+
+
+def test_key_order_is_user_then_item_for_small_and_huge_ids() -> None:
+    rng = np.random.default_rng(0)
+    for high in (1_000, 2**31 - 1, 2**40):
+        u, i = rng.integers(0, high, 500), rng.integers(0, high, 500)
+        order = ingest._key_order(u, i)
+        assert [(a, b) for a, b in zip(u[order].tolist(), i[order].tolist(), strict=True)] == \
+            sorted(zip(u.tolist(), i.tolist(), strict=True))
+
+
+def test_binary_copy_rows_encode_every_field() -> None:
+    from datetime import UTC, datetime
+
+    data = pg_copy_ratings(7, np.array([1, 2**40]), np.array([3, 4]), np.array([0.5, 5.0]),
+                           datetime(2000, 1, 1, 0, 0, 1, 5, tzinfo=UTC))
+    layout = np.dtype([("n", ">i2"), ("l0", ">i4"), ("ds", ">i4"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"),
+                       ("i", ">i8"), ("l3", ">i4"), ("v", ">f8"), ("l4", ">i4"), ("c", ">i8"), ("l5", ">i4"),
+                       ("t", ">i8")])
+    assert data[:19] == b"PGCOPY\n\xff\r\n\x00" + bytes(8) and len(data) == 19 + 2 * layout.itemsize + 2
+    row = np.frombuffer(data[19:-2], dtype=layout)
+    assert row["l0"].tolist() == [4, 4] and {row[f"l{k}"][0] for k in range(1, 6)} == {8}
+    assert row["n"].tolist() == [6, 6] and row["ds"].tolist() == [7, 7] and row["u"].tolist() == [1, 2**40]
+    assert row["i"].tolist() == [3, 4] and row["v"].tolist() == [0.5, 5.0]
+    assert row["c"].tolist() == row["t"].tolist() == [1_000_005, 1_000_005]
+    assert data[-2:] == b"\xff\xff"
