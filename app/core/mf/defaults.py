@@ -211,7 +211,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 6
+RULE_VERSION = 7
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -224,6 +224,10 @@ FEW_USERS_EPS = 3000.0
 # rule 6: strength ψ of the pooled item Grams (DPALSConfig.gram_pooling), rating; ranking at full gravity
 RATING_GRAM_POOLING = 1000.0
 RANKING_GRAM_POOLING = 10.0
+# ranking (rule 7): the user ridge, and the ε at which it starts to fall for REFERENCE_USERS declared users
+RANKING_USER_RIDGE = 0.5
+USER_RIDGE_EPS = 5.0
+REFERENCE_USERS = 1000.0
 
 
 def _band(epsilon: float) -> int:
@@ -275,6 +279,17 @@ def _ranking_steps(epsilon: float, max_users: int | None) -> tuple[int, int]:
     return (2, 1) if max_users is not None and epsilon * max_users < FEW_USERS_EPS else (4, 2)
 
 
+def _ranking_user_ridge(epsilon: float, max_users: int | None) -> float:
+    """Rule 7: λ_u = 0.5·min(1, (ε_0/ε)^1.5) with ε_0 = 5·(max_users/1000)^(1/3), i.e.
+    min(0.5, 0.177·√max_users/ε^1.5): once the noise is small next to the users' signal, the
+    item vectors carry real structure and a strong user ridge only pulls every user towards the
+    popularity prior. Without a declared bound: many users, the constant 0.5 (rules 2–6)."""
+    if max_users is None:
+        return RANKING_USER_RIDGE
+    threshold = USER_RIDGE_EPS * (max_users / REFERENCE_USERS) ** (1.0 / 3.0)
+    return round(RANKING_USER_RIDGE * min(1.0, (threshold / epsilon) ** 1.5), 6)
+
+
 def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> dict[str, Any]:
     # the most frequent share of the catalogue grows slowly with ε (never fewer than 50 items)
     size = max(n_items, 1)
@@ -290,7 +305,7 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "gram_pooling": round(RANKING_GRAM_POOLING * large, 6),
         "reg_item": 160.0,
         "item_reg_exponent": 0.0,
-        "reg_user": 0.5,
+        "reg_user": _ranking_user_ridge(epsilon, max_users),
         "user_reg_exponent": 0.0,
         "reg_gravity": 0.5 * large,
         "contribution_mode": "adaptive_weights",
