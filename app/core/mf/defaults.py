@@ -287,7 +287,7 @@ def _ranking_user_ridge(epsilon: float, max_users: int | None) -> float:
     if max_users is None:
         return RANKING_USER_RIDGE
     threshold = USER_RIDGE_EPS * (max_users / REFERENCE_USERS) ** (1.0 / 3.0)
-    return round(RANKING_USER_RIDGE * min(1.0, (threshold / epsilon) ** 1.5), 6)
+    return round(RANKING_USER_RIDGE * min(1.0, float((threshold / epsilon) ** 1.5)), 6)
 
 
 def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> dict[str, Any]:
