@@ -385,7 +385,8 @@ def default_hyperparameters(
     """The DPALS / DP-CMF hyper-parameters for a run at (ε, δ) from public facts only.
 
     ``max_users`` is an admin-declared public bound on the number of users: the ranking rule takes
-    one step fewer where ε·max_users is small (rule 5); without it the rule assumes many users.
+    fewer steps where ε·max_users is small (rule 5), a Wiener filter there and a user ridge that falls with ε
+    past 5·(max_users/1000)^(1/3) (rule 7); without it the rule assumes many users.
     """
     if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
         raise ValueError("epsilon must be finite and > 0, delta in (0, 1)")
