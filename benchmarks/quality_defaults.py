@@ -18,7 +18,8 @@ use only; never copied into the repo), both objectives, at the service's default
   (DPALS's rule plus α per public source), same splits and scores.
 
 Each data set declares the public bound ``max_users`` an admin would (the next power of ten at or
-above its users: ML-100K 1,000, ML-1M 10,000, Jester-1 100,000); the rule reads it (rule 5).
+above its users: ML-100K 1,000, ML-1M 10,000, Jester-1 100,000); the rule reads it (rules 5 and 7:
+steps, user ridge and Wiener filter of the ranking objective).
 
 Splits: ML-1M canonical (80/10/10 and held-out users); ML-100K and Jester-1 seeded 80/10/10 and
 held-out users (positives: ratings at or above lo + 0.75 (hi − lo)).

@@ -57,13 +57,15 @@ def test_ranking_objective_scores_and_fallback_fields(env: Env) -> None:
 
 def test_ranking_defaults_read_the_declared_user_bound(env: Env) -> None:
     """Rule 5: the admin's public max_users reaches the rule (two steps where ε·max_users < 3000;
-    rule 6: four otherwise)."""
+    rule 6: four otherwise; rule 7: a Wiener filter fading to none at 3000)."""
     seed_ratings(env)
-    assert _train(env, 2.0, objective="ranking")["config"]["n_steps"] == 4  # no bound declared
+    many = _train(env, 2.0, objective="ranking")["config"]  # no bound declared
+    assert many["n_steps"] == 4 and many["noise_filter"] == 0.0
     r = env.client.patch("/v1/admin/datasets/default", headers=env.admin, json={"max_users": 1000})
     assert r.status_code == 200, r.text
     run = _train(env, 2.0, objective="ranking")
     assert run["config"]["n_steps"] == 2 and run["config"]["defaults_rule"] == RULE_VERSION
+    assert run["config"]["noise_filter"] == pytest.approx(0.001)
 
 
 def test_rating_fallback_scores_are_baseline_ratings_not_counts(env: Env) -> None:

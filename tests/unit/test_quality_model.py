@@ -147,7 +147,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 6
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 7
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
     assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)
@@ -167,6 +167,34 @@ def test_ranking_rule_takes_fewer_steps_for_few_declared_users():
                                               n_items=1682, max_users=1000)
     assert rating == defaults.default_hyperparameters(objective="rating", epsilon=1.0, delta=1e-6,
                                                       rating_range=(1.0, 5.0), n_items=1682)
+
+
+def test_ranking_user_ridge_falls_with_epsilon_for_few_declared_users():
+    def ridge(eps: float, max_users: int | None) -> float:
+        return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
+                                                n_items=1682, max_users=max_users)["reg_user"]
+
+    # rule 7: 0.5 up to eps_0 = 5·(max_users/1000)^(1/3), then 0.5·(eps_0/eps)^1.5
+    assert [ridge(eps, 1000) for eps in (0.5, 2.0, 5.0)] == [0.5] * 3
+    assert ridge(10.0, 1000) == pytest.approx(0.5 / 2**1.5, abs=1e-6)
+    assert ridge(20.0, 1000) == pytest.approx(0.0625)
+    assert ridge(20.0, 1000) < ridge(20.0, 10_000) < ridge(20.0, 100_000) == 0.5
+    assert ridge(10.0, 10_000) == ridge(20.0, None) == ridge(100.0, None) == 0.5  # no bound declared: many users
+    assert ridge(7.0, 1000) < ridge(6.0, 1000) < 0.5  # smooth past eps_0, no step
+
+
+def test_ranking_filter_only_for_few_declared_users_at_small_epsilon():
+    def phi(eps: float, max_users: int | None) -> float:
+        return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
+                                                n_items=1682, max_users=max_users)["noise_filter"]
+
+    # rule 7: 0.003·max(0, 1 − eps·max_users/3000), fading linearly to none where rule 5's few-users regime ends
+    assert [phi(eps, 1000) for eps in (0.5, 1.0, 2.0)] == pytest.approx([0.0025, 0.002, 0.001])
+    assert phi(0.5, 1000) > phi(1.0, 1000) > phi(2.0, 1000) > phi(3.0, 1000) == 0.0
+    assert phi(0.5, 10_000) == phi(0.1, None) == phi(20.0, 1000) == 0.0  # many users or no bound: no filter
+    rating = defaults.default_hyperparameters(objective="rating", epsilon=20.0, delta=1e-6, rating_range=(1.0, 5.0),
+                                              n_items=1682, max_users=1000)
+    assert rating["reg_user"] == 0.05  # the rating rule does not read the bound
 
 
 def test_rating_rule_calibrates_each_user_and_trains_a_small_catalogue_whole():
