@@ -34,7 +34,7 @@ from app.services.unit_of_work import commit
 
 log = logging.getLogger("privrec")
 
-__all__ = ["create_app", "create_app_from_env", "freeze_startup_heap", "openapi_yaml"]
+__all__ = ["create_app", "create_app_from_env", "freeze_full_collection_survivors", "freeze_startup_heap", "openapi_yaml"]
 
 DESCRIPTION = """\
 privrec learns recommendations from users' ratings under **user-level differential privacy**
@@ -99,9 +99,11 @@ def _mount_dashboard(app: FastAPI) -> None:
 
 def create_app_from_env() -> FastAPI:
     """The app for the process-wide validated settings (uvicorn's factory in ``privrec api``),
-    with the server process's start-up heap frozen (:func:`freeze_startup_heap`)."""
+    with the server process's start-up heap frozen (:func:`freeze_startup_heap`) and every later
+    full collection's survivors too (:func:`freeze_full_collection_survivors`)."""
     app = create_app(get_settings())
     freeze_startup_heap()
+    freeze_full_collection_survivors()
     return app
 
 
@@ -113,6 +115,26 @@ def freeze_startup_heap() -> None:
     frozen here are never collected, so code that builds many apps (tests) must not call it."""
     gc.collect()
     gc.freeze()
+
+
+def freeze_full_collection_survivors() -> None:
+    """After every full collection of the cyclic collector, move what survived it to the
+    permanent generation, so the next full collection walks only what became old since.
+
+    A serving process keeps growing long-lived state after start-up (the model it loads on its
+    first request, per-user fold-in states, verified tokens); each full collection walked all of
+    it again (measured in `serve`: 5 ms passes growing to 20–100 ms, none of which found garbage,
+    and each pauses every request of the process). What is frozen here survived a full pass, so
+    it was reachable; once released it is still freed by reference counting, only a reference
+    cycle among such objects would never be collected. Idempotent; server processes only (like
+    :func:`freeze_startup_heap`)."""
+    if _freeze_after_full not in gc.callbacks:
+        gc.callbacks.append(_freeze_after_full)
+
+
+def _freeze_after_full(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop" and info.get("generation") == 2:
+        gc.freeze()
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -1,0 +1,47 @@
+"""The server process's collector policy (`app.main.freeze_full_collection_survivors`), run in a
+fresh interpreter: freezing objects in the test process would keep them for the whole session."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import gc, weakref
+    from app.main import freeze_full_collection_survivors
+
+    class Node:
+        def __init__(self):
+            self.me = self  # a reference cycle: only the cyclic collector can free it
+
+    def in_collector(obj):
+        return any(o is obj for o in gc.get_objects())
+
+    before = len(gc.callbacks)
+    freeze_full_collection_survivors()
+    freeze_full_collection_survivors()  # idempotent
+    assert len(gc.callbacks) == before + 1, gc.callbacks
+
+    survivor = [Node() for _ in range(100)]  # reachable: survives, then frozen
+    garbage = weakref.ref(Node())  # unreachable cycle: collected, never frozen
+    frozen_before = gc.get_freeze_count()
+    gc.collect(1)  # a young collection freezes nothing
+    assert gc.get_freeze_count() == frozen_before
+    gc.collect()
+    assert garbage() is None
+    assert gc.get_freeze_count() > frozen_before
+    assert not in_collector(survivor) and not in_collector(survivor[0])
+
+    later = weakref.ref(Node())  # garbage made after the freeze is still collected
+    gc.collect()
+    assert later() is None
+    del survivor[:]  # frozen objects without a cycle are still freed by reference counting
+    print("ok")
+""")
+
+
+def test_full_collection_survivors_are_frozen_and_garbage_still_collected() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("ok")
