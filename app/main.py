@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -119,21 +120,34 @@ def freeze_startup_heap() -> None:
 
 def freeze_full_collection_survivors() -> None:
     """After every full collection of the cyclic collector, move what survived it to the
-    permanent generation, so the next full collection walks only what became old since.
+    permanent generation, so the next full collection walks only what became old since; every
+    ``REFREEZE_S`` one full collection starts with everything unfrozen instead.
 
     A serving process keeps growing long-lived state after start-up (the model it loads on its
     first request, per-user fold-in states, verified tokens); each full collection walked all of
-    it again (measured in `serve`: 5 ms passes growing to 20–100 ms, none of which found garbage,
-    and each pauses every request of the process). What is frozen here survived a full pass, so
-    it was reachable; once released it is still freed by reference counting, only a reference
-    cycle among such objects would never be collected. Idempotent; server processes only (like
-    :func:`freeze_startup_heap`)."""
+    it again (measured in `serve`: 5 ms passes growing to 22 ms in a closed loop, none of which
+    found garbage, each pausing every request of the process). What is frozen survived a full
+    pass, so it was reachable; once released it is still freed by reference counting, but a
+    reference cycle among frozen objects (a closed connection's protocol and transport, an old
+    model version) only goes at the next unfrozen pass: that bounds the memory such cycles can
+    hold to what dies within ``REFREEZE_S``, at the price of one full walk of the heap (tens of
+    milliseconds) that often. Idempotent; server processes only (like :func:`freeze_startup_heap`)."""
     if _freeze_after_full not in gc.callbacks:
+        _unfrozen_at[0] = time.monotonic()
         gc.callbacks.append(_freeze_after_full)
 
 
+REFREEZE_S = 600.0
+_unfrozen_at = [0.0]  # when the last full collection started with everything unfrozen
+
+
 def _freeze_after_full(phase: str, info: dict[str, int]) -> None:
-    if phase == "stop" and info.get("generation") == 2:
+    if info.get("generation") != 2:
+        return
+    if phase == "start" and time.monotonic() - _unfrozen_at[0] >= REFREEZE_S:
+        gc.unfreeze()  # this pass walks (and can free) everything, start-up heap included
+        _unfrozen_at[0] = time.monotonic()
+    elif phase == "stop":
         gc.freeze()
 
 

@@ -9,6 +9,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import gc, weakref
+    import app.main as main
     from app.main import freeze_full_collection_survivors
 
     class Node:
@@ -36,7 +37,16 @@ SCRIPT = textwrap.dedent("""
     later = weakref.ref(Node())  # garbage made after the freeze is still collected
     gc.collect()
     assert later() is None
-    del survivor[:]  # frozen objects without a cycle are still freed by reference counting
+    kept = Node()
+    dead_cycle = weakref.ref(kept)
+    gc.collect()  # kept survives: frozen
+    del kept  # a cycle among frozen objects: not collected by the passes in between ...
+    gc.collect()
+    assert dead_cycle() is not None
+    main.REFREEZE_S = 0.0  # ... but by the next pass that starts unfrozen
+    gc.collect()
+    assert dead_cycle() is None
+    assert gc.get_freeze_count() > 0  # and the survivors of that pass are frozen again
     print("ok")
 """)
 
