@@ -18,16 +18,18 @@ its requests and waits.
 from __future__ import annotations
 
 import logging
+import pickle
 import signal
 import socket
 import threading
+import time
 from types import FrameType
 
 from uvicorn import Config
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Process
 
-__all__ = ["Supervisor", "tcp_listener", "reuse_port_listeners"]
+__all__ = ["Supervisor", "answers_ping", "tcp_listener", "reuse_port_listeners"]
 
 log = logging.getLogger("uvicorn.error")
 POLL_S = 0.5
@@ -100,7 +102,7 @@ class Supervisor:
         """Replace every worker that has exited or does not answer its ping; 1 (and stop) if one
         failed at start-up, else 0."""
         for idx, process in enumerate(self.processes):
-            if self.should_exit.is_set() or process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+            if self.should_exit.is_set() or answers_ping(process, self.config.timeout_worker_healthcheck):
                 continue
             process.kill()
             process.join()
@@ -112,6 +114,30 @@ class Supervisor:
             self.sockets[idx] = _fresh(self.sockets[idx])
             self.processes[idx] = self._start(self.sockets[idx])
         return 0
+
+
+def answers_ping(process: Process, timeout: float) -> bool:
+    """Whether ``process`` is running and answers uvicorn's health ping within ``timeout``, given
+    up as soon as it exits. uvicorn's own ``is_alive`` waits the whole timeout (60 s here) for a
+    worker that dies after the ping was sent: the supervisor holds both ends of the pipe, so a
+    dead worker's end never reads as closed, and its replacement waited that long."""
+    if not process.process.is_alive():
+        return False
+    try:
+        process.parent_conn.send(b"ping")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.parent_conn.poll(PING_SLICE_S):
+                process.parent_conn.recv()
+                return True
+            if not process.process.is_alive():
+                return False
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return False
+    return False
+
+
+PING_SLICE_S = 0.1
 
 
 def _fresh(sock: socket.socket) -> socket.socket:
