@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.core.mf.als import bucket_gram, bucket_upper_gram, make_plan
+from app.core.mf.als import bucket_gram, make_plan
 from app.core.mf.linalg import (
     add_to_diagonal,
     gather_rows,
@@ -16,7 +16,6 @@ from app.core.mf.linalg import (
     solve_noisy_systems,
     solve_positive_definite,
     symmetric_from_upper,
-    upper_gram_and_rhs,
 )
 
 
@@ -110,31 +109,6 @@ def test_float32_grams_stay_within_tolerance_of_float64(weighted: bool):
         x = factors[bucket.cols] * sw[:, :, None]
         assert np.allclose(g64, x.transpose(0, 2, 1) @ x, rtol=1e-12, atol=1e-12)
         assert np.allclose(b64, np.einsum("glr,gl->gr", x, sw * bucket.values), atol=1e-12)
-
-
-@pytest.mark.parametrize(("weighted", "rank"), [(False, 64), (True, 64), (True, 7), (False, 128)])
-def test_upper_grams_equal_the_full_products_upper_triangles(weighted: bool, rank: int):
-    """The dsyrk Grams (padding skipped) agree with the batched products on every upper entry to
-    float64 rounding, and the right-hand sides are the same computation."""
-    rng = np.random.default_rng(rank)
-    import scipy.sparse as sp
-
-    csr = sp.random(300, 500, density=0.05, random_state=rank, format="csr")
-    weights = rng.uniform(0.1, 1.0, size=csr.nnz) if weighted else None
-    plan = make_plan(csr.indptr, csr.indices, csr.data, 500, weights)
-    factors = np.vstack([rng.normal(size=(500, rank)) / np.sqrt(rank), np.zeros((1, rank))])
-    rows, cols = np.triu_indices(rank)
-    for bucket in plan.buckets:
-        full, rhs = bucket_gram(bucket, factors)
-        upper, upper_rhs = bucket_upper_gram(bucket, factors, plan.counts[bucket.rows])
-        scale = np.abs(full).max()
-        assert np.allclose(upper[:, rows, cols], full[:, rows, cols], rtol=1e-13, atol=1e-13 * scale)
-        assert np.array_equal(upper_rhs, rhs)
-    x = np.zeros((2, 4, rank))  # a row of no entries gets a zero Gram
-    x[1, :2] = rng.normal(size=(2, rank))
-    grams, _ = upper_gram_and_rhs(x, np.zeros((2, 4)), np.array([0, 2]))
-    assert not np.triu(grams[0]).any()
-    assert np.allclose(np.triu(grams[1]), np.triu(x[1, :2].T @ x[1, :2]), rtol=1e-14, atol=1e-14)
 
 
 def test_gram_and_rhs_of_gathered_rows():

@@ -19,7 +19,15 @@ from typing import Any, cast
 import numpy as np
 
 from app.core.data.ratings import Ratings
-from app.core.mf.linalg import add_to_diagonal, gather_rows, gram_and_rhs, upper_gram_and_rhs
+from app.core.mf.linalg import (
+    add_to_diagonal,
+    exact_upper_gram_and_rhs,
+    gather_rows,
+    gram_and_rhs,
+    gram_quantum,
+    quantise_gathered,
+    quantise_table,
+)
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 
@@ -29,7 +37,9 @@ __all__ = [
     "make_plan",
     "iter_grams",
     "bucket_gram",
-    "bucket_upper_gram",
+    "bucket_quantised_gram",
+    "QuantisedFactors",
+    "quantised_factors",
     "solve_rows",
     "solve_side_cg",
     "ALSConfig",
@@ -142,11 +152,38 @@ def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndar
     return gram_and_rhs(x, _weighted_targets(bucket))
 
 
-def bucket_upper_gram(bucket: Bucket, padded: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`bucket_gram` in float64 with each G's upper triangle only (``linalg.upper_gram_and_rhs``);
-    ``counts``: the bucket's rows' numbers of entries (their slots beyond are padding)."""
-    x = gather_rows(padded, bucket.cols, bucket.sqrt_weights)
-    return upper_gram_and_rhs(x, _weighted_targets(bucket), counts)
+@dataclass(frozen=True)
+class QuantisedFactors:
+    """Factor rows for exact quantised Grams (:func:`bucket_quantised_gram`): ``table`` (a trailing
+    zero row included) with every row's norm <= ``clip``, and for unweighted plans its rows
+    quantised once (``linalg.quantise_table``: float32 integers and their squared norms)."""
+
+    table: np.ndarray
+    clip: float
+    integers: np.ndarray | None
+    energies: np.ndarray | None
+
+
+def quantised_factors(padded: np.ndarray, clip: float, weighted: bool) -> QuantisedFactors:
+    """:class:`QuantisedFactors` of ``padded``; a weighted plan quantises each weighted row as it
+    gathers it instead (the weight enters before the rounding)."""
+    if weighted:
+        return QuantisedFactors(padded, clip, None, None)
+    return QuantisedFactors(padded, clip, *quantise_table(padded, clip))
+
+
+def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors,
+                          counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bucket_gram`'s upper triangles of the bucket's weighted rows quantised, summed exactly
+    (``linalg.exact_upper_gram_and_rhs``): each row x within √w·clip, the Grams the exact Σ x xᵀ.
+    ``counts``: the bucket's rows' numbers of entries."""
+    if bucket.sqrt_weights is None:
+        if factors.integers is None or factors.energies is None:
+            raise ValueError("an unweighted bucket needs quantised_factors(..., weighted=False)")
+        x, energies = np.take(factors.integers, bucket.cols, axis=0), factors.energies[bucket.cols]
+    else:
+        x, energies = quantise_gathered(factors.table, bucket.cols, bucket.sqrt_weights, counts, factors.clip)
+    return exact_upper_gram_and_rhs(x, energies, _weighted_targets(bucket), counts, gram_quantum(factors.clip))
 
 
 def _weighted_targets(bucket: Bucket) -> np.ndarray:

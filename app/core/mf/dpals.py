@@ -49,7 +49,17 @@ import numpy as np
 from dp_accounting import dp_event
 
 from app.core.data.ratings import Ratings
-from app.core.mf.als import Bucket, SolvePlan, bucket_upper_gram, item_ridge_weights, make_plan, solve_side, solve_side_cg
+from app.core.mf.als import (
+    Bucket,
+    QuantisedFactors,
+    SolvePlan,
+    bucket_quantised_gram,
+    item_ridge_weights,
+    make_plan,
+    quantised_factors,
+    solve_side,
+    solve_side_cg,
+)
 from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
@@ -586,12 +596,13 @@ def _item_step(
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
     item_factors = np.empty((n_items, rank))
     chunks = list(_item_chunks(prep.item_plan))
+    factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
     children = releaser.rng.spawn(len(chunks))
 
     def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job
-        items, gram, b = _chunk_statistics(chunk, padded, rank, prep.item_plan.counts)
+        items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
         gram = grid_gram.release_symmetric(child, gram, out=gram)  # in place: the chunk's Grams are ours
         return items, gram, grid_linear.release(child, b)
 
@@ -666,12 +677,14 @@ def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
         yield empty[start : start + 1024]
 
 
-def _chunk_statistics(chunk: Bucket | np.ndarray, padded: np.ndarray, rank: int,
+def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, rank: int,
                       counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(items, Σ c_ij u uᵀ, Σ c_ij M_ij u) of one chunk (zeros for items without data); the Grams'
-    upper triangles only (their release reads nothing else). ``counts``: the plan's per item."""
+    """(items, Σ c_ij x xᵀ, Σ c_ij M_ij x) of one chunk (zeros for items without data), x = √c_ij·u_i
+    quantised within its clip (:func:`app.core.mf.als.bucket_quantised_gram`: exact sums, each
+    user's term within the bound the sensitivities assume); the Grams' upper triangles only (their
+    release reads nothing else). ``counts``: the plan's per item."""
     if isinstance(chunk, Bucket):
-        return (chunk.rows, *bucket_upper_gram(chunk, padded, counts[chunk.rows]))
+        return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows]))
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 

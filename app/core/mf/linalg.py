@@ -11,8 +11,10 @@ costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major). The DP
-item Grams, whose release reads one triangle, take one BLAS ``dsyrk`` per item instead
-(:func:`upper_gram_and_rhs`: half the flops).
+item Grams, whose release reads one triangle, are exact sums of quantised rows instead
+(:func:`exact_upper_gram_and_rhs`): float32 BLAS ``ssyrk`` on integer-valued rows in runs short
+enough that no partial sum can round, accumulated in float64 -- the exact Gram the sensitivity
+argument is about, at half the cost of float64 products.
 
 The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
 call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
@@ -29,7 +31,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from scipy.linalg import lapack
@@ -37,7 +39,10 @@ from scipy.linalg import lapack
 __all__ = [
     "gather_rows",
     "gram_and_rhs",
-    "upper_gram_and_rhs",
+    "gram_quantum",
+    "quantise_table",
+    "quantise_gathered",
+    "exact_upper_gram_and_rhs",
     "symmetric_from_upper",
     "positive_definite_mask",
     "psd_part",
@@ -68,38 +73,197 @@ def gram_and_rhs(x: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.nda
     return gram, rhs
 
 
-def upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`gram_and_rhs` in float64 with each Gram's upper triangle only (the lower one is left
-    unset), X_jᵀ X_j over its first ``counts[j]`` rows (the rest are padding, all zero).
+GRAM_BITS = 9  # the clip norm Γ spans 2^9 to 2^10 quanta: rounding moves a coordinate by <= δ/2 <= Γ/1024
+_EXACT_FLOAT32 = float(1 << 24)  # integers up to 2^24 are exact in float32
+_BLOCK_ROWS = 256  # rows per float32 rank-k update at most
 
-    For the DP item statistics, whose release reads the upper triangles only: one BLAS ``dsyrk``
-    per row group (half the flops of the full product, padding skipped) from the compiled loop,
-    the GIL released. The sums are the same products in BLAS's order; the release rounds them to
-    its grid (``app.core.privacy.discrete_noise``).
-    """
-    x = np.ascontiguousarray(x, dtype=np.float64)
-    grams = np.empty((x.shape[0], x.shape[2], x.shape[2]))
+
+def gram_quantum(clip: float) -> float:
+    """δ = 2^(⌊log₂ Γ⌋ − GRAM_BITS), the quantum of the quantised Gram rows (:func:`quantise_table`):
+    a power of two, so scaling integer sums by δ² is exact."""
+    if not clip > 0 or not math.isfinite(clip):
+        raise ValueError("the clip norm must be a positive finite number")
+    _, exponent = math.frexp(clip)  # clip = m·2^e, m in [0.5, 1)
+    return math.ldexp(1.0, exponent - 1 - GRAM_BITS)
+
+
+def quantise_table(table: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """(q(u/δ) per row as float32 integers, their squared norms): each row u (‖u‖ <= Γ = ``clip``)
+    quantised by :func:`_quantise_row` at weight 1, so ‖δ·q(u/δ)‖ <= Γ. Rows are independent: row i
+    is a function of u_i alone."""
+    table = np.ascontiguousarray(table, dtype=np.float64)
+    integers = np.empty(table.shape, dtype=np.float32)
+    energies = np.empty(len(table))
+    if len(table):
+        step = gram_quantum(clip)
+        _quantised_gram_kernels()[0](table, clip / step, 1.0 / step, integers, energies)
+    return integers, energies
+
+
+def quantise_gathered(table: np.ndarray, cols: np.ndarray, sqrt_weights: np.ndarray, counts: np.ndarray,
+                      clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """(x, ‖x‖²) of gathered weighted rows, (g, L, r) float32 integers and (g, L): slot l of group j
+    is q(√w_jl·u/δ) for u = ``table[cols[j, l]]`` (:func:`_quantise_row`: ‖δ·x‖ <= √w_jl·Γ); slots
+    beyond ``counts[j]`` are zero."""
+    x = np.zeros((*cols.shape, table.shape[1]), dtype=np.float32)
+    energies = np.zeros(cols.shape)
+    if len(cols):
+        step = gram_quantum(clip)
+        _quantised_gram_kernels()[1](np.ascontiguousarray(table, dtype=np.float64), np.asarray(cols, dtype=np.int32),
+                                     np.asarray(sqrt_weights, dtype=np.float64), np.asarray(counts, dtype=np.int64),
+                                     clip / step, 1.0 / step, x, energies)
+    return x, energies
+
+
+def exact_upper_gram_and_rhs(x: np.ndarray, energies: np.ndarray, targets: np.ndarray, counts: np.ndarray,
+                             step: float) -> tuple[np.ndarray, np.ndarray]:
+    """(δ²·Σ_l x_l x_lᵀ upper triangles, δ·Σ_l t_l x_l) per group over its first ``counts[j]`` rows,
+    for integer rows x (g, L, r) float32 with squared norms ``energies`` (g, L), δ = ``step``.
+
+    The Grams are sums of integer products, formed by float32 ``ssyrk`` over runs of rows whose
+    squared norms sum to at most 2^24 (|x_p x_q| <= ‖x‖², so every partial sum BLAS forms, in any
+    order, is an integer below 2^24: exact), accumulated in float64 (exact below 2^53) and scaled
+    by the power of two δ²: the exact Gram of the rows, whatever the order, blocking or threads,
+    and one row less changes it by exactly δ²·x_l x_lᵀ. (arXiv:2107.09802, Algorithm 1, forms
+    A_j = Σ_i c_ij u_i u_iᵀ; its sensitivity argument assumes exact sums, which this makes true.)
+    A single row above 2^24 is added in float64. Lower triangles are zero; the right-hand sides
+    are float64 sums of t_l·x_l (``targets`` t = √w·y)."""
+    grams = np.zeros((x.shape[0], x.shape[2], x.shape[2]))
+    rhs = np.zeros((x.shape[0], x.shape[2]))
     if len(x):
-        _gram_kernel()(x, np.asarray(counts, dtype=np.int32), grams)
-    rhs = np.matmul(x.transpose(0, 2, 1), targets.astype(np.float64, copy=False)[:, :, None])[:, :, 0]
+        _quantised_gram_kernels()[2](np.ascontiguousarray(x, dtype=np.float32), np.asarray(energies, dtype=np.float64),
+                                     np.asarray(targets, dtype=np.float64), np.asarray(counts, dtype=np.int64),
+                                     step, grams, rhs)
     return grams, rhs
 
 
-def _upper_gram_loop(x: np.ndarray, counts: np.ndarray, grams: np.ndarray) -> None:
-    """Per j: ``dsyrk`` of X_j's first counts[j] rows (row-major X_j is column-major X_jᵀ, so the
-    column-major lower triangle of X_jᵀ X_j it writes is the row-major upper one). Compiled by
-    :func:`_gram_kernel`."""
+def _quantise_table_loop(table: np.ndarray, radius: float, inv_step: float, integers: np.ndarray,
+                         energies: np.ndarray) -> None:
+    """Compiled by :func:`_quantised_gram_kernels`: every row of :func:`quantise_table`."""
+    row = np.empty(table.shape[1])
+    for i in range(table.shape[0]):
+        energies[i] = _quantise_row(table[i], 1.0, radius, inv_step, row)
+        integers[i] = row
+
+
+def _quantise_gathered_loop(table: np.ndarray, cols: np.ndarray, weights: np.ndarray, counts: np.ndarray,
+                            radius: float, inv_step: float, x: np.ndarray, energies: np.ndarray) -> None:
+    """Compiled by :func:`_quantised_gram_kernels`: every used slot of :func:`quantise_gathered`."""
+    row = np.empty(table.shape[1])
+    for j in range(cols.shape[0]):
+        for slot in range(counts[j]):
+            energies[j, slot] = _quantise_row(table[cols[j, slot]], weights[j, slot], radius, inv_step, row)
+            x[j, slot] = row
+
+
+def _quantise_row(u: np.ndarray, w: float, radius: float, inv_step: float, out: np.ndarray) -> float:
+    """out = the quantised row of w·u/δ within norm w·Γ/δ (``radius`` = Γ/δ); returns ‖out‖²
+    (exact: a sum of small integers).
+
+    y = w·u/δ clipped to norm w·Γ/δ·(1 − 10⁻⁹) (the margin covers the float products), then
+    rounded to the nearest integers; while the rounded row is longer than w·Γ/δ, the coordinate
+    rounded furthest away from zero moves one quantum towards it. That ends at the latest at y
+    rounded towards zero, whose norm is at most ‖y‖: the bound always holds, and every coordinate
+    moves by less than one quantum from y (at most half a quantum, except those moved). The
+    length test compares the exact integer ‖out‖² with (w·Γ/δ)², exact at w = 1 (Γ/δ < 2^10) and
+    otherwise lowered by 4·10⁻¹⁶ to cover the two float products' rounding."""
+    rank = u.shape[0]
+    bound = w * radius * (1.0 - 1e-9)
+    out[:] = 0.0
+    if not bound >= 1.0:  # no non-zero integer row fits (or w is not a number)
+        return 0.0
+    limit = (w * radius) ** 2 if w == 1.0 else (w * radius) ** 2 * (1.0 - 4e-16)
+    norm2 = 0.0
+    for k in range(rank):
+        out[k] = u[k] * w * inv_step
+        norm2 += out[k] * out[k]
+    if norm2 > bound * bound:
+        scale = bound / math.sqrt(norm2)
+        for k in range(rank):
+            out[k] *= scale
+    energy = 0.0
+    for k in range(rank):
+        energy += np.rint(out[k]) ** 2
+    while energy > limit:
+        worst, excess = -1, 0.0
+        for k in range(rank):
+            away = abs(np.rint(out[k])) - abs(out[k])
+            if away > excess:
+                worst, excess = k, away
+        if worst < 0:
+            break  # unreachable: every coordinate already rounded towards zero
+        rounded = np.rint(out[worst])
+        energy -= 2.0 * abs(rounded) - 1.0
+        out[worst] = rounded - math.copysign(1.0, rounded)  # an integer now: its rint is itself
+    for k in range(rank):
+        out[k] = np.rint(out[k])
+    return energy
+
+
+def _exact_gram_loop(x: np.ndarray, energies: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float,
+                     grams: np.ndarray, rhs: np.ndarray) -> None:
+    """Compiled by :func:`_quantised_gram_kernels`: the sums of :func:`exact_upper_gram_and_rhs`."""
     rank = x.shape[2]
-    lower, no_trans = np.array([ord("L")], dtype=np.uint8), np.array([ord("N")], dtype=np.uint8)
-    dim, used = np.array([rank], dtype=np.int32), np.zeros(1, dtype=np.int32)
-    alpha, beta = np.ones(1), np.zeros(1)
+    product = np.empty((rank, rank), dtype=np.float32)
+    syrk = _syrk_arguments(rank)
     for j in range(x.shape[0]):
-        used[0] = counts[j]
-        if counts[j] == 0:
-            grams[j] = 0.0
-            continue
-        _DSYRK(lower.ctypes, no_trans.ctypes, dim.ctypes, used.ctypes, alpha.ctypes, x[j].ctypes, dim.ctypes,
-               beta.ctypes, grams[j].ctypes, dim.ctypes)
+        start, energy = 0, 0.0
+        for slot in range(counts[j]):
+            for k in range(rank):
+                rhs[j, k] += targets[j, slot] * x[j, slot, k]
+            if energies[j, slot] > _EXACT_FLOAT32:  # alone too large for float32: exact in float64
+                _add_block_gram(x[j], start, slot, syrk, product, grams[j])
+                _add_row_gram(x[j, slot], grams[j])
+                start, energy = slot + 1, 0.0
+            elif slot - start == _BLOCK_ROWS or energy + energies[j, slot] > _EXACT_FLOAT32:
+                _add_block_gram(x[j], start, slot, syrk, product, grams[j])
+                start, energy = slot, energies[j, slot]
+            else:
+                energy += energies[j, slot]
+        _add_block_gram(x[j], start, counts[j], syrk, product, grams[j])
+        for p in range(rank):
+            rhs[j, p] *= step
+            for q in range(p, rank):
+                grams[j, p, q] *= step * step
+
+
+def _add_row_gram(row: np.ndarray, gram: np.ndarray) -> None:
+    """gram's upper triangle += row rowᵀ in float64 (exact: products below 2^53)."""
+    for p in range(row.shape[0]):
+        for q in range(p, row.shape[0]):
+            gram[p, q] += np.float64(row[p]) * np.float64(row[q])
+
+
+class _SyrkArguments(NamedTuple):
+    """``ssyrk``'s by-reference arguments for rank-k updates of r × r upper triangles."""
+
+    lower: np.ndarray
+    no_trans: np.ndarray
+    dim: np.ndarray
+    used: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+
+
+def _syrk_arguments(rank: int) -> _SyrkArguments:
+    return _SyrkArguments(np.array([ord("L")], dtype=np.uint8), np.array([ord("N")], dtype=np.uint8),
+                          np.array([rank], dtype=np.int32), np.zeros(1, dtype=np.int32),
+                          np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32))
+
+
+def _add_block_gram(rows: np.ndarray, start: int, stop: int, syrk: _SyrkArguments, product: np.ndarray,
+                    gram: np.ndarray) -> None:
+    """gram's upper triangle += the Gram of rows[start:stop] (float32 ``ssyrk`` into ``product``;
+    exact where the caller's bound holds)."""
+    if stop <= start:
+        return
+    rank = rows.shape[1]
+    syrk.used[0] = stop - start
+    _SSYRK(syrk.lower.ctypes, syrk.no_trans.ctypes, syrk.dim.ctypes, syrk.used.ctypes, syrk.alpha.ctypes,
+           rows[start:].ctypes, syrk.dim.ctypes, syrk.beta.ctypes, product.ctypes, syrk.dim.ctypes)
+    for p in range(rank):  # column-major lower = row-major upper
+        for q in range(p, rank):
+            gram[p, q] += product[p, q]
 
 
 @lru_cache(maxsize=64)
@@ -164,11 +328,11 @@ def _lapack_address(name: str, blas: bool = False) -> int:
 
 
 _LAPACK_ARGUMENTS = {"dpotrf": 5, "dpotrs": 8, "dsyevr": 21}  # every argument a pointer (Fortran calling convention)
-_BLAS_ARGUMENTS = {"dsyrk": 10}
+_BLAS_ARGUMENTS = {"ssyrk": 10}
 _DPOTRF: Any = None  # numba external functions, set by :func:`_cholesky_kernel`
 _DPOTRS: Any = None
 _DSYEVR: Any = None
-_DSYRK: Any = None
+_SSYRK: Any = None
 
 
 @functools.cache
@@ -189,12 +353,19 @@ def _cholesky_kernel() -> Callable[..., None]:
 
 
 @functools.cache
-def _gram_kernel() -> Callable[..., None]:
-    """:func:`_upper_gram_loop` compiled as :func:`_cholesky_kernel` is."""
-    _cholesky_kernel()  # registers the BLAS and LAPACK symbols
+def _quantised_gram_kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """(:func:`_quantise_table_loop`, :func:`_quantise_gathered_loop`, :func:`_exact_gram_loop`)
+    compiled as :func:`_cholesky_kernel` is; their helpers are compiled first and bound to the
+    module names the loops call, as the BLAS symbols are."""
+    _cholesky_kernel()  # registers the BLAS symbols
     from numba import njit  # pylint: disable=import-outside-toplevel
 
-    return cast(Callable[..., None], njit(cache=True, nogil=True)(_upper_gram_loop))
+    def compile_(fn: Callable[..., Any]) -> Any:
+        return njit(cache=True, nogil=True)(fn)
+
+    for helper in (_quantise_row, _add_row_gram, _add_block_gram, _syrk_arguments):
+        globals()[helper.__name__] = compile_(helper)
+    return compile_(_quantise_table_loop), compile_(_quantise_gathered_loop), compile_(_exact_gram_loop)
 
 
 @functools.cache
