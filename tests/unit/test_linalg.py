@@ -59,10 +59,11 @@ def test_psd_part_equals_clamping_the_full_spectrum(rank: int):
 
 @pytest.mark.parametrize("shift", [0.0, 0.3])
 @pytest.mark.parametrize("extra_kind", [None, "shared", "per_row"])
-def test_noisy_solves_project_the_shifted_gram_where_it_is_not_pd(extra_kind, shift: float):
+def test_noisy_solves_project_the_shifted_gram_where_the_system_is_not_pd(extra_kind, shift: float):
     rng = np.random.default_rng(2)
     n, rank = 200, 5
     grams = _noisy_grams(rng, n, rank, noise=0.5)
+    original = grams.copy()
     rhs = rng.normal(size=(n, rank))
     ridge = rng.uniform(0.05, 0.6, size=n)
     extra = None
@@ -72,17 +73,26 @@ def test_noisy_solves_project_the_shifted_gram_where_it_is_not_pd(extra_kind, sh
     elif extra_kind == "per_row":
         w = rng.normal(size=(n, 2, rank))
         extra = 0.1 * w.transpose(0, 2, 1) @ w
-    got, n_projected = solve_noisy_systems(grams.copy(), rhs, ridge, extra, shift)
-    expected_projected = 0
+    got, n_projected = solve_noisy_systems(grams, rhs, ridge, extra, shift)
+    assert np.array_equal(grams, original)
+    expected_projected, shifted_not_pd = 0, 0
     for j in range(n):
         e = 0 if extra is None else (extra if extra.ndim == 2 else extra[j])
         shifted = grams[j] + shift * np.eye(rank)
-        eigval, eigvec = project_psd(shifted)  # the definition: Π_PSD(Ã + sI) + E + ridge I
-        want = np.linalg.solve((eigvec * eigval) @ eigvec.T + e + ridge[j] * np.eye(rank), rhs[j])
-        expected_projected += int(np.linalg.eigvalsh(shifted).min() <= 0)
+        direct = shifted + e + ridge[j] * np.eye(rank)
+        if np.linalg.eigvalsh(direct).min() > 0:  # solvable as it is: no projection
+            want = np.linalg.solve(direct, rhs[j])
+        else:  # the definition: Π_PSD(Ã + sI) + E + ridge I
+            eigval, eigvec = project_psd(shifted)
+            want = np.linalg.solve((eigvec * eigval) @ eigvec.T + e + ridge[j] * np.eye(rank), rhs[j])
+            expected_projected += 1
+        shifted_not_pd += int(np.linalg.eigvalsh(shifted).min() <= 0)
         assert np.allclose(got[j], want, rtol=1e-8, atol=1e-8)
     assert n_projected == expected_projected > 0
-    assert n_projected < n
+    assert n_projected < shifted_not_pd  # fewer projections than a test of Ã + sI alone would make
+    # other dtypes take the wrappers: the same solutions
+    got32, projected32 = solve_noisy_systems(grams.astype(np.float32), rhs, ridge, extra, shift)
+    assert projected32 >= 0 and np.allclose(got32, got, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("weighted", [False, True])

@@ -301,7 +301,7 @@ def positive_definite_mask(systems: np.ndarray) -> np.ndarray:
     if _compiled_ok(systems):
         status = np.empty(len(systems), dtype=np.int32)
         unused = np.empty((0, 0))  # no right-hand sides: the factorisations' status only
-        _cholesky_kernel()(systems, unused, unused, status, False)
+        _cholesky_kernel()(systems, unused, unused, status, False, np.empty(0), np.empty((0, 0, 0)))
         factorised: np.ndarray = status == 0
         return factorised
     potrf = lapack.get_lapack_funcs("potrf", (systems,))
@@ -410,11 +410,14 @@ def _negative_eigenpairs_loop(matrices: np.ndarray, floors: np.ndarray, eigval: 
         eigvec[k] = z
 
 
-def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool) -> None:
-    """Per system j: LAPACK ``dpotrf`` of its lower triangle, status in ``info_out[j]``; with
-    ``solve``, ``dpotrs`` of rhs[j] into out[j] where the factorisation succeeded (``posv`` is
-    exactly the two). The triangle is copied column-major, as scipy's wrapper copies it, in
-    8 x 8 tiles that keep the transposing copy in cache. Compiled by :func:`_cholesky_kernel`."""
+def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool,
+                   diagonal: np.ndarray, extra: np.ndarray) -> None:
+    """Per system j: LAPACK ``dpotrf`` of the lower triangle of systems[j] + E_j + diagonal[j]·I,
+    status in ``info_out[j]``; with ``solve``, ``dpotrs`` of rhs[j] into out[j] where the
+    factorisation succeeded (``posv`` is exactly the two). E_j: none if ``extra`` is empty, else
+    extra[0] for every j if it holds one matrix, else extra[j]. The triangle is copied
+    column-major, as scipy's wrapper copies it, in 8 x 8 tiles that keep the transposing copy in
+    cache, the terms added on the way; ``systems`` is only read. Compiled by :func:`_cholesky_kernel`."""
     n, r = systems.shape[0], systems.shape[1]
     uplo = np.array([ord("L")], dtype=np.uint8)
     dim = np.array([r], dtype=np.int32)
@@ -422,12 +425,21 @@ def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_o
     info = np.zeros(1, dtype=np.int32)
     factor = np.zeros((r, r))  # factor[q, p] is the column-major (p, q) entry
     x = np.empty(r)
+    shared = extra.shape[0] == 1
     for j in range(n):
         for p0 in range(0, r, 8):
             for q0 in range(0, p0 + 1, 8):
                 for p in range(p0, min(p0 + 8, r)):
                     for q in range(q0, min(q0 + 8, p + 1)):
                         factor[q, p] = systems[j, p, q]
+        if extra.shape[0]:
+            e = extra[0] if shared else extra[j]
+            for p in range(r):
+                for q in range(p + 1):
+                    factor[q, p] += e[p, q]
+        if diagonal.shape[0]:
+            for p in range(r):
+                factor[p, p] += diagonal[j]
         _DPOTRF(uplo.ctypes, dim.ctypes, factor.ctypes, dim.ctypes, info.ctypes)
         info_out[j] = info[0]
         if solve and info[0] == 0:
@@ -495,31 +507,64 @@ def solve_noisy_systems(
     extra: np.ndarray | None = None,
     shift: float | np.ndarray = 0.0,
 ) -> tuple[np.ndarray, int]:
-    """Solve (Π_PSD(Ã_j + s I) + E_j + ridge_j I) x_j = b_j for a batch; return (x, number projected).
+    """Solve (P_j + E_j + ridge_j I) x_j = b_j for a batch; return (x, number projected).
 
-    Ã_j are noisy Gram matrices, s = ``shift`` >= 0 a diagonal shift (a scalar, or (n, 1) one per
-    system; data-independent or a function of released quantities), E (``extra``,
-    (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. With s = 0 this is the
-    projected system of arXiv:2107.09802, Algorithm 1. Where Ã_j + s I has a Cholesky factor the
-    projection is the identity and a Cholesky solve per item follows; the exact projection (the
-    non-positive eigenpairs, :func:`psd_part`) runs only for the rest. A shift at the noise's
-    spectral edge (:func:`noise_edge`) keeps that rest small (≈ 7 % of the items in speed-train's
-    setting: the edge is where the noise's extreme eigenvalue sits, not a bound). Everything here is a function of released and
-    public quantities: post-processing, no privacy cost. ``grams`` is overwritten.
+    Ã_j (``grams``) are noisy Gram matrices, s = ``shift`` >= 0 a diagonal shift (a scalar, or
+    (n, 1) one per system; data-independent or a function of released quantities), E (``extra``,
+    (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. P_j = Ã_j + s I where the
+    whole system Ã_j + s I + E_j + ridge_j I has a Cholesky factor (one factorisation, then its
+    solve), and P_j = Π_PSD(Ã_j + s I), the exact projection of arXiv:2107.09802 Algorithm 1
+    (its non-positive eigenpairs only, :func:`psd_part`), for the rest. So the projection runs
+    only where the system could not be solved without it; a shift at the noise's spectral edge
+    (:func:`noise_edge`) keeps that rest small. Everything here is a function of released and
+    public quantities: post-processing, no privacy cost. ``grams`` is not modified.
     """
-    shifted = grams
-    if np.any(shift):  # a scalar, or one shift per system shaped (n, 1)
-        add_to_diagonal(shifted, shift)
-    ok = positive_definite_mask(shifted)
-    # Π_PSD(Ã + sI) only where the factorisation failed (in place: the rows are disjoint)
-    bad = np.flatnonzero(~ok)
+    n = len(grams)
+    shifts = np.broadcast_to(np.asarray(shift, dtype=np.float64).reshape(-1), (n,)) if n else np.empty(0)
+    if not _compiled_ok(grams, rhs):
+        return _solve_noisy_systems_by_wrappers(grams, rhs, ridge, extra, shifts)
+    out = np.empty(rhs.shape)
+    info = np.empty(n, dtype=np.int32)
+    terms = np.empty((0, 0, 0)) if extra is None else np.ascontiguousarray(extra, dtype=np.float64).reshape(
+        -1, *grams.shape[1:])
+    _cholesky_kernel()(grams, rhs, out, info, True, np.ascontiguousarray(shifts + ridge), terms)
+    bad = np.flatnonzero(info != 0)
     if len(bad):
-        shifted[bad] = psd_part(shifted[bad])
-    system = shifted
+        out[bad] = _solve_projected_systems(grams[bad], rhs[bad], ridge[bad], _rows(extra, bad), shifts[bad])
+    return out, int(len(bad))
+
+
+def _rows(extra: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
+    return extra[rows] if extra is not None and extra.ndim == 3 else extra
+
+
+def _solve_projected_systems(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, extra: np.ndarray | None,
+                             shifts: np.ndarray) -> np.ndarray:
+    """x_j = (Π_PSD(Ã_j + s_j I) + E_j + ridge_j I)⁻¹ b_j (the systems the direct factorisation refused)."""
+    system = np.array(grams, dtype=np.float64)  # a copy: ``grams`` is not modified
+    add_to_diagonal(system, shifts[:, None])
+    system = psd_part(system)
     if extra is not None:
         system += extra
     add_to_diagonal(system, ridge[:, None])
-    return solve_positive_definite(system, rhs), int(len(bad))
+    return solve_positive_definite(system, rhs)
+
+
+def _solve_noisy_systems_by_wrappers(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, extra: np.ndarray | None,
+                                     shifts: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`solve_noisy_systems` for batches the compiled loop does not take (other dtypes)."""
+    system = np.array(grams, dtype=np.float64)
+    add_to_diagonal(system, (shifts + ridge)[:, None])
+    if extra is not None:
+        system += extra
+    ok = positive_definite_mask(system)
+    out = np.empty(rhs.shape, dtype=np.float64)
+    if ok.any():
+        out[ok] = solve_positive_definite(system[ok], rhs[ok])
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        out[bad] = _solve_projected_systems(grams[bad], rhs[bad], ridge[bad], _rows(extra, bad), shifts[bad])
+    return out, int(len(bad))
 
 
 def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -532,7 +577,7 @@ def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     out = np.empty(rhs.shape, dtype=np.result_type(systems, rhs))
     if _compiled_ok(systems, rhs):
         info = np.empty(len(systems), dtype=np.int32)
-        _cholesky_kernel()(systems, rhs, out, info, True)
+        _cholesky_kernel()(systems, rhs, out, info, True, np.empty(0), np.empty((0, 0, 0)))
         failed = [int(j) for j in np.flatnonzero(info != 0)]
     else:
         failed = _solve_with_wrapper(systems, rhs, out)
