@@ -3,9 +3,9 @@
 Chien et al. 2021 (arXiv:2107.09802), Algorithm 1: every trained item j solves
     v_j = (Π_PSD(Ã_j) + λ0 K̃ + λ r_j I)⁻¹ b̃_j
 with Ã_j the noisy Gram matrix. An r × r eigen-decomposition per item is the slow part of that
-step; :func:`solve_noisy_systems` replaces it by a Cholesky test and a Cholesky solve per item,
-keeping the exact projection (its non-positive eigenpairs only) for the items whose unprojected
-system is not positive definite. Which system is solved depends only on released quantities
+step; :func:`solve_noisy_systems` replaces it by one Cholesky factorisation and solve of each
+item's whole (diagonally shifted) system, keeping the exact projection (its non-positive
+eigenpairs only) for the items whose system has no Cholesky factor without it. Which system is solved depends only on released quantities
 (Ã_j, b̃_j, the DP recounts behind r_j) and public terms, so the choice is post-processing and
 costs no privacy.
 
@@ -14,9 +14,9 @@ factors are multiplied through a transposed view (no copy: BLAS reads it column-
 item Grams, whose release reads one triangle, are exact sums of quantised rows instead
 (:func:`exact_upper_gram_and_rhs`): float32 BLAS ``ssyrk`` on integer-valued rows in runs short
 enough that no partial sum can round, accumulated in float64 -- the exact Gram the sensitivity
-argument is about, at half the cost of float64 products.
+argument is about, at two thirds of the cost of float64 products.
 
-The per-item Cholesky tests and solves, and the partial eigen-decompositions of the projection,
+The per-item Cholesky factorisations and solves, and the partial eigen-decompositions of the projection,
 call LAPACK's ``dpotrf``/``dpotrs``/``dsyevr`` (scipy's, through
 ``scipy.linalg.cython_lapack``) from one compiled (numba) loop over the batch that releases the GIL:
 scipy's Python wrappers hold it, which serialised the solver threads, and cost a wrapper call
