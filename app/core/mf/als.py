@@ -156,20 +156,19 @@ def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndar
 class QuantisedFactors:
     """Factor rows for exact quantised Grams (:func:`bucket_quantised_gram`): ``table`` (a trailing
     zero row included) with every row's norm <= ``clip``, and for unweighted plans its rows
-    quantised once (``linalg.quantise_table``: float32 integers and their squared norms)."""
+    quantised once (``linalg.quantise_table``, int16)."""
 
     table: np.ndarray
     clip: float
     integers: np.ndarray | None
-    energies: np.ndarray | None
 
 
 def quantised_factors(padded: np.ndarray, clip: float, weighted: bool) -> QuantisedFactors:
     """:class:`QuantisedFactors` of ``padded``; a weighted plan quantises each weighted row as it
     gathers it instead (the weight enters before the rounding)."""
     if weighted:
-        return QuantisedFactors(padded, clip, None, None)
-    return QuantisedFactors(padded, clip, *quantise_table(padded, clip))
+        return QuantisedFactors(padded, clip, None)
+    return QuantisedFactors(padded, clip, quantise_table(padded, clip))
 
 
 def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors,
@@ -178,12 +177,12 @@ def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors,
     (``linalg.exact_upper_gram_and_rhs``): each row x within √w·clip, the Grams the exact Σ x xᵀ.
     ``counts``: the bucket's rows' numbers of entries."""
     if bucket.sqrt_weights is None:
-        if factors.integers is None or factors.energies is None:
+        if factors.integers is None:
             raise ValueError("an unweighted bucket needs quantised_factors(..., weighted=False)")
-        x, energies = np.take(factors.integers, bucket.cols, axis=0), factors.energies[bucket.cols]
+        x = np.take(factors.integers, bucket.cols, axis=0)
     else:
-        x, energies = quantise_gathered(factors.table, bucket.cols, bucket.sqrt_weights, counts, factors.clip)
-    return exact_upper_gram_and_rhs(x, energies, _weighted_targets(bucket), counts, gram_quantum(factors.clip))
+        x = quantise_gathered(factors.table, bucket.cols, bucket.sqrt_weights, counts, factors.clip)
+    return exact_upper_gram_and_rhs(x, _weighted_targets(bucket), counts, gram_quantum(factors.clip))
 
 
 def _weighted_targets(bucket: Bucket) -> np.ndarray:

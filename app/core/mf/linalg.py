@@ -5,9 +5,9 @@ Chien et al. 2021 (arXiv:2107.09802), Algorithm 1: every trained item j solves
 with Ã_j the noisy Gram matrix. An r × r eigen-decomposition per item is the slow part of that
 step; :func:`solve_noisy_systems` replaces it by one Cholesky factorisation and solve of each
 item's whole (diagonally shifted) system, keeping the exact projection (its non-positive
-eigenpairs only) for the items whose system has no Cholesky factor without it. Which system is solved depends only on released quantities
-(Ã_j, b̃_j, the DP recounts behind r_j) and public terms, so the choice is post-processing and
-costs no privacy.
+eigenpairs only) for the items whose system has no Cholesky factor without it. Which system is
+solved depends only on released quantities (Ã_j, b̃_j, the DP recounts behind r_j) and public
+terms, so the choice is post-processing and costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major). The DP
@@ -73,9 +73,9 @@ def gram_and_rhs(x: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.nda
     return gram, rhs
 
 
-GRAM_BITS = 9  # the clip norm Γ spans 2^9 to 2^10 quanta: rounding moves a coordinate by <= δ/2 <= Γ/1024
+GRAM_BITS = 10  # the clip norm Γ spans 2^10 to 2^11 quanta: rounding moves a coordinate by <= δ/2 <= Γ/2048
 _EXACT_FLOAT32 = float(1 << 24)  # integers up to 2^24 are exact in float32
-_BLOCK_ROWS = 256  # rows per float32 rank-k update at most
+_BLOCK_ROWS = 512  # rows per float32 rank-k update at most
 
 
 def gram_quantum(clip: float) -> float:
@@ -87,72 +87,72 @@ def gram_quantum(clip: float) -> float:
     return math.ldexp(1.0, exponent - 1 - GRAM_BITS)
 
 
-def quantise_table(table: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
-    """(q(u/δ) per row as float32 integers, their squared norms): each row u (‖u‖ <= Γ = ``clip``)
-    quantised by :func:`_quantise_row` at weight 1, so ‖δ·q(u/δ)‖ <= Γ. Rows are independent: row i
-    is a function of u_i alone."""
+def quantise_table(table: np.ndarray, clip: float) -> np.ndarray:
+    """q(u/δ) per row as int16: each row u (‖u‖ <= Γ = ``clip``) quantised by :func:`_quantise_row`
+    at weight 1, so ‖δ·q(u/δ)‖ <= Γ (|q| < 2^(GRAM_BITS+1) fits int16: half the bytes of float32
+    to gather). Rows are independent: row i is a function of u_i alone."""
     table = np.ascontiguousarray(table, dtype=np.float64)
-    integers = np.empty(table.shape, dtype=np.float32)
-    energies = np.empty(len(table))
+    integers = np.empty(table.shape, dtype=np.int16)
     if len(table):
         step = gram_quantum(clip)
-        _quantised_gram_kernels()[0](table, clip / step, 1.0 / step, integers, energies)
-    return integers, energies
+        _quantised_gram_kernels()[0](table, clip / step, 1.0 / step, integers)
+    return integers
 
 
 def quantise_gathered(table: np.ndarray, cols: np.ndarray, sqrt_weights: np.ndarray, counts: np.ndarray,
-                      clip: float) -> tuple[np.ndarray, np.ndarray]:
-    """(x, ‖x‖²) of gathered weighted rows, (g, L, r) float32 integers and (g, L): slot l of group j
-    is q(√w_jl·u/δ) for u = ``table[cols[j, l]]`` (:func:`_quantise_row`: ‖δ·x‖ <= √w_jl·Γ); slots
+                      clip: float) -> np.ndarray:
+    """Gathered weighted rows quantised, (g, L, r) float32 integers: slot l of group j is
+    q(√w_jl·u/δ) for u = ``table[cols[j, l]]`` (:func:`_quantise_row`: ‖δ·x‖ <= √w_jl·Γ); slots
     beyond ``counts[j]`` are zero."""
     x = np.zeros((*cols.shape, table.shape[1]), dtype=np.float32)
-    energies = np.zeros(cols.shape)
     if len(cols):
         step = gram_quantum(clip)
         _quantised_gram_kernels()[1](np.ascontiguousarray(table, dtype=np.float64), np.asarray(cols, dtype=np.int32),
                                      np.asarray(sqrt_weights, dtype=np.float64), np.asarray(counts, dtype=np.int64),
-                                     clip / step, 1.0 / step, x, energies)
-    return x, energies
+                                     clip / step, 1.0 / step, x)
+    return x
 
 
-def exact_upper_gram_and_rhs(x: np.ndarray, energies: np.ndarray, targets: np.ndarray, counts: np.ndarray,
+def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray,
                              step: float) -> tuple[np.ndarray, np.ndarray]:
     """(δ²·Σ_l x_l x_lᵀ upper triangles, δ·Σ_l t_l x_l) per group over its first ``counts[j]`` rows,
-    for integer rows x (g, L, r) float32 with squared norms ``energies`` (g, L), δ = ``step``.
+    for integer rows x (g, L, r) (int16 or float32), δ = ``step``.
 
-    The Grams are sums of integer products, formed by float32 ``ssyrk`` over runs of rows whose
-    squared norms sum to at most 2^24 (|x_p x_q| <= ‖x‖², so every partial sum BLAS forms, in any
-    order, is an integer below 2^24: exact), accumulated in float64 (exact below 2^53) and scaled
-    by the power of two δ²: the exact Gram of the rows, whatever the order, blocking or threads,
-    and one row less changes it by exactly δ²·x_l x_lᵀ. (arXiv:2107.09802, Algorithm 1, forms
-    A_j = Σ_i c_ij u_i u_iᵀ; its sensitivity argument assumes exact sums, which this makes true.)
-    A single row above 2^24 is added in float64. Lower triangles are zero; the right-hand sides
-    are float64 sums of t_l·x_l (``targets`` t = √w·y)."""
-    grams = np.zeros((x.shape[0], x.shape[2], x.shape[2]))
+    The Grams are sums of integer products, formed by float32 ``ssyrk`` over blocks of rows in
+    which every coordinate's Σ_l x_lp² is at most 2^24: by Cauchy-Schwarz every partial sum BLAS
+    forms for an entry (p, q), in any order, is then an integer of magnitude at most
+    √(Σ x_lp² · Σ x_lq²) <= 2^24, so exact in float32. Blocks are accumulated in float64 (exact
+    below 2^53) and scaled by the power of two δ²: the result is the exact Gram of the rows,
+    whatever the order, blocking or threads, and one row less changes it by exactly δ²·x_l x_lᵀ.
+    (arXiv:2107.09802, Algorithm 1, forms A_j = Σ_i c_ij u_i u_iᵀ; its sensitivity argument
+    assumes exact sums, which this makes true.) A row with a coordinate above 2^12 is added in
+    float64. Lower triangles are left unset (the release reads the upper ones only); the
+    right-hand sides are float64 sums of t_l·x_l (``targets`` t = √w·y)."""
+    grams = np.empty((x.shape[0], x.shape[2], x.shape[2]))  # the loop sets the upper triangles
     rhs = np.zeros((x.shape[0], x.shape[2]))
     if len(x):
-        _quantised_gram_kernels()[2](np.ascontiguousarray(x, dtype=np.float32), np.asarray(energies, dtype=np.float64),
-                                     np.asarray(targets, dtype=np.float64), np.asarray(counts, dtype=np.int64),
-                                     step, grams, rhs)
+        rows = x if x.dtype == np.int16 else np.asarray(x, dtype=np.float32)
+        _quantised_gram_kernels()[2](np.ascontiguousarray(rows), np.asarray(targets, dtype=np.float64),
+                                     np.asarray(counts, dtype=np.int64), step, grams, rhs)
     return grams, rhs
 
 
-def _quantise_table_loop(table: np.ndarray, radius: float, inv_step: float, integers: np.ndarray,
-                         energies: np.ndarray) -> None:
+def _quantise_table_loop(table: np.ndarray, radius: float, inv_step: float, integers: np.ndarray) -> None:
     """Compiled by :func:`_quantised_gram_kernels`: every row of :func:`quantise_table`."""
     row = np.empty(table.shape[1])
     for i in range(table.shape[0]):
-        energies[i] = _quantise_row(table[i], 1.0, radius, inv_step, row)
-        integers[i] = row
+        _quantise_row(table[i], 1.0, radius, inv_step, row)
+        for k in range(table.shape[1]):
+            integers[i, k] = np.int16(row[k])
 
 
 def _quantise_gathered_loop(table: np.ndarray, cols: np.ndarray, weights: np.ndarray, counts: np.ndarray,
-                            radius: float, inv_step: float, x: np.ndarray, energies: np.ndarray) -> None:
+                            radius: float, inv_step: float, x: np.ndarray) -> None:
     """Compiled by :func:`_quantised_gram_kernels`: every used slot of :func:`quantise_gathered`."""
     row = np.empty(table.shape[1])
     for j in range(cols.shape[0]):
         for slot in range(counts[j]):
-            energies[j, slot] = _quantise_row(table[cols[j, slot]], weights[j, slot], radius, inv_step, row)
+            _quantise_row(table[cols[j, slot]], weights[j, slot], radius, inv_step, row)
             x[j, slot] = row
 
 
@@ -200,27 +200,40 @@ def _quantise_row(u: np.ndarray, w: float, radius: float, inv_step: float, out: 
     return energy
 
 
-def _exact_gram_loop(x: np.ndarray, energies: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float,
-                     grams: np.ndarray, rhs: np.ndarray) -> None:
-    """Compiled by :func:`_quantised_gram_kernels`: the sums of :func:`exact_upper_gram_and_rhs`."""
+def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float, grams: np.ndarray,
+                     rhs: np.ndarray) -> None:
+    """Compiled by :func:`_quantised_gram_kernels`: the sums of :func:`exact_upper_gram_and_rhs`
+    (rows converted to float32 into a block buffer, one ``ssyrk`` per block; ``load[p]`` is the
+    block's Σ_l x_lp², kept <= 2^24 for every coordinate p)."""
     rank = x.shape[2]
+    block = np.empty((_BLOCK_ROWS, rank), dtype=np.float32)
     product = np.empty((rank, rank), dtype=np.float32)
+    load = np.zeros(rank)
     syrk = _syrk_arguments(rank)
     for j in range(x.shape[0]):
-        start, energy = 0, 0.0
+        for p in range(rank):
+            grams[j, p, p:] = 0.0
+        filled = 0
+        load[:] = 0.0
         for slot in range(counts[j]):
+            target, peak, over = targets[j, slot], 0.0, False
             for k in range(rank):
-                rhs[j, k] += targets[j, slot] * x[j, slot, k]
-            if energies[j, slot] > _EXACT_FLOAT32:  # alone too large for float32: exact in float64
-                _add_block_gram(x[j], start, slot, syrk, product, grams[j])
+                value = np.float64(x[j, slot, k])
+                rhs[j, k] += target * value
+                peak = max(peak, value * value)
+                over |= load[k] + value * value > _EXACT_FLOAT32
+            if peak > _EXACT_FLOAT32:  # a coordinate alone too large for float32: exact in float64
                 _add_row_gram(x[j, slot], grams[j])
-                start, energy = slot + 1, 0.0
-            elif slot - start == _BLOCK_ROWS or energy + energies[j, slot] > _EXACT_FLOAT32:
-                _add_block_gram(x[j], start, slot, syrk, product, grams[j])
-                start, energy = slot, energies[j, slot]
-            else:
-                energy += energies[j, slot]
-        _add_block_gram(x[j], start, counts[j], syrk, product, grams[j])
+                continue
+            if over or filled == _BLOCK_ROWS:
+                _add_block_gram(block, filled, syrk, product, grams[j])
+                filled = 0
+                load[:] = 0.0
+            for k in range(rank):
+                block[filled, k] = x[j, slot, k]
+                load[k] += np.float64(x[j, slot, k]) ** 2
+            filled += 1
+        _add_block_gram(block, filled, syrk, product, grams[j])
         for p in range(rank):
             rhs[j, p] *= step
             for q in range(p, rank):
@@ -251,16 +264,16 @@ def _syrk_arguments(rank: int) -> _SyrkArguments:
                           np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32))
 
 
-def _add_block_gram(rows: np.ndarray, start: int, stop: int, syrk: _SyrkArguments, product: np.ndarray,
+def _add_block_gram(block: np.ndarray, filled: int, syrk: _SyrkArguments, product: np.ndarray,
                     gram: np.ndarray) -> None:
-    """gram's upper triangle += the Gram of rows[start:stop] (float32 ``ssyrk`` into ``product``;
+    """gram's upper triangle += the Gram of block[:filled] (float32 ``ssyrk`` into ``product``;
     exact where the caller's bound holds)."""
-    if stop <= start:
+    if filled == 0:
         return
-    rank = rows.shape[1]
-    syrk.used[0] = stop - start
+    rank = block.shape[1]
+    syrk.used[0] = filled
     _SSYRK(syrk.lower.ctypes, syrk.no_trans.ctypes, syrk.dim.ctypes, syrk.used.ctypes, syrk.alpha.ctypes,
-           rows[start:].ctypes, syrk.dim.ctypes, syrk.beta.ctypes, product.ctypes, syrk.dim.ctypes)
+           block.ctypes, syrk.dim.ctypes, syrk.beta.ctypes, product.ctypes, syrk.dim.ctypes)
     for p in range(rank):  # column-major lower = row-major upper
         for q in range(p, rank):
             gram[p, q] += product[p, q]
