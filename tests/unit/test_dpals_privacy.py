@@ -10,7 +10,7 @@ import pytest
 
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
-from app.core.mf.als import iter_grams
+from app.core.mf.als import iter_grams, quantised_factors
 from app.core.mf.dpals import (
     DPALSConfig,
     PublicState,
@@ -140,8 +140,9 @@ def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
         linear = np.zeros((20, config.rank))
         for rows, gram, b in iter_grams(bounded.item_plan, users):
             grams[rows], linear[rows] = gram, b
-        out.append((bounded.recount_statistic, users.T @ users, grams, linear, users))
-    (r0, k0, g0, l0, u0), (r1, k1, g1, l1, u1) = out
+        out.append((bounded.recount_statistic, users.T @ users, grams, linear, users,
+                    *_released_item_statistics(bounded, users, config)))
+    (r0, k0, g0, l0, u0, q0, m0), (r1, k1, g1, l1, u1, q1, m1) = out
     assert np.allclose(u1[: len(u0)], u0)  # other users' embeddings do not depend on the new user
     assert np.linalg.norm(u1[-1]) == pytest.approx(config.clip_user)  # the new user is clipped
     sqrt_b = math.sqrt(K)
@@ -154,6 +155,25 @@ def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
     # a maximal user comes close to the bounds: the check is not vacuous
     assert gram_delta >= 0.5 * sqrt_b * config.clip_user**2
     assert linear_delta >= 0.3 * sqrt_b * config.clip_user * config.clip_rating
+    # the statistics the release actually reads (quantised, exact sums) obey the same bounds
+    released_gram_delta = np.linalg.norm(_upper(q1 - q0))
+    released_linear_delta = np.linalg.norm(m1 - m0)
+    assert 0.5 * sqrt_b * config.clip_user**2 <= released_gram_delta <= sqrt_b * config.clip_user**2 + 1e-12
+    assert released_gram_delta == pytest.approx(gram_delta, rel=0.01)
+    assert released_linear_delta <= sqrt_b * config.clip_user * config.clip_rating + 1e-9
+    assert released_linear_delta == pytest.approx(linear_delta, rel=0.01)
+
+
+def _released_item_statistics(bounded, users: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The item step's (Σ c x xᵀ, Σ c M x) per item, as ``_item_step`` forms them for its release."""
+    plan = bounded.item_plan
+    padded = np.vstack([users, np.zeros((1, config.rank))])
+    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    grams, linear = np.zeros((plan.n_rows, config.rank, config.rank)), np.zeros((plan.n_rows, config.rank))
+    for chunk in dpals._item_chunks(plan):
+        items, gram, b = dpals._chunk_statistics(chunk, factors, config.rank, plan.counts)
+        grams[items], linear[items] = np.triu(gram), b
+    return grams, linear
 
 
 class CountingRng:
