@@ -7,6 +7,7 @@ product. And what quality needs: the quantised Grams are close to the float64 on
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -153,3 +154,29 @@ def test_an_unweighted_bucket_needs_the_quantised_table():
         bucket_quantised_gram(plan.buckets[0], factors, plan.counts[plan.buckets[0].rows])
     with pytest.raises(ValueError, match="clip"):
         gram_quantum(0.0)
+
+
+def test_kernels_built_from_many_threads_at_once_are_built_once(monkeypatch: pytest.MonkeyPatch):
+    """The solver threads of a fresh process ask for the compiled kernels together; their helpers
+    are rebound to compiled functions while the first thread builds them (a second build used to
+    compile a compiled function and fail)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.core.mf import linalg
+
+    linalg._build_quantised_gram_kernels.cache_clear()
+    built = []
+    original = linalg._build_quantised_gram_kernels.__wrapped__
+
+    def counting_build():
+        built.append(1)
+        return original()
+
+    rebuilt = functools.cache(counting_build)
+    monkeypatch.setattr(linalg, "_build_quantised_gram_kernels", rebuilt)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        kernels = list(pool.map(lambda _: linalg._quantised_gram_kernels(), range(16)))
+    assert len(built) == 1 and all(k is kernels[0] for k in kernels)
+    assert len(original()) == 3  # building again over the compiled helpers works too
+    table = _factors(np.random.default_rng(0), 10, 4, 1.0)
+    assert quantise_table(table, 1.0).shape == table.shape  # the rebuilt kernels work

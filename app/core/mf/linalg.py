@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, NamedTuple, cast
@@ -365,16 +366,24 @@ def _cholesky_kernel() -> Callable[..., None]:
     return cast(Callable[..., None], njit(cache=True, nogil=True)(_cholesky_loop))
 
 
-@functools.cache
+_KERNEL_LOCK = threading.Lock()  # solver threads may ask for the kernels at the same moment
+
+
 def _quantised_gram_kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     """(:func:`_quantise_table_loop`, :func:`_quantise_gathered_loop`, :func:`_exact_gram_loop`)
     compiled as :func:`_cholesky_kernel` is; their helpers are compiled first and bound to the
-    module names the loops call, as the BLAS symbols are."""
+    module names the loops call, as the BLAS symbols are. Built once, under a lock."""
+    with _KERNEL_LOCK:
+        return _build_quantised_gram_kernels()
+
+
+@functools.cache
+def _build_quantised_gram_kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     _cholesky_kernel()  # registers the BLAS symbols
     from numba import njit  # pylint: disable=import-outside-toplevel
 
     def compile_(fn: Callable[..., Any]) -> Any:
-        return njit(cache=True, nogil=True)(fn)
+        return njit(cache=True, nogil=True)(getattr(fn, "py_func", fn))  # the Python function, even if compiled
 
     for helper in (_quantise_row, _add_row_gram, _add_block_gram, _syrk_arguments):
         globals()[helper.__name__] = compile_(helper)
