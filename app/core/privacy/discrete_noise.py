@@ -566,16 +566,17 @@ def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float
     """:func:`_grid_release` of each matrix's upper triangle (row by row: ``np.triu_indices``
     order, noise[j, k] for its k-th entry), written to both triangles of ``out``: each upper row
     first (contiguous, so the loop vectorises), then mirrored into the lower triangle in 16 x 16
-    tiles (which stay in cache). Entry by entry the same operations as before; only the lower
+    tiles (which stay in cache). Entry by entry the same numbers as before: the rounded count
+    (|K| <= 2^52) and the noise are integers whose sum stays below 2^53, so adding them as float64
+    is exact, as the int64 sum was (and vectorises: no float-integer conversions); only the lower
     triangle is written from the released upper one."""
     rank = matrices.shape[1]
     for j in range(matrices.shape[0]):
         k = 0
         for p in range(rank):
-            source, target, draws = matrices[j, p], out[j, p], noise[j, k : k + rank - p]
-            for q in range(p, rank):
-                counts = np.int64(np.rint(min(max(source[q] / grid, -clip), clip)))
-                target[q] = grid * np.float64(counts + draws[q - p])
+            for i in range(rank - p):  # integers below 2^53 in float64: the same sums as in int64
+                counts = np.rint(min(max(matrices[j, p, p + i] / grid, -clip), clip))
+                out[j, p, p + i] = grid * (counts + np.float64(noise[j, k + i]))
             k += rank - p
         released = out[j]
         for p0 in range(0, rank, 16):
