@@ -294,3 +294,14 @@ def test_blocks_written_in_place_leave_the_stream_as_it_was(margin: float | None
 def test_compiled_path_with_an_integers_only_generator():
     draws = discrete_gaussian(IntegersOnly(3), 7, 20_000)
     assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(7, x)) > 1e-3
+
+
+def test_unmirrored_symmetric_release_writes_the_same_upper_triangles_only():
+    spec = grid_gaussian(sensitivity=1.5, multiplier=2.0, changed_coordinates=60)
+    value = _awkward_values(np.random.default_rng(3), spec, (4, 9, 9))
+    mirrored = spec.release_symmetric(np.random.default_rng(9), value)
+    out = np.full(value.shape, np.nan)
+    upper_only = spec.release_symmetric(np.random.default_rng(9), value, out=out, mirror=False)
+    assert np.array_equal(np.triu(upper_only), np.triu(mirrored))
+    lower_rows, lower_cols = np.tril_indices(9, -1)
+    assert np.isnan(upper_only[:, lower_rows, lower_cols]).all()

@@ -84,8 +84,9 @@ def test_pooled_item_step_is_a_function_of_the_releases(monkeypatch: pytest.Monk
         released.append(out)
         return out
 
-    def recording_symmetric(self, rng, value, out=None):
-        out = original_symmetric(self, rng, value, out=out)
+    def recording_symmetric(self, rng, value, out=None, mirror=True):
+        assert mirror  # pooling reads whole matrices
+        out = original_symmetric(self, rng, value, out=out, mirror=mirror)
         released.append(out.copy())  # the released Ã_j of the chunk, whole matrices
         return out
 

@@ -212,11 +212,11 @@ def _record_grid_releases(monkeypatch: pytest.MonkeyPatch) -> None:
         rng.normal_draws.append((self.sensitivity * self.multiplier, int(np.size(value))))
         return original(self, rng, value)
 
-    def release_symmetric(self, rng, value, out=None):
+    def release_symmetric(self, rng, value, out=None, mirror=True):
         rank = value.shape[-1]
         drawn = int(np.size(value)) // (rank * rank) * rank * (rank + 1) // 2
         rng.normal_draws.append((self.sensitivity * self.multiplier, drawn))
-        return original_symmetric(self, rng, value, out=out)
+        return original_symmetric(self, rng, value, out=out, mirror=mirror)
 
     monkeypatch.setattr(GridGaussian, "release", release)
     monkeypatch.setattr(GridGaussian, "release_symmetric", release_symmetric)

@@ -75,6 +75,8 @@ def test_noisy_solves_project_the_shifted_gram_where_the_system_is_not_pd(extra_
         extra = 0.1 * w.transpose(0, 2, 1) @ w
     got, n_projected = solve_noisy_systems(grams, rhs, ridge, extra, shift)
     assert np.array_equal(grams, original)
+    unset_lower = grams + np.tril(rng.normal(size=grams.shape), -1)  # a release that did not mirror
+    assert np.array_equal(solve_noisy_systems(unset_lower, rhs, ridge, extra, shift)[0], got)
     expected_projected, shifted_not_pd = 0, 0
     for j in range(n):
         e = 0 if extra is None else (extra if extra.ndim == 2 else extra[j])
@@ -156,23 +158,25 @@ def test_positive_definite_solves_match_lu_and_fall_back_where_cholesky_fails():
 
 @pytest.mark.parametrize("rank", [1, 5, 64])
 def test_compiled_cholesky_loop_equals_scipys_wrappers_bit_for_bit(rank: int):
-    """The compiled potrf/potrs loop reads what scipy's ``potrf``/``posv`` read (the lower
-    triangle) and returns their numbers exactly; non-PD systems fail in both."""
+    """The compiled potrf/potrs loop reads the upper triangle, which scipy's ``potrf``/``posv``
+    read as the lower one of the transposed matrix, and returns their numbers exactly; non-PD
+    systems fail in both."""
     from scipy.linalg import lapack
 
     rng = np.random.default_rng(rank)
     shifts = np.linspace(-1.5, 1.5, 60)[:, None, None] / rank * np.eye(rank)  # some lose positive definiteness
     systems = _noisy_grams(rng, 60, rank, noise=0.1 / rank**1.5) + shifts
-    systems[:, -1, 0] += 1e-3  # not exactly symmetric: only the lower triangle may be read
     systems[7] = -np.eye(rank)
+    if rank > 1:
+        systems[:, -1, 0] += 1e3  # the lower triangle is never read
     rhs = rng.normal(size=(60, rank))
     potrf, posv = lapack.get_lapack_funcs(("potrf", "posv"), (systems, rhs))
-    want_ok = np.array([potrf(a, lower=True, clean=False)[1] == 0 for a in systems])
+    want_ok = np.array([potrf(a.T, lower=True, clean=False)[1] == 0 for a in systems])
     assert 0 < want_ok.sum() < len(want_ok)
     assert np.array_equal(positive_definite_mask(systems), want_ok)
     got = solve_positive_definite(systems, rhs)
     for j in np.flatnonzero(want_ok):
-        assert np.array_equal(got[j], posv(systems[j], rhs[j], lower=True)[1])
+        assert np.array_equal(got[j], posv(systems[j].T, rhs[j], lower=True)[1])
     # the float32 and non-contiguous batches take scipy's wrappers: same answers
     assert np.array_equal(positive_definite_mask(systems[::-1])[::-1], want_ok)
     assert np.array_equal(solve_positive_definite(systems[::-1], rhs[::-1])[::-1][want_ok], got[want_ok])

@@ -597,13 +597,15 @@ def _item_step(
     item_factors = np.empty((n_items, rank))
     chunks = list(_item_chunks(prep.item_plan))
     factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
+    mirrored = config.gram_pooling > 0 or kappa > 0
     # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
     children = releaser.rng.spawn(len(chunks))
 
     def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job
         items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
-        gram = grid_gram.release_symmetric(child, gram, out=gram)  # in place: the chunk's Grams are ours
+        # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
+        gram = grid_gram.release_symmetric(child, gram, out=gram, mirror=mirrored)
         return items, gram, grid_linear.release(child, b)
 
     def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:

@@ -318,8 +318,8 @@ def positive_definite_mask(systems: np.ndarray) -> np.ndarray:
         _cholesky_kernel()(systems, unused, unused, status, False, np.empty(0), np.empty((0, 0, 0)))
         factorised: np.ndarray = status == 0
         return factorised
-    potrf = lapack.get_lapack_funcs("potrf", (systems,))
-    return np.fromiter((potrf(a, lower=True, clean=False)[1] == 0 for a in systems), dtype=bool, count=len(systems))
+    potrf = lapack.get_lapack_funcs("potrf", (systems,))  # the upper triangle, as the compiled loop reads it
+    return np.fromiter((potrf(a.T, lower=True, clean=False)[1] == 0 for a in systems), dtype=bool, count=len(systems))
 
 
 def _compiled_ok(systems: np.ndarray, rhs: np.ndarray | None = None) -> bool:
@@ -434,12 +434,14 @@ def _negative_eigenpairs_loop(matrices: np.ndarray, floors: np.ndarray, eigval: 
 
 def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_out: np.ndarray, solve: bool,
                    diagonal: np.ndarray, extra: np.ndarray) -> None:
-    """Per system j: LAPACK ``dpotrf`` of the lower triangle of systems[j] + E_j + diagonal[j]·I,
-    status in ``info_out[j]``; with ``solve``, ``dpotrs`` of rhs[j] into out[j] where the
-    factorisation succeeded (``posv`` is exactly the two). E_j: none if ``extra`` is empty, else
-    extra[0] for every j if it holds one matrix, else extra[j]. The triangle is copied
-    column-major, as scipy's wrapper copies it, in 8 x 8 tiles that keep the transposing copy in
-    cache, the terms added on the way; ``systems`` is only read. Compiled by :func:`_cholesky_kernel`."""
+    """Per system j: LAPACK ``dpotrf`` of the symmetric matrix whose upper triangle is that of
+    systems[j] + E_j + diagonal[j]·I, status in ``info_out[j]``; with ``solve``, ``dpotrs`` of
+    rhs[j] into out[j] where the factorisation succeeded (``posv`` is exactly the two). E_j: none
+    if ``extra`` is empty, else extra[0] for every j if it holds one matrix, else extra[j]. The
+    row-major upper triangle is the column-major lower one LAPACK reads, so it is copied row by
+    row (scipy's wrapper given the transposed matrix and ``lower=True`` reads the same numbers),
+    the terms added on the way; ``systems`` is only read (its lower triangle never).
+    Compiled by :func:`_cholesky_kernel`."""
     n, r = systems.shape[0], systems.shape[1]
     uplo = np.array([ord("L")], dtype=np.uint8)
     dim = np.array([r], dtype=np.int32)
@@ -449,16 +451,14 @@ def _cholesky_loop(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray, info_o
     x = np.empty(r)
     shared = extra.shape[0] == 1
     for j in range(n):
-        for p0 in range(0, r, 8):
-            for q0 in range(0, p0 + 1, 8):
-                for p in range(p0, min(p0 + 8, r)):
-                    for q in range(q0, min(q0 + 8, p + 1)):
-                        factor[q, p] = systems[j, p, q]
+        for q in range(r):  # the upper triangle, row by row (contiguous)
+            for p in range(q, r):
+                factor[q, p] = systems[j, q, p]
         if extra.shape[0]:
             e = extra[0] if shared else extra[j]
-            for p in range(r):
-                for q in range(p + 1):
-                    factor[q, p] += e[p, q]
+            for q in range(r):
+                for p in range(q, r):
+                    factor[q, p] += e[q, p]
         if diagonal.shape[0]:
             for p in range(r):
                 factor[p, p] += diagonal[j]
@@ -533,7 +533,8 @@ def solve_noisy_systems(
 
     Ã_j (``grams``) are noisy Gram matrices, s = ``shift`` >= 0 a diagonal shift (a scalar, or
     (n, 1) one per system; data-independent or a function of released quantities), E (``extra``,
-    (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0. P_j = Ã_j + s I where the
+    (r, r) or (n, r, r)) a PSD sum of exact Gram terms, ridge_j > 0; only the upper triangles of
+    ``grams`` are read (a release may leave the lower ones unset). P_j = Ã_j + s I where the
     whole system Ã_j + s I + E_j + ridge_j I has a Cholesky factor (one factorisation, then its
     solve), and P_j = Π_PSD(Ã_j + s I), the exact projection of arXiv:2107.09802 Algorithm 1
     (its non-positive eigenpairs only, :func:`psd_part`), for the rest. So the projection runs
@@ -563,7 +564,7 @@ def _rows(extra: np.ndarray | None, rows: np.ndarray) -> np.ndarray | None:
 def _solve_projected_systems(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, extra: np.ndarray | None,
                              shifts: np.ndarray) -> np.ndarray:
     """x_j = (Π_PSD(Ã_j + s_j I) + E_j + ridge_j I)⁻¹ b_j (the systems the direct factorisation refused)."""
-    system = np.array(grams, dtype=np.float64)  # a copy: ``grams`` is not modified
+    system = _symmetric_copy(grams)  # ``grams`` is not modified
     add_to_diagonal(system, shifts[:, None])
     system = psd_part(system)
     if extra is not None:
@@ -575,7 +576,7 @@ def _solve_projected_systems(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarr
 def _solve_noisy_systems_by_wrappers(grams: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, extra: np.ndarray | None,
                                      shifts: np.ndarray) -> tuple[np.ndarray, int]:
     """:func:`solve_noisy_systems` for batches the compiled loop does not take (other dtypes)."""
-    system = np.array(grams, dtype=np.float64)
+    system = _symmetric_copy(grams)
     add_to_diagonal(system, (shifts + ridge)[:, None])
     if extra is not None:
         system += extra
@@ -587,6 +588,12 @@ def _solve_noisy_systems_by_wrappers(grams: np.ndarray, rhs: np.ndarray, ridge: 
     if len(bad):
         out[bad] = _solve_projected_systems(grams[bad], rhs[bad], ridge[bad], _rows(extra, bad), shifts[bad])
     return out, int(len(bad))
+
+
+def _symmetric_copy(matrices: np.ndarray) -> np.ndarray:
+    """float64 symmetric matrices from the upper triangles of ``matrices`` (the lower ones unread)."""
+    upper = np.triu(np.asarray(matrices, dtype=np.float64))
+    return upper + np.triu(upper, 1).swapaxes(-1, -2)
 
 
 def solve_positive_definite(systems: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -613,7 +620,7 @@ def _solve_with_wrapper(systems: np.ndarray, rhs: np.ndarray, out: np.ndarray) -
     posv = lapack.get_lapack_funcs("posv", (systems, rhs))
     failed = []
     for j, (a, b) in enumerate(zip(systems, rhs, strict=True)):
-        _, x, info = posv(a, b, lower=True)
+        _, x, info = posv(a.T, b, lower=True)  # the upper triangle, as the compiled loop reads it
         if info == 0:
             out[j] = x
         else:

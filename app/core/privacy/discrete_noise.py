@@ -533,13 +533,15 @@ class GridGaussian:
         _grid_release(statistic.reshape(-1), noise.reshape(-1), self.grid, _CLIP, out.reshape(-1))
         return out if out.ndim else out[()]  # a 0-d statistic gives a float64 scalar, as numpy's product did
 
-    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None,
+                          mirror: bool = True) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored: the
         same numbers as :meth:`release` of the upper triangles (``np.triu_indices`` order) and
         :func:`mirror_upper`, in one compiled pass (no temporaries the size of the batch).
 
         ``out`` (float64, C-contiguous, ``value``'s shape) receives the release; it may be ``value``
-        itself (each upper entry is read before any write to it; lower entries are only written)."""
+        itself (each upper entry is read before any write to it; lower entries are only written).
+        With ``mirror`` false only the upper triangles are written (for readers of those alone)."""
         rank = value.shape[-1]
         matrices = np.asarray(value, dtype=np.float64, order="C").reshape(-1, rank, rank)
         noise = discrete_gaussian(rng, self.sigma, (matrices.shape[0], rank * (rank + 1) // 2))
@@ -547,7 +549,7 @@ class GridGaussian:
             out = np.empty(value.shape)
         elif out.shape != value.shape or out.dtype != np.float64 or not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float64 array of the value's shape")
-        _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out.reshape(-1, rank, rank))
+        _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out.reshape(-1, rank, rank), mirror)
         return out
 
 
@@ -562,11 +564,11 @@ def _grid_release(statistic: np.ndarray, noise: np.ndarray, grid: float, clip: f
 
 @_compiled
 def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float, clip: float,
-                            out: np.ndarray) -> None:
+                            out: np.ndarray, mirror: bool) -> None:
     """:func:`_grid_release` of each matrix's upper triangle (row by row: ``np.triu_indices``
     order, noise[j, k] for its k-th entry), written to both triangles of ``out``: each upper row
     first (contiguous, so the loop vectorises), then mirrored into the lower triangle in 16 x 16
-    tiles (which stay in cache). Entry by entry the same numbers as before: the rounded count
+    tiles (which stay in cache; only with ``mirror``). Entry by entry the same numbers as before: the rounded count
     (|K| <= 2^52) and the noise are integers whose sum stays below 2^53, so adding them as float64
     is exact, as the int64 sum was (and vectorises: no float-integer conversions); only the lower
     triangle is written from the released upper one."""
@@ -578,6 +580,8 @@ def _grid_release_symmetric(matrices: np.ndarray, noise: np.ndarray, grid: float
                 counts = np.rint(min(max(matrices[j, p, p + i] / grid, -clip), clip))
                 out[j, p, p + i] = grid * (counts + np.float64(noise[j, k + i]))
             k += rank - p
+        if not mirror:
+            continue
         released = out[j]
         for p0 in range(0, rank, 16):
             for q0 in range(p0, rank, 16):
