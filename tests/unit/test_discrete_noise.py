@@ -64,9 +64,10 @@ def test_discrete_gaussian_matches_its_pmf_on_small_sigma(sigma: int):
     assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(sigma, x)) > 1e-3
 
 
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.SFC64])  # SFC64: the noise streams'
 @pytest.mark.parametrize("sigma", [7, 1000, 2**24])
-def test_discrete_gaussian_moments_and_tails(sigma: int):
-    draws = discrete_gaussian(np.random.default_rng(sigma), sigma, 400_000).astype(np.float64)
+def test_discrete_gaussian_moments_and_tails(sigma: int, bit_generator):
+    draws = discrete_gaussian(np.random.Generator(bit_generator(sigma)), sigma, 400_000).astype(np.float64)
     n = len(draws)
     assert abs(draws.mean()) < 5 * sigma / math.sqrt(n)
     assert draws.var() / sigma**2 == pytest.approx(1.0, abs=0.02)
@@ -305,3 +306,28 @@ def test_unmirrored_symmetric_release_writes_the_same_upper_triangles_only():
     assert np.array_equal(np.triu(upper_only), np.triu(mirrored))
     lower_rows, lower_cols = np.tril_indices(9, -1)
     assert np.isnan(upper_only[:, lower_rows, lower_cols]).all()
+
+
+def test_noise_streams_are_the_spawned_children_on_sfc64():
+    """Parallel noise streams: the seed sequences ``Generator.spawn`` would give (so independent
+    and seed-deterministic), driving SFC64; the parent's later spawns continue after them."""
+    streams = GaussianReleaser(np.random.default_rng(42)).noise_streams(3)
+    twins = np.random.default_rng(42).spawn(3)
+    for stream, twin in zip(streams, twins, strict=True):
+        assert isinstance(stream.bit_generator, np.random.SFC64)
+        assert stream.bit_generator.seed_seq.spawn_key == twin.bit_generator.seed_seq.spawn_key
+        assert stream.bit_generator.seed_seq.entropy == twin.bit_generator.seed_seq.entropy
+    again = GaussianReleaser(np.random.default_rng(42)).noise_streams(3)
+    assert all(np.array_equal(a.integers(0, 1 << 62, 8), b.integers(0, 1 << 62, 8)) for a, b in zip(streams, again, strict=True))
+    assert len({int(s.integers(0, 1 << 62)) for s in again}) == 3
+    releaser = GaussianReleaser(np.random.default_rng(42))
+    releaser.noise_streams(3)
+    assert releaser.rng.spawn(1)[0].bit_generator.seed_seq.spawn_key == (3,)
+
+
+def test_noise_streams_of_a_generator_without_seed_sequence_are_its_own_children():
+    class Double:
+        def spawn(self, n):
+            return [f"child {i}" for i in range(n)]
+
+    assert GaussianReleaser(Double()).noise_streams(2) == ["child 0", "child 1"]

@@ -599,7 +599,7 @@ def _item_step(
     factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     mirrored = config.gram_pooling > 0 or kappa > 0
     # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
-    children = releaser.rng.spawn(len(chunks))
+    children = releaser.noise_streams(len(chunks))
 
     def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
         chunk, child = job

@@ -34,6 +34,17 @@ class GaussianReleaser:
     def rng(self) -> np.random.Generator:
         return self._rng
 
+    def noise_streams(self, n: int) -> list[np.random.Generator]:
+        """n independent generators for noise drawn in parallel, seed-deterministic: the children
+        ``Generator.spawn`` would make (the same ``SeedSequence.spawn``), each driving numpy's
+        SFC64 bit generator instead of PCG64 (raw words ≈ 25 % cheaper, a tenth of a grid
+        release's time; the same class of generator: statistical, not cryptographic). A
+        generator without a seed sequence (a test double) spawns its own children."""
+        seed_seq = getattr(getattr(self._rng, "bit_generator", None), "seed_seq", None)
+        if not isinstance(seed_seq, np.random.SeedSequence):
+            return list(self._rng.spawn(n))
+        return [np.random.Generator(np.random.SFC64(child)) for child in seed_seq.spawn(n)]
+
     def record(self, name: str, sensitivity: float, multiplier: float) -> float:
         """Record one release and return its noise std (= sensitivity x multiplier)."""
         if not (sensitivity > 0 and multiplier > 0):
