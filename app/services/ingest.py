@@ -9,11 +9,12 @@ never logged.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
+from psycopg.copy import LibpqWriter
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
@@ -29,13 +30,13 @@ from app.db.dialect import (
     pg_unless_unique_violation,
     rows_matched,
 )
-from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
-from app.db.reference_ids import ReferenceIds, reference_ids, remember_on_commit
+from app.db.models import RATINGS_VERSION_SHARDS, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
+from app.db.reference_ids import READ_EPOCH, ReferenceIds, reference_ids_at, remember_on_commit
 from app.db.session import is_postgres
 from app.errors import InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
 from app.schemas.ingest import RatingBatchResult, RatingColumns, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
-from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
+from app.services.catalog import DatasetRef, dataset_ref, get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
     "upsert_rating",
@@ -95,6 +96,7 @@ _PG_USER_IDS = text(
 # new writers queue behind it (PostgreSQL grants lock requests in order).
 REFERENCES_LOCK_KEY = 0x70726976_72656301  # "privrec" + 1: the one advisory lock key of the service
 _PG_SHARE_REFERENCES = text("SELECT pg_advisory_xact_lock_shared(:key)")
+_PG_DATASET_REF = text("SELECT id, name, rating_min, rating_max FROM datasets WHERE name = :name")
 _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # Under the shared references lock: the known users read, the others inserted (sorted), every id
 # returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
@@ -189,6 +191,7 @@ _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bou
 
 
 _DRIVER_SHARE_REFERENCES = driver_sql(_PG_SHARE_REFERENCES)
+_DRIVER_DATASET_REF = driver_sql(_PG_DATASET_REF)
 _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
@@ -262,6 +265,25 @@ def share_references(session: Session) -> None:
         session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
 
+def _start_rating_write(session: Session, dataset: str) -> tuple[DatasetRef, ReferenceIds | None]:
+    """Take the references lock shared (:func:`share_references`), then read the reference epoch
+    and the data set (404 when unknown). PostgreSQL: the three statements in one round trip, a
+    pipeline that the server runs in order, each read with its own snapshot taken after the lock
+    was granted (so it sees every delete committed before). SQLite: the data set alone (no id cache)."""
+    if not is_postgres(session):
+        return dataset_ref(session, dataset), None
+    conn = driver_connection(session)
+    with conn.cursor() as lock, conn.cursor() as epoch, conn.cursor() as found:
+        with conn.pipeline():
+            lock.execute(_DRIVER_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
+            epoch.execute(READ_EPOCH)
+            found.execute(_DRIVER_DATASET_REF, {"name": dataset})
+        epoch_row, ds_row = epoch.fetchone(), found.fetchone()
+    if ds_row is None:
+        raise unknown_dataset(dataset)
+    return DatasetRef(*ds_row), reference_ids_at(session, epoch_row)
+
+
 def _cached_row_ids(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[list[int | None], list[int]]:
     """Row id per element of ``external_ids`` from ``cached`` (``None`` where not cached), and the
     positions of those ``None``s. One C-level dict lookup per row: no per-row Python code when
@@ -302,7 +324,7 @@ def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequenc
     return ids  # type: ignore[return-value]  # every hole filled
 
 
-def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
+def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: DatasetRef,
                      external_ids: Sequence[str]) -> list[int | None]:
     """The row id of each of ``external_ids`` (``None``: no such item in ``ds``): those in ``refs``
     from there, the others read (:func:`item_row_ids`) and added to it when the transaction commits."""
@@ -316,12 +338,14 @@ def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
     return ids
 
 
-def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                   values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
+def _write_ratings(session: Session, ds: DatasetRef, user_ids: list[int], item_ids: list[int],
+                   values: np.ndarray, now: datetime,
+                   while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE) and bump the data set's version by the row count;
-    return the (user, item) row-id pairs that were created, or ``None`` when every row was."""
+    return the (user, item) row-id pairs that were created, or ``None`` when every row was.
+    ``while_copying``: see :func:`_write_ratings_pg`."""
     if is_postgres(session):
-        return _write_ratings_pg(session, ds, user_ids, item_ids, values, now)
+        return _write_ratings_pg(session, ds, user_ids, item_ids, values, now, while_copying)
     bump_ratings_version_sharded(session, ds.id, n=len(user_ids))
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
@@ -348,12 +372,15 @@ def _key_order(u: np.ndarray, i: np.ndarray) -> np.ndarray:
     return np.lexsort((i, u))
 
 
-def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                      values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
+def _write_ratings_pg(session: Session, ds: DatasetRef, user_ids: list[int], item_ids: list[int],
+                      values: np.ndarray, now: datetime,
+                      while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
     """PostgreSQL's bulk path: COPY the rows into ``ratings`` (:data:`_PG_COPY_RATINGS`), or where
     a rating exists already, into a temporary staging table and one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
-    (:func:`share_references`), so the data set, users and items stay."""
+    (:func:`share_references`), so the data set, users and items stay. ``while_copying`` runs
+    once the COPY's rows are sent, while PostgreSQL inserts them (client work in parallel with
+    the server's; its outcome must not depend on whether the COPY succeeds)."""
     u, i = np.array(user_ids, dtype=np.int64), np.array(item_ids, dtype=np.int64)
     order = _key_order(u, i)  # key order: B-tree inserts touch neighbouring pages
     u, i, v = u[order], i[order], values[order]
@@ -368,8 +395,11 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         cursor.execute(_DRIVER_BUMP_BATCH, params)
 
         def copy_new() -> None:
-            with cursor.copy(_PG_COPY_RATINGS) as copy:
+            # flushed: every row is with the server before while_copying takes the client's time
+            with cursor.copy(_PG_COPY_RATINGS, writer=LibpqWriter(cursor, flush_threshold=0)) as copy:
                 copy.write(pg_copy_ratings(ds.id, u, i, v, now))
+                if while_copying is not None:
+                    while_copying()
 
         if _PLAIN_INSERT_FIRST.worth_trying():
             if pg_unless_unique_violation(cursor, copy_new):
@@ -383,7 +413,7 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
     return set(zip(created_users or [], created_items or [], strict=True))
 
 
-def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
+def _row_errors(ds: DatasetRef, users: Sequence[str], items: Sequence[str], values: np.ndarray,
                 item_ids: list[int | None]) -> list[RowResult]:
     """Every invalid row: non-finite or out-of-range value, unknown item (row id ``None``), repeated pair."""
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
@@ -406,14 +436,16 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
     return errors
 
 
-def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[WriteStatus], int, int]:
-    """Validate then upsert parallel rows; return (status per row, created, updated).
+def _upsert_many(session: Session, ds: DatasetRef, refs: ReferenceIds | None, users: Sequence[str],
+                 items: Sequence[str], values: Sequence[float], item_map: dict[str, int] | None = None,
+                 while_copying: Callable[[], None] | None = None) -> tuple[list[WriteStatus], int, int]:
+    """Validate then upsert parallel rows; return (status per row, created, updated). ``refs``:
+    the cached ids (:func:`_start_rating_write`; ``None`` on SQLite); ``while_copying``: see
+    :func:`_write_ratings_pg`.
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
     """
     vals = np.asarray(values, dtype=np.float64)
-    refs = reference_ids(session) if is_postgres(session) else None  # the caller holds the references lock
     iids = _rating_item_ids(session, refs, ds, items) if item_map is None else list(map(item_map.get, items))
     errors = _row_errors(ds, users, items, vals, iids)
     if errors:
@@ -426,7 +458,7 @@ def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Seq
         uids = list(map(_ensure_users(session, users, now).__getitem__, users))
     else:
         uids = _rating_user_ids(session, refs, users, now)
-    created = _write_ratings(session, ds, uids, iids, vals, now)  # type: ignore[arg-type]  # no None left
+    created = _write_ratings(session, ds, uids, iids, vals, now, while_copying)  # type: ignore[arg-type]  # no None left
     if created is None:
         return ["created"] * len(uids), len(uids), 0
     status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
@@ -476,29 +508,40 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
     if is_postgres(session):
         status = _upsert_one_pg(session, dataset, user_id, item_id, rating)
     else:
-        ds = get_dataset(session, dataset)
+        ds = dataset_ref(session, dataset)
         _require_in_range(ds, rating)
         item_map = item_row_ids(session, ds, [item_id])
         if item_id not in item_map:
             raise _unknown_item(dataset, item_id)
-        status = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)[0][0]
+        status = _upsert_many(session, ds, None, [user_id], [item_id], [rating], item_map)[0][0]
     return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status,
                           updated_at=utcnow())
 
 
 def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
     """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
-    share_references(session)
-    ds = get_dataset(session, dataset)
+    ds, refs = _start_rating_write(session, dataset)
     if isinstance(rows, RatingColumns):  # validated column-wise by the route's body model
         users, items, values = rows.user_ids, rows.item_ids, rows.ratings
     else:
         users, items, values = [r.user_id for r in rows], [r.item_id for r in rows], [r.rating for r in rows]
-    status, n_created, n_updated = _upsert_many(session, ds, users, items, values)
-    # typed by construction: no per-row validation (it cost ~5 us a row), serialised as plain dicts
-    results: list[RowResultDict] = [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
-                                    for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
+    all_created: list[list[RowResultDict]] = []  # built while PostgreSQL inserts the rows (the COPY)
+
+    def build_all_created() -> None:
+        all_created.append(_row_results(users, items, ["created"] * len(users)))
+
+    status, n_created, n_updated = _upsert_many(session, ds, refs, users, items, values,
+                                                while_copying=build_all_created)
+    # every row created (whichever way it was written): the results built during the COPY hold
+    results = all_created[0] if all_created and n_updated == 0 else _row_results(users, items, status)
     return RatingBatchResult(created=n_created, updated=n_updated, results=results)
+
+
+def _row_results(users: Sequence[str], items: Sequence[str], status: Sequence[WriteStatus]) -> list[RowResultDict]:
+    """The per-row results: typed by construction, no per-row validation (it cost ~5 us a row),
+    serialised as plain dicts."""
+    return [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
+            for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
 
 
 def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]]) -> int:
@@ -509,8 +552,7 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
     ``unknown_items``, listing them; nothing written), never a reason to create the item, which
     would make the public catalogue reveal that someone rated it.
     """
-    share_references(session)
-    ds = get_dataset(session, dataset)
+    ds, refs = _start_rating_write(session, dataset)
     last: dict[tuple[str, str], float] = {}
     for u, i, v in rows:
         last[(str(u), str(i))] = float(v)
@@ -524,7 +566,7 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
             f"{len(missing)} unknown item(s) in data set {ds.name!r}: {shown}. Items come only from public input: "
             "add them first (privrec import-items, or PUT /v1/datasets/{dataset}/items/{item_id}); nothing was written",
             details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
-    _upsert_many(session, ds, users, items, list(last.values()), item_map)
+    _upsert_many(session, ds, refs, users, items, list(last.values()), item_map)
     return len(last)
 
 
