@@ -105,14 +105,20 @@ _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # Each id is looked up by its own probe of the external-id index (a scalar subquery): a join
 # left to the planner scanned and hashed the whole users table for a few hundred ids while the
 # table's statistics were stale (a table that grew since the last ANALYZE).
-_PG_RATING_USERS = text(
+_RATING_USERS = (
     "WITH t AS (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
     "FROM unnest(CAST(:ids AS text[])) AS t(e)), "
     "new AS (INSERT INTO users (external_id, created_at, updated_at) "
     "SELECT e, :now, :now FROM t WHERE id IS NULL ORDER BY e "
-    "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
+    "{on_conflict}RETURNING id, external_id) "
     "SELECT id, e FROM t WHERE id IS NOT NULL UNION ALL SELECT id, external_id FROM new"
 )
+_PG_RATING_USERS = text(_RATING_USERS.format(on_conflict="ON CONFLICT (external_id) DO NOTHING "))
+# Tried first, in a savepoint: the same without ON CONFLICT (no conflict probe, speculative
+# insertion and confirmation record a new user). It fails only where a concurrent writer created
+# one of the users after the lookup's snapshot (having waited for that writer to commit); then
+# the savepoint is rolled back and _PG_RATING_USERS runs.
+_PG_RATING_USERS_PLAIN = text(_RATING_USERS.format(on_conflict=""))
 _PG_RATING_USERS_AGAIN = text(
     "WITH t AS MATERIALIZED (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
     "FROM unnest(CAST(:ids AS text[])) AS t(e)) SELECT id, e FROM t WHERE id IS NOT NULL"
@@ -195,6 +201,7 @@ _DRIVER_DATASET_REF = driver_sql(_PG_DATASET_REF)
 _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
+_DRIVER_RATING_USERS_PLAIN = driver_sql(_PG_RATING_USERS_PLAIN)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
 _DRIVER_BUMP_BATCH = driver_sql(_PG_BUMP_BATCH)
 _DRIVER_UPSERT_STAGED = driver_sql(_PG_UPSERT_STAGED)
@@ -309,19 +316,33 @@ def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequenc
     if holes:
         missing = sorted({external_ids[k] for k in holes})  # concurrent writers insert new users in one order
         with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-            # Python call per row, ~20 % of a 10,000-row batch)
-            read = {ext: uid for uid, ext in cursor.execute(
-                _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
-            if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
-                again = pg_array([e for e in missing if e not in read])
-                read.update({ext: uid for uid, ext in cursor.execute(
-                    _DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+            read = _read_or_create_users(cursor, missing, now)
         if len(read) < len(missing):
             raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
         remember_on_commit(session, refs, users=read)
         _fill_holes(ids, holes, external_ids, read)
     return ids  # type: ignore[return-value]  # every hole filled
+
+
+def _read_or_create_users(cursor: Any, missing: list[str], now: datetime) -> dict[str, int]:
+    """External id -> row id of each of ``missing`` (sorted), the unknown ones inserted: by
+    :data:`_PG_RATING_USERS_PLAIN` in a savepoint, or where a concurrent writer created one of them,
+    by :data:`_PG_RATING_USERS` and a second read."""
+    params = {"ids": pg_array(missing), "now": now}
+    read: dict[str, int] = {}
+
+    def plain() -> None:
+        # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
+        # Python call per row, ~20 % of a 10,000-row batch)
+        read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_PLAIN, params).fetchall()})
+
+    if pg_unless_unique_violation(cursor, plain):
+        return read
+    read = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, params).fetchall()}
+    if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
+        again = pg_array([e for e in missing if e not in read])
+        read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+    return read
 
 
 def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: DatasetRef,

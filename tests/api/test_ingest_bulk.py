@@ -356,3 +356,48 @@ def test_after_a_batch_met_existing_ratings_the_next_few_skip_the_plain_insert()
     first.missed()
     assert [first.worth_trying() for _ in range(ingest._UPSERTS_AFTER_A_MISS + 2)] == \
         [False] * ingest._UPSERTS_AFTER_A_MISS + [True, True]
+
+
+@pytest.mark.integration
+def test_new_users_are_inserted_plainly_unless_a_concurrent_writer_created_them(env: Env, monkeypatch) -> None:
+    """A batch's new users: one INSERT without a conflict clause; where a concurrent writer
+    creates one of them meanwhile, that INSERT fails (after waiting for the writer) and the
+    upsert of the users runs instead: every user once, every rating on its user."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    import psycopg
+
+    add_items(env, N_ITEMS)
+    statements: list[str] = []
+    names = {ingest._DRIVER_RATING_USERS_PLAIN: "plain", ingest._DRIVER_RATING_USERS: "upsert"}
+    original = psycopg.Cursor.execute
+
+    def execute(self, query, *args, **kwargs):
+        if query in names:
+            statements.append(names[query])
+        return original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    first = env.session()
+    ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows([(u, "i0", 1.0) for u in ("n0", "n1")]))
+    assert statements == ["plain"]
+    second = env.session()
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+    def write() -> None:  # n1 is first's, uncommitted: the plain INSERT waits, then fails on it
+        ingest.upsert_ratings_batch(second, dataset="default",
+                                    rows=_rating_rows([(u, "i1", 2.0) for u in ("n1", "n2")]))
+        second.commit()
+
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    first.commit()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+    assert statements == ["plain", "plain", "upsert"]
+    assert sorted(_user_ids(env)) == ["n0", "n1", "n2"]
+    with env.session() as s:
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 4
