@@ -119,6 +119,13 @@ _PG_RATING_USERS = text(_RATING_USERS.format(on_conflict="ON CONFLICT (external_
 # one of the users after the lookup's snapshot (having waited for that writer to commit); then
 # the savepoint is rolled back and _PG_RATING_USERS runs.
 _PG_RATING_USERS_PLAIN = text(_RATING_USERS.format(on_conflict=""))
+# Tried before that (also in a savepoint) unless a recent batch's uncached users existed: every
+# uncached user inserted, no lookup at all (a batch's users not cached in this process are
+# usually new). It fails on the first one that exists.
+_PG_NEW_USERS = text(
+    "INSERT INTO users (external_id, created_at, updated_at) "
+    "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) ORDER BY e RETURNING id, external_id"
+)
 _PG_RATING_USERS_AGAIN = text(
     "WITH t AS MATERIALIZED (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
     "FROM unnest(CAST(:ids AS text[])) AS t(e)) SELECT id, e FROM t WHERE id IS NOT NULL"
@@ -202,16 +209,18 @@ _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
 _DRIVER_RATING_USERS_PLAIN = driver_sql(_PG_RATING_USERS_PLAIN)
+_DRIVER_NEW_USERS = driver_sql(_PG_NEW_USERS)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
 _DRIVER_BUMP_BATCH = driver_sql(_PG_BUMP_BATCH)
 _DRIVER_UPSERT_STAGED = driver_sql(_PG_UPSERT_STAGED)
 
 
 class _PlainInsertFirst:
-    """Whether a staged batch tries the plain insert (COPY into ``ratings``) before the upsert. A
-    batch with any existing rating pays for a failed try; where one did, updates are likely in the
-    batches that follow (a stream of re-ratings), so the next :data:`_UPSERTS_AFTER_A_MISS` go
-    straight to the upsert. Both ways write the same rows; this only picks the cheaper one."""
+    """Whether a batch tries the plain insert (COPY into ``ratings``; its uncached users without a
+    lookup) before the upsert. A batch with any existing row pays for a failed try; where one did,
+    existing rows are likely in the batches that follow (a stream of re-ratings; users created by
+    another process), so the next :data:`_UPSERTS_AFTER_A_MISS` go straight to the upsert. Both
+    ways write the same rows; this only picks the cheaper one."""
 
     def __init__(self) -> None:
         self._skips_left = 0
@@ -227,6 +236,7 @@ class _PlainInsertFirst:
 
 
 _PLAIN_INSERT_FIRST = _PlainInsertFirst()  # per process; a race between threads only shifts a count
+_NEW_USERS_FIRST = _PlainInsertFirst()  # the same for a batch's uncached users (_PG_NEW_USERS)
 
 
 class _Range(NamedTuple):
@@ -325,18 +335,25 @@ def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequenc
 
 
 def _read_or_create_users(cursor: Any, missing: list[str], now: datetime) -> dict[str, int]:
-    """External id -> row id of each of ``missing`` (sorted), the unknown ones inserted: by
-    :data:`_PG_RATING_USERS_PLAIN` in a savepoint, or where a concurrent writer created one of them,
+    """External id -> row id of each of ``missing`` (sorted), the unknown ones inserted, in a
+    savepoint: all of them (:data:`_PG_NEW_USERS`), or where one existed, those a lookup does not
+    find (:data:`_PG_RATING_USERS_PLAIN`); where a concurrent writer created one of them meanwhile,
     by :data:`_PG_RATING_USERS` and a second read."""
     params = {"ids": pg_array(missing), "now": now}
     read: dict[str, int] = {}
 
-    def plain() -> None:
-        # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-        # Python call per row, ~20 % of a 10,000-row batch)
-        read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_PLAIN, params).fetchall()})
+    def insert(statement: str) -> Callable[[], None]:
+        def work() -> None:
+            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
+            # Python call per row, ~20 % of a 10,000-row batch)
+            read.update({ext: uid for uid, ext in cursor.execute(statement, params).fetchall()})
+        return work
 
-    if pg_unless_unique_violation(cursor, plain):
+    if _NEW_USERS_FIRST.worth_trying():
+        if pg_unless_unique_violation(cursor, insert(_DRIVER_NEW_USERS)):
+            return read
+        _NEW_USERS_FIRST.missed()
+    if pg_unless_unique_violation(cursor, insert(_DRIVER_RATING_USERS_PLAIN)):
         return read
     read = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, params).fetchall()}
     if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran

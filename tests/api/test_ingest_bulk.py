@@ -359,17 +359,21 @@ def test_after_a_batch_met_existing_ratings_the_next_few_skip_the_plain_insert()
 
 
 @pytest.mark.integration
-def test_new_users_are_inserted_plainly_unless_a_concurrent_writer_created_them(env: Env, monkeypatch) -> None:
-    """A batch's new users: one INSERT without a conflict clause; where a concurrent writer
-    creates one of them meanwhile, that INSERT fails (after waiting for the writer) and the
-    upsert of the users runs instead: every user once, every rating on its user."""
+def test_new_users_are_inserted_plainly_unless_they_exist_or_a_concurrent_writer_creates_them(env: Env,
+                                                                                           monkeypatch) -> None:
+    """A batch's uncached users: one INSERT of them all, without a lookup or a conflict clause;
+    where one exists, that fails and the next batches look them up, inserting the others (again
+    without a conflict clause); where a concurrent writer creates one meanwhile, that fails too
+    (after waiting for the writer) and the upsert of the users runs: every user once."""
     if env.settings.database_url.startswith("sqlite"):
         pytest.skip("SQLite serialises writers")
     import psycopg
 
     add_items(env, N_ITEMS)
+    monkeypatch.setattr(ingest, "_NEW_USERS_FIRST", ingest._PlainInsertFirst())
     statements: list[str] = []
-    names = {ingest._DRIVER_RATING_USERS_PLAIN: "plain", ingest._DRIVER_RATING_USERS: "upsert"}
+    names = {ingest._DRIVER_NEW_USERS: "new", ingest._DRIVER_RATING_USERS_PLAIN: "lookup",
+             ingest._DRIVER_RATING_USERS: "upsert"}
     original = psycopg.Cursor.execute
 
     def execute(self, query, *args, **kwargs):
@@ -377,16 +381,26 @@ def test_new_users_are_inserted_plainly_unless_a_concurrent_writer_created_them(
             statements.append(names[query])
         return original(self, query, *args, **kwargs)
 
+    def batch(session, users: tuple[str, ...], item: str) -> None:
+        ingest.upsert_ratings_batch(session, dataset="default", rows=_rating_rows([(u, item, 1.0) for u in users]))
+
     monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    with env.session() as s:
+        batch(s, ("n0", "n1"), "i0")
+        s.commit()
+    assert statements == ["new"]
+    with env.session() as s:
+        reference_ids(s).users.clear()  # n0 and n1 exist but are not cached (as in another process)
+        batch(s, ("n0", "n2"), "i1")
+        s.commit()
+    assert statements == ["new", "new", "lookup"]  # n0 exists: the INSERT of all fails
     first = env.session()
-    ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows([(u, "i0", 1.0) for u in ("n0", "n1")]))
-    assert statements == ["plain"]
+    batch(first, ("n3", "n4"), "i2")  # the next batches look their users up first
     second = env.session()
     pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
-    def write() -> None:  # n1 is first's, uncommitted: the plain INSERT waits, then fails on it
-        ingest.upsert_ratings_batch(second, dataset="default",
-                                    rows=_rating_rows([(u, "i1", 2.0) for u in ("n1", "n2")]))
+    def write() -> None:  # n4 is first's, uncommitted: the INSERT waits, then fails on it
+        batch(second, ("n4", "n5"), "i3")
         second.commit()
 
     thread, errors = _run_in_thread(write)
@@ -396,8 +410,8 @@ def test_new_users_are_inserted_plainly_unless_a_concurrent_writer_created_them(
     thread.join()
     second.close()
     assert not errors, errors
-    assert statements == ["plain", "plain", "upsert"]
-    assert sorted(_user_ids(env)) == ["n0", "n1", "n2"]
+    assert statements == ["new", "new", "lookup", "lookup", "lookup", "upsert"]
+    assert sorted(_user_ids(env)) == [f"n{k}" for k in range(6)]
     with env.session() as s:
         assert s.execute(text(_ORPHANS)).scalar_one() == 0
-        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 4
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 8
