@@ -27,6 +27,7 @@ from app.db.dialect import (
     pg_array,
     pg_copy_ratings,
     pg_copy_triplets,
+    pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
     rows_matched,
 )
@@ -317,16 +318,19 @@ def _fill_holes(ids: list[int | None], holes: list[int], external_ids: Sequence[
 
 
 def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequence[str],
-                     now: datetime) -> list[int]:
+                     now: datetime, check_rows: Callable[[], None]) -> list[int]:
     """Create missing users; return the row id of each of ``external_ids`` (PostgreSQL, under the
     shared references lock: no user can be deleted meanwhile, so no row locks and no retry of the
     INSERT). Users in ``refs`` are not read again; the others are, and join it when the
-    transaction commits."""
+    transaction commits. ``check_rows`` (raises where a row is invalid) runs once, while
+    PostgreSQL inserts the new users; where it raises, they are not inserted."""
     ids, holes = _cached_row_ids(refs.users, external_ids)
-    if holes:
+    if not holes:
+        check_rows()
+    else:
         missing = sorted({external_ids[k] for k in holes})  # concurrent writers insert new users in one order
         with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-            read = _read_or_create_users(cursor, missing, now)
+            read = _read_or_create_users(cursor, missing, now, check_rows)
         if len(read) < len(missing):
             raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
         remember_on_commit(session, refs, users=read)
@@ -334,32 +338,31 @@ def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequenc
     return ids  # type: ignore[return-value]  # every hole filled
 
 
-def _read_or_create_users(cursor: Any, missing: list[str], now: datetime) -> dict[str, int]:
+def _read_or_create_users(cursor: Any, missing: list[str], now: datetime,
+                          check_rows: Callable[[], None]) -> dict[str, int]:
     """External id -> row id of each of ``missing`` (sorted), the unknown ones inserted, in a
     savepoint: all of them (:data:`_PG_NEW_USERS`), or where one existed, those a lookup does not
     find (:data:`_PG_RATING_USERS_PLAIN`); where a concurrent writer created one of them meanwhile,
-    by :data:`_PG_RATING_USERS` and a second read."""
+    by :data:`_PG_RATING_USERS` and a second read. ``check_rows`` runs while the first try runs."""
     params = {"ids": pg_array(missing), "now": now}
-    read: dict[str, int] = {}
-
-    def insert(statement: str) -> Callable[[], None]:
-        def work() -> None:
-            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-            # Python call per row, ~20 % of a 10,000-row batch)
-            read.update({ext: uid for uid, ext in cursor.execute(statement, params).fetchall()})
-        return work
-
     if _NEW_USERS_FIRST.worth_trying():
-        if pg_unless_unique_violation(cursor, insert(_DRIVER_NEW_USERS)):
-            return read
+        rows = pg_returning_unless_unique_violation(cursor, _DRIVER_NEW_USERS, params, check_rows)
+        check_rows = _nothing
+        if rows is not None:
+            return {ext: uid for uid, ext in rows}
         _NEW_USERS_FIRST.missed()
-    if pg_unless_unique_violation(cursor, insert(_DRIVER_RATING_USERS_PLAIN)):
-        return read
+    rows = pg_returning_unless_unique_violation(cursor, _DRIVER_RATING_USERS_PLAIN, params, check_rows)
+    if rows is not None:
+        return {ext: uid for uid, ext in rows}
     read = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, params).fetchall()}
     if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
         again = pg_array([e for e in missing if e not in read])
         read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
     return read
+
+
+def _nothing() -> None:
+    """No work (a check already done)."""
 
 
 def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: DatasetRef,
@@ -485,17 +488,21 @@ def _upsert_many(session: Session, ds: DatasetRef, refs: ReferenceIds | None, us
     """
     vals = np.asarray(values, dtype=np.float64)
     iids = _rating_item_ids(session, refs, ds, items) if item_map is None else list(map(item_map.get, items))
-    errors = _row_errors(ds, users, items, vals, iids)
-    if errors:
-        raise InvalidRows(
-            f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
-            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
-        )
+
+    def check_rows() -> None:
+        errors = _row_errors(ds, users, items, vals, iids)
+        if errors:
+            raise InvalidRows(
+                f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
+                details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
+            )
+
     now = utcnow()
     if refs is None:
+        check_rows()
         uids = list(map(_ensure_users(session, users, now).__getitem__, users))
-    else:
-        uids = _rating_user_ids(session, refs, users, now)
+    else:  # PostgreSQL: the rows are checked while it inserts the batch's new users (undone if one is invalid)
+        uids = _rating_user_ids(session, refs, users, now, check_rows)
     created = _write_ratings(session, ds, uids, iids, vals, now, while_copying)  # type: ignore[arg-type]  # no None left
     if created is None:
         return ["created"] * len(uids), len(uids), 0

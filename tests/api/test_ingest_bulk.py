@@ -415,3 +415,50 @@ def test_new_users_are_inserted_plainly_unless_they_exist_or_a_concurrent_writer
     with env.session() as s:
         assert s.execute(text(_ORPHANS)).scalar_one() == 0
         assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 8
+
+
+@pytest.mark.integration
+def test_rows_are_checked_while_new_users_are_inserted_and_a_bad_row_undoes_them(env: Env, monkeypatch) -> None:
+    """The row checks run while PostgreSQL inserts the batch's new users; where a row is invalid
+    the users are rolled back before the 422, so nothing is written even if the caller commits."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the pipelined users insert is PostgreSQL's")
+    import contextlib
+
+    import psycopg
+
+    from app.errors import InvalidRows
+
+    add_items(env, N_ITEMS)
+    in_flight = [False]
+    checked: list[bool] = []  # per row check: whether the users insert was in flight
+    original_pipeline, original_errors = psycopg.Connection.pipeline, ingest._row_errors
+
+    @contextlib.contextmanager
+    def pipeline(self):
+        with original_pipeline(self) as p:
+            in_flight[0] = True
+            try:
+                yield p
+            finally:
+                in_flight[0] = False
+
+    def row_errors(*args):
+        checked.append(in_flight[0])
+        return original_errors(*args)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", pipeline)
+    monkeypatch.setattr(ingest, "_row_errors", row_errors)
+    rows = [(f"new{k}", f"i{k}", 1.0) for k in range(5)]
+    for bad in ((0, "i0", 9.0), (0, "ghost", 1.0)):  # out of range; unknown item
+        with env.session() as s:
+            with pytest.raises(InvalidRows):
+                ingest.upsert_ratings_batch(s, dataset="default",
+                                            rows=_rating_rows(rows + [(f"new{bad[0]}x", bad[1], bad[2])]))
+            s.commit()  # a caller that commits anyway writes nothing either
+    assert checked == [True, True]
+    assert env.count("users") == 0 and env.count("ratings") == 0
+    with env.session() as s:
+        assert ingest.upsert_ratings_batch(s, dataset="default", rows=_rating_rows(rows)).created == 5
+        s.commit()
+    assert checked == [True, True, True] and env.count("users") == 5 and env.count("ratings") == 5
