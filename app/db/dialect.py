@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+from psycopg.copy import LibpqWriter
 from psycopg.errors import UniqueViolation
 from sqlalchemy import CursorResult, Result, TextClause
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 
 __all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
            "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "driver_sql", "pg_unless_unique_violation",
-           "pg_returning_unless_unique_violation"]
+           "pg_returning_unless_unique_violation", "pg_flushed_copy"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -152,3 +153,9 @@ def pg_returning_unless_unique_violation(cursor: Any, statement: str, params: di
     rows: list[tuple[Any, ...]] = cursor.fetchall()
     cursor.execute("RELEASE SAVEPOINT returning_unless_unique_violation")
     return rows
+
+
+def pg_flushed_copy(cursor: Any, statement: str) -> Any:
+    """``cursor.copy(statement)`` whose ``write`` returns once the data is with the server (not
+    left in the driver's buffer): client work after a write runs while PostgreSQL takes it in."""
+    return cursor.copy(statement, writer=LibpqWriter(cursor, flush_threshold=0))

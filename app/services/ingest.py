@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from psycopg.copy import LibpqWriter
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
@@ -27,6 +26,7 @@ from app.db.dialect import (
     pg_array,
     pg_copy_ratings,
     pg_copy_triplets,
+    pg_flushed_copy,
     pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
     rows_matched,
@@ -437,7 +437,7 @@ def _write_ratings_pg(session: Session, ds: DatasetRef, user_ids: list[int], ite
 
         def copy_new() -> None:
             # flushed: every row is with the server before while_copying takes the client's time
-            with cursor.copy(_PG_COPY_RATINGS, writer=LibpqWriter(cursor, flush_threshold=0)) as copy:
+            with pg_flushed_copy(cursor, _PG_COPY_RATINGS) as copy:
                 copy.write(pg_copy_ratings(ds.id, u, i, v, now))
                 if while_copying is not None:
                     while_copying()
