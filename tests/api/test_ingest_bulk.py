@@ -248,6 +248,19 @@ def _wait_for_transaction(env: Env, pid: int) -> None:
     raise AssertionError(f"backend {pid} never waited for the other writer")
 
 
+def _second_waits_for_first(env: Env, first, second, write) -> None:
+    """Run ``write`` (``second``'s writes) in a thread until ``second`` waits for ``first``'s
+    uncommitted rows, then commit ``first``; both sessions closed, ``write`` raised nothing."""
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    first.commit()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+
+
 @pytest.mark.integration
 def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env, monkeypatch) -> None:
     if env.settings.database_url.startswith("sqlite"):
@@ -259,7 +272,6 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
     first = env.session()
     assert ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows(rows)).created == 200
     second = env.session()
-    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
     out: list[RatingBatchResult] = []
 
     def write() -> None:  # the plain INSERT waits for `first`, then fails on its keys: the upsert runs
@@ -267,13 +279,7 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
                                                rows=_rating_rows([(u, i, 4.5) for u, i, _ in rows])))
         second.commit()
 
-    thread, errors = _run_in_thread(write)
-    _wait_for_transaction(env, pid)
-    first.commit()
-    first.close()
-    thread.join()
-    second.close()
-    assert not errors, errors
+    _second_waits_for_first(env, first, second, write)
     assert (out[0].created, out[0].updated) == (0, 200)
     assert {r["status"] for r in out[0].results} == {"updated"}
     with env.session() as s:
@@ -397,19 +403,12 @@ def test_new_users_are_inserted_plainly_unless_they_exist_or_a_concurrent_writer
     first = env.session()
     batch(first, ("n3", "n4"), "i2")  # the next batches look their users up first
     second = env.session()
-    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
     def write() -> None:  # n4 is first's, uncommitted: the INSERT waits, then fails on it
         batch(second, ("n4", "n5"), "i3")
         second.commit()
 
-    thread, errors = _run_in_thread(write)
-    _wait_for_transaction(env, pid)
-    first.commit()
-    first.close()
-    thread.join()
-    second.close()
-    assert not errors, errors
+    _second_waits_for_first(env, first, second, write)
     assert statements == ["new", "new", "lookup", "lookup", "lookup", "upsert"]
     assert sorted(_user_ids(env)) == [f"n{k}" for k in range(6)]
     with env.session() as s:
