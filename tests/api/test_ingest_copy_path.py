@@ -132,3 +132,24 @@ def test_a_batch_builds_its_results_while_the_copy_runs(env: Env, monkeypatch: p
         s.commit()
     assert built == [True, False]  # built during the failed COPY, and again after the upsert: those hold
     assert [r["status"] for r in out.results] == ["updated"] * 40 + ["created"] * 60
+
+
+class _SameHash(str):
+    """A user id whose hash collides with every other one's."""
+
+    def __hash__(self) -> int:
+        return 7
+
+
+def test_repeated_pairs_are_found_by_key_and_colliding_keys_are_checked_row_by_row() -> None:
+    from app.services.catalog import DatasetRef
+
+    ds = DatasetRef(1, "default", 0.5, 5.0)
+    values = np.full(3, 3.0)
+    assert ingest._pairs_distinct(["a", "b", "a"], [1, 1, 2])
+    assert not ingest._pairs_distinct(["a", "b", "a"], [1, 1, 1])
+    errors = ingest._row_errors(ds, ["a", "b", "a"], ["x", "x", "x"], values, [1, 1, 1])
+    assert [(e.index, e.error) for e in errors] == [(2, "duplicate (user, item) pair; first at row 0")]
+    colliding = [_SameHash("a"), _SameHash("b"), _SameHash("c")]
+    assert not ingest._pairs_distinct(colliding, [1, 1, 1])  # distinct pairs, one key: checked row by row
+    assert ingest._row_errors(ds, colliding, ["x", "x", "x"], values, [1, 1, 1]) == []
