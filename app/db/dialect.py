@@ -133,14 +133,16 @@ def pg_returning_unless_unique_violation(cursor: Any, statement: str, params: di
     Returns its rows; ``None`` where it hit a unique violation (rolled back, the rest of the
     transaction stays). Where ``meanwhile`` raises, the statement is rolled back and the exception
     propagates."""
-    failed: Exception | None = None
+    failed: BaseException | None = None
     try:
         with cursor.connection.pipeline():
             cursor.connection.execute("SAVEPOINT returning_unless_unique_violation")
             cursor.execute(statement, params)  # sent: the server runs it while the client works
+            # any exception is held until the pipeline is in sync: raised inside, psycopg would log
+            # the statement's error too (which may name a row)
             try:
                 meanwhile()
-            except Exception as exc:  # noqa: BLE001 - raised below, once the pipeline is in sync
+            except BaseException as exc:  # noqa: BLE001 - raised below
                 failed = exc
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT returning_unless_unique_violation")
