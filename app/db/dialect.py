@@ -10,13 +10,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+from psycopg.copy import LibpqWriter
 from psycopg.errors import UniqueViolation
 from sqlalchemy import CursorResult, Result, TextClause
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 __all__ = ["CHUNK", "insert_for", "pg_array", "chunks", "rows_matched", "driver_connection",
-           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "driver_sql", "pg_unless_unique_violation"]
+           "PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "driver_sql", "pg_unless_unique_violation",
+           "pg_returning_unless_unique_violation", "pg_flushed_copy"]
 
 CHUNK = 1000  # rows per INSERT statement / ids per IN list (6 parameters a row: well under SQLite's 32,766)
 
@@ -122,3 +124,40 @@ def pg_unless_unique_violation(cursor: Any, work: Callable[[], object]) -> bool:
         return False
     cursor.execute("RELEASE SAVEPOINT unless_unique_violation")
     return True
+
+
+def pg_returning_unless_unique_violation(cursor: Any, statement: str, params: dict[str, Any],
+                                         meanwhile: Callable[[], object]) -> list[tuple[Any, ...]] | None:
+    """Run ``statement`` (psycopg SQL returning rows) on ``cursor`` inside a savepoint, sent with
+    the savepoint in one round trip, and call ``meanwhile`` (client work) while PostgreSQL runs it.
+    Returns its rows; ``None`` where it hit a unique violation (rolled back, the rest of the
+    transaction stays). Where ``meanwhile`` raises, the statement is rolled back and the exception
+    propagates."""
+    failed: BaseException | None = None
+    try:
+        with cursor.connection.pipeline():
+            cursor.connection.execute("SAVEPOINT returning_unless_unique_violation")
+            cursor.execute(statement, params)  # sent: the server runs it while the client works
+            # any exception is held until the pipeline is in sync: raised inside, psycopg would log
+            # the statement's error too (which may name a row)
+            try:
+                meanwhile()
+            except BaseException as exc:  # noqa: BLE001 - raised below
+                failed = exc
+    except UniqueViolation:
+        cursor.execute("ROLLBACK TO SAVEPOINT returning_unless_unique_violation")
+        if failed is not None:
+            raise failed from None
+        return None
+    if failed is not None:
+        cursor.execute("ROLLBACK TO SAVEPOINT returning_unless_unique_violation")
+        raise failed
+    rows: list[tuple[Any, ...]] = cursor.fetchall()
+    cursor.execute("RELEASE SAVEPOINT returning_unless_unique_violation")
+    return rows
+
+
+def pg_flushed_copy(cursor: Any, statement: str) -> Any:
+    """``cursor.copy(statement)`` whose ``write`` returns once the data is with the server (not
+    left in the driver's buffer): client work after a write runs while PostgreSQL takes it in."""
+    return cursor.copy(statement, writer=LibpqWriter(cursor, flush_threshold=0))

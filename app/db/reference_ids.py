@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from app.db.dialect import driver_connection
 
-__all__ = ["ReferenceIds", "reference_ids", "remember_on_commit", "MAX_CACHED_IDS"]
+__all__ = ["ReferenceIds", "reference_ids", "reference_ids_at", "READ_EPOCH", "remember_on_commit", "MAX_CACHED_IDS"]
 
 MAX_CACHED_IDS = 250_000  # users and items together, per database; the cache is emptied when full
 _lock = threading.Lock()  # guards _by_database
@@ -31,7 +31,7 @@ _PENDING = "privrec.reference_ids.pending"  # Session.info key: what joins the c
 # the epoch, and what tells this database apart from one created again under the same URL (its
 # oid; the table's, should it be dropped and restored) or restored to an earlier state (a server
 # started anew): cached ids are valid only while all four are unchanged
-_READ_EPOCH = ("SELECT n, (SELECT oid FROM pg_database WHERE datname = current_database()), "
+READ_EPOCH = ("SELECT n, (SELECT oid FROM pg_database WHERE datname = current_database()), "
                "'reference_epoch'::regclass::oid, pg_postmaster_start_time() FROM reference_epoch")
 
 
@@ -67,7 +67,13 @@ def reference_ids(session: Session) -> ReferenceIds:
     """The cached ids valid in ``session``'s transaction (PostgreSQL; call under the references
     lock, which makes the epoch read here hold until commit)."""
     with driver_connection(session).cursor() as cursor:
-        row = cursor.execute(_READ_EPOCH).fetchone()
+        row = cursor.execute(READ_EPOCH).fetchone()
+    return reference_ids_at(session, row)
+
+
+def reference_ids_at(session: Session, row: tuple[Any, ...] | None) -> ReferenceIds:
+    """The cached ids for the epoch ``row`` that :data:`READ_EPOCH` returned in ``session``'s
+    transaction (read by the caller, e.g. pipelined with the references lock)."""
     if row is None:
         raise RuntimeError("reference_epoch has no row; run the migrations")
     key = session.connection().engine.url.render_as_string(hide_password=True)

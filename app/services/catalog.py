@@ -10,6 +10,7 @@ transaction. Functions never commit; the caller does, and then drops the serving
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -23,6 +24,8 @@ from app.schemas.ingest import ItemIn, ItemOut
 
 __all__ = [
     "get_dataset",
+    "DatasetRef",
+    "dataset_ref",
     "unknown_dataset",
     "item_row_ids",
     "import_items",
@@ -44,6 +47,21 @@ def unknown_dataset(name: str) -> UnknownDataset:
     return UnknownDataset(name)
 
 
+class DatasetRef(NamedTuple):
+    """What a rating write reads of its data set: the row id, the name and the rating range."""
+
+    id: int
+    name: str
+    rating_min: float
+    rating_max: float
+
+
+def dataset_ref(session: Session, name: str) -> DatasetRef:
+    """The data set called ``name`` as a :class:`DatasetRef` (404 when unknown)."""
+    ds = get_dataset(session, name)
+    return DatasetRef(ds.id, ds.name, ds.rating_min, ds.rating_max)
+
+
 _PG_ITEM_IDS = text(
     "SELECT i.id, i.external_id FROM unnest(CAST(:ids AS text[])) AS t(e) "
     "JOIN items i ON i.dataset_id = :ds AND i.external_id = t.e"
@@ -51,7 +69,7 @@ _PG_ITEM_IDS = text(
 _DRIVER_ITEM_IDS = driver_sql(_PG_ITEM_IDS)
 
 
-def item_row_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:
+def item_row_ids(session: Session, ds: Dataset | DatasetRef, external_ids: Sequence[str]) -> dict[str, int]:
     """External item id -> row id for the known items among ``external_ids``."""
     ids = sorted(set(external_ids))
     if is_postgres(session):

@@ -9,7 +9,7 @@ never logged.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
@@ -26,16 +26,18 @@ from app.db.dialect import (
     pg_array,
     pg_copy_ratings,
     pg_copy_triplets,
+    pg_flushed_copy,
+    pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
     rows_matched,
 )
-from app.db.models import RATINGS_VERSION_SHARDS, Dataset, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
-from app.db.reference_ids import ReferenceIds, reference_ids, remember_on_commit
+from app.db.models import RATINGS_VERSION_SHARDS, Item, Rating, User, Vote, bump_ratings_version_sharded, utcnow
+from app.db.reference_ids import READ_EPOCH, ReferenceIds, reference_ids_at, remember_on_commit
 from app.db.session import is_postgres
 from app.errors import InvalidRows, RatingOutOfRange, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
 from app.schemas.ingest import RatingBatchResult, RatingColumns, RatingOut, RatingRow, RatingWriteOut, RowResult, RowResultDict
-from app.services.catalog import get_dataset, item_row_ids, unknown_dataset
+from app.services.catalog import DatasetRef, dataset_ref, get_dataset, item_row_ids, unknown_dataset
 
 __all__ = [
     "upsert_rating",
@@ -95,6 +97,7 @@ _PG_USER_IDS = text(
 # new writers queue behind it (PostgreSQL grants lock requests in order).
 REFERENCES_LOCK_KEY = 0x70726976_72656301  # "privrec" + 1: the one advisory lock key of the service
 _PG_SHARE_REFERENCES = text("SELECT pg_advisory_xact_lock_shared(:key)")
+_PG_DATASET_REF = text("SELECT id, name, rating_min, rating_max FROM datasets WHERE name = :name")
 _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # Under the shared references lock: the known users read, the others inserted (sorted), every id
 # returned in one statement. The lookup reads the statement's snapshot, so a user committed by a
@@ -103,13 +106,26 @@ _PG_EXCLUSIVE_REFERENCES = text("SELECT pg_advisory_xact_lock(:key)")
 # Each id is looked up by its own probe of the external-id index (a scalar subquery): a join
 # left to the planner scanned and hashed the whole users table for a few hundred ids while the
 # table's statistics were stale (a table that grew since the last ANALYZE).
-_PG_RATING_USERS = text(
+_RATING_USERS = (
     "WITH t AS (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
     "FROM unnest(CAST(:ids AS text[])) AS t(e)), "
     "new AS (INSERT INTO users (external_id, created_at, updated_at) "
     "SELECT e, :now, :now FROM t WHERE id IS NULL ORDER BY e "
-    "ON CONFLICT (external_id) DO NOTHING RETURNING id, external_id) "
+    "{on_conflict}RETURNING id, external_id) "
     "SELECT id, e FROM t WHERE id IS NOT NULL UNION ALL SELECT id, external_id FROM new"
+)
+_PG_RATING_USERS = text(_RATING_USERS.format(on_conflict="ON CONFLICT (external_id) DO NOTHING "))
+# Tried first, in a savepoint: the same without ON CONFLICT (no conflict probe, speculative
+# insertion and confirmation record a new user). It fails only where a concurrent writer created
+# one of the users after the lookup's snapshot (having waited for that writer to commit); then
+# the savepoint is rolled back and _PG_RATING_USERS runs.
+_PG_RATING_USERS_PLAIN = text(_RATING_USERS.format(on_conflict=""))
+# Tried before that (also in a savepoint) unless a recent batch's uncached users existed: every
+# uncached user inserted, no lookup at all (a batch's users not cached in this process are
+# usually new). It fails on the first one that exists.
+_PG_NEW_USERS = text(
+    "INSERT INTO users (external_id, created_at, updated_at) "
+    "SELECT e, :now, :now FROM unnest(CAST(:ids AS text[])) AS t(e) ORDER BY e RETURNING id, external_id"
 )
 _PG_RATING_USERS_AGAIN = text(
     "WITH t AS MATERIALIZED (SELECT e, (SELECT u.id FROM users u WHERE u.external_id = t.e) AS id "
@@ -189,19 +205,23 @@ _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bou
 
 
 _DRIVER_SHARE_REFERENCES = driver_sql(_PG_SHARE_REFERENCES)
+_DRIVER_DATASET_REF = driver_sql(_PG_DATASET_REF)
 _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
 _DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
+_DRIVER_RATING_USERS_PLAIN = driver_sql(_PG_RATING_USERS_PLAIN)
+_DRIVER_NEW_USERS = driver_sql(_PG_NEW_USERS)
 _DRIVER_RATING_USERS_AGAIN = driver_sql(_PG_RATING_USERS_AGAIN)
 _DRIVER_BUMP_BATCH = driver_sql(_PG_BUMP_BATCH)
 _DRIVER_UPSERT_STAGED = driver_sql(_PG_UPSERT_STAGED)
 
 
 class _PlainInsertFirst:
-    """Whether a staged batch tries the plain insert (COPY into ``ratings``) before the upsert. A
-    batch with any existing rating pays for a failed try; where one did, updates are likely in the
-    batches that follow (a stream of re-ratings), so the next :data:`_UPSERTS_AFTER_A_MISS` go
-    straight to the upsert. Both ways write the same rows; this only picks the cheaper one."""
+    """Whether a batch tries the plain insert (COPY into ``ratings``; its uncached users without a
+    lookup) before the upsert. A batch with any existing row pays for a failed try; where one did,
+    existing rows are likely in the batches that follow (a stream of re-ratings; users created by
+    another process), so the next :data:`_UPSERTS_AFTER_A_MISS` go straight to the upsert. Both
+    ways write the same rows; this only picks the cheaper one."""
 
     def __init__(self) -> None:
         self._skips_left = 0
@@ -217,6 +237,7 @@ class _PlainInsertFirst:
 
 
 _PLAIN_INSERT_FIRST = _PlainInsertFirst()  # per process; a race between threads only shifts a count
+_NEW_USERS_FIRST = _PlainInsertFirst()  # the same for a batch's uncached users (_PG_NEW_USERS)
 
 
 class _Range(NamedTuple):
@@ -262,6 +283,25 @@ def share_references(session: Session) -> None:
         session.execute(_PG_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
 
+def _start_rating_write(session: Session, dataset: str) -> tuple[DatasetRef, ReferenceIds | None]:
+    """Take the references lock shared (:func:`share_references`), then read the reference epoch
+    and the data set (404 when unknown). PostgreSQL: the three statements in one round trip, a
+    pipeline that the server runs in order, each read with its own snapshot taken after the lock
+    was granted (so it sees every delete committed before). SQLite: the data set alone (no id cache)."""
+    if not is_postgres(session):
+        return dataset_ref(session, dataset), None
+    conn = driver_connection(session)
+    with conn.cursor() as lock, conn.cursor() as epoch, conn.cursor() as found:
+        with conn.pipeline():
+            lock.execute(_DRIVER_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
+            epoch.execute(READ_EPOCH)
+            found.execute(_DRIVER_DATASET_REF, {"name": dataset})
+        epoch_row, ds_row = epoch.fetchone(), found.fetchone()
+    if ds_row is None:
+        raise unknown_dataset(dataset)
+    return DatasetRef(*ds_row), reference_ids_at(session, epoch_row)
+
+
 def _cached_row_ids(cached: dict[str, int], external_ids: Sequence[str]) -> tuple[list[int | None], list[int]]:
     """Row id per element of ``external_ids`` from ``cached`` (``None`` where not cached), and the
     positions of those ``None``s. One C-level dict lookup per row: no per-row Python code when
@@ -278,23 +318,19 @@ def _fill_holes(ids: list[int | None], holes: list[int], external_ids: Sequence[
 
 
 def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequence[str],
-                     now: datetime) -> list[int]:
+                     now: datetime, check_rows: Callable[[], None]) -> list[int]:
     """Create missing users; return the row id of each of ``external_ids`` (PostgreSQL, under the
     shared references lock: no user can be deleted meanwhile, so no row locks and no retry of the
     INSERT). Users in ``refs`` are not read again; the others are, and join it when the
-    transaction commits."""
+    transaction commits. ``check_rows`` (raises where a row is invalid) runs once, while
+    PostgreSQL inserts the new users; where it raises, they are not inserted."""
     ids, holes = _cached_row_ids(refs.users, external_ids)
-    if holes:
+    if not holes:
+        check_rows()
+    else:
         missing = sorted({external_ids[k] for k in holes})  # concurrent writers insert new users in one order
         with driver_connection(session).cursor() as cursor:  # plain tuples: no Row objects for 10,000 rows
-            # fetchall: the rows are built by the driver in one call (iterating the cursor costs a
-            # Python call per row, ~20 % of a 10,000-row batch)
-            read = {ext: uid for uid, ext in cursor.execute(
-                _DRIVER_RATING_USERS, {"ids": pg_array(missing), "now": now}).fetchall()}
-            if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
-                again = pg_array([e for e in missing if e not in read])
-                read.update({ext: uid for uid, ext in cursor.execute(
-                    _DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+            read = _read_or_create_users(cursor, missing, now, check_rows)
         if len(read) < len(missing):
             raise RuntimeError("users vanished under the references lock")  # pragma: no cover - impossible
         remember_on_commit(session, refs, users=read)
@@ -302,7 +338,34 @@ def _rating_user_ids(session: Session, refs: ReferenceIds, external_ids: Sequenc
     return ids  # type: ignore[return-value]  # every hole filled
 
 
-def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
+def _read_or_create_users(cursor: Any, missing: list[str], now: datetime,
+                          check_rows: Callable[[], None]) -> dict[str, int]:
+    """External id -> row id of each of ``missing`` (sorted), the unknown ones inserted, in a
+    savepoint: all of them (:data:`_PG_NEW_USERS`), or where one existed, those a lookup does not
+    find (:data:`_PG_RATING_USERS_PLAIN`); where a concurrent writer created one of them meanwhile,
+    by :data:`_PG_RATING_USERS` and a second read. ``check_rows`` runs while the first try runs."""
+    params = {"ids": pg_array(missing), "now": now}
+    if _NEW_USERS_FIRST.worth_trying():
+        rows = pg_returning_unless_unique_violation(cursor, _DRIVER_NEW_USERS, params, check_rows)
+        check_rows = _nothing
+        if rows is not None:
+            return {ext: uid for uid, ext in rows}
+        _NEW_USERS_FIRST.missed()
+    rows = pg_returning_unless_unique_violation(cursor, _DRIVER_RATING_USERS_PLAIN, params, check_rows)
+    if rows is not None:
+        return {ext: uid for uid, ext in rows}
+    read = {ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS, params).fetchall()}
+    if len(read) < len(missing):  # created by a concurrent writer that committed while this statement ran
+        again = pg_array([e for e in missing if e not in read])
+        read.update({ext: uid for uid, ext in cursor.execute(_DRIVER_RATING_USERS_AGAIN, {"ids": again}).fetchall()})
+    return read
+
+
+def _nothing() -> None:
+    """No work (a check already done)."""
+
+
+def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: DatasetRef,
                      external_ids: Sequence[str]) -> list[int | None]:
     """The row id of each of ``external_ids`` (``None``: no such item in ``ds``): those in ``refs``
     from there, the others read (:func:`item_row_ids`) and added to it when the transaction commits."""
@@ -316,12 +379,14 @@ def _rating_item_ids(session: Session, refs: ReferenceIds | None, ds: Dataset,
     return ids
 
 
-def _write_ratings(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                   values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
+def _write_ratings(session: Session, ds: DatasetRef, user_ids: list[int], item_ids: list[int],
+                   values: np.ndarray, now: datetime,
+                   while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
     """Upsert (INSERT ... ON CONFLICT DO UPDATE) and bump the data set's version by the row count;
-    return the (user, item) row-id pairs that were created, or ``None`` when every row was."""
+    return the (user, item) row-id pairs that were created, or ``None`` when every row was.
+    ``while_copying``: see :func:`_write_ratings_pg`."""
     if is_postgres(session):
-        return _write_ratings_pg(session, ds, user_ids, item_ids, values, now)
+        return _write_ratings_pg(session, ds, user_ids, item_ids, values, now, while_copying)
     bump_ratings_version_sharded(session, ds.id, n=len(user_ids))
     table = Rating.__table__
     created: set[tuple[int, int]] = set()
@@ -348,12 +413,15 @@ def _key_order(u: np.ndarray, i: np.ndarray) -> np.ndarray:
     return np.lexsort((i, u))
 
 
-def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_ids: list[int],
-                      values: np.ndarray, now: datetime) -> set[tuple[int, int]] | None:
+def _write_ratings_pg(session: Session, ds: DatasetRef, user_ids: list[int], item_ids: list[int],
+                      values: np.ndarray, now: datetime,
+                      while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
     """PostgreSQL's bulk path: COPY the rows into ``ratings`` (:data:`_PG_COPY_RATINGS`), or where
     a rating exists already, into a temporary staging table and one set-based upsert.
     The ratings table has no foreign keys; the caller holds the references lock shared
-    (:func:`share_references`), so the data set, users and items stay."""
+    (:func:`share_references`), so the data set, users and items stay. ``while_copying`` runs
+    once the COPY's rows are sent, while PostgreSQL inserts them (client work in parallel with
+    the server's; its outcome must not depend on whether the COPY succeeds)."""
     u, i = np.array(user_ids, dtype=np.int64), np.array(item_ids, dtype=np.int64)
     order = _key_order(u, i)  # key order: B-tree inserts touch neighbouring pages
     u, i, v = u[order], i[order], values[order]
@@ -368,8 +436,11 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
         cursor.execute(_DRIVER_BUMP_BATCH, params)
 
         def copy_new() -> None:
-            with cursor.copy(_PG_COPY_RATINGS) as copy:
+            # flushed: every row is with the server before while_copying takes the client's time
+            with pg_flushed_copy(cursor, _PG_COPY_RATINGS) as copy:
                 copy.write(pg_copy_ratings(ds.id, u, i, v, now))
+                if while_copying is not None:
+                    while_copying()
 
         if _PLAIN_INSERT_FIRST.worth_trying():
             if pg_unless_unique_violation(cursor, copy_new):
@@ -383,12 +454,25 @@ def _write_ratings_pg(session: Session, ds: Dataset, user_ids: list[int], item_i
     return set(zip(created_users or [], created_items or [], strict=True))
 
 
-def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values: np.ndarray,
+_MIX = np.int64(-0x61C8864680B583EB)  # 2^64 / golden ratio, as int64: spreads item row ids over 64 bits
+
+
+def _pairs_distinct(users: Sequence[str], item_ids: list[int]) -> bool:
+    """True when no (user, item row id) pair repeats, by one sort of a 64-bit key a row (the user's
+    string hash mixed with the item's row id) instead of a set of 10,000 tuples. A repeated key (a
+    repeated pair, or by chance two pairs sharing a key) gives False: the caller checks row by row."""
+    keys = np.fromiter(map(hash, users), dtype=np.int64, count=len(users))
+    keys ^= np.asarray(item_ids, dtype=np.int64) * _MIX  # wraps modulo 2^64
+    keys.sort()
+    return not bool((keys[1:] == keys[:-1]).any())
+
+
+def _row_errors(ds: DatasetRef, users: Sequence[str], items: Sequence[str], values: np.ndarray,
                 item_ids: list[int | None]) -> list[RowResult]:
     """Every invalid row: non-finite or out-of-range value, unknown item (row id ``None``), repeated pair."""
     bad_value = ~np.isfinite(values) | (values < ds.rating_min) | (values > ds.rating_max)
     # the usual batch, checked set-wise first: no value out of range, no unknown item, no repeated pair
-    if not bad_value.any() and None not in item_ids and len(set(zip(users, items, strict=True))) == len(users):
+    if not bad_value.any() and None not in item_ids and _pairs_distinct(users, item_ids):  # type: ignore[arg-type]
         return []
     errors: list[RowResult] = []
     seen: dict[tuple[str, str], int] = {}
@@ -406,27 +490,33 @@ def _row_errors(ds: Dataset, users: Sequence[str], items: Sequence[str], values:
     return errors
 
 
-def _upsert_many(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[str],
-                 values: Sequence[float], item_map: dict[str, int] | None = None) -> tuple[list[WriteStatus], int, int]:
-    """Validate then upsert parallel rows; return (status per row, created, updated).
+def _upsert_many(session: Session, ds: DatasetRef, refs: ReferenceIds | None, users: Sequence[str],
+                 items: Sequence[str], values: Sequence[float], item_map: dict[str, int] | None = None,
+                 while_copying: Callable[[], None] | None = None) -> tuple[list[WriteStatus], int, int]:
+    """Validate then upsert parallel rows; return (status per row, created, updated). ``refs``:
+    the cached ids (:func:`_start_rating_write`; ``None`` on SQLite); ``while_copying``: see
+    :func:`_write_ratings_pg`.
 
     Raises 422 with per-row errors (and writes nothing) if any row is invalid.
     """
     vals = np.asarray(values, dtype=np.float64)
-    refs = reference_ids(session) if is_postgres(session) else None  # the caller holds the references lock
     iids = _rating_item_ids(session, refs, ds, items) if item_map is None else list(map(item_map.get, items))
-    errors = _row_errors(ds, users, items, vals, iids)
-    if errors:
-        raise InvalidRows(
-            f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
-            details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
-        )
+
+    def check_rows() -> None:
+        errors = _row_errors(ds, users, items, vals, iids)
+        if errors:
+            raise InvalidRows(
+                f"{len(errors)} of {len(users)} rows are invalid; nothing was written",
+                details={"rows": [e.model_dump() for e in errors[:1000]], "n_invalid": len(errors)},
+            )
+
     now = utcnow()
     if refs is None:
+        check_rows()
         uids = list(map(_ensure_users(session, users, now).__getitem__, users))
-    else:
-        uids = _rating_user_ids(session, refs, users, now)
-    created = _write_ratings(session, ds, uids, iids, vals, now)  # type: ignore[arg-type]  # no None left
+    else:  # PostgreSQL: the rows are checked while it inserts the batch's new users (undone if one is invalid)
+        uids = _rating_user_ids(session, refs, users, now, check_rows)
+    created = _write_ratings(session, ds, uids, iids, vals, now, while_copying)  # type: ignore[arg-type]  # no None left
     if created is None:
         return ["created"] * len(uids), len(uids), 0
     status: list[WriteStatus] = ["created" if pair in created else "updated" for pair in zip(uids, iids, strict=True)]
@@ -476,29 +566,40 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
     if is_postgres(session):
         status = _upsert_one_pg(session, dataset, user_id, item_id, rating)
     else:
-        ds = get_dataset(session, dataset)
+        ds = dataset_ref(session, dataset)
         _require_in_range(ds, rating)
         item_map = item_row_ids(session, ds, [item_id])
         if item_id not in item_map:
             raise _unknown_item(dataset, item_id)
-        status = _upsert_many(session, ds, [user_id], [item_id], [rating], item_map)[0][0]
+        status = _upsert_many(session, ds, None, [user_id], [item_id], [rating], item_map)[0][0]
     return RatingWriteOut(user_id=user_id, item_id=item_id, rating=rating, status=status,
                           updated_at=utcnow())
 
 
 def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
     """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
-    share_references(session)
-    ds = get_dataset(session, dataset)
+    ds, refs = _start_rating_write(session, dataset)
     if isinstance(rows, RatingColumns):  # validated column-wise by the route's body model
         users, items, values = rows.user_ids, rows.item_ids, rows.ratings
     else:
         users, items, values = [r.user_id for r in rows], [r.item_id for r in rows], [r.rating for r in rows]
-    status, n_created, n_updated = _upsert_many(session, ds, users, items, values)
-    # typed by construction: no per-row validation (it cost ~5 us a row), serialised as plain dicts
-    results: list[RowResultDict] = [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
-                                    for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
+    all_created: list[list[RowResultDict]] = []  # built while PostgreSQL inserts the rows (the COPY)
+
+    def build_all_created() -> None:
+        all_created.append(_row_results(users, items, ["created"] * len(users)))
+
+    status, n_created, n_updated = _upsert_many(session, ds, refs, users, items, values,
+                                                while_copying=build_all_created)
+    # every row created (whichever way it was written): the results built during the COPY hold
+    results = all_created[0] if all_created and n_updated == 0 else _row_results(users, items, status)
     return RatingBatchResult(created=n_created, updated=n_updated, results=results)
+
+
+def _row_results(users: Sequence[str], items: Sequence[str], status: Sequence[WriteStatus]) -> list[RowResultDict]:
+    """The per-row results: typed by construction, no per-row validation (it cost ~5 us a row),
+    serialised as plain dicts."""
+    return [{"index": k, "user_id": u, "item_id": i, "status": s, "error": None}
+            for k, (u, i, s) in enumerate(zip(users, items, status, strict=True))]
 
 
 def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, str, float]]) -> int:
@@ -509,8 +610,7 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
     ``unknown_items``, listing them; nothing written), never a reason to create the item, which
     would make the public catalogue reveal that someone rated it.
     """
-    share_references(session)
-    ds = get_dataset(session, dataset)
+    ds, refs = _start_rating_write(session, dataset)
     last: dict[tuple[str, str], float] = {}
     for u, i, v in rows:
         last[(str(u), str(i))] = float(v)
@@ -524,7 +624,7 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
             f"{len(missing)} unknown item(s) in data set {ds.name!r}: {shown}. Items come only from public input: "
             "add them first (privrec import-items, or PUT /v1/datasets/{dataset}/items/{item_id}); nothing was written",
             details={"unknown_items": missing[:1000], "n_unknown": len(missing)})
-    _upsert_many(session, ds, users, items, list(last.values()), item_map)
+    _upsert_many(session, ds, refs, users, items, list(last.values()), item_map)
     return len(last)
 
 

@@ -248,6 +248,19 @@ def _wait_for_transaction(env: Env, pid: int) -> None:
     raise AssertionError(f"backend {pid} never waited for the other writer")
 
 
+def _second_waits_for_first(env: Env, first, second, write) -> None:
+    """Run ``write`` (``second``'s writes) in a thread until ``second`` waits for ``first``'s
+    uncommitted rows, then commit ``first``; both sessions closed, ``write`` raised nothing."""
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    first.commit()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+
+
 @pytest.mark.integration
 def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(env: Env, monkeypatch) -> None:
     if env.settings.database_url.startswith("sqlite"):
@@ -259,7 +272,6 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
     first = env.session()
     assert ingest.upsert_ratings_batch(first, dataset="default", rows=_rating_rows(rows)).created == 200
     second = env.session()
-    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
     out: list[RatingBatchResult] = []
 
     def write() -> None:  # the plain INSERT waits for `first`, then fails on its keys: the upsert runs
@@ -267,13 +279,7 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
                                                rows=_rating_rows([(u, i, 4.5) for u, i, _ in rows])))
         second.commit()
 
-    thread, errors = _run_in_thread(write)
-    _wait_for_transaction(env, pid)
-    first.commit()
-    first.close()
-    thread.join()
-    second.close()
-    assert not errors, errors
+    _second_waits_for_first(env, first, second, write)
     assert (out[0].created, out[0].updated) == (0, 200)
     assert {r["status"] for r in out[0].results} == {"updated"}
     with env.session() as s:
@@ -356,3 +362,102 @@ def test_after_a_batch_met_existing_ratings_the_next_few_skip_the_plain_insert()
     first.missed()
     assert [first.worth_trying() for _ in range(ingest._UPSERTS_AFTER_A_MISS + 2)] == \
         [False] * ingest._UPSERTS_AFTER_A_MISS + [True, True]
+
+
+@pytest.mark.integration
+def test_new_users_are_inserted_plainly_unless_they_exist_or_a_concurrent_writer_creates_them(env: Env,
+                                                                                           monkeypatch) -> None:
+    """A batch's uncached users: one INSERT of them all, without a lookup or a conflict clause;
+    where one exists, that fails and the next batches look them up, inserting the others (again
+    without a conflict clause); where a concurrent writer creates one meanwhile, that fails too
+    (after waiting for the writer) and the upsert of the users runs: every user once."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    import psycopg
+
+    add_items(env, N_ITEMS)
+    monkeypatch.setattr(ingest, "_NEW_USERS_FIRST", ingest._PlainInsertFirst())
+    statements: list[str] = []
+    names = {ingest._DRIVER_NEW_USERS: "new", ingest._DRIVER_RATING_USERS_PLAIN: "lookup",
+             ingest._DRIVER_RATING_USERS: "upsert"}
+    original = psycopg.Cursor.execute
+
+    def execute(self, query, *args, **kwargs):
+        if query in names:
+            statements.append(names[query])
+        return original(self, query, *args, **kwargs)
+
+    def batch(session, users: tuple[str, ...], item: str) -> None:
+        ingest.upsert_ratings_batch(session, dataset="default", rows=_rating_rows([(u, item, 1.0) for u in users]))
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    with env.session() as s:
+        batch(s, ("n0", "n1"), "i0")
+        s.commit()
+    assert statements == ["new"]
+    with env.session() as s:
+        reference_ids(s).users.clear()  # n0 and n1 exist but are not cached (as in another process)
+        batch(s, ("n0", "n2"), "i1")
+        s.commit()
+    assert statements == ["new", "new", "lookup"]  # n0 exists: the INSERT of all fails
+    first = env.session()
+    batch(first, ("n3", "n4"), "i2")  # the next batches look their users up first
+    second = env.session()
+
+    def write() -> None:  # n4 is first's, uncommitted: the INSERT waits, then fails on it
+        batch(second, ("n4", "n5"), "i3")
+        second.commit()
+
+    _second_waits_for_first(env, first, second, write)
+    assert statements == ["new", "new", "lookup", "lookup", "lookup", "upsert"]
+    assert sorted(_user_ids(env)) == [f"n{k}" for k in range(6)]
+    with env.session() as s:
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+        assert s.execute(text("SELECT count(*) FROM ratings")).scalar_one() == 8
+
+
+@pytest.mark.integration
+def test_rows_are_checked_while_new_users_are_inserted_and_a_bad_row_undoes_them(env: Env, monkeypatch) -> None:
+    """The row checks run while PostgreSQL inserts the batch's new users; where a row is invalid
+    the users are rolled back before the 422, so nothing is written even if the caller commits."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("the pipelined users insert is PostgreSQL's")
+    import contextlib
+
+    import psycopg
+
+    from app.errors import InvalidRows
+
+    add_items(env, N_ITEMS)
+    in_flight = [False]
+    checked: list[bool] = []  # per row check: whether the users insert was in flight
+    original_pipeline, original_errors = psycopg.Connection.pipeline, ingest._row_errors
+
+    @contextlib.contextmanager
+    def pipeline(self):
+        with original_pipeline(self) as p:
+            in_flight[0] = True
+            try:
+                yield p
+            finally:
+                in_flight[0] = False
+
+    def row_errors(*args):
+        checked.append(in_flight[0])
+        return original_errors(*args)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", pipeline)
+    monkeypatch.setattr(ingest, "_row_errors", row_errors)
+    rows = [(f"new{k}", f"i{k}", 1.0) for k in range(5)]
+    for bad in ((0, "i0", 9.0), (0, "ghost", 1.0)):  # out of range; unknown item
+        with env.session() as s:
+            with pytest.raises(InvalidRows):
+                ingest.upsert_ratings_batch(s, dataset="default",
+                                            rows=_rating_rows(rows + [(f"new{bad[0]}x", bad[1], bad[2])]))
+            s.commit()  # a caller that commits anyway writes nothing either
+    assert checked == [True, True]
+    assert env.count("users") == 0 and env.count("ratings") == 0
+    with env.session() as s:
+        assert ingest.upsert_ratings_batch(s, dataset="default", rows=_rating_rows(rows)).created == 5
+        s.commit()
+    assert checked == [True, True, True] and env.count("users") == 5 and env.count("ratings") == 5

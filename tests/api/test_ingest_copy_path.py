@@ -90,3 +90,66 @@ def test_binary_copy_rows_encode_every_field() -> None:
     assert row["i"].tolist() == [3, 4] and row["v"].tolist() == [0.5, 5.0]
     assert row["c"].tolist() == row["t"].tolist() == [1_000_005, 1_000_005]
     assert data[-2:] == b"\xff\xff"
+
+
+@pytest.mark.integration
+def test_a_batch_builds_its_results_while_the_copy_runs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The all-created results are built while PostgreSQL inserts the COPY's rows; they are the
+    batch's results only where every row was created."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("COPY is PostgreSQL's")
+    monkeypatch.setattr(ingest, "_PLAIN_INSERT_FIRST", ingest._PlainInsertFirst())
+    add_items(env, N_ITEMS)
+    copying = [False]
+    built: list[bool] = []  # per build of the results: whether a COPY was open
+    original_copy, original_results = psycopg.Cursor.copy, ingest._row_results
+
+    @contextlib.contextmanager
+    def copy(self: psycopg.Cursor, statement: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with original_copy(self, statement, *args, **kwargs) as cp:
+            copying[0] = True
+            try:
+                yield cp
+            finally:
+                copying[0] = False
+
+    def results(*args: Any) -> Any:
+        built.append(copying[0])
+        return original_results(*args)
+
+    monkeypatch.setattr(psycopg.Cursor, "copy", copy)
+    monkeypatch.setattr(ingest, "_row_results", results)
+    rows = _rows(range(5), 2.0)
+    with env.session() as s:
+        out = ingest.upsert_ratings_batch(s, dataset="default", rows=rows)
+        s.commit()
+    assert built == [True]  # once, during the COPY
+    assert out.results == [{"index": k, "user_id": r.user_id, "item_id": r.item_id, "status": "created", "error": None}
+                           for k, r in enumerate(rows)]
+    built.clear()
+    with env.session() as s:  # users 3..7: the COPY fails, the staged upsert reports per row
+        out = ingest.upsert_ratings_batch(s, dataset="default", rows=_rows(range(3, 8), 4.5))
+        s.commit()
+    assert built == [True, False]  # built during the failed COPY, and again after the upsert: those hold
+    assert [r["status"] for r in out.results] == ["updated"] * 40 + ["created"] * 60
+
+
+class _SameHash(str):
+    """A user id whose hash collides with every other one's."""
+
+    def __hash__(self) -> int:
+        return 7
+
+
+def test_repeated_pairs_are_found_by_key_and_colliding_keys_are_checked_row_by_row() -> None:
+    from app.services.catalog import DatasetRef
+
+    ds = DatasetRef(1, "default", 0.5, 5.0)
+    values = np.full(3, 3.0)
+    assert ingest._pairs_distinct(["a", "b", "a"], [1, 1, 2])
+    assert not ingest._pairs_distinct(["a", "b", "a"], [1, 1, 1])
+    errors = ingest._row_errors(ds, ["a", "b", "a"], ["x", "x", "x"], values, [1, 1, 1])
+    assert [(e.index, e.error) for e in errors] == [(2, "duplicate (user, item) pair; first at row 0")]
+    colliding = [_SameHash("a"), _SameHash("b"), _SameHash("c")]
+    assert not ingest._pairs_distinct(colliding, [1, 1, 1])  # distinct pairs, one key: checked row by row
+    assert ingest._row_errors(ds, colliding, ["x", "x", "x"], values, [1, 1, 1]) == []
