@@ -104,3 +104,16 @@ def test_a_dead_pooled_connection_is_replaced(env: Env) -> None:
 
     first, second = asyncio.run(read_kill_read())
     assert first is not None and second is not None and first.model_dump() == second.model_dump()
+
+
+def test_groups_of_many_data_set_names_stay_bounded(env: Env) -> None:
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL reads only")
+    bind = _bind(env)
+
+    async def read_many() -> list[Any]:
+        return [await hot_read.read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": f"ds{k}"}, "u0", 4)
+                for k in range(hot_read.MAX_GROUPS + 50)]
+
+    assert all(rows == [] for rows in asyncio.run(read_many()))  # unknown data sets: no rows
+    assert len(hot_read._groups) <= hot_read.MAX_GROUPS
