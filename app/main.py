@@ -27,6 +27,7 @@ from app.api.openapi_yaml import to_yaml
 from app.api.routes import ROUTERS, dashboard, health
 from app.api.routes.health import __version__
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
+from app.db.async_read import close_pools
 from app.db.migrate import upgrade_head
 from app.db.session import engine_options, get_sessionmaker
 from app.services import budget, demo
@@ -161,6 +162,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             _shutdown(app)
+            await close_pools()
 
     app = FastAPI(
         title="privrec",

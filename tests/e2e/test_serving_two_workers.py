@@ -6,6 +6,7 @@ deleted or a model activated through one process is seen by the other on its ver
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -61,6 +62,7 @@ def test_writes_deletes_and_activations_reach_every_worker(spawn, tmp_path: Path
                 wait_http(f"{bases[-1]}/health", proc)
             with httpx.Client(base_url=bases[0], timeout=30) as a, httpx.Client(base_url=bases[1], timeout=30) as b:
                 _check_rating_write(env, a, b)
+                _check_concurrent_reads(env, bases[0], b)
                 _check_activation(env, a, b, first)
                 _check_user_deletion(env, a, b)
     finally:
@@ -78,6 +80,25 @@ def _check_rating_write(env: Env, a: httpx.Client, b: httpx.Client) -> None:
     after_a = _reco(a, env, "u0")
     assert top not in {x["item_id"] for x in after_a["items"]}
     assert after_a == _reco(b, env, "u0") == _reco(env.client, env, "u0")  # same answer everywhere
+
+
+def _check_concurrent_reads(env: Env, base_a: str, b: httpx.Client) -> None:
+    """Concurrent requests to A (its reads grouped into shared statements) right after a write
+    through B: every user gets exactly B's answer for that user, the writer's changed one included."""
+    users = [f"u{k}" for k in range(6)]
+    top = _reco(b, env, "u3")["items"][0]["item_id"]
+    r = b.put(f"{R}/users/u3/ratings/{top}", json={"rating": 2.0}, headers=env.auth("u3"))
+    assert r.status_code in (200, 201), r.text
+
+    def burst(user: str) -> list[dict]:
+        with httpx.Client(base_url=base_a, timeout=30) as client:
+            return [_reco(client, env, user) for _ in range(3)]
+
+    with ThreadPoolExecutor(len(users) * 2) as pool:
+        answers = list(pool.map(burst, users * 2))
+    for user, got in zip(users * 2, answers, strict=True):
+        assert all(answer == _reco(b, env, user) for answer in got)
+    assert all(top not in {x["item_id"] for x in answer["items"]} for answer in answers[3] + answers[9])
 
 
 def _check_activation(env: Env, a: httpx.Client, b: httpx.Client, older: int) -> None:

@@ -51,9 +51,14 @@ async def post_recommendations(request: Request, dataset: DatasetP, user_id: Use
 
 async def recommendations_response(app: Any, dataset: str, user_id: str, query: RecommendationQuery) -> Response:
     """The response of both recommendation routes (and of :mod:`app.api.fast_path`) for a caller
-    already allowed to act for ``user_id``: the service in one worker thread, the body as JSON."""
-    return _json(await run_in_app_session(
-        app, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query)))
+    already allowed to act for ``user_id``, as JSON: on the event loop when the one read is all
+    the I/O it needs (PostgreSQL, warm caches), else the service in one worker thread."""
+    out = await recommend.recommend_on_loop(app.state.sessionmaker.kw.get("bind"), app.state.settings.db_pool_size,
+                                            dataset=dataset, user_id=user_id, query=query)
+    if out is None:
+        out = await run_in_app_session(
+            app, lambda s: recommend.recommend_for_user(s, dataset=dataset, user_id=user_id, query=query))
+    return _json(out)
 
 
 def _json(out: RecommendationsOut) -> Response:

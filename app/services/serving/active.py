@@ -20,10 +20,11 @@ from app.db.models import Dataset, Item, ModelVersion
 from app.model_store import get_active_model
 from app.schemas.serving import ScoredItem
 from app.services.ingest import user_ratings_arrays
-from app.services.serving.hot_read import read_rows
+from app.services.serving.hot_read import Rows, read_rows
 
-__all__ = ["CATALOG_TTL_S", "ServedModel", "Catalog", "ActiveModel", "active", "active_with_ratings",
-           "invalidate_catalog", "catalog", "item_mask", "scored_items", "scored_rows"]
+__all__ = ["CATALOG_TTL_S", "ACTIVE_AND_RATINGS", "ACTIVE_AND_RATINGS_MANY", "ServedModel", "Catalog", "ActiveModel", "active",
+           "active_with_ratings", "active_and_ratings_params", "ratings_from_rows", "invalidate_catalog", "catalog",
+           "fresh_catalog", "item_mask", "scored_items", "scored_rows"]
 
 CATALOG_TTL_S = 30.0
 
@@ -98,11 +99,23 @@ def active(session: Session, dataset: str) -> ActiveModel:
 # One round trip for the hot path: the active version's key plus this user's own ratings, by
 # the items' database ids (mapped to model rows in this process: joining the items table cost
 # PostgreSQL an index probe per rating, about a third of the statement's time).
-_ACTIVE_AND_RATINGS = text(
+ACTIVE_AND_RATINGS = text(
     "SELECT mv.id, mv.sha256, r.item_id, r.value "
     "FROM datasets d "
     "JOIN model_versions mv ON mv.dataset_id = d.id AND mv.active "
     "LEFT JOIN users u ON u.external_id = :user "
+    "LEFT JOIN ratings r ON r.dataset_id = d.id AND r.user_id = u.id "
+    "WHERE d.name = :dataset"
+)
+
+# The same for several users at once (the event loop's grouped reads, hot_read.read_rows_async):
+# each row starts with the user's external id.
+ACTIVE_AND_RATINGS_MANY = text(
+    "SELECT q.ext, mv.id, mv.sha256, r.item_id, r.value "
+    "FROM datasets d "
+    "JOIN model_versions mv ON mv.dataset_id = d.id AND mv.active "
+    "CROSS JOIN unnest(CAST(:keys AS text[])) AS q(ext) "
+    "LEFT JOIN users u ON u.external_id = q.ext "
     "LEFT JOIN ratings r ON r.dataset_id = d.id AND r.user_id = u.id "
     "WHERE d.name = :dataset"
 )
@@ -113,16 +126,35 @@ def active_with_ratings(session: Session, dataset: str,
     """The active model (cached per version) and the one user's ratings, in one query:
     (model, item keys, values, item key -> model row). The keys are the items' database ids
     (external ids when an activation raced with the request); items outside the model have no row."""
-    rows = read_rows(session, _ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
+    rows = read_rows(session, ACTIVE_AND_RATINGS, active_and_ratings_params(dataset, user_id))
     cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
     if cached is None:  # cold cache, no active model or unknown data set: the full path
         cached = active(session, dataset).cache
         if not rows or rows[0][0] != cached.version_id:  # activation raced with this request
             items, values = user_ratings_arrays(session, dataset_id=cached.dataset_id, user_id=user_id)
             return cached, items, values, cached.positions
-    keys = [r[2] for r in rows if r[2] is not None]
-    values = [float(r[3]) for r in rows if r[2] is not None]
-    return cached, keys, values, _row_positions(session, cached)
+    return _user_ratings(cached, rows, _row_positions(session, cached))
+
+
+def active_and_ratings_params(dataset: str, user_id: str) -> dict[str, str]:
+    """The parameters of :data:`ACTIVE_AND_RATINGS` for one request."""
+    return {"dataset": dataset, "user": user_id}
+
+
+def ratings_from_rows(rows: Rows) -> tuple[ServedModel, list[Any], list[float], dict[Any, int]] | None:
+    """:func:`active_with_ratings` from the rows of :data:`ACTIVE_AND_RATINGS` alone, when the
+    active version and its row positions are cached in this process; None otherwise (the caller
+    takes the session path)."""
+    cached = _serving.get((rows[0][0], rows[0][1])) if rows else None
+    if cached is None or cached.row_positions is None:
+        return None
+    return _user_ratings(cached, rows, cached.row_positions)
+
+
+def _user_ratings(cached: ServedModel, rows: Rows,
+                  positions: dict[int, int]) -> tuple[ServedModel, list[Any], list[float], dict[Any, int]]:
+    pairs = sorted((r[2], float(r[3])) for r in rows if r[2] is not None)  # one order whatever the plan
+    return cached, [k for k, _ in pairs], [v for _, v in pairs], positions
 
 
 def _row_positions(session: Session, cached: ServedModel) -> dict[int, int]:
@@ -169,12 +201,19 @@ def _load_catalog(session: Session, dataset_id: int) -> Catalog:
                     by_category={k: frozenset(v) for k, v in by_category.items()})
 
 
+def fresh_catalog(dataset: str) -> Catalog | None:
+    """The cached catalogue of ``dataset`` while it is within its TTL; None otherwise."""
+    cat = _catalogs.get(dataset)
+    return cat if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S else None
+
+
 def catalog(session: Session, dataset_id: int, dataset: str) -> Catalog:
     """The cached catalogue; after the TTL one thread reloads it while the others keep using
     the previous copy (no thundering herd on large catalogues)."""
-    cat = _catalogs.get(dataset)
-    if cat is not None and time.monotonic() - cat.stamp < CATALOG_TTL_S:
+    cat = fresh_catalog(dataset)
+    if cat is not None:
         return cat
+    cat = _catalogs.get(dataset)
     if not _refresh_lock.acquire(blocking=cat is None):
         return cat  # type: ignore[return-value]  # another thread is refreshing
     try:

@@ -7,6 +7,7 @@ the public release, not charged). Scores and user vectors are never logged or st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from typing import Any
@@ -19,11 +20,24 @@ from app.core.mf import foldin
 from app.errors import ItemsNotInModel
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
 from app.services.serving import trained_scoring
-from app.services.serving.active import ActiveModel, active_with_ratings, catalog, item_mask, scored_items, scored_rows
+from app.services.serving.active import (
+    ACTIVE_AND_RATINGS_MANY,
+    ActiveModel,
+    Catalog,
+    ServedModel,
+    active_with_ratings,
+    catalog,
+    fresh_catalog,
+    item_mask,
+    ratings_from_rows,
+    scored_items,
+    scored_rows,
+)
+from app.services.serving.hot_read import read_rows_async
 from app.services.serving.popular import popular_indices
 from app.services.votes import user_votes_arrays
 
-__all__ = ["recommend_for_user"]
+__all__ = ["recommend_for_user", "recommend_on_loop"]
 
 
 def recommend_for_user(session: Session, *, dataset: str, user_id: str,
@@ -31,12 +45,47 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     """Top-N (or the ranking of ``query.items``) for one user from the active model plus this
     user's own ratings only (own stored votes for a model trained on votes: one-bit)."""
     cache, item_ids, values, model_row = active_with_ratings(session, dataset, user_id)  # 404s as `active`
-    algorithm = get_algorithm(cache.algorithm)
     noun = "ratings"
-    if algorithm.data == "votes":
+    if get_algorithm(cache.algorithm).data == "votes":
         noun = "votes"
         item_ids, values = user_votes_arrays(session, dataset_id=cache.dataset_id, user_id=user_id)
         model_row = cache.positions
+    cat = catalog(session, cache.dataset_id, dataset)
+    return _recommend(cache, cat, _UserData(user_id, item_ids, values, model_row, noun), query)
+
+
+async def recommend_on_loop(bind: Any, pool_size: int, *, dataset: str, user_id: str,
+                            query: RecommendationQuery) -> RecommendationsOut | None:
+    """:func:`recommend_for_user` on the event loop: the one round trip on an asynchronous
+    connection (PostgreSQL ``bind``), the rest from this process's caches. None when any of it
+    needs a session (another database, a cold cache, an activation racing with the read, a
+    catalogue past its TTL, a model trained on votes): the caller runs the session path."""
+    rows = await read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": dataset}, user_id, pool_size)
+    read = None if rows is None else ratings_from_rows(rows)
+    if read is None:
+        return None
+    cache, item_ids, values, model_row = read
+    cat = fresh_catalog(dataset)
+    if cat is None or get_algorithm(cache.algorithm).data == "votes":
+        return None
+    return _recommend(cache, cat, _UserData(user_id, item_ids, values, model_row, "ratings"), query)
+
+
+@dataclass(frozen=True)
+class _UserData:
+    """The requesting user's own data as read: item keys, values, key -> model row."""
+
+    user_id: str
+    item_ids: list[Any]
+    values: list[float]
+    model_row: dict[Any, int]
+    noun: str  # "ratings" or "votes", for the fallback reason
+
+
+def _recommend(cache: ServedModel, cat: Catalog, user: _UserData, query: RecommendationQuery) -> RecommendationsOut:
+    """The answer from the cached model, the catalogue and the user's own data (no I/O)."""
+    algorithm = get_algorithm(cache.algorithm)
+    user_id, item_ids, values, model_row, noun = user.user_id, user.item_ids, user.values, user.model_row, user.noun
     s = ActiveModel(row=None, cache=cache)  # type: ignore[arg-type]  # the row is not needed here
     model = s.model
     rated = np.fromiter(map(model_row.get, item_ids, repeat(-1)), dtype=np.int64, count=len(item_ids))
@@ -52,9 +101,9 @@ def recommend_for_user(session: Session, *, dataset: str, user_id: str,
     if query.items is not None:
         return out(fallback=False, fallback_reason=None,
                    items=_ranked_list(s, algorithm, kind, rated_idx, rated_vals, query.items))
-    allowed = _allowed(session, s, dataset, query)
+    allowed = _allowed(cat, s, query)
     allowed[rated_idx] = False
-    out = partial(out, notes=_category_notes(session, s, dataset, query))
+    out = partial(out, notes=_category_notes(cat, query))
     if reason is not None:
         idx, popularity = popular_indices(s, query.n, allowed)
         scores = _baseline_scores(s, kind)
@@ -84,9 +133,8 @@ def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.nd
     return trained_scoring.top_n_scores(s.model, s.cache.trained, vector, offset, n, allowed, scale)
 
 
-def _allowed(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> np.ndarray:
+def _allowed(cat: Catalog, s: ActiveModel, query: RecommendationQuery) -> np.ndarray:
     """Candidate mask: active items, in ``categories`` when given, not in ``exclude``."""
-    cat = catalog(session, s.cache.dataset_id, dataset)
     allowed = ~item_mask(s, ("inactive", cat.stamp), cat.inactive)
     if query.categories is not None:
         in_cats = np.zeros(s.model.n_items, dtype=bool)
@@ -99,11 +147,11 @@ def _allowed(session: Session, s: ActiveModel, dataset: str, query: Recommendati
     return allowed
 
 
-def _category_notes(session: Session, s: ActiveModel, dataset: str, query: RecommendationQuery) -> list[str]:
+def _category_notes(cat: Catalog, query: RecommendationQuery) -> list[str]:
     """Say so when a requested category is carried by no item (the list would be silently empty)."""
     if not query.categories:
         return []
-    known = catalog(session, s.cache.dataset_id, dataset).by_category
+    known = cat.by_category
     return [f"no item carries category {c!r}" for c in query.categories if c not in known]
 
 
