@@ -56,28 +56,47 @@ def artifact_path_for(dataset: str, run_id: int, artifact_dir: Path) -> Path:
     return base / dataset / f"run-{run_id}.npz"
 
 
+_loading: dict[tuple[int, str], threading.Lock] = {}  # one loader per version: the others wait for it
+
+
 def clear_cache() -> None:
     """Forget every loaded model (tests)."""
     with _cache_lock:
         _cache.clear()
 
 
-def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
-    """The public model of a version row (by its algorithm); loaded and hash-checked once, then cached."""
-    key = (row.id, row.sha256)
+def _cached(key: tuple[int, str]) -> PublicModel | None:
     with _cache_lock:
         model = _cache.get(key)
         if model is not None:
             _cache.move_to_end(key)
-            return model
-    try:
-        model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)
-    except ArtifactError as exc:
-        raise ArtifactUnreadable(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
+        return model
+
+
+def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
+    """The public model of a version row (by its algorithm); loaded and hash-checked once, then cached.
+
+    Single flight: the concurrent first requests of a cold process wait for one load of a version
+    instead of each reading, hashing and parsing the artifact at once."""
+    key = (row.id, row.sha256)
+    model = _cached(key)
+    if model is not None:
+        return model
     with _cache_lock:
-        _cache[key] = model
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        loading = _loading.setdefault(key, threading.Lock())
+    with loading:
+        model = _cached(key)
+        if model is not None:
+            return model
+        try:
+            model = get_algorithm(row.algorithm).load(row.artifact_path, row.sha256)
+        except ArtifactError as exc:
+            raise ArtifactUnreadable(f"artifact of model version {row.id} is unreadable or altered: {exc}") from exc
+        with _cache_lock:
+            _cache[key] = model
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+            _loading.pop(key, None)
     return model
 
 

@@ -379,3 +379,37 @@ def test_load_ratings_round_trips_the_stored_ratings(db_url):
     got = triples(loaded, str)
     assert sorted((i, v) for _, i, v in orig) == sorted((i, v) for _, i, v in got)
     assert sorted(np.diff(original.csr.indptr).tolist()) == sorted(np.diff(loaded.csr.indptr).tolist())
+
+
+def test_concurrent_first_requests_load_a_version_once(seeded, settings, monkeypatch):
+    """A cold process's concurrent first requests wait for one load of the artifact (single
+    flight) and all get that model."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.core import algorithms
+
+    run_id = _start(seeded)
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "succeeded"
+    model_store.clear_cache()
+    with session_scope(seeded) as s:
+        row = model_store.get_active_version(s, "default")
+        s.expunge(row)
+    algorithm = algorithms.get_algorithm(row.algorithm)
+    loads, started = [], threading.Barrier(8)
+    original = type(algorithm).load
+
+    def slow_load(self, path, sha256):
+        loads.append(path)
+        return original(self, path, sha256)
+
+    monkeypatch.setattr(type(algorithm), "load", slow_load)
+
+    def first_request(_):
+        started.wait()
+        return model_store.load_version_model(row)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        models = list(pool.map(first_request, range(8)))
+    assert len(loads) == 1
+    assert all(m is models[0] for m in models)
