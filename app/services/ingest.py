@@ -176,29 +176,10 @@ _PG_UPSERT_ARRAYS = text(
 # the data set, item and user looked up, then the rating and the data set's version shard written
 # only if all three exist and the value is in range. The row says what was found, so the caller
 # can refuse (404/422, nothing written) or create the missing user and run it again.
-_PG_UPSERT_ONE = text(
-    "WITH d AS (SELECT id, rating_min, rating_max FROM datasets WHERE name = :name), "
-    "it AS (SELECT items.id FROM items JOIN d ON items.dataset_id = d.id WHERE items.external_id = :item), "
-    "u AS (SELECT id FROM users WHERE external_id = :user), "
-    "ok AS (SELECT d.id AS ds, u.id AS uid, it.id AS iid FROM d, u, it "
-    "WHERE CAST(:v AS float8) BETWEEN d.rating_min AND d.rating_max), "
-    "rating AS ("
-    "INSERT INTO ratings (dataset_id, user_id, item_id, value, created_at, updated_at) "
-    "SELECT ds, uid, iid, :v, :now, :now FROM ok "
-    "ON CONFLICT (user_id, dataset_id, item_id) "
-    "DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at "
-    "RETURNING (xmax = 0) AS inserted), "
-    "bump AS (INSERT INTO ratings_version_shards (dataset_id, shard, n, changed_at) "
-    f"SELECT ds, pg_backend_pid() % {RATINGS_VERSION_SHARDS}, 1, :now FROM ok "
-    "ON CONFLICT (dataset_id, shard) DO UPDATE SET n = ratings_version_shards.n + 1, "
-    "changed_at = EXCLUDED.changed_at) "
-    "SELECT d.rating_min, d.rating_max, (SELECT id FROM it) AS item_id, (SELECT id FROM u) AS user_id, "
-    "(SELECT inserted FROM rating) AS inserted FROM d"
-)
-_PG_NEW_USER = text(
-    "INSERT INTO users (external_id, created_at, updated_at) VALUES (:user, :now, :now) "
-    "ON CONFLICT (external_id) DO NOTHING"
-)
+# One rating: the references lock, lookups and writes in one call of a server-side function
+# (migration 0009; a VOLATILE PL/pgSQL function reads a fresh snapshot in each statement, so
+# everything after the lock sees every delete committed before it was granted).
+_PG_UPSERT_ONE = text("SELECT * FROM upsert_one_rating(:name, :user, :item, :v, :now, :key, :shards)")
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
 _UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain insert (COPY) after one found a rating existing
 _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bounds the retries
@@ -207,7 +188,6 @@ _MAX_USER_ATTEMPTS = 5  # a concurrently deleted user is created again; this bou
 _DRIVER_SHARE_REFERENCES = driver_sql(_PG_SHARE_REFERENCES)
 _DRIVER_DATASET_REF = driver_sql(_PG_DATASET_REF)
 _DRIVER_UPSERT_ONE = driver_sql(_PG_UPSERT_ONE)
-_DRIVER_NEW_USER = driver_sql(_PG_NEW_USER)
 _DRIVER_RATING_USERS = driver_sql(_PG_RATING_USERS)
 _DRIVER_RATING_USERS_PLAIN = driver_sql(_PG_RATING_USERS_PLAIN)
 _DRIVER_NEW_USERS = driver_sql(_PG_NEW_USERS)
@@ -537,26 +517,21 @@ def _require_in_range(ds: Any, rating: float) -> None:
 
 
 def _upsert_one_pg(session: Session, dataset: str, user_id: str, item_id: str, rating: float) -> WriteStatus:
-    """One rating on PostgreSQL in two statements (four for a new user): the shared references
-    lock, then lookups and writes in one statement (:data:`_PG_UPSERT_ONE`). Both go through the
-    driver's cursor (prepared by psycopg after a few uses): no ORM objects, no SQL compilation."""
-    now = utcnow()
-    params = {"name": dataset, "item": item_id, "user": user_id, "v": float(rating), "now": now}
+    """One rating on PostgreSQL in one statement (:data:`_PG_UPSERT_ONE`): the shared references
+    lock, the lookups, a new user's row, the upsert and the version bump. Through the driver's
+    cursor (prepared by psycopg after a few uses): no ORM objects, no SQL compilation."""
+    params = {"name": dataset, "user": user_id, "item": item_id, "v": float(rating), "now": utcnow(),
+              "key": REFERENCES_LOCK_KEY, "shards": RATINGS_VERSION_SHARDS}
     with driver_connection(session).cursor() as cursor:
-        cursor.execute(_DRIVER_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
         row = cursor.execute(_DRIVER_UPSERT_ONE, params).fetchone()
-        if row is None:
-            raise unknown_dataset(dataset)
-        rating_min, rating_max, iid, uid, inserted = row
-        _require_in_range(_Range(rating_min, rating_max), rating)
-        if iid is None:
-            raise _unknown_item(dataset, item_id)
-        if uid is None:  # the user's first rating: create them (no one can delete them meanwhile)
-            cursor.execute(_DRIVER_NEW_USER, {"user": user_id, "now": now})
-            row = cursor.execute(_DRIVER_UPSERT_ONE, params).fetchone()
-            inserted = row[4] if row is not None else None
-        if inserted is None:
-            raise RuntimeError("the rating was not written")  # pragma: no cover - impossible under the lock
+    if row is None:
+        raise unknown_dataset(dataset)
+    rating_min, rating_max, iid, _uid, inserted = row
+    _require_in_range(_Range(rating_min, rating_max), rating)
+    if iid is None:
+        raise _unknown_item(dataset, item_id)
+    if inserted is None:
+        raise RuntimeError("the rating was not written")  # pragma: no cover - impossible under the lock
     return "created" if inserted else "updated"
 
 

@@ -207,20 +207,28 @@ def test_a_user_delete_waits_for_ratings_in_flight_then_removes_them(env: Env, r
 
 
 @pytest.mark.integration
-def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(env: Env) -> None:
+@pytest.mark.parametrize("rows", [1, 70])  # single upsert (one server-side call), staged batch
+def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(env: Env, rows: int) -> None:
+    """A writer that waits for a user's delete sees the delete once it runs (its reads take their
+    snapshots after the lock was granted): it creates the user afresh, and no rating is orphaned."""
     if env.settings.database_url.startswith("sqlite"):
         pytest.skip("SQLite serialises writers")
     add_items(env, 100)
     with env.session() as s:
         ingest.import_ratings(s, dataset="default", rows=[("back", f"i{k}", 1.0) for k in range(100)])
         s.commit()
+        old_id = s.execute(text("SELECT id FROM users WHERE external_id = 'back'")).scalar_one()
     deleter = env.session()
     assert ingest.delete_user(deleter, user_id="back") == 100  # uncommitted: holds the lock exclusively
     writer = env.session()
     pid = writer.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
     def write() -> None:
-        ingest.import_ratings(writer, dataset="default", rows=[("back", f"i{k}", 4.0) for k in range(70)])
+        if rows == 1:
+            out = ingest.upsert_rating(writer, dataset="default", user_id="back", item_id="i0", rating=4.0)
+            assert out.status == "created"
+        else:
+            ingest.import_ratings(writer, dataset="default", rows=[("back", f"i{k}", 4.0) for k in range(rows)])
         writer.commit()
 
     thread, errors = _run_in_thread(write)
@@ -233,7 +241,8 @@ def test_ratings_written_while_a_delete_is_in_flight_wait_and_recreate_the_user(
     orphans = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
     with env.session() as s:
         assert s.execute(text(orphans)).scalar_one() == 0
-        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (70, 4.0)
+        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (rows, 4.0)
+        assert s.execute(text("SELECT id FROM users WHERE external_id = 'back'")).scalar_one() != old_id
 
 
 def _wait_for_transaction(env: Env, pid: int) -> None:
