@@ -297,3 +297,43 @@ def test_default_solver_is_cg_and_fits_as_the_exact_one():
         predicted = model.global_mean + fold_in_users(model, ratings) @ model.item_factors.T
         fits.append(np.sqrt(np.mean((predicted - truth) ** 2)))
     assert fits[0] < 0.05 and abs(fits[0] - fits[1]) < 0.01
+
+
+def test_solvers_write_into_a_given_buffer_exactly_what_they_return():
+    """``out`` (DPALS passes a view of its padded user table): the same solutions, written in
+    place, rows without entries zero; a buffer of the wrong shape or dtype is refused."""
+    import scipy.sparse as sp
+
+    from app.core.mf.als import solve_side_cg
+
+    rng = np.random.default_rng(11)
+    csr = sp.random(50, 30, density=0.2, random_state=12, format="csr")
+    csr[7] = 0  # a row without entries
+    csr.eliminate_zeros()
+    plan = make_plan(csr.indptr, csr.indices, csr.data, 30)
+    factors, ridge = rng.normal(size=(30, 5)), rng.uniform(0.5, 2.0, size=50)
+    start = rng.normal(size=(50, 5)).astype(np.float32)
+    for solve in (lambda **kw: solve_side(plan, factors, ridge, **kw),
+                  lambda **kw: solve_side_cg(plan, factors, ridge, start, 3, **kw)):
+        table = np.zeros((51, 5))
+        assert solve(out=table[:-1]) is not None
+        assert np.array_equal(table[:-1], solve()) and not table[7].any() and not table[-1].any()
+        for bad in (np.zeros((50, 5), dtype=np.float32), np.zeros((49, 5))):
+            with pytest.raises(ValueError, match="out must be"):
+                solve(out=bad)
+
+
+def test_user_factors_are_clipped_in_place_value_for_value():
+    """DPALS clips U in its padded table block by block: the same values as ``clip_rows``,
+    over more rows than one block, rows below, at and above the bound."""
+    from app.core.mf.dpals import _NORM_BLOCK_ROWS, _clip_rows_in_place
+    from app.core.privacy.sampling import clip_rows
+
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(2 * _NORM_BLOCK_ROWS + 17, 8)) * rng.uniform(0.0, 3.0, size=(2 * _NORM_BLOCK_ROWS + 17, 1))
+    x[5] = 0.0
+    x[6] = x[6] / np.linalg.norm(x[6])  # at the bound
+    expected = clip_rows(x, 1.0)
+    _clip_rows_in_place(x, 1.0)
+    assert np.array_equal(x, expected)
+    assert np.linalg.norm(x, axis=1).max() <= 1.0 + 1e-12

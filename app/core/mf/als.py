@@ -199,6 +199,15 @@ def solve_rows(gram: np.ndarray, rhs: np.ndarray, ridge: np.ndarray, shared: np.
     return np.linalg.solve(system, rhs[:, :, None])[:, :, 0]
 
 
+def _solutions_buffer(out: np.ndarray | None, n_rows: int, rank: int) -> np.ndarray:
+    """``out`` checked (a float64 (n_rows, rank) array), or a new zeroed one."""
+    if out is None:
+        return np.zeros((n_rows, rank))
+    if out.shape != (n_rows, rank) or out.dtype != np.float64:
+        raise ValueError(f"out must be a float64 array of shape {(n_rows, rank)}")
+    return out
+
+
 def solve_side(
     plan: SolvePlan,
     factors: np.ndarray,
@@ -206,15 +215,17 @@ def solve_side(
     shared: np.ndarray | None = None,
     n_threads: int | None = None,
     gram_dtype: type = np.float32,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """All rows' exact ridge solutions; rows without entries get the zero vector.
+    """All rows' exact ridge solutions; rows without entries get the zero vector. ``out``, when
+    given, is a zeroed float64 (n_rows, rank) array the solutions are written into (returned).
 
     Rows shorter than the rank (and no shared term) use the dual form
     (XᵀX + λI)⁻¹Xᵀy = Xᵀ(XXᵀ + λI)⁻¹y, exact for λ > 0, at O(L²r + L³) instead of O(Lr² + r³).
     Buckets are solved in parallel (see ``app.core.parallel``).
     """
     rank = factors.shape[1]
-    out = np.zeros((plan.n_rows, rank))
+    out = _solutions_buffer(out, plan.n_rows, rank)
     # Gram matrices in ``gram_dtype`` (float32: several times faster batched BLAS), solves in
     # float64. Used only for solves whose output is never released as such (user steps,
     # fold-in, non-private ALS); the DP item statistics are always formed in float64.
@@ -240,6 +251,7 @@ def solve_side_cg(
     steps: int,
     shared: np.ndarray | None = None,
     n_threads: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``steps`` conjugate-gradient iterations per row on (G_i + shared + ridge_i I) x_i = b_i from ``start``.
 
@@ -247,10 +259,10 @@ def solve_side_cg(
     instead of O(L r²) for the Gram and O(r³) for its solve (warm-started ALS, Takács et al. 2011,
     as ``implicit`` does). Float32 arithmetic, like ``implicit``'s, in one compiled pass per row
     (:func:`_cg_rows`: no gathered copy of the factors, no Python between the steps, the GIL
-    released). Rows without entries get zero.
+    released). Rows without entries get zero. ``out`` as for :func:`solve_side`.
     """
     rank = factors.shape[1]
-    out = np.zeros((plan.n_rows, rank))
+    out = _solutions_buffer(out, plan.n_rows, rank)
     padded = np.vstack([factors, np.zeros((1, rank))]).astype(np.float32)
     shared32 = np.zeros((0, 0), dtype=np.float32) if shared is None else shared.astype(np.float32)
     ridge32 = ridge.astype(np.float32)

@@ -532,7 +532,9 @@ def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndar
         return make_plan(indptr, minor, vals, n_minor, weights, value_dtype)
     order = sort_pairs(major, minor)
     w = None if weights is None else weights[order]
-    return make_plan(indptr, minor[order], vals[order], n_minor, w, value_dtype)
+    minor, vals = minor[order], vals[order]
+    del order  # before the buckets are filled: peak memory
+    return make_plan(indptr, minor, vals, n_minor, w, value_dtype)
 
 
 def _sorted_pairs(major: np.ndarray, minor: np.ndarray) -> bool:
@@ -571,7 +573,7 @@ def _item_step(
 ) -> np.ndarray:
     """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves.
 
-    ``padded``: the clipped user factors and a trailing zero row (:func:`_clipped_padded`).
+    ``padded``: the clipped user factors and a trailing zero row (clipped by :func:`_clip_rows_in_place`).
 
     ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
     its draw order do not depend on it.
@@ -663,12 +665,15 @@ def pool_item_grams(
     return pooled, weights
 
 
-def _clipped_padded(solved: np.ndarray, bound: float) -> np.ndarray:
-    """clip(u_i, Γ_u) for every user (``clip_rows``, value for value) and a trailing zero row, the
-    padding target of the item plan's buckets, in one buffer: no second copy of U for the gather."""
-    padded = np.zeros((solved.shape[0] + 1, solved.shape[1]))
-    np.multiply(solved, clip_scale(np.linalg.norm(solved, axis=1), bound)[:, None], out=padded[:-1])
-    return padded
+def _clip_rows_in_place(x: np.ndarray, bound: float) -> None:
+    """x ← clip(x, bound) row by row (``clip_rows``, value for value), block by block: each row's
+    norm is the same either way, and no temporary of x's size is made."""
+    for start in range(0, x.shape[0], _NORM_BLOCK_ROWS):
+        block = x[start : start + _NORM_BLOCK_ROWS]
+        block *= clip_scale(np.linalg.norm(block, axis=1), bound)[:, None]
+
+
+_NORM_BLOCK_ROWS = 8192
 
 
 def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
@@ -774,8 +779,10 @@ def _user_step(
     config: DPALSConfig,
     user_reg: UserRegularisation,
     start: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """User solves from all of each user's frequent ratings (privileged, never released).
+    """User solves from all of each user's frequent ratings (privileged, never released), into
+    ``out`` when given (a zeroed float64 (n_users, rank) array).
 
     Exact ridge solves, or ``user_cg_steps`` conjugate-gradient iterations per user from ``start``
     (her previous step's solution; zeros at the first step): O(nnz·r) per iteration instead of
@@ -785,10 +792,10 @@ def _user_step(
     ridge = user_reg.ridge(prep.user_plan.counts)
     shared = config.reg_gravity * item_factors.T @ item_factors if config.reg_gravity else None
     if config.user_cg_steps == 0:
-        return solve_side(prep.user_plan, item_factors, ridge, shared)
+        return solve_side(prep.user_plan, item_factors, ridge, shared, out=out)
     if start is None:
         start = np.zeros((prep.user_plan.n_rows, config.rank), dtype=np.float32)
-    return solve_side_cg(prep.user_plan, item_factors, ridge, start, config.user_cg_steps, shared)
+    return solve_side_cg(prep.user_plan, item_factors, ridge, start, config.user_cg_steps, shared, out=out)
 
 
 def event_parameters(config: DPALSConfig) -> dict[str, Any]:
@@ -871,9 +878,12 @@ def fit_dpals(
     user_start = None  # the previous step's unclipped solutions: the CG warm start
     last_releases: deque[np.ndarray] = deque(maxlen=config.average_last)  # the released V's to average
     for step in range(config.n_steps):
-        solved = _user_step(prep, item_factors, config, user_reg, user_start)
+        # U and a trailing zero row (the padding target of the item plan's buckets) in one buffer:
+        # no second copy of U for the clip or the gather
+        padded = np.zeros((prep.user_plan.n_rows + 1, config.rank))
+        solved = _user_step(prep, item_factors, config, user_reg, user_start, out=padded[:-1])
         user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
-        padded = _clipped_padded(solved, config.clip_user)
+        _clip_rows_in_place(solved, config.clip_user)
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
         item_factors = _item_step(prep, padded, config, releaser, public)
