@@ -117,3 +117,58 @@ def test_groups_of_many_data_set_names_stay_bounded(env: Env) -> None:
 
     assert all(rows == [] for rows in asyncio.run(read_many()))  # unknown data sets: no rows
     assert len(hot_read._groups) <= hot_read.MAX_GROUPS
+
+
+def _held_first_statement(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], dict[str, asyncio.Event]]:
+    """Count the grouped statements; the first one waits for ``gate["release"]`` (set per loop)."""
+    statements: list[list[str]] = []
+    gate: dict[str, asyncio.Event] = {}
+    real_rows = async_read.AsyncReadPool.rows
+
+    async def held(self: async_read.AsyncReadPool, sql: str, params: Any) -> Any:
+        statements.append(sorted(params["keys"]))
+        if len(statements) == 1:
+            await gate["release"].wait()  # a statement held up (PostgreSQL's backend without a core)
+        return await real_rows(self, sql, params)
+
+    monkeypatch.setattr(async_read.AsyncReadPool, "rows", held)
+    return statements, gate
+
+
+@pytest.mark.parametrize("second_after_s", [3600.0, 0.01])
+def test_reads_wait_for_the_statement_in_flight_until_the_second_slot_opens(
+        env: Env, monkeypatch: pytest.MonkeyPatch, second_after_s: float) -> None:
+    """One statement in flight: reads that arrive meanwhile wait and go together in the next one;
+    only a statement out for GROUP_SECOND_AFTER_S lets a second one go (its reads answered while
+    the first is still held up)."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL reads only")
+    _published(env)
+    bind = _bind(env)
+    monkeypatch.setattr(hot_read, "GROUP_SECOND_AFTER_S", second_after_s)
+    statements, gate = _held_first_statement(monkeypatch)
+
+    def read(user: str) -> Any:
+        return hot_read.read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": "default"}, user, 4)
+
+    async def scenario() -> tuple[bool, list[Any]]:
+        gate["release"] = asyncio.Event()
+        first = asyncio.ensure_future(read("u0"))
+        while not statements:  # the first statement is out
+            await asyncio.sleep(0)
+        later = asyncio.gather(read("u1"), read("u2"))
+        if second_after_s > 60:
+            await asyncio.sleep(0.05)
+            assert len(statements) == 1  # u1 and u2 wait for the statement in flight
+            gate["release"].set()
+            return False, [await first, *await later]
+        rows = await asyncio.wait_for(later, 30)  # answered by the second slot while the first is held
+        first_done = first.done()
+        gate["release"].set()
+        return first_done, [await first, *rows]
+
+    first_done_early, got = asyncio.run(scenario())
+    assert not first_done_early
+    assert statements == [["u0"], ["u1", "u2"]]  # the two waiting reads went together
+    for user, rows in zip(["u0", "u1", "u2"], got, strict=True):
+        assert sorted(tuple(r) for r in rows) == _session_rows(env, user)
