@@ -296,6 +296,44 @@ def test_two_writers_of_the_same_new_ratings_both_succeed_and_the_later_updates(
     assert _version(env) == v0 + 400
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_two_single_upserts_of_a_new_users_first_rating(env: Env, first_commits: bool) -> None:
+    """Two single upserts of a new user's rating at once (one server-side call each): the second
+    waits on the first's new user row; if the first commits it finds that user and updates the
+    rating, if it rolls back it creates the user and the rating itself. One user row either way."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers")
+    add_items(env, 2)
+    v0 = _version(env)
+    first = env.session()
+    assert ingest.upsert_rating(first, dataset="default", user_id="fresh", item_id="i0", rating=2.0).status == "created"
+    second = env.session()
+    out: list[str] = []
+
+    def write() -> None:  # waits for `first`'s uncommitted user row (the unique external id)
+        out.append(ingest.upsert_rating(second, dataset="default", user_id="fresh", item_id="i0", rating=4.5).status)
+        second.commit()
+
+    pid = second.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    thread, errors = _run_in_thread(write)
+    _wait_for_transaction(env, pid)
+    if first_commits:
+        first.commit()
+    else:
+        first.rollback()
+    first.close()
+    thread.join()
+    second.close()
+    assert not errors, errors
+    assert out == ["updated" if first_commits else "created"]
+    with env.session() as s:
+        assert s.execute(text("SELECT count(*) FROM users WHERE external_id = 'fresh'")).scalar_one() == 1
+        assert s.execute(text("SELECT count(*), min(value) FROM ratings")).one() == (1, 4.5)
+        assert s.execute(text(_ORPHANS)).scalar_one() == 0
+    assert _version(env) == v0 + (2 if first_commits else 1)
+
+
 def _rating_rows(rows: list[tuple[str, str, float]]) -> list[RatingRow]:
     return [RatingRow(user_id=u, item_id=i, rating=v) for u, i, v in rows]
 
