@@ -172,13 +172,12 @@ _PG_UPSERT_ARRAYS = text(
     "RETURNING user_id, item_id, (xmax = 0) AS inserted) "
     "SELECT user_id, item_id FROM upserted WHERE inserted"
 )
-# One rating in one statement, under the shared references lock (taken by the statement before):
-# the data set, item and user looked up, then the rating and the data set's version shard written
-# only if all three exist and the value is in range. The row says what was found, so the caller
-# can refuse (404/422, nothing written) or create the missing user and run it again.
-# One rating: the references lock, lookups and writes in one call of a server-side function
-# (migration 0009; a VOLATILE PL/pgSQL function reads a fresh snapshot in each statement, so
-# everything after the lock sees every delete committed before it was granted).
+# One rating in one call of a server-side function (migration 0009): the shared references lock,
+# then the data set, item and user looked up (a VOLATILE PL/pgSQL function reads a fresh snapshot
+# in each statement, so these see every delete committed before the lock was granted), then a new
+# user's row, the rating and the data set's version shard written only if the data set and item
+# exist and the value is in range. The row says what was found, so the caller can refuse (404/422,
+# nothing written).
 _PG_UPSERT_ONE = text("SELECT * FROM upsert_one_rating(:name, :user, :item, :v, :now, :key, :shards)")
 _STAGE_THRESHOLD = 64  # rows: below this one statement with array parameters beats COPY staging
 _UPSERTS_AFTER_A_MISS = 8  # staged batches that skip the plain insert (COPY) after one found a rating existing
