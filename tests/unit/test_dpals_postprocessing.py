@@ -15,6 +15,7 @@ from app.core.data.ratings import Ratings
 from app.core.mf import dpals
 from app.core.mf.dpals import DPALSConfig, average_releases, pool_item_grams, pooled_gram, train_dpals
 from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian
+from app.core.privacy.sampling import clip_rows
 
 
 def _ratings(n_users: int = 80, n_items: int = 30, seed: int = 0) -> Ratings:
@@ -161,3 +162,35 @@ def test_average_last_publishes_the_mean_of_the_last_released_factors(monkeypatc
 def test_bad_postprocessing_configs_raise(overrides):
     with pytest.raises(ValueError):
         _config(**overrides)
+
+
+def test_each_cg_user_step_starts_from_the_last_unclipped_solutions(monkeypatch):
+    """The CG warm start of step t is step t−1's user solutions before the clip, in float32 (its
+    buffer is reused in place from the third step on), and the item step gathers the clipped ones
+    from the table the solve wrote into."""
+    starts: list[np.ndarray | None] = []
+    solutions: list[np.ndarray] = []
+    gathered: list[np.ndarray] = []
+    real_user_step, real_item_step = dpals._user_step, dpals._item_step
+
+    def user_step(prep, item_factors, config, user_reg, start=None, out=None):
+        starts.append(None if start is None else start.copy())
+        solved = real_user_step(prep, item_factors, config, user_reg, start, out=out)
+        solutions.append(solved.copy())
+        return solved
+
+    def item_step(prep, padded, config, releaser, public=None):
+        gathered.append(padded.copy())
+        return real_item_step(prep, padded, config, releaser, public)
+
+    monkeypatch.setattr(dpals, "_user_step", user_step)
+    monkeypatch.setattr(dpals, "_item_step", item_step)
+    config = _config(n_steps=4, user_cg_steps=3, clip_user=0.05)  # a clip small enough to bind
+    train_dpals(_ratings(), config)
+    assert starts[0] is None and len(starts) == 4
+    for step in range(1, 4):
+        assert starts[step] is not None and starts[step].dtype == np.float32
+        assert np.array_equal(starts[step], solutions[step - 1].astype(np.float32))
+    for solved, padded in zip(solutions, gathered, strict=True):
+        assert np.linalg.norm(solved, axis=1).max() > config.clip_user  # the clip binds
+        assert np.array_equal(padded[:-1], clip_rows(solved, config.clip_user)) and not padded[-1].any()

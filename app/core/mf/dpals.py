@@ -882,7 +882,12 @@ def fit_dpals(
         # no second copy of U for the clip or the gather
         padded = np.zeros((prep.user_plan.n_rows + 1, config.rank))
         solved = _user_step(prep, item_factors, config, user_reg, user_start, out=padded[:-1])
-        user_start = solved.astype(np.float32) if config.user_cg_steps and step + 1 < config.n_steps else None
+        if not (config.user_cg_steps and step + 1 < config.n_steps):
+            user_start = None
+        elif user_start is None:
+            user_start = solved.astype(np.float32)
+        else:  # the solve has read the last warm start: overwritten in place, no second float32 U
+            user_start[...] = solved
         _clip_rows_in_place(solved, config.clip_user)
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
