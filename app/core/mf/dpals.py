@@ -608,7 +608,10 @@ def _item_step(
         items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
         # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
         gram = grid_gram.release_symmetric(child, gram, out=gram, mirror=mirrored)
-        return items, gram, grid_linear.release(child, b)
+        b = grid_linear.release(child, b)
+        releaser.observe("item_grams", items, gram)  # a no-op outside the test-only audit tap
+        releaser.observe("item_linear", items, b)
+        return items, gram, b
 
     def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:
         items, gram, b = released
