@@ -49,12 +49,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
 from app.core.data.ratings import Ratings
+from app.core.mf.dpals import frequent_items
+from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
 from app.core.privacy.releaser import AuditTap, audit_tap
 from benchmarks.harness import make_row
@@ -73,9 +76,14 @@ CANARY_RATINGS = 64  # ratings per item-family canary: the mean canaries' modulu
 MEAN_CANARIES = 6  # per run: 2^0 .. 2^5 ratings, 63 < CANARY_RATINGS in all
 RUNS = 3  # canary worlds per configuration
 
-ITEM_FAMILIES = ("item_counts", "item_bias_sums", "item_recounts", "item_grams", "item_linear")
+DPALS_RELEASES = ("item_counts", "item_bias_sums", "item_recounts", "item_grams", "item_linear", "mean_sum",
+                  "mean_count")
 MEAN_FAMILIES = ("mean_sum", "mean_count")
-RELEASES: dict[str, tuple[str, ...]] = {"dpals": ITEM_FAMILIES + MEAN_FAMILIES}
+#: every release of each audited algorithm's default run, each with its canary family (DP-CMF makes
+#: DPALS's releases; DPFW's default at this catalogue size is the dense eigen-step)
+RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
+                                        "dpfw": ("item_counts", "gram")}
+GENRES = 5  # DP-CMF's public item metadata: item j has genre j mod GENRES (data-independent)
 
 
 # ---------------------------------------------------------------------------- the bound
@@ -152,7 +160,7 @@ class CanaryWorld:
     @property
     def max_users(self) -> int:
         """The declared bound on users: every canary's slot, included or not."""
-        return BASE_USERS + len(ITEM_FAMILIES) * CANARIES_PER_FAMILY + MEAN_CANARIES
+        return BASE_USERS + sum(len(v) for v in self.included.values())
 
 
 def _base_ratings(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -170,14 +178,15 @@ def _item_canary(rng: np.random.Generator, own: np.ndarray) -> tuple[np.ndarray,
     return np.concatenate([own, anchors]), np.concatenate([np.full(len(own), RATING_RANGE[1]), values])
 
 
-def canary_world(seed: int) -> CanaryWorld:
-    """One world: base ratings, ``CANARIES_PER_FAMILY`` canaries per item family, ``MEAN_CANARIES``."""
+def canary_world(seed: int, families: tuple[str, ...] = DPALS_RELEASES) -> CanaryWorld:
+    """One world: base ratings, ``CANARIES_PER_FAMILY`` canaries per item family and, if the mean is
+    among ``families``, ``MEAN_CANARIES``."""
     rng = np.random.default_rng(seed)
     users, items, values = _base_ratings(rng)
     parts = [(users, items, values)]
     own_items, included = {}, {}
     next_user, next_item = BASE_USERS, BASE_ITEMS
-    for family in ITEM_FAMILIES:
+    for family in (f for f in families if f not in MEAN_FAMILIES):
         own = next_item + np.arange(CANARIES_PER_FAMILY * CANARY_ITEMS).reshape(CANARIES_PER_FAMILY, CANARY_ITEMS)
         own_items[family], included[family] = own, rng.random(CANARIES_PER_FAMILY) < 0.5
         for i in np.flatnonzero(included[family]):
@@ -185,7 +194,7 @@ def canary_world(seed: int) -> CanaryWorld:
             parts.append((np.full(len(rated), next_user + i), rated, rating))
         next_user, next_item = next_user + CANARIES_PER_FAMILY, next_item + own.size
     rest = np.concatenate([part[2] for part in parts])
-    included["mean"] = rng.random(MEAN_CANARIES) < 0.5
+    included["mean"] = rng.random(MEAN_CANARIES if set(families) & set(MEAN_FAMILIES) else 0) < 0.5
     for i in np.flatnonzero(included["mean"]):
         rated = rng.choice(BASE_ITEMS, size=2**i, replace=False)
         parts.append((np.full(len(rated), next_user + i), rated, np.full(len(rated), RATING_RANGE[1])))
@@ -213,23 +222,34 @@ class Run:
     """One audited training run: the world, its published model, its release record, the claim."""
 
     world: CanaryWorld
-    trained: np.ndarray  # the released frequent (trained) items
+    trained: np.ndarray  # the items whose statistics the chunked releases hold (DPALS: the frequent set)
     tap: AuditTap
     claimed: float
+
+
+def public_inputs(algorithm: str, world: CanaryWorld) -> dict[str, Any]:
+    """The public training inputs beyond the ratings (DP-CMF: item metadata)."""
+    if get_algorithm(algorithm).data != "ratings+public":
+        return {}
+    genres = [[f"genre-{j % GENRES}"] for j in range(world.ratings.n_items)]
+    return {"public": PublicData((metadata_source(genres),))}
 
 
 def train_run(algorithm: str, epsilon: float, seed: int, noise_off: str | None = None) -> Run:
     """Train ``algorithm`` on the world of ``seed`` with its default config (``noise_off``: the
     release drawn without noise, the negative control)."""
     algo = get_algorithm(algorithm)
-    world = canary_world(seed)
+    world = canary_world(seed, RELEASES[algorithm])
     config = default_config(algorithm, epsilon, world, seed)
     with audit_tap(noise_off) as tap:
-        model = algo.train(world.ratings, config)
+        model = algo.train(world.ratings, config, **public_inputs(algorithm, world))
     if noise_off is not None and not tap.switched_off:
         raise ValueError(f"{algorithm} made no release named {noise_off!r}")
     claimed = accounting.epsilon_rdp(algo.event(config, world.ratings.n_items), DELTA)
-    return Run(world=world, trained=np.flatnonzero(model.trained_mask), tap=tap, claimed=claimed)
+    fraction = getattr(config, "frequent_fraction", None)
+    trained = (np.flatnonzero(model.trained_mask) if fraction is None else  # DP-CMF trains more than these
+               frequent_items(np.maximum(tap.outputs["item_counts"][0], 1.0), fraction))
+    return Run(world=world, trained=trained, tap=tap, claimed=claimed)
 
 
 # ---------------------------------------------------------------------------- scores per family
@@ -254,6 +274,11 @@ def _on_trained(run: Run, family: str, per_position: np.ndarray) -> np.ndarray:
     trained = at >= 0
     scores = np.where(trained, per_position[np.maximum(at, 0)], 0.0).sum(axis=1)
     return np.where(trained.any(axis=1), scores, np.nan)
+
+
+def _diagonal_per_item(run: Run, name: str) -> np.ndarray:
+    """Σ over steps of the diagonal of a released item × item matrix (DPFW's Ŵ)."""
+    return np.sum([np.diagonal(matrix) for matrix in run.tap.outputs[name]], axis=0)
 
 
 def _gram_trace(rows: np.ndarray) -> np.ndarray:
@@ -283,6 +308,8 @@ def family_scores(run: Run, family: str) -> np.ndarray:
         return _on_trained(run, family, _per_trained_item(run, family, _gram_trace))
     if family == "item_linear":
         return _on_trained(run, family, _per_trained_item(run, family, _squared_norm))
+    if family == "gram":  # DPFW: W_jj = Σ_i A_ij², the canary's alone on its own items
+        return _diagonal_per_item(run, family)[own].sum(axis=1)
     grid = run.tap.grids[family]
     if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
         return _decoded((float(_vector(run, family)) - run.world.rest_sum) / 2.0, 1.0, grid / 2.0)
@@ -326,29 +353,52 @@ def released_names(run: Run) -> set[str]:
     return set(run.tap.grids)
 
 
+def audit_algorithm(algorithm: str, epsilon: float, runs: int = RUNS) -> list[ReleaseAudit]:
+    """Every release of ``algorithm``'s default run: honest and with that release's noise off."""
+    honest = honest_runs(algorithm, epsilon, runs)
+    if released_names(honest[0]) != set(RELEASES[algorithm]):
+        raise RuntimeError(f"{algorithm}'s releases {sorted(released_names(honest[0]))} lack a canary family")
+    return [audit_release(algorithm, epsilon, release, honest, runs) for release in RELEASES[algorithm]]
+
+
 # ---------------------------------------------------------------------------- the suite
-def _rows(algorithm: str, epsilon: float, audit: ReleaseAudit) -> list[dict]:
-    row = partial(make_row, SUITE, f"synthetic-canaries-{audit.release}", algorithm, epsilon=epsilon, delta=DELTA)
-    return [
-        row("epsilon_claimed", audit.claimed),
-        row("epsilon_lower_bound", audit.honest.epsilon_lower_bound, baseline=audit.claimed),
-        row("epsilon_lower_bound_noise_off", audit.noise_off.epsilon_lower_bound, baseline=audit.claimed),
-        row("canaries", float(audit.honest.canaries)),
-        row("guesses_noise_off", float(audit.noise_off.guesses)),
-        row("correct_guesses_noise_off", float(audit.noise_off.correct)),
-    ]
+def rows_for(algorithm: str, epsilon: float, audits: list[ReleaseAudit]) -> list[dict]:
+    """The suite's rows of one algorithm's audits at ``epsilon`` (one dataset name per release)."""
+    rows = []
+    for audit in audits:
+        row = partial(make_row, SUITE, f"canaries-{audit.release}", algorithm, epsilon=epsilon, delta=DELTA,
+                      seeds=RUNS)
+        rows += [
+            row("epsilon_claimed", audit.claimed),
+            row("epsilon_lower_bound", audit.honest.epsilon_lower_bound, baseline=audit.claimed),
+            row("epsilon_lower_bound_noise_off", audit.noise_off.epsilon_lower_bound, baseline=audit.claimed),
+            row("canaries", float(audit.noise_off.canaries)),
+            row("guesses_noise_off", float(audit.noise_off.guesses)),
+            row("correct_guesses_noise_off", float(audit.noise_off.correct)),
+        ]
+    return rows
 
 
 def run(quick: bool) -> list[dict]:
     rows: list[dict] = []
-    for algorithm, releases in RELEASES.items():
+    for algorithm in RELEASES:
         for epsilon in (1.0,) if quick else (0.5, 1.0):
-            honest = honest_runs(algorithm, epsilon)
-            for release in releases:
-                rows += _rows(algorithm, epsilon, audit_release(algorithm, epsilon, release, honest))
+            rows += rows_for(algorithm, epsilon, audit_algorithm(algorithm, epsilon))
     return rows
 
 
-__all__ = ["AuditResult", "CanaryWorld", "RELEASES", "ReleaseAudit", "Run", "audit_family", "audit_release",
-           "canary_world", "decoded_audit", "default_config", "epsilon_lower_bound", "family_scores",
-           "honest_runs", "one_run_audit", "p_value", "released_names", "train_run"]
+def markdown_table(audits: dict[str, list[ReleaseAudit]]) -> str:
+    """The audit table of ``docs/benchmarks-audit.md``: release × claimed ε × lower bounds."""
+    lines = ["| algorithm | release | claimed ε | lower bound, honest | lower bound, noise off | "
+             "correct / guesses (noise off) | canaries |", "|---|---|---|---|---|---|---|"]
+    for algorithm, results in audits.items():
+        for a in results:
+            lines.append(f"| {algorithm} | `{a.release}` | {a.claimed:.3f} | {a.honest.epsilon_lower_bound:.2f} | "
+                         f"{a.noise_off.epsilon_lower_bound:.2f} | {a.noise_off.correct} / {a.noise_off.guesses} | "
+                         f"{a.noise_off.canaries} |")
+    return "\n".join(lines)
+
+
+__all__ = ["AuditResult", "CanaryWorld", "RELEASES", "ReleaseAudit", "Run", "audit_algorithm", "audit_family",
+           "audit_release", "canary_world", "decoded_audit", "default_config", "epsilon_lower_bound", "family_scores",
+           "honest_runs", "markdown_table", "one_run_audit", "p_value", "released_names", "rows_for", "train_run"]

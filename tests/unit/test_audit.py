@@ -1,8 +1,10 @@
 """The empirical audit (benchmarks/audit.py, SNJ 2023 arXiv:2305.08846): the bound, one canary family
-per release of the service's default DPALS run, and that switching off any one release's noise is caught.
+per release of the service's default DPALS, DP-CMF and DPFW runs, and that switching off any one
+release's noise is caught.
 
-Cost: 24 default-config DPALS trainings of a 290-user, 720-item world (3 honest, 3 per release with
-its noise off), ≈ 5 s on 2 cores once numba's on-disk cache is warm (its first compile adds ≈ 15 s).
+Cost: 3 honest + 3 per release default-config trainings of a ≈ 290-user world (720 items; DPFW 336):
+24 DPALS, 24 DP-CMF, 9 DPFW, plus 3 for the coverage check; ≈ 15 s on 2 cores once numba's on-disk
+cache is warm (its first compile adds ≈ 15 s).
 Seeds are fixed (worlds and noise 0, 1, 2), so the honest runs cannot flake above their claim; every
 bound is a 95 % lower bound.
 """
@@ -19,15 +21,17 @@ from app.core.privacy.releaser import audit_tap
 from benchmarks import harness
 from benchmarks.audit import (
     RELEASES,
-    audit_release,
+    ReleaseAudit,
+    audit_algorithm,
+    canary_world,
     decoded_audit,
     default_config,
     epsilon_lower_bound,
-    honest_runs,
+    markdown_table,
     one_run_audit,
     p_value,
     released_names,
-    run,
+    rows_for,
     train_run,
 )
 
@@ -61,26 +65,26 @@ def test_abstaining_canaries_are_never_guessed():
 
 
 @pytest.fixture(scope="module")
-def honest():
-    return honest_runs("dpals", 1.0)
+def audits() -> dict[str, list[ReleaseAudit]]:
+    return {algorithm: audit_algorithm(algorithm, 1.0) for algorithm in RELEASES}
 
 
-def test_the_audited_config_is_the_registrys_default(honest):
+def test_the_audited_config_is_the_registrys_default():
     """The run is the one an admin's request without hyper-parameters gets (the ε-aware rule)."""
-    config = default_config("dpals", 1.0, honest[0].world, 0)
-    assert config.defaults_rule is not None
-    assert honest[0].claimed <= 1.0 + 1e-6
+    for algorithm in ("dpals", "dpcmf"):
+        assert default_config(algorithm, 1.0, canary_world(0), 0).defaults_rule is not None
 
 
-def test_every_release_of_the_default_run_has_a_canary_family(honest):
-    assert released_names(honest[0]) == set(RELEASES["dpals"])
+@pytest.mark.parametrize("algorithm", sorted(RELEASES))
+def test_every_release_of_the_default_run_has_a_canary_family(algorithm):
+    assert released_names(train_run(algorithm, 1.0, 0)) == set(RELEASES[algorithm])
 
 
-@pytest.mark.parametrize("release", RELEASES["dpals"])
-def test_switching_off_one_release_is_caught_and_the_honest_run_is_not(release, honest):
+@pytest.mark.parametrize(("algorithm", "release"), [(a, r) for a, releases in RELEASES.items() for r in releases])
+def test_switching_off_one_release_is_caught_and_the_honest_run_is_not(algorithm, release, audits):
     """Noise off for ``release`` alone: its family's bound exceeds the claim (<= 1); with all noise
     on, the same family stays at or below it."""
-    audit = audit_release("dpals", 1.0, release, honest)
+    (audit,) = [a for a in audits[algorithm] if a.release == release]
     assert audit.claimed <= 1.0 + 1e-6
     assert audit.noise_off.epsilon_lower_bound > audit.claimed
     assert audit.honest.epsilon_lower_bound <= audit.claimed
@@ -91,7 +95,7 @@ def test_switching_off_a_release_the_run_does_not_make_is_an_error():
         train_run("dpals", 1.0, 0, noise_off="gravity_gram")  # the default run has no gravity term
 
 
-def test_the_tap_records_nothing_outside_its_context(honest):
+def test_the_tap_records_nothing_outside_its_context():
     with audit_tap() as tap:
         pass
     assert not tap.outputs and not tap.rows and not tap.switched_off
@@ -111,14 +115,15 @@ def test_only_tests_and_benchmarks_reach_the_noise_hooks():
                 assert node.attr not in hooks, path
 
 
-def test_audit_suite_is_registered_and_its_quick_rows_are_valid():
+def test_audit_suite_is_registered_and_its_rows_are_valid(audits):
     assert harness.SUITES["audit"] == "benchmarks.audit"
-    rows = run(quick=True)
-    for row in rows:
-        harness.validate_row(row)
-    by_release: dict[str, dict[str, float]] = {}
-    for row in rows:
-        by_release.setdefault(row["dataset"], {})[row["metric"]] = row["value"]
-    assert len(by_release) == len(RELEASES["dpals"])
-    for metrics in by_release.values():
-        assert metrics["epsilon_lower_bound_noise_off"] > metrics["epsilon_claimed"] >= metrics["epsilon_lower_bound"]
+    for algorithm, results in audits.items():
+        rows = rows_for(algorithm, 1.0, results)
+        by_release: dict[str, dict[str, float]] = {}
+        for row in rows:
+            harness.validate_row(row)
+            by_release.setdefault(row["dataset"], {})[row["metric"]] = row["value"]
+        assert len(by_release) == len(RELEASES[algorithm])
+        for metrics in by_release.values():
+            assert metrics["epsilon_lower_bound_noise_off"] > metrics["epsilon_claimed"] >= metrics["epsilon_lower_bound"]
+    assert markdown_table(audits).count("\n") == 1 + sum(len(r) for r in audits.values())

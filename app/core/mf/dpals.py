@@ -348,9 +348,15 @@ def public_preprocessing(
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(vals[sample], config, releaser)
     biases = _item_biases(ratings, sample, mean, counts, config, releaser)
-    n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
-    frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+    frequent = frequent_items(counts, config.frequent_fraction)
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+
+
+def frequent_items(counts: np.ndarray, fraction: float) -> np.ndarray:
+    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts (ties to the lower
+    index), in index order. Post-processing of the released counts."""
+    n_frequent = max(1, math.ceil(fraction * len(counts)))
+    return np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
 
 
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
