@@ -14,16 +14,22 @@ registry (``app.core.algorithms``) resolves for an admin's request without hyper
 canary data set's declared size, calibrated to the claimed ε and re-read with a seed as the training
 worker does. The claimed ε is the ledger's RDP figure of the run's event.
 
-**One canary family per release** (DPALS: every release of its default run, checked against the
-run's own release record). Each per-item family's canaries rate ``CANARY_ITEMS`` items of their own
-(items nobody else rates) 5 and 60 base items neutrally, so the sum of (r − midpoint) over a
-canary is 0 and its count 64; the score reads the targeted release's output, recorded by the test-only
-:func:`app.core.privacy.releaser.audit_tap`:
+**One canary family per release** of each audited algorithm's default run (checked against the
+run's own release record): DPALS and DP-CMF (whose public item data adds no release), DPFW (its
+dense eigen-step, the default below ``dense_max_items``) and one-bit (InP, its default mechanism,
+on a data set that stores raw votes). Each per-item family's canaries rate ``CANARY_ITEMS`` items of
+their own (items nobody else rates) 5 and 60 base items neutrally, so the sum of (r − midpoint) over
+a canary is 0 and its count 64; the score reads the targeted release's output, recorded by the
+test-only :func:`app.core.privacy.releaser.audit_tap`:
 
 - ``item_counts``, ``item_bias_sums``: the released value summed over the canary's items;
 - ``item_recounts``, ``item_grams`` (trace of Ã_j), ``item_linear`` (‖b̃_j‖²): summed over the
   canary's items in the released frequent set and over the steps; a canary none of whose items is
-  frequent abstains.
+  frequent abstains;
+- DPFW's ``gram``: the diagonal of the released Ŵ on the canary's items, summed over the steps;
+- one-bit's ``vote_flips``: vote canaries vote on ``CANARY_ITEMS`` items of their own, all +1
+  ("included") or all −1 (InP hides vote values, not who voted); the score is the sum of their
+  randomised bits.
 
 The **global mean** (``mean_sum``, ``mean_count``) is one scalar each: its canaries decode uniquely.
 Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to the
@@ -39,8 +45,9 @@ The test-only hook switches off the noise of one named release (``noise_off``): 
 never a parameter, not reachable from the API, settings or a stored config. A release with its noise
 off must give a bound above its claim; every honest run must stay at or below it.
 
-Not audited yet: DP-CMF (its run makes DPALS's releases; public data adds none), DPFW and one-bit
-(vote canaries).
+Not audited yet: DPFW's Oja path (catalogues above ``dense_max_items``: its scalar eigenvalue
+release needs its own decoding), one-bit's non-default mechanisms (GraP, ObjP, OutP) and the
+randomisation at ingestion (the same ``randomize_votes``, called by the votes service).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ from app.core.mf.dpals import frequent_items
 from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
 from app.core.privacy.releaser import AuditTap, audit_tap
-from benchmarks.harness import make_row
+from benchmarks.harness import limit_threads, make_row
 
 SUITE = "audit"
 DELTA = 1e-6
@@ -70,6 +77,7 @@ RATING_RANGE = (1.0, 5.0)
 MIDPOINT = 3.0
 
 BASE_USERS, BASE_ITEMS = 200, 80
+VOTE_BASE_USERS, VOTE_BASE_ITEMS = 40, 20  # one-bit solves a dense user_rows × items matrix: kept small
 CANARIES_PER_FAMILY = 32  # per run, per item family
 CANARY_ITEMS = 4  # own items per canary
 CANARY_RATINGS = 64  # ratings per item-family canary: the mean canaries' modulus
@@ -82,7 +90,7 @@ MEAN_FAMILIES = ("mean_sum", "mean_count")
 #: every release of each audited algorithm's default run, each with its canary family (DP-CMF makes
 #: DPALS's releases; DPFW's default at this catalogue size is the dense eigen-step)
 RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
-                                        "dpfw": ("item_counts", "gram")}
+                                        "dpfw": ("item_counts", "gram"), "onebit": ("vote_flips",)}
 GENRES = 5  # DP-CMF's public item metadata: item j has genre j mod GENRES (data-independent)
 
 
@@ -156,11 +164,7 @@ class CanaryWorld:
     included: dict[str, np.ndarray]  # family -> (m,) bool
     rest_sum: float  # Σ (r − midpoint) over everything but the mean canaries (they add 2^(i+1))
     rest_count: float  # ratings not of the mean canaries, mod CANARY_RATINGS
-
-    @property
-    def max_users(self) -> int:
-        """The declared bound on users: every canary's slot, included or not."""
-        return BASE_USERS + sum(len(v) for v in self.included.values())
+    max_users: int  # the data set's declared bound on users: every canary's slot, included or not
 
 
 def _base_ratings(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -201,18 +205,40 @@ def canary_world(seed: int, families: tuple[str, ...] = DPALS_RELEASES) -> Canar
     ratings = Ratings.from_arrays(*(np.concatenate([part[k] for part in parts]) for k in range(3)),
                                   item_ids=np.arange(next_item), rating_range=RATING_RANGE)
     return CanaryWorld(ratings=ratings, own_items=own_items, included=included,
-                       rest_sum=float(np.sum(rest - MIDPOINT)), rest_count=float(len(rest) % CANARY_RATINGS))
+                       rest_sum=float(np.sum(rest - MIDPOINT)), rest_count=float(len(rest) % CANARY_RATINGS),
+                       max_users=next_user + len(included["mean"]))
+
+
+def vote_world(seed: int) -> CanaryWorld:
+    """Votes: base voters' ±1 votes on the base items, and ``CANARIES_PER_FAMILY`` vote canaries
+    that vote on ``CANARY_ITEMS`` items of their own, all +1 ("included") or all −1 with
+    probability 1/2 each. InP protects vote values (replace-a-vote-value, at most
+    ``votes_per_user`` of them per user), so a canary's secret is the sign of its votes."""
+    rng = np.random.default_rng(seed)
+    users, items = np.nonzero(rng.random((VOTE_BASE_USERS, VOTE_BASE_ITEMS)) < 0.3)
+    values = np.where(rng.random(len(users)) < 0.6, 1.0, -1.0)
+    own = VOTE_BASE_ITEMS + np.arange(CANARIES_PER_FAMILY * CANARY_ITEMS).reshape(CANARIES_PER_FAMILY, CANARY_ITEMS)
+    included = rng.random(CANARIES_PER_FAMILY) < 0.5
+    canary_votes = np.repeat(np.where(included, 1.0, -1.0), CANARY_ITEMS)
+    votes = Ratings.from_arrays(np.concatenate([users, VOTE_BASE_USERS + np.arange(own.size) // CANARY_ITEMS]),
+                                np.concatenate([items, own.ravel()]), np.concatenate([values, canary_votes]),
+                                item_ids=np.arange(VOTE_BASE_ITEMS + own.size))
+    return CanaryWorld(ratings=votes, own_items={"vote_flips": own}, included={"vote_flips": included},
+                       rest_sum=0.0, rest_count=0.0, max_users=VOTE_BASE_USERS + CANARIES_PER_FAMILY)
 
 
 # ---------------------------------------------------------------------------- one run through the registry
 def default_config(algorithm: str, epsilon: float, world: CanaryWorld, seed: int):
     """The config an admin's request without hyper-parameters runs: the registry's defaults for the
-    data set's declared size, calibrated to (ε, DELTA), re-read with a seed as the training worker
-    does (a fixed one here, so CI cannot flake)."""
+    data set's declared size (votes on a raw-votes data set: ``user_rows`` = the declared
+    ``max_users``, as the service sets it), calibrated to (ε, DELTA), re-read with a seed as the
+    training worker does (a fixed one here, so CI cannot flake)."""
     algo = get_algorithm(algorithm)
     n_items = world.ratings.n_items
     params, _ = resolve_hyperparameters(algorithm, {}, objective=None, epsilon=epsilon, delta=DELTA,
                                         rating_range=RATING_RANGE, n_items=n_items, max_users=world.max_users)
+    if algo.data == "votes":
+        params = {**params, "user_rows": world.max_users}
     config = algo.calibrate(epsilon, DELTA, algo.config_from_params(params, RATING_RANGE), n_items)
     return algo.config_from_dict({**algo.public_config(config), "seed": seed})
 
@@ -239,9 +265,9 @@ def train_run(algorithm: str, epsilon: float, seed: int, noise_off: str | None =
     """Train ``algorithm`` on the world of ``seed`` with its default config (``noise_off``: the
     release drawn without noise, the negative control)."""
     algo = get_algorithm(algorithm)
-    world = canary_world(seed, RELEASES[algorithm])
+    world = vote_world(seed) if algo.data == "votes" else canary_world(seed, RELEASES[algorithm])
     config = default_config(algorithm, epsilon, world, seed)
-    with audit_tap(noise_off) as tap:
+    with audit_tap(noise_off) as tap, limit_threads(1):  # small matrices: one BLAS thread is fastest
         model = algo.train(world.ratings, config, **public_inputs(algorithm, world))
     if noise_off is not None and not tap.switched_off:
         raise ValueError(f"{algorithm} made no release named {noise_off!r}")
@@ -274,6 +300,12 @@ def _on_trained(run: Run, family: str, per_position: np.ndarray) -> np.ndarray:
     trained = at >= 0
     scores = np.where(trained, per_position[np.maximum(at, 0)], 0.0).sum(axis=1)
     return np.where(trained.any(axis=1), scores, np.nan)
+
+
+def _per_item_total(run: Run, name: str, n_items: int) -> np.ndarray:
+    """Σ of a release's values per item, from its (item column, value) record."""
+    ((columns, values),) = run.tap.rows[name]
+    return np.bincount(columns, weights=values, minlength=n_items)
 
 
 def _diagonal_per_item(run: Run, name: str) -> np.ndarray:
@@ -310,6 +342,8 @@ def family_scores(run: Run, family: str) -> np.ndarray:
         return _on_trained(run, family, _per_trained_item(run, family, _squared_norm))
     if family == "gram":  # DPFW: W_jj = Σ_i A_ij², the canary's alone on its own items
         return _diagonal_per_item(run, family)[own].sum(axis=1)
+    if family == "vote_flips":  # one-bit InP: the randomised bits on the canary's own items
+        return _per_item_total(run, family, run.world.ratings.n_items)[own].sum(axis=1)
     grid = run.tap.grids[family]
     if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
         return _decoded((float(_vector(run, family)) - run.world.rest_sum) / 2.0, 1.0, grid / 2.0)
@@ -350,7 +384,7 @@ def audit_release(algorithm: str, epsilon: float, release: str, honest: list[Run
 
 def released_names(run: Run) -> set[str]:
     """Every release name the run's tap saw (the families must cover them all)."""
-    return set(run.tap.grids)
+    return set(run.tap.grids) | set(run.tap.outputs) | set(run.tap.rows)
 
 
 def audit_algorithm(algorithm: str, epsilon: float, runs: int = RUNS) -> list[ReleaseAudit]:

@@ -43,6 +43,7 @@ from app.core.privacy.laplace import (
     dithered_laplace_noise,
     snap_to_grid,
 )
+from app.core.privacy.releaser import tap_release
 from app.core.privacy.sampling import per_user_sample
 
 __all__ = [
@@ -174,8 +175,9 @@ def inp_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) ->
     c(x) = h(x)(1−2p) + p (eq. (4)).
     """
     if not config.pre_randomised:
-        data = Votes(data.rows, data.cols, randomize_votes(data.values, config.epsilon, rng).astype(np.float64),
-                     data.shape)
+        randomised = randomize_votes(data.values, config.epsilon, rng).astype(np.float64)
+        randomised = tap_release("vote_flips", randomised, data.values, data.cols)  # a no-op outside the audit tap
+        data = Votes(data.rows, data.cols, randomised, data.shape)
     return fit_nonprivate(data, config, config.flip())
 
 

@@ -22,7 +22,7 @@ from app.core.arrays import FloatArray
 from app.core.privacy import accounting
 from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper, noise_switched_off
 
-__all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise"]
+__all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_release"]
 
 
 # ----------------------------------------------------------------------------- test-only audit hook
@@ -63,6 +63,19 @@ def audit_tap(noise_off: str | None = None) -> Iterator[AuditTap]:
         yield _TAP.get()  # type: ignore[misc]
     finally:
         _TAP.reset(token)
+
+
+def tap_release(name: str, released: np.ndarray, noiseless: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """A release drawn outside :class:`GaussianReleaser` (one-bit's randomised votes): ``released``
+    as drawn; inside the test-only :func:`audit_tap`, recorded with its ``positions`` (item columns),
+    and ``noiseless`` instead when the audit switched this release's noise off."""
+    tap = _TAP.get()
+    if tap is None:
+        return released
+    if name == tap.noise_off:
+        tap.switched_off, released = True, noiseless
+    tap.keep_rows(name, positions, released)
+    return released
 
 
 @dataclass(frozen=True)
