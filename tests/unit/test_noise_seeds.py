@@ -38,14 +38,17 @@ def test_every_secret_seed_has_at_least_128_bits():
         assert bits.value >= SEED_BITS, f"{path}: randbits({bits.value})"
 
 
-def _published(algorithm: str, seed: int) -> np.ndarray:
-    """The item factors of a small run with ``seed``, the config re-read as the training worker does."""
+def _model(algorithm: str, seed: int) -> Any:
+    """A small run with ``seed``, the config re-read as the training worker does."""
     algo, case = get_algorithm(algorithm), CASES[algorithm]
     base = algo.config_from_params(dict(case.params), RANGE)
     config = algo.calibrate(EPSILON[algorithm], DELTA, base, case.data.n_items)
     config = algo.config_from_dict({**algo.public_config(config), "seed": seed})
-    model: Any = algo.train(case.data, config, **case.inputs)
-    return np.asarray(model.item_factors)
+    return algo.train(case.data, config, **case.inputs)
+
+
+def _published(algorithm: str, seed: int) -> np.ndarray:
+    return np.asarray(_model(algorithm, seed).item_factors)
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -54,3 +57,15 @@ def test_the_core_uses_every_bit_of_a_128_bit_seed(algorithm):
     first = _published(algorithm, BIG_SEED)
     np.testing.assert_array_equal(first, _published(algorithm, BIG_SEED))
     assert not np.array_equal(first, _published(algorithm, BIG_SEED + (1 << 100)))
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_the_seed_is_in_no_published_byte(algorithm, tmp_path):
+    """The sealed artifact (arrays, config, metadata) carries neither the seed nor its digits."""
+    model = _model(algorithm, BIG_SEED)
+    assert "seed" not in model.config
+    get_algorithm(algorithm).save(model, tmp_path / "model")
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert str(BIG_SEED).encode() not in data and BIG_SEED.to_bytes(16, "little") not in data, path
