@@ -29,7 +29,9 @@ test-only :func:`app.core.privacy.releaser.audit_tap`:
 - DPFW's ``gram``: the diagonal of the released Ŵ on the canary's items, summed over the steps;
 - one-bit's ``vote_flips``: vote canaries vote on ``CANARY_ITEMS`` items of their own, all +1
   ("included") or all −1 (InP hides vote values, not who voted); the score is the sum of their
-  randomised bits.
+  randomised bits. The non-default mechanisms (:data:`VARIANTS`) use the same canaries: GraP's
+  ``grap_gradient`` scores minus the released gradients' column sums on the canary's items (a +1
+  vote's loss gradient is negative), OutP's ``outp_matrix`` the released X's column sums there.
 
 The **global mean** (``mean_sum``, ``mean_count``) is one scalar each: its canaries decode uniquely.
 Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to the
@@ -49,8 +51,10 @@ DPFW's Oja path (its default above ``dense_max_items`` = 2000 items) is audited 
 catalogue padded to 2100 items: ``oja_product`` scores Σ |(AᵀA v + g)_j| over the canary's items and
 the iterations. Not audited yet: its scalar ``oja_eigenvalue`` ‖A v̂‖² (a canary's share,
 (A_i·v̂)², is far below that release's grid step unless its row aligns with v̂, and decoding it needs
-every user's local state replayed), one-bit's non-default mechanisms (GraP, ObjP, OutP) and the
-randomisation at ingestion (the same ``randomize_votes``, called by the votes service).
+every user's local state replayed), one-bit's ObjP (its output Gaussian only covers the solver's
+ρ = 1e-6 slack, so switching it off alone is not expected to be caught; its objective noise is not
+a release of its own) and the randomisation at ingestion (the same ``randomize_votes``, called by
+the votes service).
 """
 
 from __future__ import annotations
@@ -94,10 +98,25 @@ MEAN_FAMILIES = ("mean_sum", "mean_count")
 #: DPALS's releases; DPFW's default at this catalogue size is the dense eigen-step)
 RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
                                         "dpfw": ("item_counts", "gram"), "dpfw-oja": ("item_counts", "oja_product"),
-                                        "onebit": ("vote_flips",)}
-#: audits of an algorithm's default at another catalogue size: DPFW's default eigen-step is private
-#: Oja above ``dense_max_items`` (2000) items; its catalogue is padded with items nobody rated
-VARIANTS: dict[str, tuple[str, int]] = {"dpfw-oja": ("dpfw", 2100)}
+                                        "onebit": ("vote_flips",), "onebit-grap": ("grap_gradient",),
+                                        "onebit-outp": ("outp_matrix",)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An audit of ``algorithm`` other than its default at the canary world's size: another
+    catalogue size (items nobody rated pad it) or a non-default public choice."""
+
+    algorithm: str
+    catalogue: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+#: DPFW's default eigen-step is private Oja above ``dense_max_items`` (2000) items; one-bit's
+#: non-default mechanisms GraP and OutP
+VARIANTS: dict[str, Variant] = {"dpfw-oja": Variant("dpfw", catalogue=2100),
+                                "onebit-grap": Variant("onebit", params=(("mechanism", "grap"),)),
+                                "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),))}
 #: releases a run makes that no family audits yet (and why: the module doc)
 UNAUDITED: dict[str, tuple[str, ...]] = {"dpfw-oja": ("oja_eigenvalue",)}
 GENRES = 5  # DP-CMF's public item metadata: item j has genre j mod GENRES (data-independent)
@@ -218,7 +237,7 @@ def canary_world(seed: int, families: tuple[str, ...] = DPALS_RELEASES, catalogu
                        max_users=next_user + len(included["mean"]))
 
 
-def vote_world(seed: int) -> CanaryWorld:
+def vote_world(seed: int, family: str = "vote_flips") -> CanaryWorld:
     """Votes: base voters' ±1 votes on the base items, and ``CANARIES_PER_FAMILY`` vote canaries
     that vote on ``CANARY_ITEMS`` items of their own, all +1 ("included") or all −1 with
     probability 1/2 each. InP protects vote values (replace-a-vote-value, at most
@@ -232,12 +251,12 @@ def vote_world(seed: int) -> CanaryWorld:
     votes = Ratings.from_arrays(np.concatenate([users, VOTE_BASE_USERS + np.arange(own.size) // CANARY_ITEMS]),
                                 np.concatenate([items, own.ravel()]), np.concatenate([values, canary_votes]),
                                 item_ids=np.arange(VOTE_BASE_ITEMS + own.size))
-    return CanaryWorld(ratings=votes, own_items={"vote_flips": own}, included={"vote_flips": included},
+    return CanaryWorld(ratings=votes, own_items={family: own}, included={family: included},
                        rest_sum=0.0, rest_count=0.0, max_users=VOTE_BASE_USERS + CANARIES_PER_FAMILY)
 
 
 # ---------------------------------------------------------------------------- one run through the registry
-def default_config(algorithm: str, epsilon: float, world: CanaryWorld, seed: int):
+def default_config(algorithm: str, epsilon: float, world: CanaryWorld, seed: int, choices: dict[str, Any] | None = None):
     """The config an admin's request without hyper-parameters runs: the registry's defaults for the
     data set's declared size (votes on a raw-votes data set: ``user_rows`` = the declared
     ``max_users``, as the service sets it), calibrated to (ε, DELTA), re-read with a seed as the
@@ -248,6 +267,7 @@ def default_config(algorithm: str, epsilon: float, world: CanaryWorld, seed: int
                                         rating_range=RATING_RANGE, n_items=n_items, max_users=world.max_users)
     if algo.data == "votes":
         params = {**params, "user_rows": world.max_users}
+    params = {**params, **(choices or {})}
     config = algo.calibrate(epsilon, DELTA, algo.config_from_params(params, RATING_RANGE), n_items)
     return algo.config_from_dict({**algo.public_config(config), "seed": seed})
 
@@ -274,10 +294,10 @@ def train_run(name: str, epsilon: float, seed: int, noise_off: str | None = None
     """Train the algorithm of audit ``name`` (a registry name or a :data:`VARIANTS` key) on the world
     of ``seed`` with its default config (``noise_off``: the release drawn without noise, the
     negative control)."""
-    algorithm, catalogue = VARIANTS.get(name, (name, 0))
-    algo = get_algorithm(algorithm)
-    world = vote_world(seed) if algo.data == "votes" else canary_world(seed, RELEASES[name], catalogue)
-    config = default_config(algorithm, epsilon, world, seed)
+    variant = VARIANTS.get(name, Variant(name))
+    algorithm, algo = variant.algorithm, get_algorithm(variant.algorithm)
+    world = vote_world(seed, RELEASES[name][0]) if algo.data == "votes" else canary_world(seed, RELEASES[name], variant.catalogue)
+    config = default_config(algorithm, epsilon, world, seed, dict(variant.params))
     with audit_tap(noise_off) as tap, limit_threads(1):  # small matrices: one BLAS thread is fastest
         model = algo.train(world.ratings, config, **public_inputs(algorithm, world))
     if noise_off is not None and not tap.switched_off:
@@ -357,6 +377,11 @@ def family_scores(run: Run, family: str) -> np.ndarray:
         return np.sum(np.abs(run.tap.outputs[family]), axis=0)[own].sum(axis=1)
     if family == "vote_flips":  # one-bit InP: the randomised bits on the canary's own items
         return _per_item_total(run, family, run.world.ratings.n_items)[own].sum(axis=1)
+    if family == "grap_gradient":  # a +1 vote's loss gradient is negative: minus the column sums
+        return -np.sum([matrix.sum(axis=0) for matrix in run.tap.outputs[family]], axis=0)[own].sum(axis=1)
+    if family == "outp_matrix":  # the released X's columns on the canary's items lean to its votes
+        (matrix,) = run.tap.outputs[family]
+        return matrix.sum(axis=0)[own].sum(axis=1)
     grid = run.tap.grids[family]
     if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
         return _decoded((float(_vector(run, family)) - run.world.rest_sum) / 2.0, 1.0, grid / 2.0)

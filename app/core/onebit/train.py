@@ -43,7 +43,7 @@ from app.core.privacy.laplace import (
     dithered_laplace_noise,
     snap_to_grid,
 )
-from app.core.privacy.releaser import tap_release
+from app.core.privacy.releaser import tap_grid_release, tap_release
 from app.core.privacy.sampling import per_user_sample
 
 __all__ = [
@@ -201,7 +201,7 @@ def grap_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -
         snapped = snap_to_grid(np.clip(g, -config.clamp, config.clamp), grid)
         count[0] += 1
         noisy: np.ndarray = (snapped + discrete_laplace_noise(rng, a, g.shape)).astype(np.float64)
-        return grid * noisy
+        return grid * tap_release("grap_gradient", noisy, snapped.astype(np.float64))  # a no-op outside the audit tap
 
     estimate = _solve(data, config, lambda x: links.dloss(x, data.values, config.link), noisy)
     return estimate, count[0]
@@ -302,7 +302,7 @@ def outp_release(minimiser: np.ndarray, config: OneBitConfig, rng: np.random.Gen
     """Exact discrete Gaussian noise on a grid on every entry (``app.core.privacy.discrete_noise``), charged
     as the Gaussian of multiplier z for the user-level L2 sensitivity."""
     grid = grid_gaussian(outp_sensitivity(config), config.noise_multiplier, minimiser.size)
-    return grid.release(rng, minimiser)
+    return tap_grid_release("outp_matrix", grid, rng, minimiser)  # grid.release outside the test-only audit tap
 
 
 def _private_estimate(

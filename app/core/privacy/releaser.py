@@ -22,7 +22,7 @@ from app.core.arrays import FloatArray
 from app.core.privacy import accounting
 from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper, noise_switched_off
 
-__all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_release"]
+__all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_grid_release", "tap_release"]
 
 
 # ----------------------------------------------------------------------------- test-only audit hook
@@ -65,16 +65,34 @@ def audit_tap(noise_off: str | None = None) -> Iterator[AuditTap]:
         _TAP.reset(token)
 
 
-def tap_release(name: str, released: np.ndarray, noiseless: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """A release drawn outside :class:`GaussianReleaser` (one-bit's randomised votes): ``released``
-    as drawn; inside the test-only :func:`audit_tap`, recorded with its ``positions`` (item columns),
+def tap_release(name: str, released: np.ndarray, noiseless: np.ndarray, positions: np.ndarray | None = None
+                ) -> np.ndarray:
+    """A release drawn outside :class:`GaussianReleaser` (one-bit's): ``released`` as drawn; inside
+    the test-only :func:`audit_tap`, recorded (with its ``positions``, e.g. item columns, if given),
     and ``noiseless`` instead when the audit switched this release's noise off."""
     tap = _TAP.get()
     if tap is None:
         return released
     if name == tap.noise_off:
         tap.switched_off, released = True, noiseless
-    tap.keep_rows(name, positions, released)
+    if positions is None:
+        tap.keep(name, released)
+    else:
+        tap.keep_rows(name, positions, released)
+    return released
+
+
+def tap_grid_release(name: str, grid: GridGaussian, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    """``grid.release(rng, value)`` for a grid release made outside :class:`GaussianReleaser`, seen
+    by the test-only :func:`audit_tap` as :meth:`GaussianReleaser.vector` releases are."""
+    tap = _TAP.get()
+    if tap is None:
+        return grid.release(rng, value)
+    tap.grids[name] = grid.grid
+    if name == tap.noise_off:
+        tap.switched_off, grid = True, _NoiseOffGrid(**asdict(grid))
+    released = grid.release(rng, value)
+    tap.keep(name, released)
     return released
 
 
