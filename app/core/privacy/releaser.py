@@ -29,7 +29,7 @@ __all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_
 @dataclass
 class AuditTap:
     """Tests/benchmarks only: one run's releases as a white-box one-run audit reads them (Steinke,
-    Nasr & Jagielski 2023, arXiv:2305.08846, §6), and the one release whose noise is switched off
+    Nasr & Jagielski 2023, arXiv:2305.08846), and the one release whose noise is switched off
     (the audit's negative control). ``outputs[name]``: that release's outputs in release order;
     ``rows[name]``: (positions, released rows) of releases drawn chunk by chunk; ``grids[name]``:
     its grid step."""
@@ -58,9 +58,10 @@ def audit_tap(noise_off: str | None = None) -> Iterator[AuditTap]:
     """Tests/benchmarks only: record every release of the runs started inside, and draw the release
     named ``noise_off`` (if any) without noise. A context variable, never a parameter: no API
     request, setting or stored config can reach it."""
-    token = _TAP.set(AuditTap(noise_off=noise_off))
+    tap = AuditTap(noise_off=noise_off)
+    token = _TAP.set(tap)
     try:
-        yield _TAP.get()  # type: ignore[misc]
+        yield tap
     finally:
         _TAP.reset(token)
 
