@@ -31,7 +31,9 @@ test-only :func:`app.core.privacy.releaser.audit_tap`:
   ("included") or all −1 (InP hides vote values, not who voted); the score is the sum of their
   randomised bits. The non-default mechanisms (:data:`VARIANTS`) use the same canaries: GraP's
   ``grap_gradient`` scores minus the released gradients' column sums on the canary's items (a +1
-  vote's loss gradient is negative), OutP's ``outp_matrix`` the released X's column sums there.
+  vote's loss gradient is negative), OutP's ``outp_matrix`` the released X's column sums there, and
+  ObjP's ``objp_objective_noise`` (its objective perturbation B switched off) the column sums of
+  its released X_T + Z.
 
 The **global mean** (``mean_sum``, ``mean_count``) is one scalar each: its canaries decode uniquely.
 Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to the
@@ -51,10 +53,10 @@ DPFW's Oja path (its default above ``dense_max_items`` = 2000 items) is audited 
 catalogue padded to 2100 items: ``oja_product`` scores Σ |(AᵀA v + g)_j| over the canary's items and
 the iterations. Not audited yet: its scalar ``oja_eigenvalue`` ‖A v̂‖² (a canary's share,
 (A_i·v̂)², is far below that release's grid step unless its row aligns with v̂, and decoding it needs
-every user's local state replayed), one-bit's ObjP (its output Gaussian only covers the solver's
-ρ = 1e-6 slack, so switching it off alone is not expected to be caught; its objective noise is not
-a release of its own) and the randomisation at ingestion (the same ``randomize_votes``, called by
-the votes service).
+every user's local state replayed), ObjP's output Gaussian Z (``objp_output``: it covers only the
+solver's ρ = 1e-6 slack, the objective noise B carries the privacy, so switching Z off alone is not
+caught — measured: 0.00 — and is not meant to be) and the randomisation at ingestion (the same
+``randomize_votes``, called by the votes service).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ MEAN_FAMILIES = ("mean_sum", "mean_count")
 RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
                                         "dpfw": ("item_counts", "gram"), "dpfw-oja": ("item_counts", "oja_product"),
                                         "onebit": ("vote_flips",), "onebit-grap": ("grap_gradient",),
-                                        "onebit-outp": ("outp_matrix",)}
+                                        "onebit-outp": ("outp_matrix",), "onebit-objp": ("objp_objective_noise",)}
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,10 @@ class Variant:
 #: non-default mechanisms GraP and OutP
 VARIANTS: dict[str, Variant] = {"dpfw-oja": Variant("dpfw", catalogue=2100),
                                 "onebit-grap": Variant("onebit", params=(("mechanism", "grap"),)),
-                                "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),))}
+                                "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),)),
+                                "onebit-objp": Variant("onebit", params=(("mechanism", "objp"),))}
 #: releases a run makes that no family audits yet (and why: the module doc)
-UNAUDITED: dict[str, tuple[str, ...]] = {"dpfw-oja": ("oja_eigenvalue",)}
+UNAUDITED: dict[str, tuple[str, ...]] = {"dpfw-oja": ("oja_eigenvalue",), "onebit-objp": ("objp_output",)}
 GENRES = 5  # DP-CMF's public item metadata: item j has genre j mod GENRES (data-independent)
 
 
@@ -379,8 +382,8 @@ def family_scores(run: Run, family: str) -> np.ndarray:
         return _per_item_total(run, family, run.world.ratings.n_items)[own].sum(axis=1)
     if family == "grap_gradient":  # a +1 vote's loss gradient is negative: minus the column sums
         return -np.sum([matrix.sum(axis=0) for matrix in run.tap.outputs[family]], axis=0)[own].sum(axis=1)
-    if family == "outp_matrix":  # the released X's columns on the canary's items lean to its votes
-        (matrix,) = run.tap.outputs[family]
+    if family in ("outp_matrix", "objp_objective_noise"):  # the released X's columns lean to the votes
+        (matrix,) = run.tap.outputs["outp_matrix" if family == "outp_matrix" else "objp_output"]
         return matrix.sum(axis=0)[own].sum(axis=1)
     grid = run.tap.grids[family]
     if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)

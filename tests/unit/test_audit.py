@@ -1,10 +1,10 @@
 """The empirical audit (benchmarks/audit.py, SNJ 2023 arXiv:2305.08846): the bound, one canary family
 per release of the service's default DPALS, DP-CMF, DPFW (dense and Oja) and one-bit runs (and of
-one-bit's GraP and OutP), and that switching off any one release's noise is caught.
+one-bit's GraP, OutP and ObjP), and that switching off any one release's noise is caught.
 
 Cost: 3 honest + 3 per release default-config trainings of small synthetic worlds (≈ 290 users and
 720 items; DPFW 336 and 2100 items; one-bit 72 voters, 148 items): 24 DPALS, 24 DP-CMF, 2 × 9 DPFW,
-3 × 6 one-bit, plus one each for the coverage check; 25-40 s on 2 shared cores once numba's on-disk
+4 × 6 one-bit, plus one each for the coverage check; 25-40 s on 2 shared cores once numba's on-disk
 cache is warm (its first compile adds ≈ 15 s).
 Seeds are fixed (worlds and noise 0, 1, 2), so the honest runs cannot flake above their claim; every
 bound is a 95 % lower bound.

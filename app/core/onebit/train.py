@@ -225,6 +225,7 @@ def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) 
     """
     scale, grid, ridge = objp_noise(config)
     noise = dithered_laplace_noise(rng, scale, grid, data.shape)
+    noise = tap_release("objp_objective_noise", noise, np.zeros(data.shape))  # a no-op outside the audit tap
 
     def gradient(x: np.ndarray) -> np.ndarray:
         entry = links.huber_dloss(x[data.rows, data.cols], data.values, config.link, config.alpha)
@@ -251,7 +252,8 @@ def objp_release(minimiser: np.ndarray, config: OneBitConfig,
     sensitivity = privacy.objp_output_sensitivity(config)
     multiplier = config.objp_output_noise_multiplier
     grid = grid_gaussian(sensitivity, multiplier, minimiser.size)  # every entry may move
-    return grid.release(rng, minimiser), GaussianRelease(sensitivity, multiplier, grid.std)
+    released = tap_grid_release("objp_output", grid, rng, minimiser)  # grid.release outside the test-only audit tap
+    return released, GaussianRelease(sensitivity, multiplier, grid.std)
 
 
 def objp_estimate(data: Votes, config: OneBitConfig,
