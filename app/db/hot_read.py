@@ -1,4 +1,4 @@
-"""One statement, one database round trip: the serving hot path's read.
+"""One statement, one database round trip: the serving hot path's read (:mod:`app.db.stores.serving`).
 
 A pooled session costs a pre-ping, a BEGIN and a ROLLBACK around every query (four round trips
 for one SELECT). A single SELECT is its own snapshot, so on PostgreSQL the hot path runs it on
