@@ -10,15 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.db import async_read
+from app.db import async_read, hot_read
+from app.db.stores.serving import ACTIVE_AND_RATINGS_MANY, active_and_ratings
 from app.schemas.serving import RecommendationQuery
-from app.services.serving import hot_read, recommend
-from app.services.serving.active import (
-    ACTIVE_AND_RATINGS,
-    ACTIVE_AND_RATINGS_MANY,
-    active_and_ratings_params,
-    ratings_from_rows,
-)
+from app.services.serving import recommend
+from app.services.serving.active import ratings_from_rows
 from tests.api.conftest import Env, seed_ratings, train_and_publish
 
 USERS = ["u0", "u1", "u2", "u3", "u4", "u5", "nobody"]
@@ -31,7 +27,7 @@ def _bind(env: Env) -> Any:
 
 def _session_rows(env: Env, user: str) -> list[tuple[Any, ...]]:
     with env.session() as s:
-        return sorted(tuple(r) for r in hot_read.read_rows(s, ACTIVE_AND_RATINGS, active_and_ratings_params("default", user)))
+        return sorted(tuple(r) for r in active_and_ratings(s, "default", user))
 
 
 def _published(env: Env) -> None:
