@@ -70,7 +70,7 @@ class SqliteRatingsStore(SqlRatings):
     def write_ratings(self, ds: DatasetRef, user_ids: list[int], item_ids: list[int], values: np.ndarray,
                       now: datetime, while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
         """Multi-row upserts of :data:`~app.db.dialect.CHUNK` rows; a row whose ``created_at`` came
-        back as ``now`` was created."""
+        back as ``now`` was created (each write has its own ``now``: the caller's clock)."""
         bump_ratings_version_sharded(self.session, ds.id, n=len(user_ids))
         table = Rating.__table__
         created: set[tuple[int, int]] = set()
