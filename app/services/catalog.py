@@ -16,13 +16,12 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Dataset, Item, utcnow
 from app.db.stores import catalogue_store
-from app.errors import InvalidItemId, UnknownDataset, UnknownItem
+from app.errors import InvalidItemId, UnknownItem
 from app.schemas.common import Page
 from app.schemas.ingest import ItemIn, ItemOut
 
 __all__ = [
     "get_dataset",
-    "unknown_dataset",
     "item_row_ids",
     "import_items",
     "upsert_item",
@@ -34,10 +33,6 @@ __all__ = [
 def get_dataset(session: Session, name: str) -> Dataset:
     """The data set called ``name`` (404 when unknown)."""
     return catalogue_store(session).get_dataset(name)
-
-
-def unknown_dataset(name: str) -> UnknownDataset:
-    return UnknownDataset(name)
 
 
 def item_row_ids(session: Session, ds: Dataset, external_ids: Sequence[str]) -> dict[str, int]:

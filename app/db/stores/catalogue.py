@@ -103,11 +103,10 @@ class _SqlCatalogue:
         return stmt
 
     def find_dataset(self, name: str, *, lock: DatasetLock | None = None) -> Dataset | None:
-        stmt = select(Dataset).where(Dataset.name == name)
-        if lock is None:
-            return self.session.scalar(stmt)
-        stmt = self._lockable(stmt, lock).execution_options(populate_existing=True)
-        return self.session.execute(stmt).scalar_one_or_none()
+        # populate_existing: the row as read now, even where this session holds the object with
+        # columns changed by an UPDATE statement since (the version bumps)
+        stmt = self._lockable(select(Dataset).where(Dataset.name == name), lock)
+        return self.session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
 
     def get_dataset(self, name: str, *, lock: DatasetLock | None = None) -> Dataset:
         ds = self.find_dataset(name, lock=lock)
