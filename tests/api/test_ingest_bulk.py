@@ -1,4 +1,4 @@
-"""Bulk ingest (issue 13): the COPY-staged upsert keeps the batch semantics; no orphan ratings
+"""Bulk ingest: the COPY-staged upsert keeps the batch semantics; no orphan ratings
 when users are deleted while their ratings are being written (the ratings table has no foreign
 keys; the service checks and locks references set-based)."""
 

@@ -51,6 +51,7 @@ def test_grouped_reads_give_each_user_their_own_rows(env: Env, monkeypatch: pyte
         statements.append(list(params["keys"]))
         return await real_rows(self, sql, params)
 
+    # the pool's own statement method, watched: how reads were grouped is invisible in their rows
     monkeypatch.setattr(async_read.AsyncReadPool, "rows", counted)
 
     async def read_all() -> list[Any]:
@@ -112,7 +113,7 @@ def test_groups_of_many_data_set_names_stay_bounded(env: Env) -> None:
                 for k in range(hot_read.MAX_GROUPS + 50)]
 
     assert all(rows == [] for rows in asyncio.run(read_many()))  # unknown data sets: no rows
-    assert len(hot_read._groups) <= hot_read.MAX_GROUPS
+    assert hot_read.open_groups() <= hot_read.MAX_GROUPS
 
 
 def _held_first_statement(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], dict[str, asyncio.Event]]:
@@ -127,6 +128,7 @@ def _held_first_statement(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[st
             await gate["release"].wait()  # a statement held up (PostgreSQL's backend without a core)
         return await real_rows(self, sql, params)
 
+    # the pool's own statement method, watched: how reads were grouped is invisible in their rows
     monkeypatch.setattr(async_read.AsyncReadPool, "rows", held)
     return statements, gate
 

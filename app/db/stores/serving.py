@@ -7,6 +7,7 @@ the items table cost PostgreSQL an index probe per rating, about a third of the 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from sqlalchemy import text
@@ -46,7 +47,8 @@ def active_and_ratings(session: Session, dataset: str, user_id: str) -> Rows:
     return read_rows(session, ACTIVE_AND_RATINGS, {"dataset": dataset, "user": user_id})
 
 
-async def active_and_ratings_on_loop(bind: Any, pool_size: int, dataset: str, user_id: str) -> Rows | None:
+def active_and_ratings_on_loop(bind: Any, pool_size: int, dataset: str, user_id: str) -> Awaitable[Rows | None]:
     """:func:`active_and_ratings` on the event loop, grouped with concurrent requests
-    (:func:`app.db.hot_read.read_rows_async`); None for a bind other than a PostgreSQL engine."""
-    return await read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": dataset}, user_id, pool_size)
+    (:func:`app.db.hot_read.read_rows_async`; the coroutine itself, no frame around it); None
+    for a bind other than a PostgreSQL engine."""
+    return read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": dataset}, user_id, pool_size)
