@@ -20,12 +20,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.dialect import driver_connection, pg_copy_ratings
+from app.db.dialect import driver_connection
 from app.db.migrate import upgrade_head
 from app.db.models import utcnow
 from app.db.session import dispose_engines, get_sessionmaker
 from app.db.stores import DatasetRef, catalogue_store, ratings_postgres, ratings_store
 from app.db.stores.catalogue import PostgresCatalogueStore, SqliteCatalogueStore
+from app.db.stores.postgres_copy import pg_copy_ratings
 from app.db.stores.ratings_postgres import PostgresRatingsStore
 from app.db.stores.ratings_sqlite import SqliteRatingsStore
 from app.errors import UnknownDataset

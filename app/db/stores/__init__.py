@@ -4,7 +4,8 @@ engine's dialect.
 
 * :mod:`app.db.stores.catalogue`: data sets by name and their public items;
 * :mod:`app.db.stores.ratings`: users and ratings (:mod:`~app.db.stores.ratings_postgres`,
-  :mod:`~app.db.stores.ratings_sqlite`), and the bulk read of (user, item, value) tables;
+  :mod:`~app.db.stores.ratings_sqlite`), and the bulk read of (user, item, value) tables
+  (PostgreSQL's COPY paths: :mod:`~app.db.stores.postgres_copy`);
 * :mod:`app.db.stores.serving`: the serving hot path's one-round-trip reads.
 """
 

@@ -21,21 +21,19 @@ from typing import Any
 import numpy as np
 from sqlalchemy import text
 
-from app.db.dialect import (
+from app.db.dialect import driver_connection, driver_sql, pg_array
+from app.db.models import RATINGS_VERSION_SHARDS, bump_ratings_version_sharded
+from app.db.reference_ids import READ_EPOCH, ReferenceIds, reference_ids_at, remember_on_commit
+from app.db.stores.catalogue import DatasetRef, PostgresCatalogueStore
+from app.db.stores.postgres_copy import (
     PG_COPY_HEADER,
     PG_COPY_TRIPLET,
-    driver_connection,
-    driver_sql,
-    pg_array,
     pg_copy_ratings,
     pg_copy_triplets,
     pg_flushed_copy,
     pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
 )
-from app.db.models import RATINGS_VERSION_SHARDS, bump_ratings_version_sharded
-from app.db.reference_ids import READ_EPOCH, ReferenceIds, reference_ids_at, remember_on_commit
-from app.db.stores.catalogue import DatasetRef, PostgresCatalogueStore
 from app.db.stores.ratings import OneRating, SqlRatings, Triplets, randomised_filter
 from app.errors import UnknownDataset
 
