@@ -170,6 +170,7 @@ SESSION_ONLY = ("sqlalchemy.orm", "Session")
 SQL_STATEMENT = re.compile(r"\bSELECT\b.*\bFROM\b|\bINSERT\s+INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b"
                            r"|\bCOPY\s+\w+|\bON\s+CONFLICT\b|\bCREATE\s+(TEMP\s+)?TABLE\b", re.DOTALL)
 DIALECT_NAMES = {"postgresql", "sqlite", "postgres"}
+QUERY_RUNNERS = {"execute", "scalar", "scalars", "query", "get_bind", "connection"}  # a Session's, run by a store
 # converted by the training/ledger stores
 NOT_YET_CONVERTED = {
     "app.services.admin",
@@ -198,7 +199,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def storage_in(source: str) -> list[str]:
     """What in ``source`` belongs in a store: SQLAlchemy imports beyond ``Session``, SQL text, a
-    dialect branch (``is_postgres``, a ``dialect`` attribute, a dialect's name)."""
+    dialect branch (``is_postgres``, a ``dialect`` attribute, a dialect's name), a query run on
+    the session (``.execute``, ``.scalar``, ...)."""
     tree = ast.parse(source)
     docstrings = _docstrings(tree)
     found: list[str] = []
@@ -216,6 +218,8 @@ def storage_in(source: str) -> list[str]:
             name = node.id if isinstance(node, ast.Name) else node.attr
             if name in {"is_postgres", "dialect", "text"}:
                 found.append(f"dialect branch or SQL text: {name}")
+            elif isinstance(node, ast.Attribute) and name in QUERY_RUNNERS:
+                found.append(f"a query run here: .{name}")
     return found
 
 
@@ -224,11 +228,12 @@ def test_the_storage_check_sees_sql_imports_and_dialect_branches() -> None:
               "from sqlalchemy.orm import Session\nfrom sqlalchemy import select\nimport sqlalchemy\n"
               "Q = 'SELECT id FROM users'\nW = 'INSERT INTO t VALUES (1)'\n"
               "def f(s: Session):\n    if is_postgres(s) or s.get_bind().dialect.name == 'sqlite':\n"
-              "        return text('x')\n")
+              "        return text('x')\n    return s.execute(Q)\n")
     assert sorted(storage_in(source)) == sorted([
         "from sqlalchemy import select", "import sqlalchemy", "SQL text 'SELECT id FROM users'",
         "SQL text 'INSERT INTO t VALUES (1)'", "dialect branch or SQL text: is_postgres",
-        "dialect name 'sqlite'", "dialect branch or SQL text: dialect", "dialect branch or SQL text: text"])
+        "dialect name 'sqlite'", "dialect branch or SQL text: dialect", "dialect branch or SQL text: text",
+        "a query run here: .get_bind", "a query run here: .execute"])
     assert storage_in("'''UPDATE x SET y, described'''\nfrom sqlalchemy.orm import Session\n") == []
 
 
