@@ -32,7 +32,6 @@ __all__ = [
     "list_user_ratings",
     "user_ratings_arrays",
     "ensure_user_rows",
-    "share_references",
 ]
 
 WriteStatus = Literal["created", "updated"]  # what one rating write did
@@ -44,13 +43,6 @@ def _check_range(ds: Any, value: float) -> str | None:
     if not (ds.rating_min <= value <= ds.rating_max):
         return f"rating {value!r} is outside the data set's range [{ds.rating_min}, {ds.rating_max}]"
     return None
-
-
-def share_references(session: Session) -> None:
-    """Hold the references shared until the transaction ends (PostgreSQL's references lock; SQLite
-    serialises writers). Call before reading any user, item or data set id that a rating will
-    reference (:mod:`app.db.stores.ratings_postgres`)."""
-    ratings_store(session).share_references()
 
 
 _MIX = np.int64(-0x61C8864680B583EB)  # 2^64 / golden ratio, as int64: spreads item row ids over 64 bits

@@ -3,7 +3,8 @@
 
 The single-rating rules live in PL/pgSQL on PostgreSQL (migration 0009) and in statements on
 SQLite; the cases below (new user, existing user, update, a user deleted before the write,
-unknown data set or item, values at and beyond the range) pin them to one behaviour. The
+unknown data set or item, values at and beyond the range) pin them to one behaviour; the races
+of PostgreSQL's concurrent writers and deletes are in ``tests/api/test_ingest_bulk.py``. The
 driver-level pieces (binary COPY encoding, the COPY path, the pipelined check of a batch) are
 tested here too.
 """

@@ -51,8 +51,9 @@ class RatingsStore(Protocol):
         range (a new user created first); None: no such data set (nothing written)."""
 
     def start_rating_write(self, dataset: str) -> DatasetRef:
-        """Begin a batch write: hold the references (:meth:`share_references`) and read the data
-        set (404 when unknown)."""
+        """Begin a batch write: hold the references shared until the transaction ends (no user,
+        item or data set a rating will reference is deleted meanwhile) and read the data set (404
+        when unknown)."""
 
     def item_ids(self, ds: DatasetRef, external_ids: Sequence[str]) -> list[int | None]:
         """The row id of each of ``external_ids`` (None: no such item in ``ds``)."""
@@ -70,10 +71,6 @@ class RatingsStore(Protocol):
     def ensure_users(self, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
         """Create missing users; external id -> row id of each. PostgreSQL: the rows stay locked
         (FOR KEY SHARE) until the transaction ends."""
-
-    def share_references(self) -> None:
-        """Hold the references shared until the transaction ends: no user, item or data set a
-        rating will reference is deleted meanwhile."""
 
     def delete_rating(self, dataset_id: int, user_id: str, item_id: str) -> int:
         """Delete one rating (bumping the data set's version); the number deleted (0 or 1)."""

@@ -228,9 +228,6 @@ class PostgresRatingsStore(SqlRatings):
     def _exclude_rating_writers(self) -> None:
         self.session.execute(_EXCLUSIVE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
 
-    def share_references(self) -> None:
-        self.session.execute(_SHARE_REFERENCES, {"key": REFERENCES_LOCK_KEY})
-
     def upsert_one(self, dataset: str, user_id: str, item_id: str, value: float, now: datetime) -> OneRating | None:
         """One statement (:data:`_UPSERT_ONE`) through the driver's cursor (prepared by psycopg
         after a few uses): no ORM objects, no SQL compilation."""

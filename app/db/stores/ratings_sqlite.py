@@ -26,9 +26,6 @@ def _naive_utc(value: datetime) -> datetime:
 class SqliteRatingsStore(SqlRatings):
     """Users and ratings on SQLite."""
 
-    def share_references(self) -> None:
-        """Nothing to hold: SQLite has one writer at a time."""
-
     def upsert_one(self, dataset: str, user_id: str, item_id: str, value: float, now: datetime) -> OneRating | None:
         """The rules of :data:`app.db.stores.ratings_postgres._UPSERT_ONE` (migration 0009) in
         statements: nothing is written (no user created) for an unknown item or a value outside
@@ -47,6 +44,7 @@ class SqliteRatingsStore(SqlRatings):
         return OneRating(ref.rating_min, ref.rating_max, iid, uid, created is None or (uid, iid) in created)
 
     def start_rating_write(self, dataset: str) -> DatasetRef:
+        """The data set alone: nothing to hold (SQLite has one writer at a time) and no id cache."""
         return SqliteCatalogueStore(self.session).dataset_ref(dataset)
 
     def item_ids(self, ds: DatasetRef, external_ids: Sequence[str]) -> list[int | None]:
