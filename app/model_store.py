@@ -22,11 +22,11 @@ from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
+from app.db.stores import catalogue_store
 from app.errors import (
     ArtifactMissing,
     ArtifactUnreadable,
     NoActiveModel,
-    UnknownDataset,
     UnknownModelVersion,
 )
 from app.ledger import lock_account
@@ -100,13 +100,6 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
     return model
 
 
-def _dataset(session: Session, name: str) -> Dataset:
-    ds = session.scalar(select(Dataset).where(Dataset.name == name))
-    if ds is None:
-        raise UnknownDataset(name)
-    return ds
-
-
 def get_active_version(session: Session, dataset: str) -> ModelVersion:
     """The active version row of ``dataset`` (NoActiveModel when none is published)."""
     row = session.scalar(
@@ -115,7 +108,7 @@ def get_active_version(session: Session, dataset: str) -> ModelVersion:
         )
     )
     if row is None:
-        _dataset(session, dataset)  # UnknownDataset
+        catalogue_store(session).get_dataset(dataset)  # UnknownDataset
         raise NoActiveModel(f"data set {dataset!r} has no active model yet; start a training first")
     return row
 
@@ -134,7 +127,7 @@ def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion
         )
     )
     if row is None:
-        _dataset(session, dataset)  # UnknownDataset
+        catalogue_store(session).get_dataset(dataset)  # UnknownDataset
         raise UnknownModelVersion(f"data set {dataset!r} has no model version {version_id}", version_id=version_id)
     return row
 
@@ -142,7 +135,7 @@ def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion
 def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[ModelVersion], int]:
     """One page of versions (newest first) and the total count."""
     require_valid_page(offset, limit)
-    ds = _dataset(session, dataset)
+    ds = catalogue_store(session).get_dataset(dataset)
     total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
     rows = list(
         session.scalars(

@@ -38,6 +38,8 @@ from app.core.privacy.accounting import Relation
 from app.db.dialect import insert_for
 from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
 from app.db.session import is_postgres
+from app.db.stores import catalogue_store
+from app.db.stores.catalogue import DatasetLock
 from app.errors import (
     CapRequired,
     InvalidHyperparameters,
@@ -54,7 +56,7 @@ from app.errors import (
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
 from app.services.bulk_read import load_ratings
-from app.services.catalog import item_row_ids, unknown_dataset
+from app.services.catalog import item_row_ids
 from app.services.ingest import ensure_user_rows
 
 __all__ = [
@@ -84,20 +86,14 @@ DELETE_NOTE = (
 
 
 # ----------------------------------------------------------------------------- data set access
-def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset:
+def _dataset(session: Session, name: str, *, lock: DatasetLock | None = None) -> Dataset:
     """The data set ``name`` (404), optionally row-locked on PostgreSQL.
 
     ``lock="share"`` (ingestion): FOR KEY SHARE, compatible with other ingests (and with their
     ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
     written under settings that are being changed. SQLite serialises writers anyway.
     """
-    stmt = select(Dataset).where(Dataset.name == name)
-    if lock is not None and is_postgres(session):
-        stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
-    ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
-    if ds is None:
-        raise unknown_dataset(name)
-    return ds
+    return catalogue_store(session).get_dataset(name, lock=lock)
 
 
 def _randomising(ds: Dataset) -> bool:
