@@ -1,4 +1,4 @@
-"""Votes (thumbs up/down): settings, ingestion with randomised response, listing, training input.
+"""Votes (thumbs up/down): settings, ingestion with randomised response, listing.
 
 A data set either stores **raw** votes (``vote_local_epsilon`` NULL: idempotent upserts, like
 ratings) or **randomises at ingestion** (local DP, issue 6, algorithms.md §4 InP):
@@ -32,7 +32,6 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.core.data.ratings import Ratings
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.db.dialect import insert_for
@@ -40,7 +39,6 @@ from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance,
 from app.db.session import is_postgres
 from app.errors import (
     CapRequired,
-    InvalidHyperparameters,
     InvalidRows,
     LocalEpsilonMismatch,
     PrivrecError,
@@ -53,7 +51,6 @@ from app.errors import (
 )
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
-from app.services.bulk_read import load_ratings
 from app.services.catalog import item_row_ids, unknown_dataset
 from app.services.ingest import ensure_user_rows
 
@@ -67,8 +64,6 @@ __all__ = [
     "delete_vote",
     "list_user_votes",
     "user_votes_arrays",
-    "load_votes",
-    "votes_training_params",
 ]
 
 Randomiser = Literal["server", "client"]  # who applied randomised response to a stored vote
@@ -462,49 +457,8 @@ def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> N
 def lock_pre_randomised(session: Session, ds: Dataset, local_epsilon: float) -> Dataset:
     """Lock the data set's vote settings (FOR KEY SHARE on PostgreSQL, as ingestion does) until
     the training data is read in this transaction, and re-check them (public). The read itself
-    (:func:`load_votes` with ``local_epsilon``) takes only bits randomised with ε0, so a stored
+    (:func:`app.db.loaders.load_votes` with ``local_epsilon``) takes only bits randomised with ε0, so a stored
     bit that was not (impossible through this module) is never read and decides nothing."""
     locked = _dataset(session, ds.name, lock="share")
     check_pre_randomised_settings(locked, local_epsilon)
     return locked
-
-
-def load_votes(session: Session, ds: Dataset, *, local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
-    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue);
-    with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
-    return load_ratings(session, ds, table="votes", local_epsilon=local_epsilon), {}
-
-
-_FORCED = ("pre_randomised", "local_epsilon")
-
-
-def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[str, Any]:
-    """The caller's hyper-parameters for a votes algorithm with what the data set decides.
-
-    Randomising data set: for InP (the default mechanism) ``pre_randomised=True,
-    local_epsilon=ε0`` are forced (callers cannot choose them): the run flips nothing and is
-    post-processing of the local guarantee (charged 0). Another mechanism trains on the stored
-    bits as data and is charged its own event. ``votes_per_user`` defaults to the data set's cap.
-    Raw data set: ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
-    ``user_rows`` defaults to the data set's declared public bound ``max_users`` (add/remove-one-
-    user relation; excess voters are dropped at random, never refused).
-    """
-    out = dict(params or {})
-    if ds.max_users is not None:
-        out.setdefault("user_rows", max(2, int(ds.max_users)))
-    chosen = [k for k in _FORCED if k in out]
-    if _randomising(ds):
-        if chosen:
-            raise InvalidHyperparameters(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
-                                 f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
-        if out.get("mechanism", "inp") == "inp":
-            out.update(pre_randomised=True, local_epsilon=_epsilon0(ds))
-        if ds.votes_per_user_cap is not None:
-            out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
-        return out
-    if out.get("pre_randomised") or out.get("local_epsilon") is not None:
-        raise InvalidHyperparameters(f"data set {ds.name!r} stores raw votes: pre_randomised / local_epsilon "
-                             "cannot be set (turn on randomisation at ingestion in the vote settings)")
-    if ds.votes_per_user_cap is not None:
-        out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
-    return out

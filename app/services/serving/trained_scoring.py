@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from app.core.algorithms import ALGORITHMS
 from app.core.mf import foldin
 
 __all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores",
@@ -51,14 +50,10 @@ class TrainedRows:
     max_abs_bias: float = 0.0
 
 
-# The fold-in family's scoring method (DPALS and DP-CMF inherit it: foldin.user_scores).
-_FOLD_IN_SCORE = type(ALGORITHMS["dpals"]).score
-
-
 def applies(algorithm: Any, kind: str) -> bool:
     """True when ``algorithm`` scores by fold-in predicted ratings (top-N restricted to trained
-    items). Compared on the class: ``algorithm.score`` is a new bound method on every access."""
-    return getattr(type(algorithm), "score", None) is _FOLD_IN_SCORE and kind == "predicted_rating"
+    items): its declared ``scores_by_fold_in`` and a predicted-rating kind."""
+    return bool(algorithm.scores_by_fold_in) and kind == "predicted_rating"
 
 
 def trained_rows(model: Any) -> TrainedRows:

@@ -1,0 +1,1 @@
+"""Per-domain stores: every query the use cases make, behind plain functions per domain."""
