@@ -611,7 +611,7 @@ def save_frank_wolfe(model: FrankWolfeModel, path: str | os.PathLike[str]) -> tu
 def load_frank_wolfe(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> FrankWolfeModel:
     """Load and verify an artifact written by :func:`save_frank_wolfe` (ArtifactError on any mismatch)."""
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
-    if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != "dpfw":
+    if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != FrankWolfeModel.algorithm:
         raise ArtifactError(f"not a DPFW artifact of format {FORMAT_VERSION}")
     item_ids, directions, scales = arrays["item_ids"], arrays["directions"], arrays["scales"]
     item_counts = arrays["item_counts"]

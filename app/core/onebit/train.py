@@ -488,7 +488,7 @@ def load_onebit(path: str | os.PathLike[str], expected_sha256: str | None = None
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
     version = stored.get("format_version")
     like = _LIKE_ARRAY.get(version) if isinstance(version, int) else None
-    if like is None or stored.get("algorithm") != "onebit":
+    if like is None or stored.get("algorithm") != OneBitModel.algorithm:
         raise ArtifactError(f"not a one-bit artifact of format {sorted(_LIKE_ARRAY)}")
     if set(arrays) != {"item_ids", "item_factors", like}:
         raise ArtifactError("unexpected arrays in a one-bit artifact")
