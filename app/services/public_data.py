@@ -1,4 +1,4 @@
-"""Public data for DP-CMF (issue 5): item metadata tokens, public item-item similarities and
+"""Public data for DP-CMF (docs/algorithms.md §3): item metadata tokens, public item-item similarities and
 public users (who opted in to making their ratings public).
 
 Public sources must never be derived from private users' data. The product enforces what it can:
@@ -23,23 +23,18 @@ import math
 import re
 from collections.abc import Sequence
 
-from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
-from app.db.dialect import chunks, rows_matched
 from app.db.models import (
     Dataset,
-    Item,
-    ItemSimilarity,
     PublicRatingConsent,
     PublicRatingConsentEvent,
     SimilaritySource,
-    User,
     bump_ratings_version,
-    table_of,
     utcnow,
 )
+from app.db.stores import public_inputs as store
 from app.errors import (
     BatchTooLarge,
     InvalidRows,
@@ -87,8 +82,7 @@ NeighbourList = Sequence[tuple[str, float]]
 
 # ---------------------------------------------------------------------------- similarity sources
 def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False) -> SimilaritySource:
-    stmt = select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id, SimilaritySource.name == name)
-    src = session.scalar(stmt.with_for_update() if lock else stmt)
+    src = store.source(session, ds.id, name, lock=lock)
     if src is None:
         raise UnknownSimilaritySource(f"unknown similarity source {name!r} in data set {ds.name!r}",
                                       details={"source": name})
@@ -96,9 +90,7 @@ def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False)
 
 
 def _source_out(session: Session, src: SimilaritySource) -> SimilaritySourceOut:
-    n_pairs, n_items = session.execute(
-        select(func.count(), func.count(func.distinct(ItemSimilarity.item_id))).where(ItemSimilarity.source_id == src.id)
-    ).one()
+    n_pairs, n_items = store.source_counts(session, src.id)
     return SimilaritySourceOut(name=src.name, provenance=src.provenance, declared_public=bool(src.declared_public),
                                created_by=src.created_by, created_at=src.created_at, updated_at=src.updated_at,
                                n_items=int(n_items), n_pairs=int(n_pairs))
@@ -120,8 +112,7 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     if not provenance:
         raise ProvenanceRequired("a similarity source needs a provenance (URL or citation)")
     ds = get_dataset(session, dataset)
-    src = session.scalar(select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id,
-                                                        SimilaritySource.name == name).with_for_update())
+    src = store.source(session, ds.id, name, lock=True)
     created = src is None
     if src is None:
         src = SimilaritySource(dataset_id=ds.id, name=name, provenance=provenance, declared_public=True,
@@ -142,11 +133,8 @@ def get_similarity_source(session: Session, *, dataset: str, name: str) -> Simil
 def similarity_sources_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[SimilaritySourceOut]:
     """One page of a data set's similarity sources, by name."""
     ds = get_dataset(session, dataset)
-    where = SimilaritySource.dataset_id == ds.id
-    total = session.scalar(select(func.count()).select_from(SimilaritySource).where(where)) or 0
-    rows = session.scalars(select(SimilaritySource).where(where).order_by(SimilaritySource.name)
-                           .offset(offset).limit(limit)).all()
-    return Page[SimilaritySourceOut].build([_source_out(session, r) for r in rows], total=int(total),
+    rows, total = store.sources_page(session, ds.id, offset, limit)
+    return Page[SimilaritySourceOut].build([_source_out(session, r) for r in rows], total=total,
                                            offset=offset, limit=limit)
 
 
@@ -154,12 +142,10 @@ def delete_similarity_source(session: Session, *, dataset: str, name: str) -> in
     """Delete a source and its neighbour lists; return the pairs removed."""
     ds = get_dataset(session, dataset)
     src = _source_row(session, ds, name, lock=True)
-    removed = rows_matched(session.execute(delete(ItemSimilarity).where(ItemSimilarity.source_id == src.id)))
-    session.delete(src)
-    session.flush()
+    removed = store.delete_source(session, src)
     if removed:
         bump_ratings_version(session, ds.id, n=1)
-    return int(removed)
+    return removed
 
 
 def _check_sizes(rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None) -> None:
@@ -222,14 +208,9 @@ def replace_neighbours(session: Session, *, dataset: str, source: str,
     item_map = item_row_ids(session, ds, ids)
     _validate_rows(rows, item_map)
     owners = [item_map[item] for item, _ in rows]
-    removed = 0
-    for part in chunks(owners):
-        removed += rows_matched(session.execute(delete(ItemSimilarity).where(
-            ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))))
     pairs = [{"source_id": src.id, "item_id": item_map[item], "neighbour_id": item_map[other], "score": float(score)}
              for item, neighbours in rows for other, score in neighbours]
-    for part in chunks(pairs):
-        session.execute(table_of(ItemSimilarity).insert(), list(part))
+    removed = store.replace_lists(session, src.id, owners, pairs)
     src.updated_at = utcnow()
     bump_ratings_version(session, ds.id, n=1)
     session.flush()
@@ -243,13 +224,8 @@ def item_neighbours(session: Session, *, dataset: str, source: str, item_id: str
     iid = item_row_ids(session, ds, [item_id]).get(item_id)
     if iid is None:
         raise UnknownItem(f"unknown item {item_id!r}", details={"item_id": item_id})
-    rows = session.execute(
-        select(Item.external_id, ItemSimilarity.score).join(Item, Item.id == ItemSimilarity.neighbour_id)
-        .where(ItemSimilarity.source_id == src.id, ItemSimilarity.item_id == iid)
-        .order_by(ItemSimilarity.score.desc(), Item.external_id)
-    ).all()
-    return NeighboursOut(source=source, item_id=item_id,
-                         neighbours=[Neighbour(item_id=e, score=float(s)) for e, s in rows])
+    rows = store.neighbour_list(session, src.id, iid)
+    return NeighboursOut(source=source, item_id=item_id, neighbours=[Neighbour(item_id=e, score=s) for e, s in rows])
 
 
 # ---------------------------------------------------------------------------- public users
@@ -266,8 +242,7 @@ def set_public_ratings(session: Session, *, dataset: str, user_id: str, public: 
     ds = get_dataset(session, dataset)
     now = utcnow()
     uid = ensure_user_rows(session, [user_id], now)[user_id]
-    session.scalar(select(User.id).where(User.id == uid).with_for_update())  # serialises this user's changes
-    row = session.get(PublicRatingConsent, (ds.id, uid), with_for_update=True)
+    row = store.lock_consent(session, ds.id, uid)  # serialises this user's changes
     if row is not None and bool(row.public) == bool(public):
         return _consent_out(ds, user_id, row, changed=False)
     if row is None:
@@ -284,32 +259,22 @@ def set_public_ratings(session: Session, *, dataset: str, user_id: str, public: 
 def get_public_ratings(session: Session, *, dataset: str, user_id: str) -> PublicRatingsOut:
     """The user's current choice (false when never set)."""
     ds = get_dataset(session, dataset)
-    row = session.scalar(select(PublicRatingConsent).join(User, User.id == PublicRatingConsent.user_id)
-                         .where(PublicRatingConsent.dataset_id == ds.id, User.external_id == user_id))
+    row = store.consent(session, ds.id, user_id)
     return _consent_out(ds, user_id, row, changed=False)
 
 
 def public_users_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[PublicUserOut]:
     """Users whose ratings of ``dataset`` are public now (by their own choice), by user id."""
     ds = get_dataset(session, dataset)
-    base = (select(User.external_id, PublicRatingConsent.updated_at).join(User, User.id == PublicRatingConsent.user_id)
-            .where(PublicRatingConsent.dataset_id == ds.id, PublicRatingConsent.public.is_(True)))
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(User.external_id).offset(offset).limit(limit)).all()
+    rows, total = store.public_users_page(session, ds.id, offset, limit)
     items = [PublicUserOut(user_id=e, public=True, updated_at=t) for e, t in rows]
-    return Page[PublicUserOut].build(items, total=int(total), offset=offset, limit=limit)
+    return Page[PublicUserOut].build(items, total=total, offset=offset, limit=limit)
 
 
 def consent_events_page(session: Session, *, dataset: str, offset: int, limit: int,
                         user_id: str | None = None) -> Page[ConsentEventOut]:
     """The consent audit trail (oldest first), optionally for one user."""
     ds = get_dataset(session, dataset)
-    E = PublicRatingConsentEvent
-    base = select(E.id, User.external_id, E.public, E.actor, E.created_at).join(User, User.id == E.user_id).where(
-        E.dataset_id == ds.id)
-    if user_id is not None:
-        base = base.where(User.external_id == user_id)
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(E.id).offset(offset).limit(limit)).all()
-    items = [ConsentEventOut(id=i, user_id=u, public=bool(p), actor=a, created_at=t) for i, u, p, a, t in rows]
-    return Page[ConsentEventOut].build(items, total=int(total), offset=offset, limit=limit)
+    rows, total = store.consent_events_page(session, ds.id, offset, limit, user_id)
+    items = [ConsentEventOut(id=i, user_id=u, public=p, actor=a, created_at=t) for i, u, p, a, t in rows]
+    return Page[ConsentEventOut].build(items, total=total, offset=offset, limit=limit)

@@ -1,7 +1,7 @@
 """Votes (thumbs up/down): settings, ingestion with randomised response, listing.
 
 A data set either stores **raw** votes (``vote_local_epsilon`` NULL: idempotent upserts, like
-ratings) or **randomises at ingestion** (local DP, issue 6, algorithms.md §4 InP):
+ratings) or **randomises at ingestion** (local DP, docs/algorithms.md §4, InP):
 
 * each vote is randomised exactly once on arrival, flipped with p = 1/(1+e^ε0) by
   ``app.core.onebit.randomize_votes`` from a generator seeded per request with 128 bits from the
@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
-from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
-from app.db.dialect import insert_for
-from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
-from app.db.session import is_postgres
+from app.db.models import Dataset, LedgerEntry, Vote, VoteAllowance, bump_ratings_version, utcnow
+from app.db.stores import votes as store
 from app.errors import (
     CapRequired,
     InvalidRows,
@@ -86,10 +84,7 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
     ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
     written under settings that are being changed. SQLite serialises writers anyway.
     """
-    stmt = select(Dataset).where(Dataset.name == name)
-    if lock is not None and is_postgres(session):
-        stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
-    ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
+    ds = store.dataset(session, name, lock=lock)
     if ds is None:
         raise unknown_dataset(name)
     return ds
@@ -114,13 +109,12 @@ def _randomiser(stored: str | None) -> Randomiser | None:
 # ----------------------------------------------------------------------------- settings
 def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
     acct = ledger.account_for(session, ds.id)
-    return session.scalar(select(LedgerEntry).where(LedgerEntry.account_id == acct.id, LedgerEntry.kind == "local")
-                          .order_by(LedgerEntry.seq.desc()).limit(1))
+    return store.latest_local_entry(session, acct.id)
 
 
 def _settings_out(session: Session, ds: Dataset) -> VoteSettingsOut:
     eps0, cap = ds.vote_local_epsilon, ds.votes_per_user_cap
-    n_votes = session.scalar(select(func.count()).select_from(Vote).where(Vote.dataset_id == ds.id)) or 0
+    n_votes = store.count_votes(session, ds.id)
     entry = _local_entry(session, ds) if eps0 is not None else None
     return VoteSettingsOut(
         dataset=ds.name, local_epsilon=eps0, votes_per_user_cap=cap, randomised_at_ingestion=eps0 is not None,
@@ -153,10 +147,7 @@ def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
 
 def _votes_ever_given(session: Session, ds: Dataset) -> bool:
     """Whether the data set holds a vote or ever gave out a randomised bit."""
-    vote = session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1))
-    given = session.scalar(select(VoteAllowance.user_key).where(
-        VoteAllowance.dataset_id == ds.id, VoteAllowance.randomised_votes > 0).limit(1))
-    return vote is not None or given is not None
+    return store.votes_ever_given(session, ds.id)
 
 
 def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | None,
@@ -241,15 +232,12 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
 
 def _lock_users(session: Session, uids: Sequence[int]) -> None:
     """Serialise writers per user (cap checks): row locks in id order (no deadlocks)."""
-    if is_postgres(session) and uids:
-        session.execute(select(User.id).where(User.id.in_(sorted(set(uids)))).order_by(User.id)
-                        .with_for_update(key_share=True))
+    store.lock_users(session, uids)
 
 
 def _existing(session: Session, ds: Dataset, uids: Sequence[int]) -> dict[tuple[int, int], Vote]:
     """The data set's stored votes of these users, keyed by (user, item) row ids."""
-    rows = session.scalars(select(Vote).where(Vote.dataset_id == ds.id, Vote.user_id.in_(sorted(set(uids)))))
-    return {(v.user_id, v.item_id): v for v in rows}
+    return store.existing_votes(session, ds.id, uids)
 
 
 def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> VoteCapExceeded:
@@ -289,11 +277,7 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
               for (u, i), r in zip(pairs, b.rows, strict=True)]
-    for start in range(0, len(values), 1000):
-        stmt = insert_for(session, Vote.__table__).values(values[start:start + 1000])
-        session.execute(stmt.on_conflict_do_update(
-            index_elements=["dataset_id", "user_id", "item_id"],
-            set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at}))
+    store.upsert_raw_votes(session, values)
     return ["updated" if p in existing else "created" for p in pairs]
 
 
@@ -316,8 +300,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     pairs = list(zip(b.uids, b.iids, strict=True))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
     keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users, strict=True)}
-    by_key = {a.user_key: a for a in session.scalars(select(VoteAllowance).where(
-        VoteAllowance.dataset_id == ds.id, VoteAllowance.user_key.in_(sorted(set(keys.values())))))}
+    by_key = store.allowances(session, ds.id, list(keys.values()))
     allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
@@ -325,7 +308,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     if new_k:
         bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
         now = utcnow()
-        session.execute(table_of(Vote).insert(), [
+        store.insert_votes(session, [
             {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
              "randomised": True, "local_epsilon": _epsilon0(ds), "randomised_by": who,
              "created_at": now, "updated_at": now}
@@ -368,9 +351,7 @@ def _write(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[
 
 
 def _stored(session: Session, ds: Dataset, user_id: str, item_id: str) -> Vote:
-    vote = session.scalar(select(Vote).join(User, User.id == Vote.user_id).join(Item, Item.id == Vote.item_id)
-                          .where(Vote.dataset_id == ds.id, User.external_id == user_id, Item.external_id == item_id)
-                          .execution_options(populate_existing=True))
+    vote = store.stored_vote(session, ds.id, user_id, item_id)
     if vote is None:
         raise UnknownVote("no such vote", details={"user_id": user_id, "item_id": item_id})
     return vote
@@ -416,7 +397,7 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
     """Delete one vote (404 when absent). The randomised-vote allowance is not given back."""
     ds = _dataset(session, dataset, lock="share")
     vote = _stored(session, ds, user_id, item_id)
-    session.execute(delete(Vote).where(Vote.id == vote.id))
+    store.delete_vote(session, vote.id)
     bump_ratings_version(session, ds.id, n=1)
     return 1
 
@@ -424,25 +405,17 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
 # ----------------------------------------------------------------------------- reading
 def user_votes_arrays(session: Session, *, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
     """The one user's own stored bits in a data set: (external item ids, ±1). Privileged."""
-    rows = session.execute(
-        select(Item.external_id, Vote.value).join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
-        .where(Vote.dataset_id == dataset_id, User.external_id == user_id)
-    ).all()
+    rows = store.user_votes(session, dataset_id, user_id)
     return [r[0] for r in rows], [float(r[1]) for r in rows]
 
 
 def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int, limit: int) -> Page[VoteOut]:
     """One page of the user's own stored bits, ordered by item id."""
     ds = _dataset(session, dataset)
-    base = (select(Item.external_id, Vote.value, Vote.randomised, Vote.randomised_by, Vote.local_epsilon,
-                   Vote.updated_at)
-            .join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
-            .where(Vote.dataset_id == ds.id, User.external_id == user_id))
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
-    items = [VoteOut(item_id=e, vote=int(v), randomised=bool(r), randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
+    rows, total = store.user_votes_page(session, ds.id, user_id, offset, limit)
+    items = [VoteOut(item_id=e, vote=v, randomised=r, randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
              for e, v, r, by, eps, t in rows]
-    return Page[VoteOut].build(items, total=int(total), offset=offset, limit=limit)
+    return Page[VoteOut].build(items, total=total, offset=offset, limit=limit)
 
 
 # ----------------------------------------------------------------------------- training

@@ -1,6 +1,6 @@
 """DPFW: private Frank-Wolfe matrix completion (Jain, Thakkar & Thakurta 2018, arXiv:1712.09765).
 
-The paper's Algorithm 1 with the corrections of algorithms.md §2; the private top eigenvector is
+The paper's Algorithm 1 with the corrections of docs/algorithms.md §2; the private top eigenvector is
 either the dense noisy Gram matrix (Algorithm 1) or private Oja (Algorithm 2).
 Privacy unit: one user and all of their ratings; neighbouring data sets add or remove one user.
 

@@ -18,7 +18,7 @@ from app.db.session import is_postgres
 
 __all__ = [
     "active_version", "active_version_by_name", "catalogue_size", "count_versions", "dataset_by_name",
-    "dataset_names", "lock_run", "mark_enqueued", "mark_private_data_read", "max_version", "queued_runs",
+    "dataset_names", "lock_run", "mark_enqueued", "mark_private_data_read", "oldest_queued_run", "max_version", "queued_runs",
     "run_by_idempotency_key", "running_run_ids", "runs_in_flight", "runs_page", "set_heartbeat",
     "set_progress", "set_ratings_version", "swap_active_version", "version_by_id", "versions_page",
 ]
@@ -65,6 +65,11 @@ def queued_runs(session: Session) -> list[tuple[int, datetime | None]]:
     rows = session.execute(select(TrainingRun.id, TrainingRun.enqueued_at).where(TrainingRun.status == "queued")
                            .order_by(TrainingRun.id)).all()
     return [(int(run_id), sent) for run_id, sent in rows]
+
+
+def oldest_queued_run(session: Session) -> int | None:
+    """The id of the oldest queued run (the embedded worker's next), if any."""
+    return session.scalar(select(TrainingRun.id).where(TrainingRun.status == "queued").order_by(TrainingRun.id).limit(1))
 
 
 def mark_enqueued(session: Session, run_id: int) -> None:

@@ -1,6 +1,6 @@
 """Top-N of the fold-in family on the trained items only, with the user's state cached.
 
-For a rating-objective fold-in model (DPALS, ALS, DP-CMF; arXiv:1505.03014 / algorithms.md §2)
+For a rating-objective fold-in model (DPALS, ALS, DP-CMF; arXiv:1505.03014 / docs/algorithms.md §1)
 an item outside the trained set has v_j = 0 and is never in a top-N, so the score vector
     s_j = m̃ + b_u + b̃_j + u·v_j        (the predicted rating, foldin.predict_ratings)
 is needed on the trained rows only: a contiguous copy of those rows per published version cuts
