@@ -21,7 +21,7 @@ from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
 from app.db.models import Dataset, ModelVersion, TrainingRun
-from app.db.stores import runs as store
+from app.db.stores.runs import runs_store
 from app.errors import (
     ArtifactMissing,
     ArtifactUnreadable,
@@ -101,7 +101,7 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
 
 
 def _dataset(session: Session, name: str) -> Dataset:
-    ds = store.dataset_by_name(session, name)
+    ds = runs_store(session).dataset_by_name(name)
     if ds is None:
         raise UnknownDataset(name)
     return ds
@@ -109,7 +109,7 @@ def _dataset(session: Session, name: str) -> Dataset:
 
 def get_active_version(session: Session, dataset: str) -> ModelVersion:
     """The active version row of ``dataset`` (NoActiveModel when none is published)."""
-    row = store.active_version_by_name(session, dataset)
+    row = runs_store(session).active_version_by_name(dataset)
     if row is None:
         _dataset(session, dataset)  # UnknownDataset
         raise NoActiveModel(f"data set {dataset!r} has no active model yet; start a training first")
@@ -124,7 +124,7 @@ def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, Publ
 
 def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion:
     """Version ``version_id`` of ``dataset`` (UnknownModelVersion otherwise)."""
-    row = store.version_by_id(session, dataset, version_id)
+    row = runs_store(session).version_by_id(dataset, version_id)
     if row is None:
         _dataset(session, dataset)  # UnknownDataset
         raise UnknownModelVersion(f"data set {dataset!r} has no model version {version_id}", version_id=version_id)
@@ -135,7 +135,7 @@ def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int
     """One page of versions (newest first) and the total count."""
     require_valid_page(offset, limit)
     ds = _dataset(session, dataset)
-    return store.versions_page(session, ds.id, offset, limit)
+    return runs_store(session).versions_page(ds.id, offset, limit)
 
 
 def publish_version(
@@ -155,7 +155,7 @@ def publish_version(
     row = ModelVersion(
         dataset_id=dataset.id,
         run_id=run.id,
-        version=store.max_version(session, dataset.id) + 1,
+        version=runs_store(session).max_version(dataset.id) + 1,
         algorithm=model.algorithm,
         artifact_path=str(artifact_path),
         sha256=sha256,
@@ -170,7 +170,7 @@ def publish_version(
     )
     session.add(row)
     session.flush()
-    store.swap_active_version(session, dataset.id, row)
+    runs_store(session).swap_active_version(dataset.id, row)
     return row
 
 
@@ -182,6 +182,6 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     # The budget account lock also guards publishing, so activations and publications serialise.
     lock_account(session, row.dataset_id)
     if not row.active:
-        store.swap_active_version(session, row.dataset_id, row)
+        runs_store(session).swap_active_version(row.dataset_id, row)
     log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
     return row

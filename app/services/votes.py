@@ -34,7 +34,7 @@ from app import ledger
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.db.models import Dataset, LedgerEntry, Vote, VoteAllowance, bump_ratings_version, utcnow
-from app.db.stores import votes as store
+from app.db.stores.votes import votes_store
 from app.errors import (
     CapRequired,
     InvalidRows,
@@ -84,7 +84,7 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
     ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
     written under settings that are being changed. SQLite serialises writers anyway.
     """
-    ds = store.dataset(session, name, lock=lock)
+    ds = votes_store(session).dataset(name, lock=lock)
     if ds is None:
         raise unknown_dataset(name)
     return ds
@@ -109,12 +109,12 @@ def _randomiser(stored: str | None) -> Randomiser | None:
 # ----------------------------------------------------------------------------- settings
 def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
     acct = ledger.account_for(session, ds.id)
-    return store.latest_local_entry(session, acct.id)
+    return votes_store(session).latest_local_entry(acct.id)
 
 
 def _settings_out(session: Session, ds: Dataset) -> VoteSettingsOut:
     eps0, cap = ds.vote_local_epsilon, ds.votes_per_user_cap
-    n_votes = store.count_votes(session, ds.id)
+    n_votes = votes_store(session).count_votes(ds.id)
     entry = _local_entry(session, ds) if eps0 is not None else None
     return VoteSettingsOut(
         dataset=ds.name, local_epsilon=eps0, votes_per_user_cap=cap, randomised_at_ingestion=eps0 is not None,
@@ -147,7 +147,7 @@ def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
 
 def _votes_ever_given(session: Session, ds: Dataset) -> bool:
     """Whether the data set holds a vote or ever gave out a randomised bit."""
-    return store.votes_ever_given(session, ds.id)
+    return votes_store(session).votes_ever_given(ds.id)
 
 
 def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | None,
@@ -232,12 +232,12 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
 
 def _lock_users(session: Session, uids: Sequence[int]) -> None:
     """Serialise writers per user (cap checks): row locks in id order (no deadlocks)."""
-    store.lock_users(session, uids)
+    votes_store(session).lock_users(uids)
 
 
 def _existing(session: Session, ds: Dataset, uids: Sequence[int]) -> dict[tuple[int, int], Vote]:
     """The data set's stored votes of these users, keyed by (user, item) row ids."""
-    return store.existing_votes(session, ds.id, uids)
+    return votes_store(session).existing_votes(ds.id, uids)
 
 
 def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> VoteCapExceeded:
@@ -277,7 +277,7 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
               for (u, i), r in zip(pairs, b.rows, strict=True)]
-    store.upsert_raw_votes(session, values)
+    votes_store(session).upsert_raw_votes(values)
     return ["updated" if p in existing else "created" for p in pairs]
 
 
@@ -300,7 +300,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     pairs = list(zip(b.uids, b.iids, strict=True))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
     keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users, strict=True)}
-    by_key = store.allowances(session, ds.id, list(keys.values()))
+    by_key = votes_store(session).allowances(ds.id, list(keys.values()))
     allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
@@ -308,7 +308,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     if new_k:
         bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
         now = utcnow()
-        store.insert_votes(session, [
+        votes_store(session).insert_votes([
             {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
              "randomised": True, "local_epsilon": _epsilon0(ds), "randomised_by": who,
              "created_at": now, "updated_at": now}
@@ -351,7 +351,7 @@ def _write(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[
 
 
 def _stored(session: Session, ds: Dataset, user_id: str, item_id: str) -> Vote:
-    vote = store.stored_vote(session, ds.id, user_id, item_id)
+    vote = votes_store(session).stored_vote(ds.id, user_id, item_id)
     if vote is None:
         raise UnknownVote("no such vote", details={"user_id": user_id, "item_id": item_id})
     return vote
@@ -397,7 +397,7 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
     """Delete one vote (404 when absent). The randomised-vote allowance is not given back."""
     ds = _dataset(session, dataset, lock="share")
     vote = _stored(session, ds, user_id, item_id)
-    store.delete_vote(session, vote.id)
+    votes_store(session).delete_vote(vote.id)
     bump_ratings_version(session, ds.id, n=1)
     return 1
 
@@ -405,14 +405,14 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
 # ----------------------------------------------------------------------------- reading
 def user_votes_arrays(session: Session, *, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
     """The one user's own stored bits in a data set: (external item ids, ±1). Privileged."""
-    rows = store.user_votes(session, dataset_id, user_id)
+    rows = votes_store(session).user_votes(dataset_id, user_id)
     return [r[0] for r in rows], [float(r[1]) for r in rows]
 
 
 def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int, limit: int) -> Page[VoteOut]:
     """One page of the user's own stored bits, ordered by item id."""
     ds = _dataset(session, dataset)
-    rows, total = store.user_votes_page(session, ds.id, user_id, offset, limit)
+    rows, total = votes_store(session).user_votes_page(ds.id, user_id, offset, limit)
     items = [VoteOut(item_id=e, vote=v, randomised=r, randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
              for e, v, r, by, eps, t in rows]
     return Page[VoteOut].build(items, total=total, offset=offset, limit=limit)

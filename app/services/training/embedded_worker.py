@@ -14,7 +14,7 @@ import time
 
 from app.config import Settings
 from app.db.session import open_database, session_scope
-from app.db.stores import runs as store
+from app.db.stores.runs import runs_store
 from app.services.training.dispatch import register_waker, unregister_waker
 from app.services.training.runner import reap_stale_runs, run_training
 from app.services.training.schedule import scheduled_retrain
@@ -59,7 +59,7 @@ class EmbeddedWorker:
 
     def _next_queued(self) -> int | None:
         with session_scope(self.url) as s:
-            return store.oldest_queued_run(s)
+            return runs_store(s).oldest_queued_run()
 
     def run_once(self) -> int | None:
         """Maintenance, then at most one queued run; returns its id (None when idle)."""

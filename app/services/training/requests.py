@@ -22,7 +22,7 @@ from app.core.algorithms import Algorithm, DatasetFacts, get_algorithm, resolve_
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.db.models import Dataset, RunStatus, TrainingRun
 from app.db.session import open_database, session_scope
-from app.db.stores import runs as store
+from app.db.stores.runs import runs_store
 from app.errors import (
     BudgetExceeded,
     CalibrationFailed,
@@ -117,7 +117,7 @@ def check_public_shape(algo: Algorithm, config: Any, n_items: int) -> None:
 
 def n_items_of(session: Session, ds: Dataset) -> int:
     """The public catalogue size (every item of the data set, as training loads them)."""
-    return store.catalogue_size(session, ds.id)
+    return runs_store(session).catalogue_size(ds.id)
 
 
 def start_training(
@@ -162,7 +162,7 @@ def start_training(
     ds = get_dataset(session, dataset)
     acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
     if idempotency_key is not None:
-        existing = store.run_by_idempotency_key(session, ds.id, idempotency_key)
+        existing = runs_store(session).run_by_idempotency_key(ds.id, idempotency_key)
         if existing is not None:
             return existing
     if epsilon is None and epsilon_fraction is not None:
@@ -240,7 +240,7 @@ def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 1
     """One page of runs (newest first) and the total count."""
     require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
-    return store.runs_page(session, ds.id, offset, limit)
+    return runs_store(session).runs_page(ds.id, offset, limit)
 
 
 def _iso(value: datetime | None) -> str | None:

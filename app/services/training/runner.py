@@ -41,7 +41,7 @@ from app.core.privacy.accounting import event_to_json
 from app.db.loaders import load_training_inputs
 from app.db.models import TrainingRun, as_aware, utcnow
 from app.db.session import open_database, session_scope
-from app.db.stores import runs as store
+from app.db.stores.runs import runs_store
 from app.errors import RunNotRunning
 from app.services.budget import get_dataset
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
@@ -77,7 +77,7 @@ _CHARGED_ERROR = ("training failed after reading private data (category: {catego
 
 def lock_run(session: Session, run_id: int) -> TrainingRun | None:
     """Run ``run_id`` read afresh and row-locked until the transaction ends (None when absent)."""
-    return store.lock_run(session, run_id)
+    return runs_store(session).lock_run(run_id)
 
 
 def is_stale(run: TrainingRun, stale_after_s: float) -> bool:
@@ -149,7 +149,7 @@ class _Heartbeat:
         while not self._stop.wait(self._interval):
             try:
                 with session_scope(self._url) as s:
-                    store.set_heartbeat(s, self._run_id)
+                    runs_store(s).set_heartbeat(self._run_id)
             except Exception:  # pragma: no cover - transient DB trouble must not kill training
                 log.warning("heartbeat of run %s failed", self._run_id, exc_info=True)
 
@@ -170,7 +170,7 @@ def _progress_writer(run_id: int, url: str) -> Callable[[float, str], None]:
 
 def _set_progress(run_id: int, url: str, progress: float, stage: str) -> None:
     with session_scope(url) as s:
-        store.set_progress(s, run_id, progress, stage)
+        runs_store(s).set_progress(run_id, progress, stage)
 
 
 def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
@@ -269,7 +269,7 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
             ds = lock_pre_randomised(s, ds, local_epsilon)
         version = ds.ratings_version
         data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon)
-        store.set_ratings_version(s, run_id, version)
+        runs_store(s).set_ratings_version(run_id, version)
     return data, extra_inputs
 
 
@@ -294,7 +294,7 @@ def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
 def _mark_private_data_read(run_id: int, url: str) -> None:
     """Commit the point of no refund before the first private byte is read."""
     with session_scope(url) as s:
-        store.mark_private_data_read(s, run_id)
+        runs_store(s).mark_private_data_read(run_id)
 
 
 def _publish(run_id: int, url: str, model, settings: Settings) -> None:
@@ -344,7 +344,7 @@ def reap_stale_runs(*, settings: Settings, url: str | None = None,
     url = open_database(s_, url)
     failed: list[int] = []
     with session_scope(url) as s:
-        ids = store.running_run_ids(s)
+        ids = runs_store(s).running_run_ids()
     for run_id in ids:
         with session_scope(url) as s:
             run = lock_run(s, run_id)

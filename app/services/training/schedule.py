@@ -15,7 +15,7 @@ from app.config import Settings
 from app.core.algorithms import default_algorithm, get_algorithm
 from app.db.models import Dataset, TrainingRun
 from app.db.session import open_database, session_scope
-from app.db.stores import runs as store
+from app.db.stores.runs import runs_store
 from app.errors import BudgetExceeded, InvalidRequest
 from app.services.budget import get_dataset
 from app.services.training.dispatch import drain_outbox, enqueue_run
@@ -44,7 +44,7 @@ def scheduled_retrain(*, settings: Settings, url: str | None = None, enqueue: bo
     url = open_database(s_, url)
     outcomes: dict[str, str] = {}
     with session_scope(url) as s:
-        names = store.dataset_names(s)
+        names = runs_store(s).dataset_names()
     for name in names:
         outcome, run_id = _retrain_one(name, url, s_)
         outcomes[name] = outcome
@@ -60,7 +60,7 @@ def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], 
     set's declared kind (DPALS for ratings, one-bit for votes), never chosen from the data. A
     model trained on the ε-aware defaults is retrained on the defaults re-derived at the
     retrain's ε (with its objective)."""
-    active = store.active_version(session, ds.id)
+    active = runs_store(session).active_version(ds.id)
     if active is not None:
         run = session.get_one(TrainingRun, active.run_id)  # the version's run (foreign key)
         if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
@@ -73,7 +73,7 @@ def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], 
 def _retrain_one(name: str, url: str, settings: Settings) -> tuple[str, int | None]:
     with session_scope(url) as s:
         ds = get_dataset(s, name)
-        if store.runs_in_flight(s, ds.id):
+        if runs_store(s).runs_in_flight(ds.id):
             return "skipped:busy", None
         algorithm, hyperparameters, objective = retrain_choice(s, ds)
         # post-processing of a guarantee the ledger holds (one-bit InP on bits randomised at ingestion)
