@@ -90,7 +90,8 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
     ``min_items`` is the smallest public catalogue it runs on. ``default_for_kind`` marks the
     algorithm scheduled retraining runs on a data set of that kind without an active model.
     ``service_set_keys`` are hyper-parameters the data set decides (never chosen by a caller, never
-    passed back on retraining). ``released_outputs`` names everything the run publishes: the
+    passed back on retraining). ``takes_objective``: the algorithm has ε-aware defaults per
+    objective (:meth:`default_hyperparameters`). ``released_outputs`` names everything the run publishes: the
     artifact's arrays (item ids, public catalogue, aside) and its released scalars.
     ``score_kinds`` lists what :meth:`score` may mean; ``popularity_kind`` what :meth:`popularity`
     (the ``/popular`` order) is. ``scores_by_fold_in``: :meth:`score` is the fold-in solve of
@@ -111,7 +112,7 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
 
     def data_params(self, params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
         """``params`` with what the data set decides for this algorithm (``ValueError`` when the
-        caller chose what the data set decides). None by default."""
+        caller chose what the data set decides). Nothing is decided by default."""
         return dict(params)
 
     def default_hyperparameters(self, *, objective: str | None, epsilon: float, delta: float,
