@@ -41,6 +41,7 @@ from app.errors import (
     LocalEpsilonMismatch,
     PrivrecError,
     RandomisedNotAccepted,
+    UnknownDataset,
     UnknownItem,
     UnknownVote,
     VoteCapExceeded,
@@ -49,7 +50,7 @@ from app.errors import (
 )
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
-from app.services.catalog import item_row_ids, unknown_dataset
+from app.services.catalog import item_row_ids
 from app.services.ingest import ensure_user_rows
 
 __all__ = [
@@ -86,7 +87,7 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
     """
     ds = votes_store(session).dataset(name, lock=lock)
     if ds is None:
-        raise unknown_dataset(name)
+        raise UnknownDataset(name)
     return ds
 
 
