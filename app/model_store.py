@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.algorithms import get_algorithm
@@ -101,7 +102,7 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
 
 
 def _dataset(session: Session, name: str) -> Dataset:
-    ds = runs_store(session).dataset_by_name(name)
+    ds = session.scalar(select(Dataset).where(Dataset.name == name))
     if ds is None:
         raise UnknownDataset(name)
     return ds

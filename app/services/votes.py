@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
 from app.db.models import Dataset, LedgerEntry, Vote, VoteAllowance, bump_ratings_version, utcnow
+from app.db.session import is_postgres
 from app.db.stores.votes import votes_store
 from app.errors import (
     CapRequired,
@@ -41,7 +43,6 @@ from app.errors import (
     LocalEpsilonMismatch,
     PrivrecError,
     RandomisedNotAccepted,
-    UnknownDataset,
     UnknownItem,
     UnknownVote,
     VoteCapExceeded,
@@ -50,7 +51,7 @@ from app.errors import (
 )
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
-from app.services.catalog import item_row_ids
+from app.services.catalog import item_row_ids, unknown_dataset
 from app.services.ingest import ensure_user_rows
 
 __all__ = [
@@ -85,9 +86,12 @@ def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset
     ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
     written under settings that are being changed. SQLite serialises writers anyway.
     """
-    ds = votes_store(session).dataset(name, lock=lock)
+    stmt = select(Dataset).where(Dataset.name == name)
+    if lock is not None and is_postgres(session):
+        stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
+    ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
     if ds is None:
-        raise UnknownDataset(name)
+        raise unknown_dataset(name)
     return ds
 
 

@@ -97,10 +97,6 @@ class RunsStore:
                              .values(**values))
 
     # ------------------------------------------------------------------------- data sets (public facts)
-    def dataset_by_name(self, name: str) -> Dataset | None:
-        """The data set called ``name``, if any."""
-        return self.session.scalar(select(Dataset).where(Dataset.name == name))
-
     def dataset_names(self) -> list[str]:
         """Every data set's name, in creation order."""
         return list(self.session.scalars(select(Dataset.name).order_by(Dataset.id)))

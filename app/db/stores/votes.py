@@ -1,9 +1,9 @@
-"""Votes (thumbs up/down) as stored: the bits, the per-user allowance of randomised bits, and
-the data set rows their settings live on (PostgreSQL and SQLite).
+"""Votes (thumbs up/down) as stored: the bits, the per-user allowance of randomised bits and the
+local ledger entry of their settings (PostgreSQL and SQLite).
 
 :func:`votes_store` picks the implementation from the session's dialect once: PostgreSQL takes
-the row locks that serialise ingestion, settings changes and each user's writers; SQLite
-serialises writers and takes none. Nothing here commits.
+the row locks that serialise each user's writers; SQLite serialises writers and takes none.
+Nothing here commits.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.db.dialect import insert_for
-from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, table_of
+from app.db.models import Item, LedgerEntry, User, Vote, VoteAllowance, table_of
 
 __all__ = ["PostgresVotesStore", "SqliteVotesStore", "VotesStore", "votes_store"]
 
@@ -31,14 +31,6 @@ class VotesStore:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-
-    def dataset(self, name: str, *, lock: str | None = None) -> Dataset | None:
-        """The data set ``name`` read afresh, optionally row-locked on PostgreSQL: ``lock="share"``
-        (FOR KEY SHARE: ingestion, compatible with other ingests) or ``lock="update"`` (settings)."""
-        stmt = select(Dataset).where(Dataset.name == name)
-        if lock is not None and self.row_locks:
-            stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
-        return self.session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
 
     def latest_local_entry(self, account_id: int) -> LedgerEntry | None:
         """The account's latest local (randomised-response) ledger entry."""
@@ -120,7 +112,7 @@ class VotesStore:
 
 
 class PostgresVotesStore(VotesStore):
-    """Votes on PostgreSQL: data set and user rows are locked as the docstrings say."""
+    """Votes on PostgreSQL: user rows are locked in id order."""
 
     row_locks = True
 
