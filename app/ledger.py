@@ -1,6 +1,6 @@
 """The persisted privacy ledger: reserve -> commit -> (refund), hash-chained, append-only.
 
-Contract (``../shared/design/service.md``, "Privacy ledger"):
+Contract:
 
 * ``reserve`` runs inside the caller's transaction and first locks the budget account row
   (``SELECT ... FOR UPDATE`` on PostgreSQL; on SQLite every transaction is ``BEGIN IMMEDIATE``,

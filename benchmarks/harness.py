@@ -286,10 +286,6 @@ class MemoryPeak:
     rss_peak_mib: float = 0.0
     traced_peak_mib: float | None = None
 
-    @property
-    def rss_increase_mib(self) -> float:
-        return max(0.0, self.rss_peak_mib - self.rss_before_mib)
-
 
 @contextlib.contextmanager
 def peak_memory(interval: float = 0.005, trace_python: bool = False) -> Iterator[MemoryPeak]:

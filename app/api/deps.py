@@ -33,7 +33,6 @@ __all__ = [
     "page_query",
     "get_session",
     "get_write_session",
-    "run_with_session",
     "run_in_app_session",
     "verify_bearer",
     "require_user_access",
@@ -82,12 +81,6 @@ def get_write_session(request: Request) -> Iterator[Session]:
 
 # scope="function": the commit runs when the route returns, so a failed commit is the response
 WriteSessionDep = Annotated[Session, Depends(get_write_session, scope="function")]
-
-
-async def run_with_session(request: Request, work: Callable[[Session], T]) -> T:
-    """Run ``work(session)`` in one worker thread with its own session (hot read paths: one
-    thread hop per request instead of one per dependency); see :func:`run_in_app_session`."""
-    return await run_in_app_session(request.app, work)
 
 
 async def run_in_app_session(app: Any, work: Callable[[Session], T]) -> T:

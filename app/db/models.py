@@ -380,7 +380,7 @@ class LedgerEntry(Base):
 
 
 class SimilaritySource(Base):
-    """A public source of item-item similarities (DP-CMF public data, issue 5).
+    """A public source of item-item similarities (DP-CMF public data, docs/algorithms.md §3).
 
     It must declare that it is public (never derived from private users' ratings): the
     ``declared_public`` flag is required to be true and ``provenance`` says where it comes from.

@@ -1,4 +1,4 @@
-"""Bodies of the public-data routes (DP-CMF, issue 5): similarity sources and their neighbour
+"""Bodies of the public-data routes (DP-CMF, docs/algorithms.md §3): similarity sources and their neighbour
 lists, and users' consent to make their ratings public."""
 
 from __future__ import annotations

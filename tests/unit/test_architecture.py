@@ -173,16 +173,7 @@ DIALECT_NAMES = {"postgresql", "sqlite", "postgres"}
 QUERY_RUNNERS = {"execute", "scalar", "scalars", "query", "get_bind", "connection"}  # a Session's, run by a store
 # converted by the training/ledger stores
 NOT_YET_CONVERTED = {
-    "app.services.admin",
     "app.services.budget",
-    "app.services.demo",
-    "app.services.public_data",
-    "app.services.votes",
-    "app.services.training.dispatch",
-    "app.services.training.embedded_worker",
-    "app.services.training.requests",
-    "app.services.training.runner",
-    "app.services.training.schedule",
 }
 
 
@@ -244,3 +235,46 @@ def test_services_hold_no_storage() -> None:
     assert offenders == {}
     still = sorted(name for name in NOT_YET_CONVERTED if not storage_in(_module_files()[name].read_text(encoding="utf-8")))
     assert still == [], f"converted: remove from NOT_YET_CONVERTED: {still}"
+
+
+def _algorithm_name_switches(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines that branch on an algorithm's name: a comparison (``==``, ``!=``, ``in``, ``not in``)
+    with a name as a string literal or inside a literal container, a ``match`` case on one, or a
+    table keyed by names (a dict literal with a name as a key)."""
+
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_name(e) for e in node.elts)
+        return False
+
+    def switches(node: ast.AST) -> bool:
+        if isinstance(node, ast.Compare):
+            return any(is_name(n) for n in (node.left, *node.comparators))
+        if isinstance(node, ast.MatchValue):
+            return is_name(node.value)
+        if isinstance(node, ast.Dict):
+            return any(k is not None and is_name(k) for k in node.keys)
+        return False
+
+    lines = [node.lineno for node in ast.walk(tree) if switches(node)]
+    return sorted(lines)
+
+
+def test_the_name_switch_checker_sees_comparisons_matches_and_tables() -> None:
+    source = ('if a.name == "dpfw": pass\nif x in ("onebit", "y"): pass\n'
+              'match n:\n    case "dpals": pass\nT = {"dpcmf": 2}\nok = {"algorithm": "onebit"}\n')
+    assert _algorithm_name_switches(ast.parse(source), {"dpals", "dpfw", "dpcmf", "onebit"}) == [1, 2, 4, 5]
+
+
+def test_only_the_algorithms_module_branches_on_an_algorithm_name() -> None:
+    """Everything an algorithm knows lives in its ``Algorithm`` (app.core.algorithms): services
+    read its declarations (data kind, minimum catalogue, defaults, ...) and never its name."""
+    from app.core.algorithms import ALGORITHMS
+
+    names = set(ALGORITHMS)
+    found = [f"{path.relative_to(ROOT)}:{line}"
+             for module, path in _module_files().items() if not module.startswith("app.core.algorithms")
+             for line in _algorithm_name_switches(ast.parse(path.read_text()), names)]
+    assert found == [], f"branches on an algorithm's name outside app.core.algorithms: {found}"

@@ -1,6 +1,6 @@
 """DPALS: private alternating least squares (Chien et al. 2021, arXiv:2107.09802).
 
-Pre-processing is the paper's Algorithm 3 with the corrections of algorithms.md §1; training is the
+Pre-processing is the paper's Algorithm 3 with the corrections of docs/algorithms.md §1; training is the
 practical Algorithm 1. Privacy unit: one user and all of their ratings (add/remove).
 
 Releases, each a Gaussian mechanism charged through a ``GaussianDpEvent`` whose noise multiplier is

@@ -5,7 +5,7 @@ The private estimate M̂ (d1 × d2) is never published. The public output is its
 item embeddings V·sqrt(S) from the rank-r truncated SVD of clip(M̂, ±α), and per item the mean
 predicted like-probability over users, mean_i h((U S Vᵀ)_ij) (the popular fallback score).
 A user's vector is fitted from the published embeddings and her own votes only (:func:`fit_user`)
-and returned to her alone (joint DP: Chien et al., arXiv:2107.09802, Def. 3; algorithms.md §0).
+and returned to her alone (joint DP: Chien et al., arXiv:2107.09802, Def. 3; docs/algorithms.md §0).
 """
 
 from __future__ import annotations
@@ -492,7 +492,7 @@ def load_onebit(path: str | os.PathLike[str], expected_sha256: str | None = None
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
     version = stored.get("format_version")
     like = _LIKE_ARRAY.get(version) if isinstance(version, int) else None
-    if like is None or stored.get("algorithm") != "onebit":
+    if like is None or stored.get("algorithm") != OneBitModel.algorithm:
         raise ArtifactError(f"not a one-bit artifact of format {sorted(_LIKE_ARRAY)}")
     if set(arrays) != {"item_ids", "item_factors", like}:
         raise ArtifactError("unexpected arrays in a one-bit artifact")

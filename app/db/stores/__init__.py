@@ -6,7 +6,11 @@ engine's dialect.
 * :mod:`app.db.stores.ratings`: users and ratings (:mod:`~app.db.stores.ratings_postgres`,
   :mod:`~app.db.stores.ratings_sqlite`), and the bulk read of (user, item, value) tables
   (PostgreSQL's COPY paths: :mod:`~app.db.stores.postgres_copy`);
-* :mod:`app.db.stores.serving`: the serving hot path's one-round-trip reads.
+* :mod:`app.db.stores.serving`: the serving hot path's one-round-trip reads;
+* :mod:`app.db.stores.runs`: training runs and model versions;
+* :mod:`app.db.stores.votes`: votes and their allowances;
+* :mod:`app.db.stores.public_inputs`: public item data (features, similarities, public users);
+* :mod:`app.db.stores.admin`: the administration's reads and writes.
 """
 
 from __future__ import annotations

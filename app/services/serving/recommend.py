@@ -156,9 +156,8 @@ def _on_scale(s: ActiveModel, kind: str, scores: np.ndarray) -> np.ndarray:
 
 def _baseline_scores(s: ActiveModel, kind: str) -> np.ndarray | None:
     """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
-    if not hasattr(s.model, "item_biases"):
-        return None
-    return _on_scale(s, kind, foldin.predict_ratings(s.model, np.zeros(s.model.rank)))
+    baseline = get_algorithm(s.cache.algorithm).baseline_scores(s.model)
+    return None if baseline is None else _on_scale(s, kind, baseline)
 
 
 def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarray, rated_vals: np.ndarray,
