@@ -146,13 +146,15 @@ def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch
     uvicorn's 5 s) to answer its first ping, and uvicorn's access log (raw paths name users) is off."""
     import uvicorn
 
+    from app import api_workers
     from app.config import Settings
 
     seen: dict = {}
     monkeypatch.setattr(cli, "_settings", lambda: Settings(redis_url=None, database_url="sqlite:///:memory:"))
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: seen.update(options))
-    monkeypatch.setattr(cli, "Supervisor", lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
-    monkeypatch.setattr(cli, "reuse_port_listeners", lambda host, port, count: [None] * count)
+    monkeypatch.setattr(api_workers, "Supervisor",
+                        lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
+    monkeypatch.setattr(api_workers, "reuse_port_listeners", lambda host, port, count: [None] * count)
     cli.main(["api", "--port", "8123"])
     assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
     cli.main(["api", "--port", "8123", "--workers", "2"])
