@@ -138,6 +138,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
     options = _server_options(settings)
+    _fresh_metrics_dir()
     if args.workers <= 1:
         uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port, **options)
         return 0
@@ -162,6 +163,88 @@ def _server_options(settings: Settings) -> dict[str, Any]:
 
 
 WORKER_HEALTHCHECK_S = 60
+
+
+def _fresh_metrics_dir() -> None:
+    """Create ``PROMETHEUS_MULTIPROC_DIR`` when set and remove the previous run's files from it
+    (prometheus_client's multi-process mode sums every file there: a restarted container must not
+    count its dead processes)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for stale in Path(folder).glob("*.db"):
+        stale.unlink(missing_ok=True)
+
+
+#: ``privrec healthcheck``: how old beat's schedule file may grow before beat counts as stuck; beat
+#: rewrites it every 3 minutes while it sends tasks (the stale-run reap goes out every few seconds).
+BEAT_SCHEDULE_MAX_AGE_S = 600
+ROLES = ("api", "worker", "beat")
+
+
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 when this container's role is healthy (the image's HEALTHCHECK): ``api`` answers
+    ``/health``; ``worker`` reaches its broker; ``beat`` reaches its broker and has rewritten its
+    schedule file lately. Without ``ROLE`` the role is the command PID 1 runs (``tini -- privrec
+    ROLE``); one-off commands (``migrate``, ...) are healthy. Never probes HTTP outside ``api``."""
+    role = args.role or _container_role()
+    if role not in ROLES:
+        return 0
+    settings = _settings()
+    problem = {"api": _api_problem, "worker": _broker_problem, "beat": _beat_problem}[role](settings)
+    if problem:
+        print(f"privrec healthcheck {role}: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _container_role() -> str | None:
+    """The ``privrec`` command PID 1 runs, if any."""
+    try:
+        return role_of(Path("/proc/1/cmdline").read_bytes())
+    except OSError:
+        return None
+
+
+def role_of(cmdline: bytes) -> str | None:
+    """The ``privrec`` command of a NUL-separated command line (``tini -- privrec worker`` -> ``worker``)."""
+    argv = cmdline.rstrip(b"\0").decode(errors="replace").split("\0")
+    names = [Path(a).name for a in argv]
+    return argv[names.index("privrec") + 1] if "privrec" in names[:-1] else None
+
+
+def _api_problem(settings: Settings) -> str | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{settings.api_port}/health", timeout=3) as resp:
+            return None if resp.status == 200 else f"/health answered {resp.status}"
+    except OSError as exc:
+        return f"/health does not answer ({exc})"
+
+
+def _broker_problem(settings: Settings) -> str | None:
+    if not settings.redis_url:
+        return "REDIS_URL is not set"
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.redis_url, socket_timeout=3, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        return f"the broker (REDIS_URL) does not answer ({type(exc).__name__})"
+    return None
+
+
+def _beat_problem(settings: Settings) -> str | None:
+    if problem := _broker_problem(settings):
+        return problem
+    path = settings.beat_schedule_file  # the dbm module in use may add a suffix
+    written = [f.stat().st_mtime for f in path.parent.glob(f"{path.name}*") if f.is_file()]
+    age = time.time() - max(written, default=0.0)
+    if age > BEAT_SCHEDULE_MAX_AGE_S:
+        return f"the schedule file {path} was not rewritten for {BEAT_SCHEDULE_MAX_AGE_S} s"
+    return None
 
 
 def _celery(argv: list[str]) -> int:
@@ -738,6 +821,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("openapi", help="print the OpenAPI document as YAML")
     s.set_defaults(func=cmd_openapi)
+
+    s = sub.add_parser("healthcheck", help="exit 0 when this container's role (api, worker, beat) is healthy")
+    s.add_argument("role", nargs="?", choices=ROLES, help="default: the role PID 1 runs (tini -- privrec ROLE)")
+    s.set_defaults(func=cmd_healthcheck)
     return p
 
 

@@ -211,3 +211,27 @@ def test_the_actor_is_the_login_name_without_user_in_the_environment(cli_env: Pa
     with session_scope(get_settings().database_url) as s:
         actor = s.execute(text("SELECT actor FROM training_runs WHERE id = :i"), {"i": run_id}).scalar_one()
     assert actor == f"cli:{pwd.getpwuid(os.getuid()).pw_name}"
+
+
+# ---------------------------------------------------------------------------- container health checks
+def _healthcheck(role: str | None, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXE, "healthcheck", *([role] if role else [])], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_healthcheck_finds_the_role_pid_1_runs() -> None:
+    assert cli.role_of(b"/usr/bin/tini\0--\0privrec\0worker\0") == "worker"
+    assert cli.role_of(b"/usr/bin/tini\0--\0/opt/venv/bin/privrec\0beat\0--loglevel\0INFO\0") == "beat"
+    assert cli.role_of(b"/usr/bin/tini\0--\0privrec\0") is None
+    assert cli.role_of(b"/sbin/init\0") is None
+
+
+def test_api_healthcheck_fails_when_nothing_answers(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = _healthcheck("api", {**_env(tmp_path), "API_PORT": str(port)}, tmp_path)
+    assert done.returncode == 1 and done.stderr.startswith("privrec healthcheck api: /health does not answer")
+    assert _healthcheck(None, _env(tmp_path), tmp_path).returncode == 0  # PID 1 here runs no privrec role
