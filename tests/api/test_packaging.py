@@ -107,3 +107,15 @@ def test_every_supported_python_is_locked_and_ci_runs_the_oldest_and_the_newest(
     assert "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/privrec serve" in readme
     assert "uv lock --check" in ci and "export PIP_CONSTRAINT=" in ci
     assert re.search(r"uv sync --frozen --extra dev --python .*\n\.venv-py313/bin/python -m pytest -m \"not e2e\"", ci)
+
+
+def test_readme_is_a_guide_and_the_benchmarks_live_in_docs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 400
+    for doc in ("docs/benchmarks.md", "docs/design.md", "docs/algorithms.md"):
+        assert f"]({doc})" in readme, doc
+    for section in ("## Quick start", "## Concepts", "## Privacy model", "## Operations", "## API", "## Architecture"):
+        assert f"\n{section}\n" in readme, section
+    assert "## Benchmarks" not in readme
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "python -m benchmarks SUITE" in benchmarks and "### CLI start-up" in benchmarks
