@@ -567,7 +567,6 @@ def cmd_import_items(args: argparse.Namespace) -> int:
     """Upsert public catalogue items from a CSV (item_id[,title[,categories separated by |]]):
     the only bulk way to create items (ratings and votes imports refuse unknown items)."""
     from app.services import catalog
-    from app.services.serving.active import invalidate_catalog
     from app.services.unit_of_work import after_commit, commit
 
     src = _Input.of(args)
@@ -579,7 +578,9 @@ def cmd_import_items(args: argparse.Namespace) -> int:
     while chunk := list(itertools.islice(rows, args.chunk)):
         with maker() as session:
             out = catalog.import_items(session, dataset=args.dataset, rows=chunk)
-            after_commit(session, partial(invalidate_catalog, args.dataset))
+            # the serving catalogue is cached per process: only a process that loaded serving has one to drop
+            if (serving := sys.modules.get("app.services.serving.active")) is not None:
+                after_commit(session, partial(serving.invalidate_catalog, args.dataset))
             commit(session)
         totals = {key: totals[key] + out[key] for key in totals}
     print(json.dumps({"dataset": args.dataset, **totals}))

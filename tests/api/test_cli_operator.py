@@ -71,6 +71,22 @@ def test_light_commands_load_no_web_database_or_numeric_library(tmp_path: Path, 
     assert "app" in loaded and loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
 
 
+@pytest.mark.parametrize("command", ["import-items", "import-csv"])
+def test_imports_load_no_web_app_migrations_or_accountant(cli_env: Path, command: str) -> None:
+    """The catalogue and ratings imports need the database, not the web app, Alembic or the accountant."""
+    assert cli.main(["migrate"]) == 0
+    (cli_env / "items.csv").write_text("item_id\na\n")
+    assert cli.main(["import-items", str(cli_env / "items.csv")]) == 0
+    (cli_env / "in.csv").write_text("item_id\na\n" if command == "import-items" else "u,i,r\nx,a,3\n")
+    out = cli_env / "modules.json"
+    argv = [command, "in.csv", *(["--quiet"] if command == "import-csv" else [])]
+    done = subprocess.run([sys.executable, "-c", _LOADED, str(out), *argv], env=_env(cli_env), cwd=cli_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    loaded = {m.split(".")[0] for m in json.loads(out.read_text())}
+    assert "sqlalchemy" in loaded and loaded.isdisjoint({"fastapi", "alembic", "scipy", "dp_accounting", "uvicorn"})
+
+
 # ---------------------------------------------------------------------------- MovieLens catalogue
 def _readme_recipe(command: str) -> list[str]:
     """The README's MovieLens recipe line for ``privrec COMMAND ml-100k/...``, as argv (without 'privrec')."""
