@@ -1,5 +1,8 @@
-"""The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-csv, import-votes,
-import-similarities, issue-token, budget, openapi."""
+"""The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-items, import-csv,
+import-votes, import-similarities, issue-token, budget, openapi, healthcheck.
+
+Each command imports what it uses when it runs, so that ``--help`` and ``issue-token`` start at
+once (no web app, database, migration or numeric library)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import PrivrecError
 
-if TYPE_CHECKING:  # the commands import what they use when they run: `--help` and `issue-token` start at once
+if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from app.config import Settings

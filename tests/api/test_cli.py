@@ -163,6 +163,28 @@ def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch
     assert config.timeout_worker_healthcheck == cli.WORKER_HEALTHCHECK_S
 
 
+def test_api_empties_the_metrics_folder_of_a_previous_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prometheus_client's multi-process mode sums every file in PROMETHEUS_MULTIPROC_DIR: `privrec api`
+    creates the folder and removes a previous run's files before it starts its processes."""
+    import uvicorn
+
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    (folder / "counter_123.db").write_bytes(b"stale")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(folder))
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///:memory:")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    reset_settings_cache()
+    try:
+        assert cli.main(["api", "--port", "8123"]) == 0
+        assert folder.is_dir() and list(folder.iterdir()) == []
+        folder.rmdir()
+        assert cli.main(["api", "--port", "8123"]) == 0 and folder.is_dir()
+    finally:
+        reset_settings_cache()
+
+
 class _NoRun:
     def run(self) -> int:
         return 0
