@@ -56,6 +56,8 @@ def test_the_dependency_layer_is_keyed_on_the_lock_alone() -> None:
     copies = re.findall(r"^COPY\s+(.+)$", build[:install], flags=re.M)
     assert copies == ["--from=requirements /requirements.txt /tmp/requirements.txt"]
     assert "README.md" in build[install:]
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {".venv/", ".venv-*/", ".git/"} <= set(ignored)  # local venvs (3.11, 3.13, uv) stay out of the context
 
 
 def test_the_image_runs_tini_sets_the_metrics_folder_and_checks_health_per_role() -> None:
