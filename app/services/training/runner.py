@@ -285,7 +285,7 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
 def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
-    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
+    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = _public_checks(run_id, url, info, algo, config)
     ratings, extra_inputs = _read_private(run_id, url, info, algo)
     if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
