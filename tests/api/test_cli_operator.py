@@ -120,7 +120,7 @@ def _catalogue() -> dict[str, tuple[str | None, list[str]]]:
     return {r[0]: (r[1], list(json.loads(r[2]) if isinstance(r[2], str) else r[2] or [])) for r in rows}
 
 
-def test_readme_movielens_recipe_imports_a_latin1_catalogue(cli_env: Path, monkeypatch: pytest.MonkeyPatch,
+def test_readme_movielens_recipe_imports_a_latin1_catalogue_and_its_ratings(cli_env: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["migrate"]) == 0
     items = _write_latin1_u_item(cli_env / "ml-100k")
@@ -129,6 +129,11 @@ def test_readme_movielens_recipe_imports_a_latin1_catalogue(cli_env: Path, monke
     assert cli.main(_readme_recipe("import-items")) == 0
     assert json.loads(capsys.readouterr().out) == {"dataset": "default", "created": 4, "updated": 0}
     assert _catalogue() == {item_id: (title, genres) for item_id, title, genres in items}
+    # the ratings: tab-separated user, item, rating, timestamp, no header
+    (cli_env / "ml-100k" / "u.data").write_text("".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t881250949\n"
+                                                        for u in range(1, 6) for i in range(1, 5)))
+    assert cli.main(_readme_recipe("import-csv")) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {"dataset": "default", "rows": 20}
 
 
 def test_a_wrong_encoding_is_one_line_naming_the_option_and_writes_nothing(cli_env: Path) -> None:
