@@ -6,8 +6,6 @@ Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A wor
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import threading
 
 from celery import Celery
@@ -40,7 +38,7 @@ def make_celery(settings: Settings) -> Celery:
         timezone="UTC",
         enable_utc=True,
         broker_connection_retry_on_startup=True,
-        beat_schedule_filename=os.path.join(tempfile.gettempdir(), "privrec-celerybeat-schedule"),
+        beat_schedule_filename=str(s.beat_schedule_file),
         # a message whose worker vanished comes back after this long (then reaped or skipped)
         broker_transport_options={"visibility_timeout": max(3600, int(4 * s.run_stale_after_s))},
         beat_schedule={
