@@ -88,15 +88,16 @@ def _json_safe(value: Any) -> Any:
 MAX_REPORTED_ERRORS = 20
 """A validation error lists at most this many offending elements (and states how many there were)."""
 _MAX_LOC_TEXT = 64  # a location's key is cut to this many characters (keys come from the body)
+_MAX_MSG_TEXT = 1000
 
 
-def _loc_part(part: Any) -> Any:
+def _loc_part(part: Any, limit: int = _MAX_LOC_TEXT) -> Any:
     """One element of an error location, safe to send back: indices as they are, keys (client
     text) cut short and escaped where they are not valid Unicode (a lone surrogate)."""
     if isinstance(part, int):
         return part
     text = str(part)
-    short = text[:_MAX_LOC_TEXT] + ("…" if len(text) > _MAX_LOC_TEXT else "")
+    short = text[:limit] + ("…" if len(text) > limit else "")
     return short.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -104,7 +105,7 @@ def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
     """The first :data:`MAX_REPORTED_ERRORS` errors as ``{loc, msg, type}``: never the offending
     input (it can be large, private or not valid Unicode)."""
     return [{"loc": [_loc_part(p) for p in err.get("loc", ())],
-             "msg": _loc_part(err.get("msg", "")), "type": str(err.get("type", ""))}
+             "msg": _loc_part(err.get("msg", ""), _MAX_MSG_TEXT), "type": str(err.get("type", ""))}
             for err in errors[:MAX_REPORTED_ERRORS]]
 
 
@@ -121,7 +122,7 @@ async def _request_validation(request: Request, exc: RequestValidationError) -> 
     if invalid_json is not None:
         ctx = invalid_json.get("ctx", {})
         return render_error(MalformedJson("request body is not valid JSON",
-                                          details={"error": _loc_part(ctx.get("error", ""))}))
+                                          details={"error": _loc_part(ctx.get("error", ""), _MAX_MSG_TEXT)}))
     total = len(errors)
     message = "request validation failed" if total == 1 else (
         f"request validation failed: {total} errors" + (

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.core.privacy.accounting import Relation
 from app.schemas.common import INT32_MAX, FiniteFloat, StrictModel, Text
+from app.schemas.hyperparameters import MAX_HYPERPARAMETERS, bound_errors
 
 MAX_EPSILON_CAP = 1_000.0
 """Largest epsilon cap (and run epsilon) accepted: far above any meaningful guarantee, and small
@@ -193,10 +194,13 @@ class TrainingIn(StrictModel):
     objective: Literal["rating", "ranking"] | None = Field(default=None, description=(
         'What the model optimises (dpals, dpcmf): "rating" (explicit ratings, RMSE; the default) or '
         '"ranking" (top-N from positives: ratings at or above the public threshold, Recall@k).'))
-    hyperparameters: dict[str, Any] = Field(default_factory=dict, description=(
-        "Algorithm configuration (e.g. rank, n_steps). Empty: DPALS and DP-CMF use the ε-aware "
-        "defaults, a public rule of ε, δ, the objective, the rating range and the catalogue size "
-        "(re-derived at each scheduled retrain's ε)."))
+    hyperparameters: dict[Annotated[str, Field(max_length=64)], Any] = Field(
+        default_factory=dict, max_length=MAX_HYPERPARAMETERS, description=(
+            "Algorithm configuration (e.g. rank, n_steps). Empty: DPALS and DP-CMF use the ε-aware "
+            "defaults, a public rule of ε, δ, the objective, the rating range and the catalogue size "
+            "(re-derived at each scheduled retrain's ε). Every knob is bounded above by what one worker "
+            "and the exact noise sampler can do (e.g. rank <= 512, n_steps <= 1000, noise ratios in "
+            "[1e-3, 1e3]); a knob past its bound is refused (422) before anything is reserved."))
     idempotency_key: Text | None = Field(default=None, min_length=1, max_length=128,
                                         description="Repeating a request with the same key returns the same run.")
 
@@ -206,6 +210,9 @@ class TrainingIn(StrictModel):
         # votes randomised at ingestion) and answers 422 otherwise.
         if self.epsilon is not None and self.epsilon_fraction is not None:
             raise ValueError("give exactly one of epsilon or epsilon_fraction")
+        errors = bound_errors(self.hyperparameters)
+        if errors:
+            raise ValueError("hyper-parameters out of bounds: " + "; ".join(errors[:8]))
         return self
 
 
