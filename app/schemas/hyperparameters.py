@@ -69,7 +69,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     "nuclear_norm": (0.0, 1e9),
 }
 """(lowest, highest) of each real knob: a ratio outside [1e-3, 1e3], a multiplier above 1e6 ...
-(lower bounds of 0 leave the strict positivity to the config's own check)."""
+Values <= 0 are left to the config's own positivity check (and its message)."""
 
 
 def _numbers(value: Any) -> Iterator[Any]:
@@ -104,7 +104,7 @@ def _scalar_errors(name: str, value: Any) -> Iterator[str]:
             yield f"{name[:64]} must lie within ±{MAX_MAGNITUDE:g}, got {number:g}"
         elif name in INTEGER_BOUNDS and number > INTEGER_BOUNDS[name]:
             yield f"{name} must be at most {INTEGER_BOUNDS[name]}, got {number:g}"
-        elif name in NUMBER_BOUNDS and not NUMBER_BOUNDS[name][0] <= number <= NUMBER_BOUNDS[name][1]:
+        elif name in NUMBER_BOUNDS and number > 0 and not NUMBER_BOUNDS[name][0] <= number <= NUMBER_BOUNDS[name][1]:
             low, high = NUMBER_BOUNDS[name]
             yield f"{name} must lie in [{low:g}, {high:g}], got {number:g}"
 
