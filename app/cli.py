@@ -35,6 +35,7 @@ from app.db.migrate import alembic_config, current_revision, upgrade_head
 from app.db.models import Dataset, TrainingRun
 from app.db.session import engine_options, get_sessionmaker, session_scope
 from app.errors import PrivrecError
+from app.logging_setup import uvicorn_log_options
 from app.main import create_app, openapi_yaml
 from app.schemas.admin import TrainingIn
 from app.services import admin, budget, catalog, ingest, public_data, votes
@@ -77,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threading.Thread(target=announce_demo, args=(settings,), name="privrec-demo-announcer",
                          daemon=True).start()
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
-                log_level=settings.log_level.lower())
+                **uvicorn_log_options(settings))
     return 0
 
 
