@@ -45,6 +45,7 @@ __all__ = [
     "install_error_handlers",
     "route_template",
     "validation_details",
+    "validation_failed",
     "MAX_REPORTED_ERRORS",
 ]
 
@@ -123,13 +124,18 @@ async def _request_validation(request: Request, exc: RequestValidationError) -> 
         ctx = invalid_json.get("ctx", {})
         return render_error(MalformedJson("request body is not valid JSON",
                                           details={"error": _loc_part(ctx.get("error", ""), _MAX_MSG_TEXT)}))
+    return render_error(validation_failed(errors, request.method))
+
+
+def validation_failed(errors: Sequence[Any], method: str) -> ValidationFailed:
+    """The 422 of a request whose validation reported ``errors`` (the first few listed, all counted)."""
     total = len(errors)
     message = "request validation failed" if total == 1 else (
         f"request validation failed: {total} errors" + (
             f", the first {MAX_REPORTED_ERRORS} listed" if total > MAX_REPORTED_ERRORS else ""))
-    if request.method not in READ_METHODS:
+    if method not in READ_METHODS:
         message += "; nothing was written"
-    return render_error(ValidationFailed(message, details=validation_details(errors)))
+    return ValidationFailed(message, details=validation_details(errors))
 
 
 def allowed_methods(request: Request) -> list[str]:

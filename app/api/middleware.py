@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from app.api.errors import render_error, route_template
+from app.api.errors import render_error, route_template, validation_failed
 from app.api.fast_path import RecommendationFastPath
 from app.api.observability import LATENCY, REQUEST_ID, REQUESTS, access_log
 from app.config import Settings
-from app.errors import BatchTooLarge, BodyTooLarge, PayloadTooLarge
+from app.errors import BatchTooLarge, BodyTooLarge, PayloadTooLarge, PrivrecError
 from app.schemas.common import MAX_BATCH_ROWS
-from app.schemas.public_data import MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH
+from app.schemas.ingest import RatingBatchIn
+from app.schemas.public_data import MAX_NEIGHBOURS, MAX_PAIRS_PER_BATCH, NeighbourBatchIn
+from app.schemas.votes import VoteBatchIn
 
 __all__ = ["RequestContext", "ServerTiming", "BodyLimit", "BodyShape", "BodyShapeLimit", "MAX_BODY_BYTES",
            "SMALL_BODY_BYTES", "route_shape", "shape_violation", "install_middleware"]
@@ -177,19 +180,30 @@ class BodyShape:
     """Most values (objects, arrays, scalars) in the whole body."""
     batch_key: str | None = None
     """The top-level key holding a batch's rows (its length is reported as rows)."""
+    max_bytes: int = 1024 * 1024
+    """Largest body (a batch route takes the global limit, :data:`MAX_BODY_BYTES`)."""
+    model: type[BaseModel] | None = None
+    """A batch route's body model: a large body is validated against it in the worker thread too,
+    so a batch of bad rows is refused (the bounded 422) without validating on the event loop."""
 
 
-_BATCH = "/v1/datasets/[^/]+/(ratings|votes)/batch"
+_DS = "/v1/datasets/[^/]+"
 _NEIGHBOURS = "/v1/admin/datasets/[^/]+/similarity-sources/[^/]+/neighbours"
-_RECOMMEND = "/v1/datasets/[^/]+/users/[^/]+/recommendations"
 _ROUTE_SHAPES: tuple[tuple[str, re.Pattern[str], BodyShape], ...] = (
-    # rows of 3 (ratings) or 5 (votes) fields
-    ("POST", re.compile(f"{_BATCH}"), BodyShape(max_items=MAX_BATCH_ROWS, max_keys=16, max_depth=4,
-                                               max_values=7 * MAX_BATCH_ROWS + 64)),
+    # a rating row is an object of 3 values, a vote row of at most 5
+    ("POST", re.compile(f"{_DS}/ratings/batch"), BodyShape(
+        max_items=MAX_BATCH_ROWS, max_keys=8, max_depth=4, max_values=4 * MAX_BATCH_ROWS + 64,
+        batch_key="ratings", max_bytes=MAX_BODY_BYTES, model=RatingBatchIn)),
+    ("POST", re.compile(f"{_DS}/votes/batch"), BodyShape(
+        max_items=MAX_BATCH_ROWS, max_keys=8, max_depth=4, max_values=6 * MAX_BATCH_ROWS + 64,
+        batch_key="votes", max_bytes=MAX_BODY_BYTES, model=VoteBatchIn)),
     ("POST", re.compile(_NEIGHBOURS), BodyShape(
-        max_items=max(MAX_BATCH_ROWS, MAX_NEIGHBOURS), max_keys=16, max_depth=6,
-        max_values=3 * MAX_BATCH_ROWS + 3 * MAX_PAIRS_PER_BATCH + 64, batch_key="rows")),
-    ("POST", re.compile(_RECOMMEND), BodyShape(max_items=10_000, max_values=11_000)),
+        max_items=max(MAX_BATCH_ROWS, MAX_NEIGHBOURS), max_keys=8, max_depth=6,
+        max_values=3 * MAX_BATCH_ROWS + 3 * MAX_PAIRS_PER_BATCH + 64, batch_key="rows", max_bytes=MAX_BODY_BYTES,
+        model=NeighbourBatchIn)),
+    ("POST", re.compile(f"{_DS}/users/[^/]+/recommendations"), BodyShape(
+        max_items=10_000, max_values=11_000, max_bytes=2 * 1024 * 1024)),
+    ("POST", re.compile("/v1/admin/datasets/[^/]+/trainings"), BodyShape(max_bytes=64 * 1024)),
 )
 DEFAULT_SHAPE = BodyShape()
 SMALL_BODY_BYTES = 16 * 1024
@@ -200,9 +214,8 @@ larger ones are parsed and measured in a worker thread first."""
 def route_shape(method: str, path: str) -> BodyShape:
     """The shape limits of a route's body (the default for every route not listed)."""
     for route_method, pattern, shape in _ROUTE_SHAPES:
-        match = pattern.fullmatch(path)
-        if method == route_method and match is not None:
-            return BodyShape(**{**shape.__dict__, "batch_key": shape.batch_key or (match.groups() or (None,))[0]})
+        if method == route_method and pattern.fullmatch(path) is not None:
+            return shape
     return DEFAULT_SHAPE
 
 
@@ -242,6 +255,11 @@ def _too_complex(message: str, limit: int) -> BodyTooLarge:
                         details={"limit": limit})
 
 
+def _too_large(shape: BodyShape) -> BodyTooLarge:
+    return BodyTooLarge(f"request body exceeds {shape.max_bytes} bytes (this route's limit); nothing was written",
+                        details={"max_bytes": shape.max_bytes})
+
+
 def _is_json(scope: dict) -> bool:
     """Whether the route would parse the body as JSON (no content type, or ``application/*json``)."""
     for name, value in scope.get("headers", ()):
@@ -258,14 +276,22 @@ def _declared_length(scope: dict) -> int | None:
     return None
 
 
-def _measure(body: bytes, shape: BodyShape, max_rows: int) -> PayloadTooLarge | None:
-    """Parse ``body`` and return its shape violation (None: within the limits or not JSON, which
-    the route then reports)."""
+def _measure(body: bytes, shape: BodyShape, max_rows: int, method: str) -> PrivrecError | None:
+    """Parse ``body`` and return its shape violation, or its validation failure against the route's
+    batch model (None: within the limits and valid, or not JSON, which the route then reports)."""
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return shape_violation(value, shape, max_rows)
+    refusal = shape_violation(value, shape, max_rows)
+    if refusal is not None or shape.model is None:
+        return refusal
+    try:
+        shape.model.model_validate(value)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        return validation_failed([{**e, "loc": ("body", *e["loc"])} for e in errors], method)
+    return None
 
 
 class BodyShapeLimit(_HttpMiddleware):
@@ -281,19 +307,28 @@ class BodyShapeLimit(_HttpMiddleware):
                 declared is not None and declared <= SMALL_BODY_BYTES):
             await self.app(scope, receive, send)
             return
+        shape = route_shape(scope["method"], scope["path"])
+        if declared is not None and declared > shape.max_bytes:
+            await render_error(_too_large(shape))(scope, receive, send)
+            return
         chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return  # the client left, or the body limit already answered 413
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > shape.max_bytes:
+                await render_error(_too_large(shape))(scope, receive, send)
+                return
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
         if len(body) > SMALL_BODY_BYTES:
             settings = getattr(scope["app"].state, "settings", None)
             max_rows = min(MAX_BATCH_ROWS, getattr(settings, "max_batch_size", MAX_BATCH_ROWS))
-            refusal = await run_in_threadpool(_measure, body, route_shape(scope["method"], scope["path"]), max_rows)
+            refusal = await run_in_threadpool(_measure, body, shape, max_rows, scope["method"])
             if refusal is not None:
                 await render_error(refusal)(scope, receive, send)
                 return
