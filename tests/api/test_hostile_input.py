@@ -196,3 +196,21 @@ def test_an_exhausted_pool_is_503_with_retry_after(one_connection_pool) -> None:
     assert r.status_code == 503, r.text
     assert r.headers["Retry-After"].isdigit()
     assert r.json()["error"]["code"] == "database_unavailable"
+
+
+def test_a_training_body_past_its_route_limit_is_413_before_it_is_read(env: Env) -> None:
+    r = env.client.post(f"{A}/trainings", headers=env.admin,
+                        json={"epsilon": 1.0, "hyperparameters": {"pad": "p" * 70_000}})
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"]["code"] == "body_too_large"
+    assert r.json()["error"]["details"] == {"max_bytes": 64 * 1024}
+    assert env.count("training_runs") == 0
+
+
+def test_a_large_batch_of_bad_votes_gets_the_bounded_422_from_the_worker_thread(env: Env) -> None:
+    rows = [{"user_id": f"u{k}", "item_id": "i0", "vote": 0} for k in range(2_000)]
+    r = env.client.post(f"{R}/votes/batch", json={"votes": rows}, headers=env.ingest_service)
+    assert r.status_code == 422, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "validation_error" and "2000 errors" in error["message"]
+    assert len(error["details"]) == MAX_REPORTED_ERRORS and error["details"][0]["loc"][:3] == ["body", "votes", 0]
