@@ -168,8 +168,9 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
 
 async def _pool_timeout(request: Request, exc: Exception) -> JSONResponse:
     """No connection came free within the pool's timeout (an overloaded process): 503 with
-    ``Retry-After``, never a 500. Routes that reserve budget commit the reservation before
-    anything can fail this way, so the refused request holds nothing."""
+    ``Retry-After``, never a 500. A retry is safe where nothing was committed; a route that
+    commits a reservation and then needs another connection (the training route's enqueue)
+    must answer for the committed run itself rather than let the timeout reach this handler."""
     log.warning("database pool exhausted in %s %s: %s", request.method, route_template(request.scope), type(exc).__name__)
     return render_error(DatabaseUnavailable("the database is busy (no connection free in time); retry later",
                                             headers={"Retry-After": "2"}))
