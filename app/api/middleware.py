@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from fastapi import FastAPI
@@ -240,6 +241,17 @@ def shape_violation(value: Any, shape: BodyShape, max_rows: int = MAX_BATCH_ROWS
             children = node
             if len(node) > shape.max_items:
                 return _too_complex(f"an array holds more than {shape.max_items} elements", shape.max_items)
+            flat = _flat_rows(node)
+            if flat is not None:  # a batch's rows: objects of scalars, measured in C-level passes
+                widest, n_values = flat
+                if widest > shape.max_keys:
+                    return _too_complex(f"an object holds more than {shape.max_keys} keys", shape.max_keys)
+                seen += len(node) + n_values
+                if seen + len(stack) > shape.max_values:
+                    return _too_complex(f"the body holds more than {shape.max_values} values", shape.max_values)
+                if n_values and depth + 1 >= shape.max_depth:
+                    return _too_complex(f"the body nests deeper than {shape.max_depth} levels", shape.max_depth)
+                continue
         else:
             continue
         if seen + len(stack) + len(children) > shape.max_values:
@@ -248,6 +260,17 @@ def shape_violation(value: Any, shape: BodyShape, max_rows: int = MAX_BATCH_ROWS
             return _too_complex(f"the body nests deeper than {shape.max_depth} levels", shape.max_depth)
         stack.extend((child, depth + 1) for child in children)
     return None
+
+
+def _flat_rows(items: list[Any]) -> tuple[int, int] | None:
+    """(most keys of one row, number of values) when ``items`` is a non-empty list of objects whose
+    values are all scalars; None otherwise (walked value by value)."""
+    if not items or set(map(type, items)) != {dict}:
+        return None
+    values = list(chain.from_iterable(map(dict.values, items)))
+    if {dict, list} & set(map(type, values)):
+        return None
+    return max(map(len, items)), len(values)
 
 
 def _too_complex(message: str, limit: int) -> BodyTooLarge:
