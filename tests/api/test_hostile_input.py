@@ -58,6 +58,10 @@ def test_nul_in_text_fields_is_422_and_writes_nothing(env: Env) -> None:
     r = env.client.put(f"{R}/items/i0", json={"title": "a\x00b"}, headers=env.ingest_service)
     assert r.status_code == 422, r.text
     assert env.count("items") == 0
+    r = env.client.put(f"{R}/items/i0", content=b'{"title": "a\\ud800b"}',
+                       headers={**env.ingest_service, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text  # a lone surrogate: not valid Unicode, refused like NUL
+    assert env.count("items") == 0
     r = env.client.patch(f"{A}/budget", headers=env.admin, json={"epsilon_cap": 50.0, "reason": "more\x00"})
     assert r.status_code == 422, r.text
     r = env.client.post("/v1/admin/datasets", headers=env.admin, json={
