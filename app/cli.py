@@ -65,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.config import get_settings, reset_settings_cache
+    from app.logging_setup import uvicorn_log_options
     from app.main import create_app
 
     # The embedded mode is "no Redis"; overrides go through the environment so that every
@@ -84,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threading.Thread(target=announce_demo, args=(settings,), name="privrec-demo-announcer",
                          daemon=True).start()
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
-                log_level=settings.log_level.lower())
+                **uvicorn_log_options(settings))
     return 0
 
 

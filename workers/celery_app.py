@@ -13,6 +13,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
+from app.logging_setup import redact_task_logs
 from app.services.training.dispatch import QUEUE, drain_outbox
 from app.services.training.runner import reap_stale_runs
 from app.services.training.schedule import worker_startup
@@ -58,6 +59,7 @@ def make_celery(settings: Settings) -> Celery:
 
 
 celery_app = make_celery(get_settings())
+redact_task_logs()  # no task runtimes or return values in the worker's log
 
 
 @worker_process_init.connect

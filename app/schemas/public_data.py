@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
-from app.schemas.common import ExternalId, FiniteFloat, StrictModel, UtcDateTime
+from app.schemas.common import NO_NUL_PATTERN, ExternalId, FiniteFloat, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_NEIGHBOURS",
@@ -36,7 +36,7 @@ REVOKE_NOTE = (
     "while the ratings were public."
 )
 
-Provenance = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+Provenance = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NO_NUL_PATTERN)]
 
 
 class SimilaritySourceIn(StrictModel):
