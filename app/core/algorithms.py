@@ -12,7 +12,7 @@ arXiv:1712.09765, Definition 1). Services read these declarations and never bran
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
@@ -184,6 +184,14 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
         """Per-item popularity released with the model, the ``/popular`` order (its meaning:
         ``popularity_kind``)."""
 
+    def release_coordinates_bound(self, config: Mapping[str, Any], n_items: int) -> int:
+        """An upper bound on the coordinates one user can change in any single release of a run with
+        this public ``config`` on ``n_items`` items: the item factors or per-item vectors
+        (n_items x (rank + 1)) or the k per-item r x r Grams one user touches (k r(r+1)/2)."""
+        rank = int(config.get("rank") or 1)
+        k = max(int(config.get(name) or 1) for name in ("contribution_bound", "votes_per_user", "max_ratings_per_user"))
+        return max(max(int(n_items), 1) * (rank + 1), k * rank * (rank + 1) // 2)
+
     def baseline_scores(self, model: ModelT) -> FloatArray | None:
         """Every item's score for a user with no data, or None when the model has no such prior."""
         return None
@@ -327,6 +335,11 @@ class DPFWAlgorithm(Algorithm[dpfw.DPFWConfig, dpfw.FrankWolfeModel]):
 
     def event(self, config: dpfw.DPFWConfig, n_items: int) -> dp_event.DpEvent:
         return dpfw.dpfw_event(config, n_items)
+
+    def release_coordinates_bound(self, config: Mapping[str, Any], n_items: int) -> int:
+        """Also DPFW's dense item-by-item Gram, up to ``dense_max_items`` items."""
+        dense = min(max(int(n_items), 1), int(config.get("dense_max_items") or dpfw.DPFWConfig.dense_max_items))
+        return max(super().release_coordinates_bound(config, n_items), dense * (dense + 1) // 2)
 
     def event_parameters(self, config: dpfw.DPFWConfig) -> dict[str, Any]:
         return dpfw.event_parameters(config)

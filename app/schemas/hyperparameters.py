@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from app.core.algorithms import get_algorithm
 from app.core.privacy.discrete_noise import grid_gaussian
 
 __all__ = [
@@ -21,7 +22,6 @@ __all__ = [
     "MAX_HYPERPARAMETERS",
     "MAX_MAGNITUDE",
     "bound_errors",
-    "changed_coordinates_bound",
     "gaussian_multipliers",
     "sampler_refusal",
 ]
@@ -123,31 +123,19 @@ def gaussian_multipliers(event: Any) -> Iterator[float]:
             yield from gaussian_multipliers(value)
 
 
-def changed_coordinates_bound(algorithm: str, config: Mapping[str, Any], n_items: int) -> int:
-    """An upper bound on the coordinates one user can change in any release of a run with this
-    public ``config`` on a catalogue of ``n_items``: item factors or per-item vectors
-    (n_items x (rank + 1)), the k per-item r x r Grams one user touches (DPALS: k r(r+1)/2), or
-    DPFW's dense item-by-item Gram (up to ``dense_max_items`` items), whichever is largest."""
-    rank = int(config.get("rank") or 1)
-    k = max(int(config.get(name) or 1) for name in ("contribution_bound", "votes_per_user", "max_ratings_per_user"))
-    n = max(int(n_items), 1)
-    dense = min(n, int(config.get("dense_max_items") or INTEGER_BOUNDS["dense_max_items"])) if algorithm == "dpfw" else 1
-    return max(dense * (dense + 1) // 2, n * (rank + 1), k * rank * (rank + 1) // 2)
-
-
 def sampler_refusal(algorithm: str, event: Any, config: Mapping[str, Any], n_items: int) -> str | None:
     """Why the exact sampler cannot draw a release of this run (None: every release fits).
 
     Each release draws an integer noise σ ~ multiplier x (R + 1) x sqrt(changed coordinates),
     which must stay below 2^40 (:func:`grid_gaussian`). Checked with the largest multiplier
     doubled (a guarantee converted by group privacy to the account's relation is stated at half
-    the multiplier the sampler draws) and :func:`changed_coordinates_bound`."""
+    the multiplier the sampler draws) and the algorithm's ``release_coordinates_bound``."""
     multipliers = list(gaussian_multipliers(event))
     if not multipliers:
         return None
     largest = 2.0 * max(multipliers)
     try:
-        grid_gaussian(1.0, largest, changed_coordinates_bound(algorithm, config, n_items))
+        grid_gaussian(1.0, largest, get_algorithm(algorithm).release_coordinates_bound(config, n_items))
     except (ValueError, OverflowError):
         return (f"a release's noise multiplier ({largest / 2:.6g}) is beyond what the exact sampler can draw for "
                 f"this run's release sizes (catalogue of {n_items} items): lower the noise ratios or raise epsilon")
