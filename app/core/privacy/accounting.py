@@ -36,6 +36,9 @@ __all__ = [
     "gaussian",
     "epsilon_rdp",
     "epsilon_pld",
+    "RDP_ORDERS",
+    "rdp_curve",
+    "epsilon_of_rdp_curve",
     "calibrate_scale",
     "count_gaussian_releases",
     "pure_dp",
@@ -132,8 +135,8 @@ def _group_of_two(event: dp_event.DpEvent) -> dp_event.DpEvent:
 DP_ACCOUNTING_VERSION = _package_version("dp-accounting")
 
 # RDP orders: the library's defaults plus a denser low range and large orders, so that both
-# small and large epsilons (up to ~50) are computed tightly.
-_RDP_ORDERS: tuple[float, ...] = tuple(
+# small and large epsilons (up to ~50) are computed tightly. The grid of every stored RDP curve.
+RDP_ORDERS: tuple[float, ...] = tuple(
     sorted(
         set(
             [1.0 + x / 20.0 for x in range(1, 200)]
@@ -275,7 +278,7 @@ def _as_pure_pair(event: dp_event.DpEvent) -> dp_event.DpEvent:
 
 def _rdp_accountant() -> rdp_privacy_accountant.RdpAccountant:
     return _RdpAccountant(
-        orders=list(_RDP_ORDERS),
+        orders=list(RDP_ORDERS),
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     )
 
@@ -291,6 +294,25 @@ def epsilon_rdp(event: dp_event.DpEvent, delta: float) -> float:
     """Epsilon of ``event`` at ``delta`` by the RDP accountant (add/remove one user)."""
     validate_privacy_target(1.0, delta)
     return float(_rdp_accountant().compose(event).get_epsilon(delta))
+
+
+def rdp_curve(event: dp_event.DpEvent) -> np.ndarray:
+    """The RDP of ``event`` at every order of :data:`RDP_ORDERS` (add/remove one user).
+
+    RDP composes by addition at each order (Mironov 2017, arXiv:1702.07476, Prop. 1), so the curve
+    of a composition is the sum of its parts' curves.
+    """
+    accountant = _rdp_accountant()
+    accountant.compose(event)
+    return np.array(accountant._rdp, dtype=float)  # pylint: disable=protected-access
+
+
+def epsilon_of_rdp_curve(curve: Sequence[float] | np.ndarray, delta: float) -> float:
+    """Epsilon at ``delta`` of an RDP curve on :data:`RDP_ORDERS` (the conversion the library's
+    RDP accountant applies, Canonne-Kamath-Steinke 2020, arXiv:2004.00010, Prop. 12)."""
+    validate_privacy_target(1.0, delta)
+    eps, _ = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, np.asarray(curve, dtype=float), delta)
+    return float(eps)
 
 
 def epsilon_pld(event: dp_event.DpEvent, delta: float) -> float:
