@@ -111,6 +111,8 @@ __all__ = [
     "spent",
     "SpentReport",
     "reserve",
+    "ChargePreview",
+    "preview_charge",
     "commit",
     "refund",
     "record_cap_change",
@@ -640,6 +642,37 @@ def _charge(
         spent_pld=total_pld,
         reason=reason,
     )
+
+
+@dataclass(frozen=True)
+class ChargePreview:
+    """What charging an event would do to a data set's account and to its person budget (nothing
+    locked, nothing written): the projection's view of exactly the computation a charge makes."""
+
+    account: Charge
+    person: Charge
+    person_budget: PersonBudget
+    account_state: ComposedState
+    person_state: ComposedState
+
+
+def preview_charge(session: Session, dataset: Dataset, event: dp_event.DpEvent,
+                   parameters: Mapping[str, Any]) -> ChargePreview:
+    """:func:`app.core.privacy.composition.charge` on the data set's account and its person budget,
+    from their stored states, as :func:`reserve` would run it (``RelationRefused`` likewise)."""
+    acct = account_for(session, dataset.id)
+    guarantee = _guarantee(acct, dataset, parameters)
+    pb = acct.person_budget
+    own, person = account_state(session, acct), person_state(session, pb)
+    try:
+        account_charge = charge(own, event, guarantee=guarantee, account=account_relation(acct),
+                                delta=acct.delta, cap=acct.epsilon_cap)
+        person_charge = charge(person, event, guarantee=guarantee, account=parse_relation(pb.relation),
+                               delta=pb.delta, cap=pb.epsilon_cap)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=acct.relation,
+                              event_relation=guarantee.value) from exc
+    return ChargePreview(account_charge, person_charge, pb, own, person)
 
 
 def _guarantee(acct: BudgetAccount, dataset: Dataset, parameters: Mapping[str, Any]) -> Relation:

@@ -69,7 +69,8 @@ def _sum_up(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         b_virtual = total - a
         error = (a - (total - b_virtual)) + (b - b_virtual)
-        return np.where(error > 0, np.nextafter(total, np.inf), total)
+        result: np.ndarray = np.where(error > 0, np.nextafter(total, np.inf), total)
+    return result
 
 
 def _canonical(event_json: Mapping[str, Any]) -> str:
@@ -257,7 +258,7 @@ class ComposedState:
         """What differs between two states (the RDP curve and precision within ``rel_tol``)."""
         out = []
         if len(self.rdp) != len(other.rdp) or not all(
-                math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12) for a, b in zip(self.rdp, other.rdp)):
+                math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12) for a, b in zip(self.rdp, other.rdp, strict=True)):
             out.append("rdp curve")
         if not math.isclose(self.gaussian_precision, other.gaussian_precision, rel_tol=rel_tol, abs_tol=1e-12):
             out.append("gaussian precision")
