@@ -62,6 +62,7 @@ SUITES: dict[str, str] = {
     "cmf": "benchmarks.cmf",
     "quality-defaults": "benchmarks.quality_defaults",
     "audit": "benchmarks.audit",
+    "ledger": "benchmarks.ledger",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

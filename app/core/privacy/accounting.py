@@ -23,6 +23,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import special
 
 __all__ = [
     "Relation",
@@ -36,6 +37,7 @@ __all__ = [
     "gaussian",
     "epsilon_rdp",
     "epsilon_pld",
+    "epsilon_gaussian_exact",
     "RDP_ORDERS",
     "rdp_curve",
     "epsilon_of_rdp_curve",
@@ -307,18 +309,47 @@ def rdp_curve(event: dp_event.DpEvent) -> np.ndarray:
     return np.array(accountant._rdp, dtype=float)  # pylint: disable=protected-access
 
 
+_ORDERS_ARRAY = np.array(RDP_ORDERS, dtype=float)
+
+
 def epsilon_of_rdp_curve(curve: Sequence[float] | np.ndarray, delta: float) -> float:
-    """Epsilon at ``delta`` of an RDP curve on :data:`RDP_ORDERS` (the conversion the library's
-    RDP accountant applies, Canonne-Kamath-Steinke 2020, arXiv:2004.00010, Prop. 12)."""
+    """Epsilon at ``delta`` of an RDP curve on :data:`RDP_ORDERS`: the conversion the library's RDP
+    accountant applies (``rdp_privacy_accountant.compute_epsilon``; Canonne-Kamath-Steinke 2020,
+    arXiv:2004.00010, Prop. 12, with its KL shortcut), vectorised over the orders."""
     validate_privacy_target(1.0, delta)
-    eps, _ = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, np.asarray(curve, dtype=float), delta)
-    return float(eps)
+    rdp = np.asarray(curve, dtype=float)
+    a = _ORDERS_ARRAY
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bound = rdp + np.log1p(-1.0 / a) - np.log(delta * a) / (a - 1.0)
+        eps = np.where(rdp < 0, 0.0, np.where(delta**2 + np.expm1(-rdp) > 0, 0.0, np.where(a > 1.01, bound, np.inf)))
+    return float(max(0.0, float(np.min(eps))))
 
 
 def epsilon_pld(event: dp_event.DpEvent, delta: float) -> float:
     """Epsilon of ``event`` at ``delta`` by the PLD accountant (add/remove one user)."""
     validate_privacy_target(1.0, delta)
     return float(_pld_accountant().compose(event).get_epsilon(delta))
+
+
+def epsilon_gaussian_exact(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon (to 1e-12 relative, rounded up) at which one Gaussian release of multiplier
+    ``noise_multiplier`` (mu = 1/multiplier) is (epsilon, delta)-DP, from the exact privacy-loss
+    distribution of the Gaussian pair: delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)
+    (Balle & Wang 2018, arXiv:1805.06530, Thm 8), decreasing in eps, solved by bisection. No
+    discretisation, so at most :func:`epsilon_pld` of the same event, and at most :func:`epsilon_rdp`."""
+    validate_privacy_target(1.0, delta)
+    mu = 1.0 / float(noise_multiplier)
+
+    def delta_at(eps: float) -> float:
+        return float(special.ndtr(mu / 2 - eps / mu) - math.exp(eps + special.log_ndtr(-mu / 2 - eps / mu)))
+
+    if delta_at(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, epsilon_rdp(gaussian(noise_multiplier), delta)  # delta_at(lo) > target >= delta_at(hi)
+    while hi - lo > 1e-12 * max(hi, 1.0):
+        mid = (lo + hi) / 2.0
+        lo, hi = (lo, mid) if delta_at(mid) <= delta else (mid, hi)
+    return float(hi)
 
 
 def calibrate_scale(

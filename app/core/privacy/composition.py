@@ -8,11 +8,12 @@ question the ledger and the projections ask:
 * **RDP curve** on the fixed grid :data:`~app.core.privacy.accounting.RDP_ORDERS`. RDP composes by
   addition at each order (Mironov 2017, arXiv:1702.07476, Prop. 1), so the curve of the history is
   the sum of its events' curves: exact, and the cap check (epsilon at delta, Canonne-Kamath-Steinke
-  2020, arXiv:2004.00010, Prop. 12) reads it directly. Every sum and difference is rounded up to the
-  next float, so the stored curve is never below the exact sum of the events' curves.
-* **PLD normal form** for the tighter report. Gaussian releases compose into one Gaussian whose
-  squared inverse noise multiplier is the sum of theirs (Dong-Roth-Su 2019, arXiv:1905.02383,
-  Cor. 3.3: mu-GDP composes as sqrt(sum mu_i^2), and the PLD of a Gaussian pair is exactly mu-GDP);
+  2020, arXiv:2004.00010, Prop. 12) reads it directly. Every sum and difference is rounded towards
+  +inf, so the stored curve is never below the exact sum of the events' curves.
+* **PLD normal form** for the tighter report (exact when the normal form is one Gaussian).
+  Gaussian releases compose into one Gaussian whose squared inverse noise multiplier is the sum
+  of theirs (Dong-Roth-Su 2019, arXiv:1905.02383, Cor. 3.3: mu-GDP composes as
+  sqrt(sum mu_i^2), and the PLD of a Gaussian pair is exactly mu-GDP);
   pure-DP pairs (discrete Laplace, binary randomised response) are counted per distinct parameter;
   any other event is counted per distinct event. The PLD accountant composes this normal form, so
   its cost grows with the number of *distinct* event shapes, never with the number of runs.
@@ -37,7 +38,7 @@ from dp_accounting import dp_event
 from app.core.privacy.accounting import (
     RDP_ORDERS,
     Relation,
-    compose,
+    epsilon_gaussian_exact,
     epsilon_of_rdp_curve,
     epsilon_pld,
     event_from_json,
@@ -189,14 +190,11 @@ class ComposedState:
             return math.inf
         return epsilon_of_rdp_curve(self.rdp, delta) if self.n_events else 0.0
 
-    def pld_event(self, extra: dp_event.DpEvent | None = None) -> dp_event.DpEvent:
+    def pld_event(self, extra: dp_event.DpEvent | None = None) -> dp_event.ComposedDpEvent:
         """The normal form as one event (plus ``extra``), for the PLD accountant."""
         parts: list[dp_event.DpEvent] = []
         if self.gaussian_precision > 0:
-            # rounded down, and at most _MAX_MULTIPLIER (less noise: an upper bound on the loss) so
-            # that the residue of a refund's subtraction never reaches the PLD as an overflowing sigma
-            multiplier = min(float(np.nextafter(1.0 / math.sqrt(self.gaussian_precision), 0.0)), _MAX_MULTIPLIER)
-            parts.append(dp_event.GaussianDpEvent(multiplier))
+            parts.append(dp_event.GaussianDpEvent(self._gaussian_multiplier()))
         for a, d, k in self.pure_pairs:
             parts.append(dp_event.SelfComposedDpEvent(dp_event.DiscreteLaplaceDpEvent(a, d), k))
         for text, k in self.others:
@@ -205,13 +203,26 @@ class ComposedState:
             parts.append(dp_event.NonPrivateDpEvent())
         if extra is not None:
             parts.append(extra)
-        return compose(parts)
+        return dp_event.ComposedDpEvent(parts)
+
+    def _gaussian_multiplier(self) -> float:
+        """The one Gaussian's multiplier 1/sqrt(sum 1/z^2), rounded down, and at most _MAX_MULTIPLIER
+        (less noise: an upper bound on the loss), so that the residue a refund's subtraction may
+        leave never reaches the accountant as an overflowing sigma."""
+        return min(float(np.nextafter(1.0 / math.sqrt(self.gaussian_precision), 0.0)), _MAX_MULTIPLIER)
 
     def epsilon_pld(self, delta: float, extra: dp_event.DpEvent | None = None) -> float:
-        """Epsilon at ``delta`` of the history (plus ``extra``) by the PLD accountant on the normal form."""
-        if not self.n_events and extra is None:
+        """Epsilon at ``delta`` of the history (plus ``extra``) from the privacy-loss distribution of
+        its normal form: exactly (:func:`epsilon_gaussian_exact`) when that is one Gaussian, else by
+        the PLD accountant. Its cost depends on the distinct event shapes, not on the history's length."""
+        state = self if extra is None else self.add(extra)
+        if state.non_private:
+            return math.inf
+        if state.pure_pairs or state.others:
+            return epsilon_pld(state.pld_event(), delta)
+        if state.gaussian_precision <= 0.0:
             return 0.0
-        return epsilon_pld(self.pld_event(extra), delta)
+        return epsilon_gaussian_exact(state._gaussian_multiplier(), delta)  # pylint: disable=protected-access
 
     def label_counts(self) -> dict[str, int]:
         """Charged events per label."""
