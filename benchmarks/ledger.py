@@ -1,5 +1,6 @@
 """Budget arithmetic against the length of the history: a reservation, a projection and a budget
-view after 10, 1,000 and 10,000 charged runs, on SQLite (and PostgreSQL when it is reachable).
+view after 10, 1,000 and 10,000 charged runs, on SQLite (and PostgreSQL when it is reachable:
+``BENCH_PG_URL``, as the ``ingest`` suite).
 
 The history is built through the ledger's own append path (``app.ledger.reserve``, one training
 run row and one reservation per charged run, committed in batches of ``BATCH``), on a data set
@@ -23,11 +24,9 @@ Cost: building the 10,000-run history takes about 3-6 minutes per backend on a 2
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +42,6 @@ SUITE = "ledger"
 SIZES = (10, 1_000, 10_000)
 QUICK_SIZES = (10, 200)
 BACKENDS = ("sqlite", "postgresql")
-PG_ADMIN_URL = os.environ.get("BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 DELTA = 1e-6
 CAP = 20.0
 MULTIPLIER = 400.0
@@ -78,24 +76,14 @@ def _database(backend: str) -> Iterator[str]:
             finally:
                 dispose_engines()
         return
-    from sqlalchemy import create_engine, text
+    from benchmarks.ingest import _database as postgres_database  # one way to make a bench database
 
-    try:
-        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-        name = f"privrec_bench_{uuid.uuid4().hex[:10]}"
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001
-        raise SuiteUnavailable(f"PostgreSQL is not reachable ({exc.__class__.__name__})") from exc
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    url, drop = postgres_database()
     try:
         upgrade_head(url)
         yield url
     finally:
-        dispose_engines()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop()
 
 
 def _setup(url: str) -> None:
