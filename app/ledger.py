@@ -94,7 +94,6 @@ __all__ = [
     "lock_account",
     "account_for",
     "open_account",
-    "active_events",
     "charged_event",
     "recorded_charge",
     "account_relation",
@@ -102,7 +101,6 @@ __all__ = [
     "person_budget_named",
     "open_person_budget",
     "lock_person_budget",
-    "person_events",
     "person_state",
     "person_spent",
     "account_state",
@@ -341,13 +339,6 @@ def _person_entries(session: Session, person_budget: PersonBudget) -> list[Ledge
     ))
 
 
-def person_events(session: Session, person_budget: PersonBudget) -> list[dp_event.DpEvent]:
-    """Every charged event of every account of ``person_budget``, converted to its relation."""
-    entries = _person_entries(session, person_budget)
-    refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return _charged_events(entries, refunded, parse_relation(person_budget.relation))
-
-
 def person_state(session: Session, person_budget: PersonBudget) -> ComposedState:
     """The stored composition of the person budget's charged events (replayed when none is stored)."""
     stored = ComposedState.from_json(person_budget.composed_state)
@@ -463,18 +454,6 @@ def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[Le
     )
 
 
-def _charged_events(
-    entries: Sequence[LedgerEntry], refunded_runs: set[int | None], relation: Relation
-) -> list[dp_event.DpEvent]:
-    """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``),
-    each as charged under ``relation``."""
-    return [
-        charged_event(e, relation)
-        for e in entries
-        if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded_runs)
-    ]
-
-
 def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
     """The event ``entry`` charges to an account under ``relation``: its released event converted
     from the relation its guarantee was stated under (:func:`app.core.privacy.accounting.event_under`)."""
@@ -491,17 +470,6 @@ def _released_event(entry: LedgerEntry) -> dict[str, Any]:
     if entry.event is None:
         raise ValueError(f"ledger entry {entry.seq} ({entry.kind}) records no event")
     return entry.event
-
-
-def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
-    """Events of every local guarantee and every reservation that was not refunded, in ledger order,
-    as charged under the account's relation."""
-    acct = session.get(BudgetAccount, account_id)
-    if acct is None:
-        raise NoBudgetAccount(f"no budget account {account_id}")
-    entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
-    refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return _charged_events(entries, refunded, account_relation(acct))
 
 
 def charged_relations(session: Session, account_id: int) -> list[str]:
