@@ -8,9 +8,9 @@ of ``N_ITEMS`` public catalogue items whose cap and person-budget cap (``CAP``) 
 Each run charges a DPALS-shaped event (a count release and ``STEPS`` steps of two Gaussian
 releases, multiplier ``MULTIPLIER``): 10,000 of them compose to about epsilon 4.5 at delta 1e-6.
 
-Rows, per backend and history length n (``dataset`` = ``<backend>-<n>-runs``), each the median of
-``REPEATS`` timings, ``baseline`` the same metric at the smallest n, ``ratio`` = value / baseline
-(target: at most 2 from 10 to 10,000 runs):
+Rows, per backend and history length n (``dataset`` = ``<backend>-<n>-runs``), each the median
+of ``REPEATS`` timings after one untimed warm-up, ``baseline`` the same metric at the smallest n,
+``ratio`` = value / baseline (target: at most 2 from 10 to 10,000 runs):
 
 * ``reservation_seconds`` - one more reservation (lock, charge the account and its person
   budget, append the entry, store both states, commit), as a training request makes it;
@@ -18,8 +18,8 @@ Rows, per backend and history length n (``dataset`` = ``<backend>-<n>-runs``), e
   calibrated to epsilon 1, charged to both budgets, the affordable count under both caps);
 * ``budget_view_seconds`` - the budget view that listing data sets shows for each one.
 
-Cost: building the 10,000-run history takes about 3-6 minutes per backend on a 2-core machine
-(the full suite about 10 minutes); the quick form (10 and 200 runs, SQLite only) well under a minute.
+Cost: building the 10,000-run history takes about 2-4 minutes per backend on a 2-core machine
+(the full suite under 10 minutes); the quick form (10 and 200 runs, SQLite only) well under a minute.
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ def _grow(url: str, event: DpEvent, count: int) -> None:
 
 
 def _median_seconds(action: Callable[[], object], repeats: int = REPEATS) -> float:
+    """Median wall time of ``repeats`` calls after one untimed warm-up call (caches, compiled SQL)."""
+    action()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -165,7 +167,7 @@ def run_sizes(sizes: Sequence[int], backends: Sequence[str] = BACKENDS) -> list[
                     _grow(url, event, n - charged)
                     charged = n
                     timings = _measure(url, event)
-                    charged += REPEATS  # the timed reservations are charged too
+                    charged += REPEATS + 1  # the timed (and warm-up) reservations are charged too
                     for metric, seconds in timings.items():
                         baseline.setdefault(metric, seconds)
                         rows.append(make_row(SUITE, f"{backend}-{n}-runs", "ledger", metric, seconds, delta=DELTA,
