@@ -24,7 +24,6 @@ relation and checked against its cap; the ledger and the budget projection both 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -78,19 +77,22 @@ def _canonical(event_json: Mapping[str, Any]) -> str:
     return json.dumps(event_json, sort_keys=True, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=4096)
-def _curve_of(event_text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in rdp_curve(event_from_json(json.loads(event_text))))
+_MEMO_LIMIT = 4096
+_CURVES: dict[str, tuple[float, ...]] = {}
 
 
 def event_curve(event: dp_event.DpEvent) -> np.ndarray:
-    """The RDP curve of ``event`` on :data:`RDP_ORDERS` (memoised per distinct event: a ledger's
-    runs repeat a few shapes, so a replay computes each shape's curve once)."""
-    try:
-        text = _canonical(event_to_json(event))
-    except ValueError:  # an event with non-finite parameters: not memoised
-        return rdp_curve(event)
-    return np.array(_curve_of(text), dtype=float)
+    """The RDP curve of ``event`` on :data:`RDP_ORDERS`, memoised per distinct event (keyed by its
+    ``repr``, which names every field): a ledger's runs repeat a few shapes, so a replay computes
+    each shape's curve once."""
+    key = repr(event)
+    curve = _CURVES.get(key)
+    if curve is None:
+        curve = tuple(rdp_curve(event).tolist())
+        if len(_CURVES) >= _MEMO_LIMIT:
+            _CURVES.clear()
+        _CURVES[key] = curve
+    return np.array(curve, dtype=float)
 
 
 @dataclass
@@ -174,7 +176,7 @@ class ComposedState:
             rdp = np.maximum(rdp, 0.0)
         precision = float(_sum_up(self.gaussian_precision, sign * shape.gaussian_precision))
         return ComposedState(
-            rdp=tuple(float(x) for x in rdp),
+            rdp=tuple(rdp.tolist()),
             gaussian_precision=max(precision, 0.0),
             pure_pairs=_merge3(self.pure_pairs, shape.pure_pairs, sign),
             others=_merge(self.others, shape.others, sign),
@@ -334,7 +336,7 @@ def charge(
     fits = math.isfinite(after) and after <= cap
     label = label if alone > 0 else None  # only events that cost anything are counted by label
     return Charge(
-        event=charged, converted=charged is not event, curve=tuple(float(x) for x in curve),
+        event=charged, converted=charged is not event, curve=tuple(curve.tolist()),
         epsilon_alone=alone, epsilon_before=before, epsilon_after=after, cap=float(cap), fits=fits,
         state_after=state.add(charged, label, curve=curve),
     )
