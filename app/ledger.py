@@ -790,7 +790,7 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
     prev = GENESIS_HASH
     recorded = ComposedState()
-    reserved: dict[int | None, dp_event.DpEvent] = {}
+    reserved: dict[int | None, tuple[dp_event.DpEvent, str | None]] = {}
     for expected_seq, entry in enumerate(entries, start=1):
         if entry.seq != expected_seq:
             return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
@@ -800,12 +800,12 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
             return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
         if recompute_spend and entry.kind in (*CHARGED_KINDS, "refund"):
             if entry.kind in CHARGED_KINDS:
-                event = recorded_charge(entry)
+                event, label = recorded_charge(entry), _label(entry)
                 if entry.kind == "reservation":
-                    reserved[entry.run_id] = event
-                recorded = recorded.add(event)
+                    reserved[entry.run_id] = (event, label)
+                recorded = recorded.add(event, label)
             elif entry.run_id in reserved:
-                recorded = recorded.remove(reserved.pop(entry.run_id))
+                recorded = recorded.remove(*reserved.pop(entry.run_id))
             if not math.isclose(recorded.epsilon_rdp(entry.delta), entry.spent_rdp, rel_tol=1e-9, abs_tol=1e-12):
                 return ChainCheck(False, len(entries), entry.seq, "stored spend differs from the composed events")
         prev = entry.hash
@@ -813,7 +813,10 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
         acct = session.get(BudgetAccount, account_id)
         if acct is None:
             raise NoBudgetAccount(f"no budget account {account_id}")
-        problem = _state_problem(acct, replay(entries, account_relation(acct)), acct.delta, acct.epsilon_cap)
+        relation = account_relation(acct)
+        # under the strongest relation nothing is converted: the charges as recorded are the replay
+        replayed = recorded if relation == Relation.ADD_OR_REMOVE_ONE_USER else replay(entries, relation)
+        problem = _state_problem(acct, replayed, acct.delta, acct.epsilon_cap)
         if problem is not None:
             return ChainCheck(False, len(entries), None, problem)
     return ChainCheck(True, len(entries))
