@@ -1,10 +1,15 @@
-"""The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-csv, import-votes,
-import-similarities, issue-token, budget, openapi."""
+"""The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-items, import-csv,
+import-votes, import-similarities, issue-token, budget, openapi, healthcheck.
+
+Each command imports what it uses when it runs, so that ``--help`` and ``issue-token`` start at
+once (no web app, database, migration or numeric library)."""
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
+import getpass
 import gzip
 import io
 import itertools
@@ -13,52 +18,55 @@ import logging
 import os
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from alembic.script import ScriptDirectory
-from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
-from tqdm import tqdm
-
-from app.api_workers import Supervisor, reuse_port_listeners
-from app.auth import Kind, issue_token
-from app.config import Settings, get_settings, reset_settings_cache
-from app.db.migrate import alembic_config, current_revision, upgrade_head
-from app.db.models import Dataset, TrainingRun
-from app.db.session import engine_options, get_sessionmaker, session_scope
 from app.errors import PrivrecError
-from app.main import create_app, openapi_yaml
-from app.schemas.admin import TrainingIn
-from app.services import admin, budget, catalog, ingest, public_data, votes
-from app.services.serving.active import invalidate_catalog
-from app.services.training.dispatch import QUEUE
-from app.services.unit_of_work import after_commit, commit
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from app.config import Settings
 
 __all__ = ["main", "build_parser"]
 
 
-def _settings(**overrides: Any) -> Settings:
-    if not overrides:
-        return get_settings()
-    return Settings(**overrides)
+def _settings() -> Settings:
+    """The process settings (validated once per process)."""
+    from app.config import get_settings
+
+    return get_settings()
 
 
 def _maker(settings: Settings) -> sessionmaker[Session]:
     """The session factory of the database ``settings`` name, built with their engine options."""
+    from app.db.session import engine_options, get_sessionmaker
+
     return get_sessionmaker(settings.database_url, engine_options(settings))
+
+
+def _actor() -> str:
+    """``cli:<login name>`` of whoever runs the command: the environment's login name, else the
+    account database's entry for this process's user id, else the bare uid."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no LOGNAME/USER/LNAME/USERNAME and no passwd entry (e.g. a bare container uid)
+        return f"cli:uid-{os.getuid()}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Embedded mode: SQLite, no Redis, in-process worker, one uvicorn process."""
+    import threading
 
+    import uvicorn
+
+    from app.config import get_settings, reset_settings_cache
+    from app.logging_setup import uvicorn_log_options
+    from app.main import create_app
 
     # The embedded mode is "no Redis"; overrides go through the environment so that every
     # component reading the process-wide settings (worker, sessions) sees the same values.
@@ -77,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threading.Thread(target=announce_demo, args=(settings,), name="privrec-demo-announcer",
                          daemon=True).start()
     uvicorn.run(app, host=args.host or settings.api_host, port=args.port or settings.api_port,
-                log_level=settings.log_level.lower())
+                **uvicorn_log_options(settings))
     return 0
 
 
@@ -90,8 +98,10 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
 
     The demo is synthetic; the lines carry only the run's id, status and public stage.
     """
+    from sqlalchemy import select
 
-
+    from app.db.models import Dataset, TrainingRun
+    from app.db.session import engine_options, session_scope
 
     log = logging.getLogger("privrec.cli")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -125,19 +135,24 @@ def announce_demo(settings, *, interval: float = 1.0, timeout: float | None = No
 def cmd_api(args: argparse.Namespace) -> int:
     """Production API process(es): uvicorn on the app factory, no in-process worker; with
     ``--workers N``, N processes each on its own ``SO_REUSEPORT`` socket (`app.api_workers`)."""
+    import uvicorn
+
+    from app import api_workers
+
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
     options = _server_options(settings)
+    _fresh_metrics_dir()
     if args.workers <= 1:
         uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port, **options)
         return 0
     config = uvicorn.Config("app.main:create_app_from_env", factory=True, host=host, port=port,
                             workers=args.workers, **options)
     try:
-        sockets = reuse_port_listeners(host, port, args.workers)
+        sockets = api_workers.reuse_port_listeners(host, port, args.workers)
     except OSError as exc:
         raise SystemExit(f"privrec api: cannot listen on {host}:{port} ({exc.strerror})") from None
-    return Supervisor(config, sockets).run()
+    return api_workers.Supervisor(config, sockets).run()
 
 
 def _server_options(settings: Settings) -> dict[str, Any]:
@@ -154,6 +169,88 @@ def _server_options(settings: Settings) -> dict[str, Any]:
 WORKER_HEALTHCHECK_S = 60
 
 
+def _fresh_metrics_dir() -> None:
+    """Create ``PROMETHEUS_MULTIPROC_DIR`` when set and remove the previous run's files from it
+    (prometheus_client's multi-process mode sums every file there: a restarted container must not
+    count its dead processes)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for stale in Path(folder).glob("*.db"):
+        stale.unlink(missing_ok=True)
+
+
+#: ``privrec healthcheck``: how old beat's schedule file may grow before beat counts as stuck; beat
+#: rewrites it every 3 minutes while it sends tasks (the stale-run reap goes out every few seconds).
+BEAT_SCHEDULE_MAX_AGE_S = 600
+ROLES = ("api", "worker", "beat")
+
+
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 when this container's role is healthy (the image's HEALTHCHECK): ``api`` answers
+    ``/health``; ``worker`` reaches its broker; ``beat`` reaches its broker and has rewritten its
+    schedule file lately. Without ``ROLE`` the role is the command PID 1 runs (``tini -- privrec
+    ROLE``); one-off commands (``migrate``, ...) are healthy. Never probes HTTP outside ``api``."""
+    role = args.role or _container_role()
+    if role not in ROLES:
+        return 0
+    settings = _settings()
+    problem = {"api": _api_problem, "worker": _broker_problem, "beat": _beat_problem}[role](settings)
+    if problem:
+        print(f"privrec healthcheck {role}: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _container_role() -> str | None:
+    """The ``privrec`` command PID 1 runs, if any."""
+    try:
+        return role_of(Path("/proc/1/cmdline").read_bytes())
+    except OSError:
+        return None
+
+
+def role_of(cmdline: bytes) -> str | None:
+    """The ``privrec`` command of a NUL-separated command line (``tini -- privrec worker`` -> ``worker``)."""
+    argv = cmdline.rstrip(b"\0").decode(errors="replace").split("\0")
+    names = [Path(a).name for a in argv]
+    return argv[names.index("privrec") + 1] if "privrec" in names[:-1] else None
+
+
+def _api_problem(settings: Settings) -> str | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{settings.api_port}/health", timeout=3) as resp:
+            return None if resp.status == 200 else f"/health answered {resp.status}"
+    except OSError as exc:
+        return f"/health does not answer ({exc})"
+
+
+def _broker_problem(settings: Settings) -> str | None:
+    if not settings.redis_url:
+        return "REDIS_URL is not set"
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.redis_url, socket_timeout=3, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        return f"the broker (REDIS_URL) does not answer ({type(exc).__name__})"
+    return None
+
+
+def _beat_problem(settings: Settings) -> str | None:
+    if problem := _broker_problem(settings):
+        return problem
+    path = settings.beat_schedule_file  # the dbm module in use may add a suffix
+    written = [f.stat().st_mtime for f in path.parent.glob(f"{path.name}*") if f.is_file()]
+    age = time.time() - max(written, default=0.0)
+    if age > BEAT_SCHEDULE_MAX_AGE_S:
+        return f"the schedule file {path} was not rewritten for {BEAT_SCHEDULE_MAX_AGE_S} s"
+    return None
+
+
 def _celery(argv: list[str]) -> int:
     exe = shutil.which("celery") or str(Path(sys.executable).with_name("celery"))
     os.execv(exe, [exe, "-A", "workers.celery_app", *argv])
@@ -162,6 +259,8 @@ def _celery(argv: list[str]) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """A Celery worker for training runs (prefetch 1; tasks acknowledged late)."""
+    from app.services.training.dispatch import QUEUE
+
     argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
             "--prefetch-multiplier", "1", "-Q", QUEUE]
     if args.hostname:
@@ -176,6 +275,10 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 def cmd_migrate(_: argparse.Namespace) -> int:
     """Apply the Alembic migrations up to head and say which revisions were applied."""
+    from app.db.migrate import current_revision, upgrade_head
+    from app.db.session import engine_options, session_scope
+    from app.services import budget
+
     settings = _settings()
     before = current_revision(settings.database_url)
     upgrade_head(settings.database_url)
@@ -190,7 +293,9 @@ def cmd_migrate(_: argparse.Namespace) -> int:
 
 def _revisions_between(before: str | None, after: str | None) -> list[str]:
     """The migration revisions above ``before`` up to ``after``, oldest first."""
+    from alembic.script import ScriptDirectory
 
+    from app.db.migrate import alembic_config
 
     if after is None or after == before:
         return []
@@ -201,7 +306,11 @@ def _revisions_between(before: str | None, after: str | None) -> list[str]:
 def cmd_train(args: argparse.Namespace) -> int:
     """Submit a training run over the admin API's service path (reserve, commit, enqueue) and
     print its id; with ``--follow`` show its data-independent stages until it ends."""
+    from pydantic import ValidationError
 
+    from app.schemas.admin import TrainingIn
+    from app.services import admin
+    from app.services.unit_of_work import commit
 
     settings = _settings()
     try:
@@ -210,7 +319,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise SystemExit(f"privrec train: {_config_errors(exc)}; nothing was submitted") from None
     with _maker(settings)() as session:
         run_id = admin.start_training(session, dataset=args.dataset, body=body,
-                                      actor=f"cli:{os.environ.get('USER', 'unknown')}")
+                                      actor=_actor())
         commit(session)
     sent = admin.enqueue(run_id, settings)
     print(json.dumps({"run_id": run_id, "status": "queued", "enqueued": sent}), flush=True)
@@ -227,8 +336,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
     """Poll run ``run_id`` until it succeeds or fails, drawing its public progress (stage names
     and data-independent fractions only, as the dashboard shows); return the final status."""
+    from tqdm import tqdm
 
-
+    from app.services import admin
 
     maker = _maker(settings)
     bar = tqdm(total=100, unit="%", desc=f"run {run_id}: queued", disable=quiet,
@@ -248,53 +358,85 @@ def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
     return run["status"]
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+@dataclass(frozen=True)
+class _Input:
+    """An import command's input file (``.gz`` read through gzip) and how to read it."""
+
+    path: Path
+    delimiter: str
+    header: bool
+    encoding: str
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> _Input:
+        path = Path(args.path)
+        if not path.is_file():
+            raise SystemExit(f"no such file: {path}")
+        return cls(path, args.delimiter, not args.no_header, args.encoding)
+
+    def open_binary(self) -> gzip.GzipFile | io.BufferedReader:
+        return gzip.open(self.path, "rb") if self.path.suffix == ".gz" else open(self.path, "rb")
 
 
-def _csv_lines(path: Path, delimiter: str, header: bool) -> Iterator[tuple[int, list[str]]]:
+def _csv_lines(src: _Input) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of every non-empty data line of a (possibly gzipped) CSV."""
-    with _open_text(path) as fh:
-        reader = csv.reader(fh, delimiter=delimiter)
-        if header:
-            next(reader, None)
-        for line_no, row in enumerate(reader, start=2 if header else 1):
-            if row:
-                yield line_no, row
+    with io.TextIOWrapper(src.open_binary(), encoding=src.encoding, newline="") as fh:
+        reader = csv.reader(fh, delimiter=src.delimiter)
+        try:
+            if src.header:
+                next(reader, None)
+            for row in reader:
+                if row:
+                    yield reader.line_num, row
+        except csv.Error as exc:
+            raise SystemExit(f"{src.path}:{reader.line_num}: {exc}; nothing more was written") from None
 
 
-def _rows(path: Path, delimiter: str, header: bool,
-          columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
-    for line_no, row in _csv_lines(path, delimiter, header):
+def _rows(src: _Input, columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
+    for line_no, row in _csv_lines(src):
         if len(row) < 3:
-            raise SystemExit(f"{path}:{line_no}: expected {columns}")
+            raise SystemExit(f"{src.path}:{line_no}: expected {columns}")
         try:
             value = float(row[2])
         except ValueError:
-            raise SystemExit(f"{path}:{line_no}: {columns.rsplit(',', 1)[-1]} is not a number") from None
+            raise SystemExit(f"{src.path}:{line_no}: {columns.rsplit(',', 1)[-1]} is not a number") from None
         yield row[0].strip(), row[1].strip(), value
 
 
-def _count_data_lines(path: Path, header: bool) -> int:
+def _count_data_lines(src: _Input) -> int:
     """Lines of a (possibly gzipped) text file, less the header: the bar's total, counted in one
     fast pass over raw bytes before the import (blank lines are counted too; the bar is trued up
-    when the import ends)."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    when the import ends). The same pass checks that the whole file decodes in ``src.encoding``,
+    so that a wrong encoding stops the import before anything is written."""
+    decoder = codecs.getincrementaldecoder(src.encoding)()
     lines, last = 0, b"\n"
-    with opener(path, "rb") as fh:
+    with src.open_binary() as fh:
         while block := fh.read(1 << 20):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                raise SystemExit(_undecodable(src, lines + block[:max(exc.start, 0)].count(b"\n") + 1)) from None
             lines += block.count(b"\n")
             last = block[-1:]
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise SystemExit(_undecodable(src, lines + 1)) from None
     lines += last != b"\n"
-    return max(lines - int(header), 0)
+    return max(lines - int(src.header), 0)
 
 
-def _bar(path: Path, total: int, unit: str, quiet: bool):
+def _undecodable(src: _Input, line_no: int) -> str:
+    return (f"{src.path}:{line_no}: not {src.encoding} text; nothing was written "
+            f"(name the file's encoding with --encoding, e.g. --encoding latin-1)")
+
+
+def _bar(src: _Input, unit: str, quiet: bool):
     """A progress bar with total, percent and ETA, used as a context manager so that it is closed
     exactly once, before any error message (no second copy of the bar after it)."""
-    return tqdm(total=total, unit=unit, desc=f"import {path.name}", disable=quiet,
+    from tqdm import tqdm
+
+    return tqdm(total=_count_data_lines(src), unit=unit, desc=f"import {src.path.name}", disable=quiet,
                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]")
 
 
@@ -307,14 +449,14 @@ def _finish(bar) -> None:
 
 def cmd_import_csv(args: argparse.Namespace) -> int:
     """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
-    settings = _settings()
-    path = Path(args.path)
-    if not path.exists():
-        raise SystemExit(f"no such file: {path}")
-    maker = _maker(settings)
+    from app.services import ingest
+    from app.services.unit_of_work import commit
+
+    src = _Input.of(args)
+    maker = _maker(_settings())
     total = 0
     chunk: list[tuple[str, str, float]] = []
-    with _bar(path, _count_data_lines(path, not args.no_header), "ratings", args.quiet) as bar:
+    with _bar(src, "ratings", args.quiet) as bar:
 
         def flush() -> None:
             nonlocal total
@@ -330,7 +472,7 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
             bar.update(len(chunk))
             chunk.clear()
 
-        for row in _rows(path, args.delimiter, not args.no_header):
+        for row in _rows(src):
             chunk.append(row)
             if len(chunk) >= args.chunk:
                 flush()
@@ -341,45 +483,120 @@ def cmd_import_csv(args: argparse.Namespace) -> int:
     return 0
 
 
-def _item_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str | None, list[str]]]:
-    """(item id, title or None, categories) rows of ``item_id[,title[,cat1|cat2...]]``."""
-    for line_no, row in _csv_lines(path, delimiter, header):
-        item_id = row[0].strip()
-        if not item_id:
-            raise SystemExit(f"{path}:{line_no}: expected item_id[,title[,categories separated by |]]; "
-                             "nothing more was written")
-        title = (row[1].strip() or None) if len(row) > 1 else None
+@dataclass(frozen=True)
+class _ItemColumns:
+    """Where an item's fields sit on a catalogue line (0-based; None: not in the file): its id, its
+    title, a column of categories separated by ``|``, and columns of 0/1 flags naming a category each
+    (MovieLens's genres)."""
+
+    item_id: int
+    title: int | None
+    categories: int | None
+    flags: tuple[int, ...] = ()
+    flag_names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, src: _Input) -> _ItemColumns:
+        flags = _column_range(args.category_flags) if args.category_flags else ()
+        if args.category_names is not None and not flags:
+            raise SystemExit("privrec import-items: --category-names needs --category-flags FIRST-LAST")
+        names = tuple(n.strip() for n in args.category_names.split(",")) if args.category_names else None
+        if names is None and flags:
+            if not src.header:
+                raise SystemExit("privrec import-items: --category-flags without a header line needs "
+                                 "--category-names NAME,NAME,... (one per flag column)")
+            header = next(iter(_header(src)), [])
+            names = tuple(header[c].strip() if c < len(header) else "" for c in flags)
+        if flags and (names is None or len(names) != len(flags) or not all(names)):
+            raise SystemExit(f"privrec import-items: --category-flags names {len(flags)} columns; "
+                             f"give a non-empty name for each (--category-names or the header line)")
+        categories = args.categories_column if args.categories_column is not None else (0 if flags else 3)
+        return cls(item_id=args.id_column - 1, title=(args.title_column or None) and args.title_column - 1,
+                   categories=(categories or None) and categories - 1, flags=flags, flag_names=names or ())
+
+    @property
+    def width(self) -> int:
+        """The fewest fields a line must have."""
+        return 1 + max(c for c in (self.item_id, self.title, self.categories, *self.flags) if c is not None)
+
+
+def _column_range(text: str) -> tuple[int, ...]:
+    """``FIRST-LAST`` (1-based, inclusive) as 0-based column indexes."""
+    first, _, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last or first)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"privrec import-items: --category-flags takes FIRST-LAST column numbers (from 1), got {text!r}")
+    return tuple(range(lo - 1, hi))
+
+
+def _header(src: _Input) -> Iterator[list[str]]:
+    """The header line's fields (nothing when the file is empty)."""
+    with io.TextIOWrapper(src.open_binary(), encoding=src.encoding, newline="") as fh:
+        yield from itertools.islice(csv.reader(fh, delimiter=src.delimiter), 1)
+
+
+def _item_rows(src: _Input, cols: _ItemColumns) -> Iterator[tuple[str, str | None, list[str]]]:
+    """(item id, title or None, categories) of every catalogue line, read through ``cols``
+    (by default ``item_id[,title[,categories separated by |]]``)."""
+    for line_no, row in _csv_lines(src):
+        item_id = row[cols.item_id].strip() if len(row) > cols.item_id else ""
+        if not item_id or (cols.flags and len(row) < cols.width):
+            raise SystemExit(f"{src.path}:{line_no}: expected an item id in column {cols.item_id + 1}"
+                             + (f" and {cols.width} columns" if cols.flags else "") + "; nothing more was written")
+        title = (row[cols.title].strip() or None) if cols.title is not None and len(row) > cols.title else None
         if title is not None and len(title) > 512:
-            raise SystemExit(f"{path}:{line_no}: titles have at most 512 characters; nothing more was written")
-        categories = [c.strip() for c in row[2].split("|") if c.strip()] if len(row) > 2 else []
-        yield item_id, title, categories
+            raise SystemExit(f"{src.path}:{line_no}: titles have at most 512 characters; nothing more was written")
+        categories = ([c.strip() for c in row[cols.categories].split("|") if c.strip()]
+                      if cols.categories is not None and len(row) > cols.categories else [])
+        yield item_id, title, categories + _flagged(src, line_no, row, cols)
+
+
+def _flagged(src: _Input, line_no: int, row: list[str], cols: _ItemColumns) -> list[str]:
+    """The names of the flag columns that hold 1 on this line (0 or empty: not flagged)."""
+    out = []
+    for column, name in zip(cols.flags, cols.flag_names, strict=True):
+        flag = row[column].strip()
+        if flag not in ("0", "1", ""):
+            raise SystemExit(f"{src.path}:{line_no}: column {column + 1} ({name}) must be 0 or 1; "
+                             "nothing more was written")
+        if flag == "1":
+            out.append(name)
+    return out
 
 
 def cmd_import_items(args: argparse.Namespace) -> int:
     """Upsert public catalogue items from a CSV (item_id[,title[,categories separated by |]]):
     the only bulk way to create items (ratings and votes imports refuse unknown items)."""
-    path = Path(args.path)
-    if not path.exists():
-        raise SystemExit(f"no such file: {path}")
+    from app.services import catalog
+    from app.services.unit_of_work import after_commit, commit
+
+    src = _Input.of(args)
+    cols = _ItemColumns.of(args, src)
+    _count_data_lines(src)  # the whole file decodes, before anything is written
     maker = _maker(_settings())
     totals = {"created": 0, "updated": 0}
-    rows = _item_rows(path, args.delimiter, not args.no_header)
+    rows = _item_rows(src, cols)
     while chunk := list(itertools.islice(rows, args.chunk)):
         with maker() as session:
             out = catalog.import_items(session, dataset=args.dataset, rows=chunk)
-            after_commit(session, partial(invalidate_catalog, args.dataset))
+            # the serving catalogue is cached per process: only a process that loaded serving has one to drop
+            if (serving := sys.modules.get("app.services.serving.active")) is not None:
+                after_commit(session, partial(serving.invalidate_catalog, args.dataset))
             commit(session)
         totals = {key: totals[key] + out[key] for key in totals}
     print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
 
 
-def _vote_rows(path: Path, delimiter: str, header: bool) -> Iterator[tuple[str, str, int]]:
+def _vote_rows(src: _Input) -> Iterator[tuple[str, str, int]]:
     """(user, item, vote) rows of a CSV; the vote must read exactly 1, +1 or -1."""
-    for line_no, row in _csv_lines(path, delimiter, header):
+    for line_no, row in _csv_lines(src):
         vote = {"1": 1, "+1": 1, "-1": -1}.get(row[2].strip()) if len(row) >= 3 else None
         if vote is None:
-            raise SystemExit(f"{path}:{line_no}: expected user,item,vote with vote 1 or -1; nothing more was written")
+            raise SystemExit(f"{src.path}:{line_no}: expected user,item,vote with vote 1 or -1; nothing more was written")
         yield row[0].strip(), row[1].strip(), vote
 
 
@@ -387,13 +604,14 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
     """Store votes from a CSV (user,item,vote) through the ingestion path, with a progress bar: on
     a data set that randomises at ingestion each vote is randomised once on arrival and only the
     bit is kept."""
-    path = Path(args.path)
-    if not path.exists():
-        raise SystemExit(f"no such file: {path}")
+    from app.services import votes
+    from app.services.unit_of_work import commit
+
+    src = _Input.of(args)
     maker = _maker(_settings())
     totals = {"created": 0, "updated": 0, "unchanged": 0}
-    rows = _vote_rows(path, args.delimiter, not args.no_header)
-    with _bar(path, _count_data_lines(path, not args.no_header), "votes", args.quiet) as bar:
+    rows = _vote_rows(src)
+    with _bar(src, "votes", args.quiet) as bar:
         while chunk := list(itertools.islice(rows, args.chunk)):
             with maker() as session:
                 out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
@@ -408,16 +626,18 @@ def cmd_import_votes(args: argparse.Namespace) -> int:
 def cmd_import_similarities(args: argparse.Namespace) -> int:
     """Create/update a public similarity source and replace the top-K lists of the items in a CSV
     (item_id,neighbour_id,score), all or nothing."""
-    path = Path(args.path)
-    if not path.exists():
-        raise SystemExit(f"no such file: {path}")
+    from app.services import public_data
+    from app.services.unit_of_work import commit
+
+    src = _Input.of(args)
+    _count_data_lines(src)  # the whole file decodes, before anything is written
     lists: dict[str, list[tuple[str, float]]] = {}
-    for item, neighbour, score in _rows(path, args.delimiter, not args.no_header, "item_id,neighbour_id,score"):
+    for item, neighbour, score in _rows(src, "item_id,neighbour_id,score"):
         lists.setdefault(item, []).append((neighbour, score))
     with _maker(_settings())() as session:
         source, _ = public_data.put_similarity_source(
             session, dataset=args.dataset, name=args.source, provenance=args.provenance,
-            declared_public=args.declare_public, actor=f"cli:{os.environ.get('USER', 'unknown')}")
+            declared_public=args.declare_public, actor=_actor())
         out = public_data.replace_neighbours(session, dataset=args.dataset, source=args.source,
                                              rows=list(lists.items()), max_rows=None)
         commit(session)
@@ -427,6 +647,8 @@ def cmd_import_similarities(args: argparse.Namespace) -> int:
 
 def cmd_issue_token(args: argparse.Namespace) -> int:
     """Print a signed bearer token."""
+    from app.auth import Kind, issue_token
+
     settings = _settings()
     kind: Kind
     if args.admin:
@@ -452,6 +674,8 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     """Print the privacy budget of a data set as JSON."""
+    from app.services import admin
+
     settings = _settings()
     maker = _maker(settings)
     with maker() as session:
@@ -474,8 +698,40 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
 def cmd_openapi(args: argparse.Namespace) -> int:
     """Print the OpenAPI document the app serves, as YAML (``privrec openapi > openapi.yaml``)."""
+    from app.main import openapi_yaml
+
     sys.stdout.write(openapi_yaml())
     return 0
+
+
+def _delimiter(text: str) -> str:
+    """One character; ``tab`` or ``\\t`` for a tab."""
+    out = {"tab": "\t", "\\t": "\t"}.get(text, text)
+    if len(out) != 1:
+        raise argparse.ArgumentTypeError("one character (or 'tab')")
+    return out
+
+
+def _encoding(text: str) -> str:
+    """A text encoding Python knows (``utf-8``, ``latin-1``, ``cp1252``, ...)."""
+    try:
+        return codecs.lookup(text).name
+    except LookupError:
+        raise argparse.ArgumentTypeError(f"unknown encoding {text!r}") from None
+
+
+def _column(text: str) -> int:
+    """A column number, counted from 1 (0: absent)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("a column number (1 is the first column; 0 means none)")
+    return int(text)
+
+
+def _input_options(s: argparse.ArgumentParser) -> None:
+    """How an import command reads its file: delimiter, header line, encoding."""
+    s.add_argument("--delimiter", type=_delimiter, default=",", help="field delimiter (default ','; 'tab' for tabs)")
+    s.add_argument("--no-header", action="store_true", help="the first line is data, not a header")
+    s.add_argument("--encoding", type=_encoding, default="utf-8", help="the file's text encoding (default utf-8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -523,17 +779,24 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(item_id[,title[,categories separated by |]])")
     s.add_argument("path")
     s.add_argument("--dataset", default="default")
-    s.add_argument("--delimiter", default=",")
-    s.add_argument("--no-header", action="store_true")
+    _input_options(s)
     s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 100_001), metavar="1..100000")
+    s.add_argument("--id-column", type=_column, default=1, metavar="N", help="column of the item id (default 1)")
+    s.add_argument("--title-column", type=_column, default=2, metavar="N",
+                   help="column of the title (default 2; 0: no title)")
+    s.add_argument("--categories-column", type=_column, metavar="N",
+                   help="column of categories separated by | (default 3, or 0 with --category-flags; 0: none)")
+    s.add_argument("--category-flags", metavar="FIRST-LAST",
+                   help="columns holding 0/1 flags, one category each (MovieLens genres)")
+    s.add_argument("--category-names", metavar="NAME,...",
+                   help="the categories of the --category-flags columns, in order (default: the header's names)")
     s.set_defaults(func=cmd_import_items)
 
     s = sub.add_parser("import-csv", help="upsert ratings from a CSV file (.csv or .csv.gz); every item must "
                                           "already be in the catalogue (import-items)")
     s.add_argument("path")
     s.add_argument("--dataset", default="default")
-    s.add_argument("--delimiter", default=",")
-    s.add_argument("--no-header", action="store_true")
+    _input_options(s)
     s.add_argument("--chunk", type=int, default=10_000)
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_import_csv)
@@ -542,8 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "1 or -1), randomised on arrival where the data set says so; chunks are all or nothing")
     s.add_argument("path")
     s.add_argument("--dataset", default="default")
-    s.add_argument("--delimiter", default=",")
-    s.add_argument("--no-header", action="store_true")
+    _input_options(s)
     s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 10_001), metavar="1..10000")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_import_votes)
@@ -557,8 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--provenance", required=True, help="where the similarities come from (URL or citation)")
     s.add_argument("--declare-public", action="store_true",
                    help="required: declare that the similarities are public, not derived from private ratings")
-    s.add_argument("--delimiter", default=",")
-    s.add_argument("--no-header", action="store_true")
+    _input_options(s)
     s.set_defaults(func=cmd_import_similarities)
 
     s = sub.add_parser("issue-token", help="print a signed bearer token")
@@ -583,26 +844,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("openapi", help="print the OpenAPI document as YAML")
     s.set_defaults(func=cmd_openapi)
+
+    s = sub.add_parser("healthcheck", help="exit 0 when this container's role (api, worker, beat) is healthy")
+    s.add_argument("role", nargs="?", choices=ROLES, help="default: the role PID 1 runs (tini -- privrec ROLE)")
+    s.set_defaults(func=cmd_healthcheck)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-
-
+    """Run one command. Expected failures end in one line on stderr (exit 1), never a traceback; a
+    reader that closes the pipe early (``privrec budget | head``) ends the command quietly."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except PrivrecError as exc:
-        detail = f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else ""
-        raise SystemExit(f"privrec {args.command}: {exc.message}{detail}") from None
-    except ValidationError as exc:  # settings: one line, never the rejected value (e.g. a secret)
-        raise SystemExit(f"privrec {args.command}: configuration error: {_config_errors(exc)}") from None
-    except (OperationalError, InterfaceError) as exc:
-        raise SystemExit(f"privrec {args.command}: the database (DATABASE_URL) is unreachable or missing "
-                         f"({type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__})") from None
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+    except KeyboardInterrupt:
+        print(f"privrec {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        message = _expected_failure(exc)
+        if message is None:
+            raise
+        raise SystemExit(f"privrec {args.command}: {message}") from None
 
 
-def _config_errors(exc: ValidationError) -> str:
+def _reader_gone() -> int:
+    """Point stdout at /dev/null so the interpreter's last flush meets no closed pipe; the exit
+    status is the one a shell reports for a writer whose reader went away (128 + SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
+
+
+def _expected_failure(exc: Exception) -> str | None:
+    """One line for a failure the operator can fix (bad input, configuration, an unreachable
+    database, an unreadable file); None for anything else. Library exception types are looked up
+    only when their library was loaded: a command that never imported it cannot have raised them."""
+    if isinstance(exc, PrivrecError):
+        return exc.message + (f" {json.dumps(exc.details, default=str)[:2000]}" if exc.details else "")
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
+        # settings: one line, never the rejected value (e.g. a secret)
+        return f"configuration error: {_config_errors(exc)}"
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is not None and isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        cause = type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__
+        return f"the database (DATABASE_URL) is unreachable or missing ({cause})"
+    if isinstance(exc, OSError):
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else (exc.strerror or type(exc).__name__)
+    return None
+
+
+def _config_errors(exc: Any) -> str:
     """Every settings error as ``FIELD: message``, without the input values."""
     parts = []
     for err in exc.errors(include_input=False, include_url=False):

@@ -7,7 +7,9 @@ key is refused at start-up.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -58,6 +60,8 @@ class Settings(BaseSettings):
     run_stale_after_s: float = Field(120.0, gt=0)
     embedded_worker: bool = True
     embedded_poll_s: float = Field(2.0, gt=0)
+    # Celery beat's schedule file (when each periodic task last ran); unset: one file per database in the temp dir
+    beat_schedule_path: Path | None = None
     seed_demo: bool = True
 
     # --- serving
@@ -72,6 +76,15 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         """True when no Redis is configured: in-process worker, no Celery."""
         return not self.redis_url
+
+    @property
+    def beat_schedule_file(self) -> Path:
+        """``BEAT_SCHEDULE_PATH``, else a temp-dir file named after the database, so that two
+        deployments on one host never share a schedule."""
+        if self.beat_schedule_path is not None:
+            return self.beat_schedule_path
+        digest = hashlib.sha256(self.database_url.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"privrec-celerybeat-{digest}"
 
     @property
     def is_sqlite(self) -> bool:

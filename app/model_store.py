@@ -14,19 +14,19 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.algorithms import get_algorithm
 from app.core.mf.artifact import ArtifactError
 from app.core.mf.dpfw import FrankWolfeModel
 from app.core.mf.model import PublicModel
-from app.db.models import Dataset, ModelVersion, TrainingRun, utcnow
+from app.db.models import Dataset, ModelVersion, TrainingRun
+from app.db.stores import catalogue_store
+from app.db.stores.runs import runs_store
 from app.errors import (
     ArtifactMissing,
     ArtifactUnreadable,
     NoActiveModel,
-    UnknownDataset,
     UnknownModelVersion,
 )
 from app.ledger import lock_account
@@ -100,22 +100,11 @@ def load_version_model(row: ModelVersion) -> PublicModel | FrankWolfeModel:
     return model
 
 
-def _dataset(session: Session, name: str) -> Dataset:
-    ds = session.scalar(select(Dataset).where(Dataset.name == name))
-    if ds is None:
-        raise UnknownDataset(name)
-    return ds
-
-
 def get_active_version(session: Session, dataset: str) -> ModelVersion:
     """The active version row of ``dataset`` (NoActiveModel when none is published)."""
-    row = session.scalar(
-        select(ModelVersion).join(Dataset, Dataset.id == ModelVersion.dataset_id).where(
-            Dataset.name == dataset, ModelVersion.active.is_(True)
-        )
-    )
+    row = runs_store(session).active_version_by_name(dataset)
     if row is None:
-        _dataset(session, dataset)  # UnknownDataset
+        catalogue_store(session).get_dataset(dataset)  # UnknownDataset
         raise NoActiveModel(f"data set {dataset!r} has no active model yet; start a training first")
     return row
 
@@ -128,13 +117,9 @@ def get_active_model(session: Session, dataset: str) -> tuple[ModelVersion, Publ
 
 def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion:
     """Version ``version_id`` of ``dataset`` (UnknownModelVersion otherwise)."""
-    row = session.scalar(
-        select(ModelVersion).join(Dataset, Dataset.id == ModelVersion.dataset_id).where(
-            Dataset.name == dataset, ModelVersion.id == version_id
-        )
-    )
+    row = runs_store(session).version_by_id(dataset, version_id)
     if row is None:
-        _dataset(session, dataset)  # UnknownDataset
+        catalogue_store(session).get_dataset(dataset)  # UnknownDataset
         raise UnknownModelVersion(f"data set {dataset!r} has no model version {version_id}", version_id=version_id)
     return row
 
@@ -142,28 +127,8 @@ def get_version(session: Session, dataset: str, version_id: int) -> ModelVersion
 def list_versions(session: Session, dataset: str, *, offset: int = 0, limit: int = 100) -> tuple[list[ModelVersion], int]:
     """One page of versions (newest first) and the total count."""
     require_valid_page(offset, limit)
-    ds = _dataset(session, dataset)
-    total = session.scalar(select(func.count()).select_from(ModelVersion).where(ModelVersion.dataset_id == ds.id)) or 0
-    rows = list(
-        session.scalars(
-            select(ModelVersion).where(ModelVersion.dataset_id == ds.id)
-            .order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
-        )
-    )
-    return rows, int(total)
-
-
-def _swap_active(session: Session, dataset_id: int, row: ModelVersion) -> None:
-    session.execute(
-        update(ModelVersion)
-        .where(ModelVersion.dataset_id == dataset_id, ModelVersion.active.is_(True), ModelVersion.id != row.id)
-        .values(active=False)
-        .execution_options(synchronize_session="fetch")
-    )
-    session.flush()
-    row.active = True
-    row.activated_at = utcnow()
-    session.flush()
+    ds = catalogue_store(session).get_dataset(dataset)
+    return runs_store(session).versions_page(ds.id, offset, limit)
 
 
 def publish_version(
@@ -180,11 +145,10 @@ def publish_version(
     metrics: dict[str, Any],
 ) -> ModelVersion:
     """Insert the immutable version row and make it the active one. Does not commit."""
-    previous = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.dataset_id == dataset.id))
     row = ModelVersion(
         dataset_id=dataset.id,
         run_id=run.id,
-        version=int(previous or 0) + 1,
+        version=runs_store(session).max_version(dataset.id) + 1,
         algorithm=model.algorithm,
         artifact_path=str(artifact_path),
         sha256=sha256,
@@ -199,7 +163,7 @@ def publish_version(
     )
     session.add(row)
     session.flush()
-    _swap_active(session, dataset.id, row)
+    runs_store(session).swap_active_version(dataset.id, row)
     return row
 
 
@@ -211,6 +175,6 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     # The budget account lock also guards publishing, so activations and publications serialise.
     lock_account(session, row.dataset_id)
     if not row.active:
-        _swap_active(session, row.dataset_id, row)
+        runs_store(session).swap_active_version(row.dataset_id, row)
     log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
     return row

@@ -1,50 +1,128 @@
-"""Suite ``audit``: an empirical lower bound on ε next to the claimed ε (one training run).
+"""Suite ``audit``: an empirical lower bound on ε per release, next to the claimed ε.
 
-The one-run audit of Steinke, Nasr and Jagielski 2023 (arXiv:2305.08846, Algorithm 1 and
-Theorem 3.3 / Proposition 5.7): m canary users, each rating k rare items of its own (items no
-one else rates: "random rare items" of a public catalogue), are each included in the training
-data independently with probability 1/2. After one run, every canary gets a score from the
-*published* model only — how far its items' released statistics moved from what an item
-nobody rated releases: the DP item count c̃_j plus the released item bias b̃_j, summed over its
-k items. The auditor guesses "included" for the k₊ highest scores
-and "excluded" for the k₋ lowest and abstains on the rest; W correct guesses out of r. If the
-run is (ε, δ)-DP then P[W >= v] <= P[Binomial(r, e^ε/(1 + e^ε)) >= v] + 2mδ·α(v) (the paper's
-Theorem 3.3 with its α term), and the reported bound is the largest ε this rejects at 95 %
-confidence (Bonferroni over the few guess sizes tried).
+The one-run audit of Steinke, Nasr and Jagielski 2023 (arXiv:2305.08846, Algorithm 1, Theorem 3.3
+and Proposition 5.7), white-box: canary users are each included in the training data independently
+with probability 1/2; after the run every canary gets a score from the release it targets, the
+auditor guesses "included" for the k₊ highest scores and "excluded" for the k₋ lowest (abstaining on
+the rest), and W correct guesses out of r give the largest ε an (ε, δ)-DP run could not explain: if
+the run is (ε, δ)-DP, P[W >= v] <= P[Binomial(r, e^ε/(1 + e^ε)) >= v] + 2mδ·α(v). Every bound is a
+95 % lower bound (Bonferroni over the guess sizes tried); as in jax-privacy's auditing module, the
+scores are the only link between the run and the bound.
 
-Rows per algorithm and claimed ε: ``epsilon_lower_bound`` and ``epsilon_claimed`` (the ledger's
-RDP figure of the run's event) and ``canaries`` (m). The negative control ``dpals-noise-off`` trains
-with the noise switched off through ``noise_switched_off`` (a test-only context variable, never an
-API parameter): at claimed ε <= 1 its bound must exceed the claim, which shows the audit can fail
-(a 95 % one-run bound tops out near 3.5 with 100 canaries, near 6 with 1,000).
+**What is audited.** The service's default configuration: the hyper-parameters the ``Algorithm``
+registry (``app.core.algorithms``) resolves for an admin's request without hyper-parameters, for the
+canary data set's declared size, calibrated to the claimed ε and re-read with a seed as the training
+worker does. The claimed ε is the ledger's RDP figure of the run's event.
 
-Audited so far: DPALS (DP-CMF makes DPALS's releases). DPFW is not: with these canaries its
-released eigenvectors showed no separation even with the noise off (a score for it — e.g. the
-canary's fold-in recall of its rare items — is still to be found), and one-bit models train on
-votes, which need their own canaries.
+**One canary family per release** of each audited algorithm's default run (checked against the
+run's own release record): DPALS and DP-CMF (whose public item data adds no release), DPFW (its
+dense eigen-step, the default below ``dense_max_items``) and one-bit (InP, its default mechanism,
+on a data set that stores raw votes). Each per-item family's canaries rate ``CANARY_ITEMS`` items of
+their own (items nobody else rates) 5 and 60 base items neutrally, so the sum of (r − midpoint) over
+a canary is 0 and its count 64; the score reads the targeted release's output, recorded by the
+test-only :func:`app.core.privacy.releaser.audit_tap`:
+
+- ``item_counts``, ``item_bias_sums``: the released value summed over the canary's items;
+- ``item_recounts``, ``item_grams`` (trace of Ã_j), ``item_linear`` (‖b̃_j‖²): summed over the
+  canary's items in the released frequent set and over the steps; a canary none of whose items is
+  frequent abstains;
+- DPFW's ``gram``: the diagonal of the released Ŵ on the canary's items, summed over the steps;
+- one-bit's ``vote_flips``: vote canaries vote on ``CANARY_ITEMS`` items of their own, all +1
+  ("included") or all −1 (InP hides vote values, not who voted); the score is the sum of their
+  randomised bits. The non-default mechanisms (:data:`VARIANTS`) use the same canaries: GraP's
+  ``grap_gradient`` scores minus the released gradients' column sums on the canary's items (a +1
+  vote's loss gradient is negative), OutP's ``outp_matrix`` the released X's column sums there, and
+  ObjP's ``objp_objective_noise`` (its objective perturbation B switched off) the column sums of
+  its released X_T + Z.
+
+The **global mean** (``mean_sum``, ``mean_count``) is one scalar each: its canaries decode uniquely.
+Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to the
+sum of (r − midpoint); every other canary adds a multiple of 64 to the count and 0 to the sum; the
+auditor knows the rest of the data. So the released count minus the known rest, mod 64, and the
+released sum minus the known rest, halved, mod 64, spell the included set in binary while the grid
+step of the release stays below one unit (checked). Six canaries a run: too few for a bound above 1,
+so each configuration is run ``RUNS`` times on fresh canary worlds and every family pools its canaries
+over the runs (each canary lives in one run, so the pooled test is still a test of each run's
+(ε, δ)-DP); the mean families guess every canary (r = 6·RUNS).
+
+The test-only hook switches off the noise of one named release (``noise_off``): a context variable,
+never a parameter, not reachable from the API, settings or a stored config. A release with its noise
+off must give a bound above its claim; every honest run must stay at or below it.
+
+DPFW's Oja path (its default above ``dense_max_items`` = 2000 items) is audited as ``dpfw-oja`` on a
+catalogue padded to 2100 items: ``oja_product`` scores Σ |(AᵀA v + g)_j| over the canary's items and
+the iterations. Not audited yet: its scalar ``oja_eigenvalue`` ‖A v̂‖² (a canary's share,
+(A_i·v̂)², is far below that release's grid step unless its row aligns with v̂, and decoding it needs
+every user's local state replayed), ObjP's output Gaussian Z (``objp_output``: it covers only the
+solver's ρ = 1e-6 slack, the objective noise B carries the privacy, so switching Z off alone is not
+caught — measured: 0.00 — and is not meant to be) and the randomisation at ingestion (the same
+``randomize_votes``, called by the votes service).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
+from app.core.algorithms import get_algorithm, resolve_hyperparameters
 from app.core.data.ratings import Ratings
-from app.core.mf.dpals import DPALSConfig, calibrate, dpals_event, train_dpals
-from app.core.mf.model import PublicModel
+from app.core.mf.dpals import frequent_items
+from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
-from app.core.privacy.discrete_noise import noise_switched_off
-from benchmarks.harness import make_row
+from app.core.privacy.releaser import AuditTap, audit_tap
+from benchmarks.harness import limit_threads, make_row
 
 SUITE = "audit"
 DELTA = 1e-6
 CONFIDENCE = 0.05  # 95 % lower bounds
-GUESS_FRACTIONS = (0.05, 0.1, 0.25, 0.5)  # k₊ = k₋ = fraction·m; Bonferroni over these
-ALGORITHMS = ("dpals",)  # DPFW, DP-CMF, one-bit: not yet (see the module doc)
+GUESS_FRACTIONS = (0.1, 0.25, 0.4)  # k₊ = k₋ = fraction·(canaries that do not abstain); Bonferroni over these
+RATING_RANGE = (1.0, 5.0)
+MIDPOINT = 3.0
+
+BASE_USERS, BASE_ITEMS = 200, 80
+VOTE_BASE_USERS, VOTE_BASE_ITEMS = 40, 20  # one-bit solves a dense user_rows × items matrix: kept small
+CANARIES_PER_FAMILY = 32  # per run, per item family
+CANARY_ITEMS = 4  # own items per canary
+CANARY_RATINGS = 64  # ratings per item-family canary: the mean canaries' modulus
+MEAN_CANARIES = 6  # per run: 2^0 .. 2^5 ratings, 63 < CANARY_RATINGS in all
+RUNS = 3  # canary worlds per configuration
+
+DPALS_RELEASES = ("item_counts", "item_bias_sums", "item_recounts", "item_grams", "item_linear", "mean_sum",
+                  "mean_count")
+MEAN_FAMILIES = ("mean_sum", "mean_count")
+#: every release of each audited algorithm's default run, each with its canary family (DP-CMF makes
+#: DPALS's releases; DPFW's default at this catalogue size is the dense eigen-step)
+RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
+                                        "dpfw": ("item_counts", "gram"), "dpfw-oja": ("item_counts", "oja_product"),
+                                        "onebit": ("vote_flips",), "onebit-grap": ("grap_gradient",),
+                                        "onebit-outp": ("outp_matrix",), "onebit-objp": ("objp_objective_noise",)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An audit of ``algorithm`` other than its default at the canary world's size: another
+    catalogue size (items nobody rated pad it) or a non-default public choice."""
+
+    algorithm: str
+    catalogue: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+#: DPFW's default eigen-step is private Oja above ``dense_max_items`` (2000) items; one-bit's
+#: non-default mechanisms GraP and OutP
+VARIANTS: dict[str, Variant] = {"dpfw-oja": Variant("dpfw", catalogue=2100),
+                                "onebit-grap": Variant("onebit", params=(("mechanism", "grap"),)),
+                                "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),)),
+                                "onebit-objp": Variant("onebit", params=(("mechanism", "objp"),))}
+#: releases a run makes that no family audits yet (and why: the module doc)
+UNAUDITED: dict[str, tuple[str, ...]] = {"dpfw-oja": ("oja_eigenvalue",), "onebit-objp": ("objp_output",)}
+GENRES = 5  # DP-CMF's public item metadata: item j has genre j mod GENRES (data-independent)
 
 
 # ---------------------------------------------------------------------------- the bound
@@ -81,114 +159,322 @@ class AuditResult:
 
 
 def one_run_audit(scores: np.ndarray, included: np.ndarray, delta: float = DELTA) -> AuditResult:
-    """Guess the top/bottom scores at each guess size; best Bonferroni-corrected 95 % bound."""
+    """Guess the top/bottom scores at each guess size; the best Bonferroni-corrected 95 % bound.
+    A NaN score abstains (it is in neither guess set)."""
+    scores = np.asarray(scores, dtype=np.float64)
     m = len(scores)
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    ranked = np.flatnonzero(~np.isnan(scores))
+    order = ranked[np.argsort(-scores[ranked], kind="stable")]
     best = AuditResult(0.0, 0, 0, m)
     level = CONFIDENCE / len(GUESS_FRACTIONS)
     for fraction in GUESS_FRACTIONS:
-        k = max(1, int(fraction * m))
-        correct = int(included[order[:k]].sum() + (~included[order[m - k:]]).sum())
+        k = max(1, int(fraction * len(order)))
+        if 2 * k > len(order):
+            continue
+        correct = int(included[order[:k]].sum() + (~included[order[len(order) - k:]]).sum())
         bound = epsilon_lower_bound(m, 2 * k, correct, delta, level)
         if bound > best.epsilon_lower_bound:
             best = AuditResult(bound, 2 * k, correct, m)
     return best
 
 
-# ---------------------------------------------------------------------------- canaries and scores
+def decoded_audit(guessed: np.ndarray, included: np.ndarray, delta: float = DELTA) -> AuditResult:
+    """A guess for every canary (r = m): the decoded inclusion bits of a scalar release."""
+    m = len(included)
+    correct = int((np.asarray(guessed, dtype=bool) == included).sum())
+    return AuditResult(epsilon_lower_bound(m, m, correct, delta), m, correct, m)
+
+
+# ---------------------------------------------------------------------------- the canary world
 @dataclass(frozen=True)
-class CanaryData:
+class CanaryWorld:
+    """Base ratings plus every family's canaries (each included with probability 1/2)."""
+
     ratings: Ratings
-    included: np.ndarray  # (m,) bool
-    canary_items: np.ndarray  # (m, k) item indices, disjoint, rated by no one else
+    own_items: dict[str, np.ndarray]  # item family -> (m, CANARY_ITEMS) item indices
+    included: dict[str, np.ndarray]  # family -> (m,) bool
+    rest_sum: float  # Σ (r − midpoint) over everything but the mean canaries (they add 2^(i+1))
+    rest_count: float  # ratings not of the mean canaries, mod CANARY_RATINGS
+    max_users: int  # the data set's declared bound on users: every canary's slot, included or not
 
 
-def with_canaries(n_users: int, n_items: int, m: int, k: int, seed: int, anchors: int = 2) -> CanaryData:
-    """Low-rank ratings on n_items, plus m canaries that, when included (probability 1/2), rate
-    their own k of m·k rare items 5 and ``anchors`` of the 10 most rated base items 5 (tying their
-    rare items to the rest of the data, as a real user's would be). Every item is in the public
-    catalogue."""
+def _base_ratings(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    truth = rng.normal(size=(BASE_USERS, 3)) @ rng.normal(size=(BASE_ITEMS, 3)).T * 0.6 + MIDPOINT
+    users, items = np.nonzero(rng.random((BASE_USERS, BASE_ITEMS)) < 0.3)
+    return users, items, np.clip(np.rint(truth[users, items]), *RATING_RANGE)
+
+
+def _item_canary(rng: np.random.Generator, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(items, values): its own items at 5, CANARY_RATINGS − len(own) base items of which 2·len(own)
+    at 2 and the rest at 3, so Σ (r − 3) = 0 and the count is CANARY_RATINGS."""
+    anchors = rng.choice(BASE_ITEMS, size=CANARY_RATINGS - len(own), replace=False)
+    values = np.full(len(anchors), MIDPOINT)
+    values[: 2 * len(own)] = MIDPOINT - 1.0
+    return np.concatenate([own, anchors]), np.concatenate([np.full(len(own), RATING_RANGE[1]), values])
+
+
+def canary_world(seed: int, families: tuple[str, ...] = DPALS_RELEASES, catalogue: int = 0) -> CanaryWorld:
+    """One world: base ratings, ``CANARIES_PER_FAMILY`` canaries per item family and, if the mean is
+    among ``families``, ``MEAN_CANARIES``; the catalogue padded with unrated items to ``catalogue``."""
     rng = np.random.default_rng(seed)
-    truth = rng.normal(size=(n_users, 3)) @ rng.normal(size=(n_items, 3)).T * 0.6 + 3.0
-    users, items = np.nonzero(rng.random((n_users, n_items)) < 0.3)
-    values = np.clip(np.rint(truth[users, items]), 1, 5)
-    canary_items = n_items + rng.permutation(m * k).reshape(m, k)
-    popular = np.argsort(-np.bincount(items, minlength=n_items), kind="stable")[:10]
-    anchor_items = np.stack([rng.choice(popular, size=anchors, replace=False) for _ in range(m)]).reshape(m, anchors)
-    included = rng.random(m) < 0.5
-    rated = np.concatenate([canary_items, anchor_items], axis=1)[included]
-    owners = np.repeat(n_users + np.flatnonzero(included), rated.shape[1])
-    ratings = Ratings.from_arrays(np.concatenate([users, owners]), np.concatenate([items, rated.ravel()]),
-                                  np.concatenate([values, np.full(rated.size, 5.0)]), user_ids=np.arange(n_users + m),
-                                  item_ids=np.arange(n_items + m * k), rating_range=(1.0, 5.0))
-    return CanaryData(ratings=ratings, included=included, canary_items=canary_items)
+    users, items, values = _base_ratings(rng)
+    parts = [(users, items, values)]
+    own_items, included = {}, {}
+    next_user, next_item = BASE_USERS, BASE_ITEMS
+    for family in (f for f in families if f not in MEAN_FAMILIES):
+        own = next_item + np.arange(CANARIES_PER_FAMILY * CANARY_ITEMS).reshape(CANARIES_PER_FAMILY, CANARY_ITEMS)
+        own_items[family], included[family] = own, rng.random(CANARIES_PER_FAMILY) < 0.5
+        for i in np.flatnonzero(included[family]):
+            rated, rating = _item_canary(rng, own[i])
+            parts.append((np.full(len(rated), next_user + i), rated, rating))
+        next_user, next_item = next_user + CANARIES_PER_FAMILY, next_item + own.size
+    rest = np.concatenate([part[2] for part in parts])
+    included["mean"] = rng.random(MEAN_CANARIES if set(families) & set(MEAN_FAMILIES) else 0) < 0.5
+    for i in np.flatnonzero(included["mean"]):
+        rated = rng.choice(BASE_ITEMS, size=2**i, replace=False)
+        parts.append((np.full(len(rated), next_user + i), rated, np.full(len(rated), RATING_RANGE[1])))
+    ratings = Ratings.from_arrays(*(np.concatenate([part[k] for part in parts]) for k in range(3)),
+                                  item_ids=np.arange(max(next_item, catalogue)), rating_range=RATING_RANGE)
+    return CanaryWorld(ratings=ratings, own_items=own_items, included=included,
+                       rest_sum=float(np.sum(rest - MIDPOINT)), rest_count=float(len(rest) % CANARY_RATINGS),
+                       max_users=next_user + len(included["mean"]))
 
 
-def canary_scores(model: PublicModel, canary_items: np.ndarray) -> np.ndarray:
-    """DPALS: how far each canary's items' released statistics moved up from an unrated item's
-    (count 0, bias 0): the released DP count plus the released item bias, summed over its items (a
-    canary rates its items 5, the top of the range, so both move up when it is included)."""
-    moved = np.asarray(model.item_counts, dtype=np.float64) + np.asarray(model.item_biases, dtype=np.float64)
-    return moved[canary_items].sum(axis=1)
+def vote_world(seed: int, family: str = "vote_flips") -> CanaryWorld:
+    """Votes: base voters' ±1 votes on the base items, and ``CANARIES_PER_FAMILY`` vote canaries
+    that vote on ``CANARY_ITEMS`` items of their own, all +1 ("included") or all −1 with
+    probability 1/2 each. InP protects vote values (replace-a-vote-value, at most
+    ``votes_per_user`` of them per user), so a canary's secret is the sign of its votes."""
+    rng = np.random.default_rng(seed)
+    users, items = np.nonzero(rng.random((VOTE_BASE_USERS, VOTE_BASE_ITEMS)) < 0.3)
+    values = np.where(rng.random(len(users)) < 0.6, 1.0, -1.0)
+    own = VOTE_BASE_ITEMS + np.arange(CANARIES_PER_FAMILY * CANARY_ITEMS).reshape(CANARIES_PER_FAMILY, CANARY_ITEMS)
+    included = rng.random(CANARIES_PER_FAMILY) < 0.5
+    canary_votes = np.repeat(np.where(included, 1.0, -1.0), CANARY_ITEMS)
+    votes = Ratings.from_arrays(np.concatenate([users, VOTE_BASE_USERS + np.arange(own.size) // CANARY_ITEMS]),
+                                np.concatenate([items, own.ravel()]), np.concatenate([values, canary_votes]),
+                                item_ids=np.arange(VOTE_BASE_ITEMS + own.size))
+    return CanaryWorld(ratings=votes, own_items={family: own}, included={family: included},
+                       rest_sum=0.0, rest_count=0.0, max_users=VOTE_BASE_USERS + CANARIES_PER_FAMILY)
 
 
-def audit_config(epsilon: float, k: int) -> DPALSConfig:
-    """A small DPALS run calibrated to (ε, DELTA); every canary's ratings fit its bound."""
-    base = DPALSConfig(rank=4, n_steps=2, contribution_bound=max(k + 4, 20), contribution_mode="tail",
-                       frequent_fraction=1.0, noise_multiplier=1.0, seed=1)
-    return calibrate(epsilon, DELTA, base)
+# ---------------------------------------------------------------------------- one run through the registry
+def default_config(algorithm: str, epsilon: float, world: CanaryWorld, seed: int, choices: dict[str, Any] | None = None):
+    """The config an admin's request without hyper-parameters runs: the registry's defaults for the
+    data set's declared size (votes on a raw-votes data set: ``user_rows`` = the declared
+    ``max_users``, as the service sets it), calibrated to (ε, DELTA), re-read with a seed as the
+    training worker does (a fixed one here, so CI cannot flake)."""
+    algo = get_algorithm(algorithm)
+    n_items = world.ratings.n_items
+    params, _ = resolve_hyperparameters(algorithm, {}, objective=None, epsilon=epsilon, delta=DELTA,
+                                        rating_range=RATING_RANGE, n_items=n_items, max_users=world.max_users)
+    if algo.data == "votes":
+        params = {**params, "user_rows": world.max_users}
+    params = {**params, **(choices or {})}
+    config = algo.calibrate(epsilon, DELTA, algo.config_from_params(params, RATING_RANGE), n_items)
+    return algo.config_from_dict({**algo.public_config(config), "seed": seed})
 
 
-def _train(algorithm: str, epsilon: float, data: CanaryData, k: int) -> tuple[np.ndarray, float]:
-    """(canary scores, claimed ε by the ledger's RDP accountant) of one run."""
-    config = audit_config(epsilon, k)
-    model = train_dpals(data.ratings, config)
-    return canary_scores(model, data.canary_items), accounting.epsilon_rdp(dpals_event(config), DELTA)
+@dataclass(frozen=True)
+class Run:
+    """One audited training run: the world, its published model, its release record, the claim."""
+
+    world: CanaryWorld
+    trained: np.ndarray  # the items whose statistics the chunked releases hold (DPALS: the frequent set)
+    tap: AuditTap
+    claimed: float
 
 
-def audit(algorithm: str, epsilon: float, m: int, *, k: int = 16, noise: bool = True, n_users: int = 300,
-          n_items: int = 100, seed: int = 0) -> tuple[AuditResult, float]:
-    """(audit result, claimed ε) of one run of ``algorithm`` (:data:`ALGORITHMS`) with m canaries of k
-    rare items each; ``noise=False`` is the negative control (test-only hook)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}")
-    data = with_canaries(n_users, n_items, m, k, seed)
-    if noise:
-        scores, claimed = _train(algorithm, epsilon, data, k)
-    else:
-        with noise_switched_off():
-            scores, claimed = _train(algorithm, epsilon, data, k)
-    return one_run_audit(scores, data.included), claimed
+def public_inputs(algorithm: str, world: CanaryWorld) -> dict[str, Any]:
+    """The public training inputs beyond the ratings (DP-CMF: item metadata)."""
+    if get_algorithm(algorithm).data != "ratings+public":
+        return {}
+    genres = [[f"genre-{j % GENRES}"] for j in range(world.ratings.n_items)]
+    return {"public": PublicData((metadata_source(genres),))}
 
 
-def audit_dpals(epsilon: float, m: int, **options) -> tuple[AuditResult, float]:
-    """:func:`audit` of DPALS."""
-    return audit("dpals", epsilon, m, **options)
+def train_run(name: str, epsilon: float, seed: int, noise_off: str | None = None) -> Run:
+    """Train the algorithm of audit ``name`` (a registry name or a :data:`VARIANTS` key) on the world
+    of ``seed`` with its default config (``noise_off``: the release drawn without noise, the
+    negative control)."""
+    variant = VARIANTS.get(name, Variant(name))
+    algorithm, algo = variant.algorithm, get_algorithm(variant.algorithm)
+    world = vote_world(seed, RELEASES[name][0]) if algo.data == "votes" else canary_world(seed, RELEASES[name], variant.catalogue)
+    config = default_config(algorithm, epsilon, world, seed, dict(variant.params))
+    with audit_tap(noise_off) as tap, limit_threads(1):  # small matrices: one BLAS thread is fastest
+        model = algo.train(world.ratings, config, **public_inputs(algorithm, world))
+    if noise_off is not None and not tap.switched_off:
+        raise ValueError(f"{algorithm} made no release named {noise_off!r}")
+    claimed = accounting.epsilon_rdp(algo.event(config, world.ratings.n_items), DELTA)
+    fraction = getattr(config, "frequent_fraction", None)
+    trained = (np.flatnonzero(model.trained_mask) if fraction is None else  # DP-CMF trains more than these
+               frequent_items(np.maximum(tap.outputs["item_counts"][0], 1.0), fraction))
+    return Run(world=world, trained=trained, tap=tap, claimed=claimed)
 
 
-def _rows(algorithm: str, epsilon: float, result: AuditResult, claimed: float) -> list[dict]:
-    dataset = f"synthetic-{result.canaries}-canaries"
-    row = partial(make_row, SUITE, dataset, algorithm, epsilon=epsilon, delta=DELTA)
-    return [
-        row("epsilon_lower_bound", result.epsilon_lower_bound, baseline=claimed),
-        row("epsilon_claimed", claimed),
-        row("canaries", float(result.canaries)),
-        row("correct_guesses", float(result.correct)),
-        row("guesses", float(result.guesses)),
-    ]
+# ---------------------------------------------------------------------------- scores per family
+def _vector(run: Run, name: str) -> np.ndarray:
+    (released,) = run.tap.outputs[name]
+    return np.asarray(released, dtype=np.float64)
 
 
-def run(quick: bool) -> list[dict]:
-    m = 200 if quick else 1000
-    rows: list[dict] = []
-    for algorithm in ALGORITHMS:
-        for epsilon in (1.0,) if quick else (0.5, 1.0, 4.0, 16.0, 64.0):
-            result, claimed = audit(algorithm, epsilon, m)
-            rows += _rows(algorithm, epsilon, result, claimed)
-        control, claimed = audit(algorithm, 1.0, m, noise=False)
-        rows += _rows(f"{algorithm}-noise-off", 1.0, control, claimed)
+def _per_trained_item(run: Run, name: str, statistic: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Σ over steps of ``statistic`` of each trained item's released rows (chunked releases)."""
+    total = np.zeros(len(run.trained))
+    for positions, rows in run.tap.rows[name]:
+        np.add.at(total, positions, statistic(rows))
+    return total
+
+
+def _on_trained(run: Run, family: str, per_position: np.ndarray) -> np.ndarray:
+    """Each canary's sum over its trained items; NaN (abstain) where none is trained."""
+    position = np.full(run.world.ratings.n_items, -1)
+    position[run.trained] = np.arange(len(run.trained))
+    at = position[run.world.own_items[family]]
+    trained = at >= 0
+    scores = np.where(trained, per_position[np.maximum(at, 0)], 0.0).sum(axis=1)
+    return np.where(trained.any(axis=1), scores, np.nan)
+
+
+def _per_item_total(run: Run, name: str, n_items: int) -> np.ndarray:
+    """Σ of a release's values per item, from its (item column, value) record."""
+    ((columns, values),) = run.tap.rows[name]
+    return np.bincount(columns, weights=values, minlength=n_items)
+
+
+def _diagonal_per_item(run: Run, name: str) -> np.ndarray:
+    """Σ over steps of the diagonal of a released item × item matrix (DPFW's Ŵ)."""
+    return np.sum([np.diagonal(matrix) for matrix in run.tap.outputs[name]], axis=0)
+
+
+def _gram_trace(rows: np.ndarray) -> np.ndarray:
+    return np.einsum("kii->k", rows)  # the diagonal is written whether or not the release mirrors
+
+
+def _squared_norm(rows: np.ndarray) -> np.ndarray:
+    return np.einsum("ki,ki->k", rows, rows)
+
+
+def _decoded(residual: float, unit: float, grid: float) -> np.ndarray:
+    """The mean canaries' inclusion bits spelt by a scalar release's residual (its unknown part)."""
+    if not grid < unit:
+        raise ValueError(f"the release's grid step {grid} does not resolve the canaries' unit {unit}")
+    value = int(round(residual / unit)) % CANARY_RATINGS
+    return np.array([(value >> i) & 1 for i in range(MEAN_CANARIES)], dtype=bool)
+
+
+def family_scores(run: Run, family: str) -> np.ndarray:
+    """The scores (item families: NaN abstains) or decoded bits (the mean) of ``family`` in ``run``."""
+    own = run.world.own_items.get(family)
+    if family in ("item_counts", "item_bias_sums"):
+        return _vector(run, family)[own].sum(axis=1)
+    if family == "item_recounts":
+        return _on_trained(run, family, _vector(run, family))
+    if family == "item_grams":
+        return _on_trained(run, family, _per_trained_item(run, family, _gram_trace))
+    if family == "item_linear":
+        return _on_trained(run, family, _per_trained_item(run, family, _squared_norm))
+    if family == "gram":  # DPFW: W_jj = Σ_i A_ij², the canary's alone on its own items
+        return _diagonal_per_item(run, family)[own].sum(axis=1)
+    if family == "oja_product":  # DPFW Oja: (AᵀA v)_j = Σ_i A_ij (A_i·v), the canary's alone on its items
+        return np.sum(np.abs(run.tap.outputs[family]), axis=0)[own].sum(axis=1)
+    if family == "vote_flips":  # one-bit InP: the randomised bits on the canary's own items
+        return _per_item_total(run, family, run.world.ratings.n_items)[own].sum(axis=1)
+    if family == "grap_gradient":  # a +1 vote's loss gradient is negative: minus the column sums
+        return -np.sum([matrix.sum(axis=0) for matrix in run.tap.outputs[family]], axis=0)[own].sum(axis=1)
+    if family in ("outp_matrix", "objp_objective_noise"):  # the released X's columns lean to the votes
+        (matrix,) = run.tap.outputs["outp_matrix" if family == "outp_matrix" else "objp_output"]
+        return matrix.sum(axis=0)[own].sum(axis=1)
+    grid = run.tap.grids[family]
+    if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
+        return _decoded((float(_vector(run, family)) - run.world.rest_sum) / 2.0, 1.0, grid / 2.0)
+    if family == "mean_count":
+        return _decoded(float(_vector(run, family)) - run.world.rest_count, 1.0, grid)
+    raise ValueError(f"no canary family for release {family!r}")
+
+
+def audit_family(runs: list[Run], family: str) -> AuditResult:
+    """The family's canaries pooled over ``runs`` (each canary lives in one run)."""
+    key = "mean" if family in MEAN_FAMILIES else family
+    included = np.concatenate([run.world.included[key] for run in runs])
+    scores = np.concatenate([family_scores(run, family) for run in runs])
+    return decoded_audit(scores, included) if family in MEAN_FAMILIES else one_run_audit(scores, included)
+
+
+@dataclass(frozen=True)
+class ReleaseAudit:
+    release: str
+    claimed: float
+    honest: AuditResult
+    noise_off: AuditResult
+
+
+def honest_runs(algorithm: str, epsilon: float, runs: int = RUNS, seed: int = 0) -> list[Run]:
+    """``runs`` default-config runs with every release's noise on (seeds seed, seed + 1, ...)."""
+    return [train_run(algorithm, epsilon, seed + i) for i in range(runs)]
+
+
+def audit_release(algorithm: str, epsilon: float, release: str, honest: list[Run], runs: int = RUNS,
+                  seed: int = 0) -> ReleaseAudit:
+    """The family of ``release``: its bound on the honest runs and on ``runs`` runs with that
+    release's noise off (same worlds as the honest runs)."""
+    control = [train_run(algorithm, epsilon, seed + i, noise_off=release) for i in range(runs)]
+    return ReleaseAudit(release=release, claimed=honest[0].claimed, honest=audit_family(honest, release),
+                        noise_off=audit_family(control, release))
+
+
+def released_names(run: Run) -> set[str]:
+    """Every release name the run's tap saw (the families must cover them all)."""
+    return set(run.tap.grids) | set(run.tap.outputs) | set(run.tap.rows)
+
+
+def audit_algorithm(algorithm: str, epsilon: float, runs: int = RUNS) -> list[ReleaseAudit]:
+    """Every release of ``algorithm``'s default run: honest and with that release's noise off."""
+    honest = honest_runs(algorithm, epsilon, runs)
+    if released_names(honest[0]) != set(RELEASES[algorithm]) | set(UNAUDITED.get(algorithm, ())):
+        raise RuntimeError(f"{algorithm}'s releases {sorted(released_names(honest[0]))} lack a canary family")
+    return [audit_release(algorithm, epsilon, release, honest, runs) for release in RELEASES[algorithm]]
+
+
+# ---------------------------------------------------------------------------- the suite
+def rows_for(algorithm: str, epsilon: float, audits: list[ReleaseAudit]) -> list[dict]:
+    """The suite's rows of one algorithm's audits at ``epsilon`` (one dataset name per release)."""
+    rows = []
+    for audit in audits:
+        row = partial(make_row, SUITE, f"canaries-{audit.release}", algorithm, epsilon=epsilon, delta=DELTA,
+                      seeds=RUNS)
+        rows += [
+            row("epsilon_claimed", audit.claimed),
+            row("epsilon_lower_bound", audit.honest.epsilon_lower_bound, baseline=audit.claimed),
+            row("epsilon_lower_bound_noise_off", audit.noise_off.epsilon_lower_bound, baseline=audit.claimed),
+            row("canaries", float(audit.noise_off.canaries)),
+            row("guesses_noise_off", float(audit.noise_off.guesses)),
+            row("correct_guesses_noise_off", float(audit.noise_off.correct)),
+        ]
     return rows
 
 
-__all__ = ["AuditResult", "audit", "audit_dpals", "canary_scores", "epsilon_lower_bound", "one_run_audit", "p_value",
-           "with_canaries"]
+def run(quick: bool) -> list[dict]:
+    rows: list[dict] = []
+    for algorithm in RELEASES:
+        for epsilon in (1.0,) if quick else (0.5, 1.0):
+            rows += rows_for(algorithm, epsilon, audit_algorithm(algorithm, epsilon))
+    return rows
+
+
+def markdown_table(audits: dict[str, list[ReleaseAudit]]) -> str:
+    """The audit table of ``docs/benchmarks-audit.md``: release × claimed ε × lower bounds."""
+    lines = ["| algorithm | release | claimed ε | lower bound, honest | lower bound, noise off | "
+             "correct / guesses (noise off) | canaries |", "|---|---|---|---|---|---|---|"]
+    for algorithm, results in audits.items():
+        for a in results:
+            lines.append(f"| {algorithm} | `{a.release}` | {a.claimed:.3f} | {a.honest.epsilon_lower_bound:.2f} | "
+                         f"{a.noise_off.epsilon_lower_bound:.2f} | {a.noise_off.correct} / {a.noise_off.guesses} | "
+                         f"{a.noise_off.canaries} |")
+    return "\n".join(lines)
+
+
+__all__ = ["AuditResult", "CanaryWorld", "RELEASES", "ReleaseAudit", "Run", "UNAUDITED", "VARIANTS", "audit_algorithm",
+           "audit_family", "audit_release", "canary_world", "decoded_audit", "default_config", "epsilon_lower_bound",
+           "family_scores", "honest_runs", "markdown_table", "one_run_audit", "p_value", "released_names", "rows_for",
+           "train_run", "vote_world"]

@@ -1,6 +1,6 @@
 """cmf: DP-CMF with public item data next to DPALS and non-private ALS on MovieLens-1M, in one run.
 
-Public data (dp-cmf-public-item-features.txt, algorithms.md §3):
+Public data (Curmei et al. 2023, arXiv:2309.11516; docs/algorithms.md §3):
 
 * ``genres``: ML-1M's 18 genres from ``movies.dat`` as metadata tokens (binary rows);
 * ``public-users``: a seeded random 10% of the training users opt in: their training ratings

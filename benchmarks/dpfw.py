@@ -1,6 +1,6 @@
 """dpfw: private Frank-Wolfe (Jain et al. 2018) next to DPALS and non-private ALS.
 
-1. Paper synthetic (Chien et al. 2021 Sec. 5, algorithms.md §1): rank 5, m = 1000 items, n users,
+1. Paper synthetic (Chien et al. 2021, arXiv:2107.09802 Sec. 5; docs/algorithms.md §1): rank 5, m = 1000 items, n users,
    80/10/10 random split, delta = 1e-5. Test RMSE vs epsilon for dpfw, dpals (quality-synthetic's
    plain Algorithm-1 config and ridge tuning), non-private ALS and predicting zero. Checks the
    DPALS paper's claims: DPALS >= 7x better than DPFW at n = 50K, DPFW at epsilon = 1 no better

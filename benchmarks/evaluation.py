@@ -1,4 +1,4 @@
-"""Evaluation protocols shared by the quality suites (algorithms.md §1 "Evaluation protocols").
+"""Evaluation protocols shared by the quality suites (docs/algorithms.md §1, "Evaluation protocols").
 
 User embeddings are always computed exactly like the privileged endpoint computes them: from the
 published model plus the user's own ratings only (``app.core.mf.foldin.fold_in_users``).

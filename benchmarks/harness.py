@@ -62,6 +62,7 @@ SUITES: dict[str, str] = {
     "cmf": "benchmarks.cmf",
     "quality-defaults": "benchmarks.quality_defaults",
     "audit": "benchmarks.audit",
+    "cli": "benchmarks.cli",
     "ledger": "benchmarks.ledger",
 }
 
@@ -286,10 +287,6 @@ class MemoryPeak:
     rss_before_mib: float = 0.0
     rss_peak_mib: float = 0.0
     traced_peak_mib: float | None = None
-
-    @property
-    def rss_increase_mib(self) -> float:
-        return max(0.0, self.rss_peak_mib - self.rss_before_mib)
 
 
 @contextlib.contextmanager

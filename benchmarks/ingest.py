@@ -11,7 +11,7 @@ Rows measured (ratings/s):
 * ``http_batch_ratings_per_s``    – the batch route in-process (JSON parsing, validation, auth).
 * ``single_upsert_ratings_per_s`` – one rating per transaction (the ``PUT`` route's service),
   ``SINGLE_CLIENTS`` concurrent clients (threads, one session each).
-Targets (issue 13): service >= 100,000 and >= 50 % of the COPY ceiling, HTTP >= 50,000,
+Targets: service >= 100,000 and >= 50 % of the COPY ceiling, HTTP >= 50,000,
 single >= 2,000 with 16 clients. Needs PostgreSQL at 127.0.0.1:5432 (``BENCH_PG_URL``).
 """
 

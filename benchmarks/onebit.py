@@ -1,4 +1,4 @@
-"""onebit: one-bit DP matrix completion (Li et al.; algorithms.md §4), the four mechanisms vs Clear.
+"""onebit: one-bit DP matrix completion (Li et al., arXiv:2110.00719; docs/algorithms.md §4), the four mechanisms vs Clear.
 
 Privacy level: the ``epsilon`` column is the ENTRY-level ε of the paper (one vote). Each row's
 metric name carries the USER-level figure for the per-user cap k used (pure k·ε for InP/GraP/ObjP

@@ -2,7 +2,7 @@
 
 Data: ``../shared/data/ml-1m`` with its canonical splits (research use only; read at run time).
 
-* Rating task (algorithms.md §1 protocol): canonical 80/10/10 split, delta = 1e-5. Hyper-parameters
+* Rating task (docs/algorithms.md §1 protocol): canonical 80/10/10 split, delta = 1e-5. Hyper-parameters
   are chosen on the validation split (train on train, users folded in from train); the reported
   test RMSE uses users re-projected from train + validation, exactly as the privileged endpoint
   would. Untrained (infrequent) items are predicted by the user's mean. ``user-mean`` is that

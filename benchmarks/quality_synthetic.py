@@ -1,6 +1,6 @@
 """quality-synthetic: test RMSE vs epsilon on the DPALS paper's synthetic setup.
 
-Setup (Chien et al. 2021 Sec. 5; algorithms.md §1): rank 5, m = 1000 items, n users, each entry
+Setup (Chien et al. 2021, arXiv:2107.09802 Sec. 5; docs/algorithms.md §1): rank 5, m = 1000 items, n users, each entry
 observed with p = 20 log(n) / m, orthonormal U*, V* scaled to unit rating std, plain Algorithm 1
 (all items trained, uniform sampling, public mean 0). DPALS and non-private ALS run on the same
 80/10/10 splits in the same run; "zero" is the predict-0 reference (RMSE ~ 1).

@@ -6,8 +6,6 @@ Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A wor
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import threading
 
 from celery import Celery
@@ -15,6 +13,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
+from app.logging_setup import redact_task_logs
 from app.services.training.dispatch import QUEUE, drain_outbox
 from app.services.training.runner import reap_stale_runs
 from app.services.training.schedule import worker_startup
@@ -40,7 +39,7 @@ def make_celery(settings: Settings) -> Celery:
         timezone="UTC",
         enable_utc=True,
         broker_connection_retry_on_startup=True,
-        beat_schedule_filename=os.path.join(tempfile.gettempdir(), "privrec-celerybeat-schedule"),
+        beat_schedule_filename=str(s.beat_schedule_file),
         # a message whose worker vanished comes back after this long (then reaped or skipped)
         broker_transport_options={"visibility_timeout": max(3600, int(4 * s.run_stale_after_s))},
         beat_schedule={
@@ -60,6 +59,7 @@ def make_celery(settings: Settings) -> Celery:
 
 
 celery_app = make_celery(get_settings())
+redact_task_logs()  # no task runtimes or return values in the worker's log
 
 
 @worker_process_init.connect

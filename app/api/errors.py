@@ -12,6 +12,7 @@ import logging
 import math
 import re
 import traceback
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import (
@@ -41,6 +43,10 @@ __all__ = [
     "render",
     "render_error",
     "install_error_handlers",
+    "route_template",
+    "validation_details",
+    "validation_failed",
+    "MAX_REPORTED_ERRORS",
 ]
 
 
@@ -80,16 +86,28 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
-    out = []
-    for err in exc.errors():
-        item = {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-        if "input" in err and err.get("type") != "json_invalid":
-            inp = err["input"]
-            if isinstance(inp, (str, int, float, bool)) or inp is None:
-                item["input"] = inp
-        out.append(item)
-    return out
+MAX_REPORTED_ERRORS = 20
+"""A validation error lists at most this many offending elements (and states how many there were)."""
+_MAX_LOC_TEXT = 64  # a location's key is cut to this many characters (keys come from the body)
+_MAX_MSG_TEXT = 1000
+
+
+def _loc_part(part: Any, limit: int = _MAX_LOC_TEXT) -> Any:
+    """One element of an error location, safe to send back: indices as they are, keys (client
+    text) cut short and escaped where they are not valid Unicode (a lone surrogate)."""
+    if isinstance(part, int):
+        return part
+    text = str(part)
+    short = text[:limit] + ("…" if len(text) > limit else "")
+    return short.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """The first :data:`MAX_REPORTED_ERRORS` errors as ``{loc, msg, type}``: never the offending
+    input (it can be large, private or not valid Unicode)."""
+    return [{"loc": [_loc_part(p) for p in err.get("loc", ())],
+             "msg": _loc_part(err.get("msg", ""), _MAX_MSG_TEXT), "type": str(err.get("type", ""))}
+            for err in errors[:MAX_REPORTED_ERRORS]]
 
 
 async def _privrec_error(_: Request, exc: PrivrecError) -> JSONResponse:
@@ -101,13 +119,23 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    if any(e.get("type") == "json_invalid" for e in errors):
-        ctx = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {})
-        return render_error(MalformedJson("request body is not valid JSON", details={"error": str(ctx.get("error", ""))}))
-    message = "request validation failed"
-    if request.method not in READ_METHODS:
+    invalid_json = next((e for e in errors[:MAX_REPORTED_ERRORS] if e.get("type") == "json_invalid"), None)
+    if invalid_json is not None:
+        ctx = invalid_json.get("ctx", {})
+        return render_error(MalformedJson("request body is not valid JSON",
+                                          details={"error": _loc_part(ctx.get("error", ""), _MAX_MSG_TEXT)}))
+    return render_error(validation_failed(errors, request.method))
+
+
+def validation_failed(errors: Sequence[Any], method: str) -> ValidationFailed:
+    """The 422 of a request whose validation reported ``errors`` (the first few listed, all counted)."""
+    total = len(errors)
+    message = "request validation failed" if total == 1 else (
+        f"request validation failed: {total} errors" + (
+            f", the first {MAX_REPORTED_ERRORS} listed" if total > MAX_REPORTED_ERRORS else ""))
+    if method not in READ_METHODS:
         message += "; nothing was written"
-    return render_error(ValidationFailed(message, details=_validation_details(exc)))
+    return ValidationFailed(message, details=validation_details(errors))
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -132,16 +160,54 @@ async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSON
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    # The driver's message can carry SQL parameters (private values): log the type only.
-    log.warning("database unavailable in %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    # The driver's message can carry SQL parameters (private values): log the type only, and the
+    # route's template, never the raw path (it names users and items).
+    log.warning("database unavailable in %s %s: %s", request.method, route_template(request.scope), type(exc).__name__)
     return render_error(DatabaseUnavailable("the database is not reachable; retry later", headers={"Retry-After": "5"}))
+
+
+async def _pool_timeout(request: Request, exc: Exception) -> JSONResponse:
+    """No connection came free within the pool's timeout (an overloaded process): 503 with
+    ``Retry-After``, never a 500. A retry is safe where nothing was committed; a route that
+    commits a reservation and then needs another connection (the training route's enqueue)
+    must answer for the committed run itself rather than let the timeout reach this handler."""
+    log.warning("database pool exhausted in %s %s: %s", request.method, route_template(request.scope), type(exc).__name__)
+    return render_error(DatabaseUnavailable("the database is busy (no connection free in time); retry later",
+                                            headers={"Retry-After": "2"}))
+
+
+_TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
+_CANDIDATES: dict[tuple[int, str], list[tuple[re.Pattern[str], str]]] = {}
+
+
+def route_template(scope: Mapping[str, Any]) -> str:
+    """The full route template of a request's scope (the matched route knows only its own part
+    below the router's prefix), from the app's OpenAPI paths; "unmatched" for unknown paths. Logs
+    and metrics name this, never the raw path (it names users and items)."""
+    route = getattr(scope.get("route"), "path", None)
+    app = scope.get("app")
+    if route is None or app is None:
+        return "unmatched"
+    candidates = _CANDIDATES.get((id(app), route))
+    if candidates is None:  # the OpenAPI paths ending with this route's path, once per route
+        patterns = _TEMPLATES.get(id(app))
+        if patterns is None:
+            patterns = _TEMPLATES[id(app)] = [
+                (re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(t)) + "$"), t)
+                for t in app.openapi().get("paths", {})]
+        candidates = _CANDIDATES[(id(app), route)] = [(p, t) for p, t in patterns if t.endswith(route)]
+    path = scope.get("path", "")
+    for pattern, template in candidates:
+        if pattern.match(path):
+            return template
+    return route
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Log the exception type and the stack only: messages can carry SQL parameters, i.e.
     # private ratings, and request bodies are never logged.
     stack = "".join(traceback.format_tb(exc.__traceback__))
-    log.error("unhandled %s in %s %s\n%s", type(exc).__name__, request.method, request.url.path, stack)
+    log.error("unhandled %s in %s %s\n%s", type(exc).__name__, request.method, route_template(request.scope), stack)
     return render_error(InternalError("unexpected server error"))
 
 
@@ -155,5 +221,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(Exception, _unexpected)
 

@@ -19,16 +19,16 @@ from typing import Any
 from starlette.requests import Request
 
 from app.api.deps import verify_bearer
-from app.api.params import DATASET_MAX_LENGTH, DATASET_PATTERN, EXTERNAL_ID_MAX_LENGTH, EXTERNAL_ID_PATTERN
+from app.api.params import DATASET_MAX_LENGTH, DATASET_PATTERN
 from app.api.routes import recommendations
 from app.errors import PrivrecError
+from app.schemas.common import is_external_id
 from app.schemas.serving import MAX_N, RecommendationQuery
 
 __all__ = ["RecommendationFastPath", "plain_request"]
 
 _PATH = re.compile(r"/v1/datasets/([^/]+)/users/([^/]+)/recommendations")
 _DATASET = re.compile(DATASET_PATTERN)
-_EXTERNAL_ID = re.compile(EXTERNAL_ID_PATTERN)
 _QUERY = re.compile(rb"n=([1-9][0-9]{0,3})")
 _DEFAULT_N = 10  # the route's default for `n`
 
@@ -82,7 +82,7 @@ def plain_request(scope: dict) -> tuple[str, str, int, str] | None:
         return None
     dataset, user_id = path.group(1), path.group(2)
     if not (len(dataset) <= DATASET_MAX_LENGTH and _DATASET.fullmatch(dataset)
-            and len(user_id) <= EXTERNAL_ID_MAX_LENGTH and _EXTERNAL_ID.fullmatch(user_id)):
+            and is_external_id(user_id)):
         return None
     query = scope["query_string"]
     if query:

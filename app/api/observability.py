@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 
 from app.api.deps import AdminPrincipal
 from app.db.models import Dataset, TrainingRun
+from app.logging_setup import TypeOnlyFormatter
 from app.services import budget
 from app.services.training.dispatch import QUEUE
 
@@ -76,7 +77,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """Send the service's logs (``privrec.*``, ``app.*``, ``uvicorn.error``) as JSON lines to stderr."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TypeOnlyFormatter(
         "%(asctime)s %(levelname)s %(name)s %(message)s"))
     for name in ("privrec", "app", "uvicorn.error"):
         logger = logging.getLogger(name)

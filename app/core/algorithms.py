@@ -1,17 +1,19 @@
 """The private training algorithms the service can run, behind one typed interface.
 
-Each :class:`Algorithm` knows how to build its config from public hyper-parameters, calibrate it to
-a target (ε, δ), give the run's ``DpEvent`` before any data is read (for the ledger reservation),
-train, name what the run publishes, store and load its public artifact, and score items for one
-user from that artifact plus the user's own ratings (privileged post-processing, joint DP:
-Jain, Thakkar & Thakurta 2018, arXiv:1712.09765, Definition 1).
+Everything the service knows about an algorithm lives in its :class:`Algorithm`: the smallest
+catalogue it runs on, the data kind it trains on and the public inputs it also reads, what the
+data set decides for its hyper-parameters and its ε-aware defaults, the public checks before any
+data is read, the run's ``DpEvent`` (for the ledger reservation), training, what the run
+publishes, its artifact, and how it scores items for one user from that artifact plus the user's
+own ratings or votes (privileged post-processing, joint DP: Jain, Thakkar & Thakurta 2018,
+arXiv:1712.09765, Definition 1). Services read these declarations and never branch on a name.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -26,11 +28,12 @@ from app.core.mf.artifact import load_model, save_model
 from app.core.mf.model import PublicModel
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "DataKind", "PopularityKind", "PublishedModel", "SCORE_KINDS", "ScoreKind",
-    "get_algorithm", "resolve_hyperparameters", "score_kind",
+    "ALGORITHMS", "Algorithm", "DataKind", "DatasetFacts", "PopularityKind", "PublicInput", "PublishedModel",
+    "SCORE_KINDS", "ScoreKind", "default_algorithm", "get_algorithm", "resolve_hyperparameters", "score_kind",
 ]
 
 DataKind = Literal["ratings", "ratings+public", "votes"]
+PublicInput = Literal["item_features", "similarities", "public_users"]
 ScoreKind = Literal["predicted_rating", "ranking_score", "p_thumbs_up"]
 PopularityKind = Literal["dp_count", "mean_p_thumbs_up"]
 SCORE_KINDS: tuple[ScoreKind, ...] = ("predicted_rating", "ranking_score", "p_thumbs_up")
@@ -61,6 +64,20 @@ class PublishedModel(Protocol):
     def item_index(self) -> dict[Any, int]: ...
 
 
+@dataclass(frozen=True)
+class DatasetFacts:
+    """A data set's public facts: its administrator's declarations and its public catalogue size,
+    all an algorithm may know before any private data is read."""
+
+    name: str
+    kind: str  # "ratings" or "votes"
+    rating_range: tuple[float, float]
+    n_items: int
+    max_users: int | None = None
+    vote_local_epsilon: float | None = None  # ε0 of votes randomised at ingestion (None: raw votes)
+    votes_per_user_cap: int | None = None
+
+
 ConfigT = TypeVar("ConfigT")
 ModelT = TypeVar("ModelT", bound=PublishedModel)
 
@@ -68,16 +85,54 @@ ModelT = TypeVar("ModelT", bound=PublishedModel)
 class Algorithm(ABC, Generic[ConfigT, ModelT]):
     """One private training algorithm (see the module docstring).
 
-    ``data`` names the training inputs ("ratings+public": ``train`` also takes ``public=``, a
-    :class:`app.core.mf.dpcmf.PublicData`). ``released_outputs`` names everything the run publishes:
-    the artifact's arrays (item ids, public catalogue, aside) and its released scalars.
-    ``popularity_kind`` says what :meth:`popularity` (the ``/popular`` order) is.
+    ``data`` names the training inputs, read by the loader of that kind ("ratings+public": ``train``
+    also takes ``public=``, a :class:`app.core.mf.dpcmf.PublicData` built from ``public_inputs``).
+    ``min_items`` is the smallest public catalogue it runs on. ``default_for_kind`` marks the
+    algorithm scheduled retraining runs on a data set of that kind without an active model.
+    ``service_set_keys`` are hyper-parameters the data set decides (never chosen by a caller, never
+    passed back on retraining). ``takes_objective``: the algorithm has ε-aware defaults per
+    objective (:meth:`default_hyperparameters`). ``released_outputs`` names everything the run publishes: the
+    artifact's arrays (item ids, public catalogue, aside) and its released scalars.
+    ``score_kinds`` lists what :meth:`score` may mean; ``popularity_kind`` what :meth:`popularity`
+    (the ``/popular`` order) is. ``scores_by_fold_in``: :meth:`score` is the fold-in solve of
+    :mod:`app.core.mf.foldin`, whose top-N serving may restrict to trained items.
     """
 
     name: ClassVar[str]
     data: ClassVar[DataKind] = "ratings"
+    public_inputs: ClassVar[tuple[PublicInput, ...]] = ()
+    min_items: ClassVar[int] = 1
+    default_for_kind: ClassVar[str | None] = None
+    service_set_keys: ClassVar[tuple[str, ...]] = ()
+    takes_objective: ClassVar[bool] = False
     released_outputs: ClassVar[tuple[str, ...]]
+    score_kinds: ClassVar[tuple[ScoreKind, ...]] = ("predicted_rating",)
     popularity_kind: ClassVar[PopularityKind] = "dp_count"
+    scores_by_fold_in: ClassVar[bool] = False
+
+    def data_params(self, params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
+        """``params`` with what the data set decides for this algorithm (``ValueError`` when the
+        caller chose what the data set decides). Nothing is decided by default."""
+        return dict(params)
+
+    def default_hyperparameters(self, *, objective: str | None, epsilon: float, delta: float,
+                                facts: DatasetFacts) -> dict[str, Any] | None:
+        """The ε-aware defaults for ``objective`` at (ε, δ) from public facts only, or None when
+        the algorithm has none (its own config defaults apply)."""
+        return None
+
+    def check_public_shape(self, config: ConfigT, n_items: int) -> None:
+        """Refuse (``ValueError``), from public facts only, a run too large or too small to train."""
+
+    def costs_nothing(self, params: dict[str, Any], facts: DatasetFacts) -> bool:
+        """Whether a run with ``params`` on this data set is post-processing of a guarantee the
+        ledger already holds (a free run, given no ε target)."""
+        return False
+
+    def pre_randomised_epsilon(self, public_config: dict[str, Any]) -> float | None:
+        """ε0 of the locally randomised data a run of ``public_config`` reads (only the bits
+        randomised with exactly it), or None when it reads the data as stored."""
+        return None
 
     @abstractmethod
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> ConfigT:
@@ -117,14 +172,8 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
 
     @abstractmethod
     def score(self, model: ModelT, item_idx: IntArray, values: FloatArray) -> FloatArray:
-        """Every item's score for one user from her own ratings (the same solve as :meth:`recommend`)."""
+        """Every item's score for one user from her own ratings or votes (the serving solve)."""
 
-    @abstractmethod
-    def recommend(
-        self, model: ModelT, item_idx: IntArray, values: FloatArray, n: int, *,
-        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
-    ) -> tuple[IntArray, FloatArray]:
-        """Top-``n`` (indices, scores) for one user, her rated items and ``exclude_idx`` left out."""
 
     def score_kind(self, model: ModelT) -> ScoreKind:
         """What :meth:`score` means: a predicted rating on the data set's scale by default."""
@@ -134,6 +183,10 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
     def popularity(self, model: ModelT) -> FloatArray:
         """Per-item popularity released with the model, the ``/popular`` order (its meaning:
         ``popularity_kind``)."""
+
+    def baseline_scores(self, model: ModelT) -> FloatArray | None:
+        """Every item's score for a user with no data, or None when the model has no such prior."""
+        return None
 
 
 def _with_fixed_range(params: dict[str, Any], rating_range: tuple[float, float]) -> dict[str, Any]:
@@ -149,6 +202,9 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     """Shared by the DPALS family: a :class:`PublicModel` artifact and fold-in serving."""
 
     released_outputs = _FACTOR_OUTPUTS
+    score_kinds = ("predicted_rating", "ranking_score")
+    scores_by_fold_in = True
+    takes_objective = True
 
     def save(self, model: PublicModel, path: Path) -> tuple[Path, str]:
         info = save_model(model, path)
@@ -160,17 +216,15 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     def score(self, model: PublicModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
         return foldin.user_scores(model, item_idx, values)
 
-    def recommend(
-        self, model: PublicModel, item_idx: IntArray, values: FloatArray, n: int, *,
-        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
-    ) -> tuple[IntArray, FloatArray]:
-        return foldin.recommend(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
-
     def score_kind(self, model: PublicModel) -> ScoreKind:
         return "ranking_score" if foldin.is_ranking(model) else "predicted_rating"
 
     def popularity(self, model: PublicModel) -> FloatArray:
         return np.asarray(model.item_counts, dtype=np.float64)
+
+    def baseline_scores(self, model: PublicModel) -> FloatArray | None:
+        """m̃ + b̃_j (or the ranking prior): the fold-in of a user with no ratings."""
+        return foldin.predict_ratings(model, np.zeros(model.rank))
 
 
 # ---------------------------------------------------------------------------- DPALS
@@ -178,6 +232,13 @@ class DPALSAlgorithm(_FactorModelAlgorithm[dpals.DPALSConfig]):
     """Private ALS (Chien et al. 2021, arXiv:2107.09802, Algorithms 1 and 3): :mod:`app.core.mf.dpals`."""
 
     name = "dpals"
+    default_for_kind = "ratings"
+
+    def default_hyperparameters(self, *, objective: str | None, epsilon: float, delta: float,
+                                facts: DatasetFacts) -> dict[str, Any] | None:
+        return defaults.default_hyperparameters(
+            objective=objective or "rating", epsilon=epsilon, delta=delta, rating_range=facts.rating_range,
+            n_items=facts.n_items, max_users=facts.max_users)
 
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpals.DPALSConfig:
         return dpals.DPALSConfig.from_dict(_with_fixed_range(params, rating_range))
@@ -208,6 +269,13 @@ class DPCMFAlgorithm(_FactorModelAlgorithm[dpcmf.DPCMFConfig]):
 
     name = "dpcmf"
     data = "ratings+public"
+    public_inputs = ("item_features", "similarities", "public_users")
+
+    def default_hyperparameters(self, *, objective: str | None, epsilon: float, delta: float,
+                                facts: DatasetFacts) -> dict[str, Any] | None:
+        return defaults.default_cmf_hyperparameters(
+            objective=objective or "rating", epsilon=epsilon, delta=delta, rating_range=facts.rating_range,
+            n_items=facts.n_items, max_users=facts.max_users)
 
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpcmf.DPCMFConfig:
         return dpcmf.DPCMFConfig.from_dict(_with_fixed_range(params, rating_range))
@@ -237,6 +305,7 @@ class DPFWAlgorithm(Algorithm[dpfw.DPFWConfig, dpfw.FrankWolfeModel]):
     """Private Frank-Wolfe (Jain, Thakkar & Thakurta 2018, arXiv:1712.09765, Algorithm 1): :mod:`app.core.mf.dpfw`."""
 
     name = "dpfw"
+    min_items = 2
     released_outputs = ("directions", "scales", "item_counts")
 
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> dpfw.DPFWConfig:
@@ -276,12 +345,6 @@ class DPFWAlgorithm(Algorithm[dpfw.DPFWConfig, dpfw.FrankWolfeModel]):
     def score(self, model: dpfw.FrankWolfeModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
         return dpfw.replay_user(model, item_idx, values)
 
-    def recommend(
-        self, model: dpfw.FrankWolfeModel, item_idx: IntArray, values: FloatArray, n: int, *,
-        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
-    ) -> tuple[IntArray, FloatArray]:
-        return dpfw.recommend_dpfw(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
-
     def popularity(self, model: dpfw.FrankWolfeModel) -> FloatArray:
         return np.asarray(model.item_counts, dtype=np.float64)
 
@@ -296,8 +359,51 @@ class OneBitAlgorithm(Algorithm[onebit.OneBitConfig, onebit.OneBitModel]):
 
     name = "onebit"
     data = "votes"
+    min_items = 2
+    default_for_kind = "votes"
+    service_set_keys = ("pre_randomised", "local_epsilon")
     released_outputs = ("item_factors", "item_like_probability")
+    score_kinds = ("p_thumbs_up",)
     popularity_kind = "mean_p_thumbs_up"
+
+    def data_params(self, params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
+        """What the data set decides. Randomising data set: for InP (the default mechanism)
+        ``pre_randomised=True, local_epsilon=ε0`` are forced (callers cannot choose them): the run
+        flips nothing and is post-processing of the local guarantee (charged 0); another mechanism
+        trains on the stored bits as data and is charged its own event. Raw data set:
+        ``pre_randomised`` / ``local_epsilon`` are refused (the bits were not randomised).
+        ``votes_per_user`` defaults to the data set's cap and ``user_rows`` to its declared public
+        bound ``max_users`` (add/remove-one-user relation; excess voters are dropped at random)."""
+        out = dict(params)
+        if facts.max_users is not None:
+            out.setdefault("user_rows", max(2, int(facts.max_users)))
+        chosen = [k for k in self.service_set_keys if k in out]
+        eps0 = facts.vote_local_epsilon
+        if eps0 is not None:
+            if chosen:
+                raise ValueError(f"{', '.join(chosen)} cannot be chosen: data set {facts.name!r} randomises votes "
+                                 f"at ingestion with epsilon0 {eps0}; the service sets them")
+            if out.get("mechanism", "inp") == "inp":
+                out.update(pre_randomised=True, local_epsilon=float(eps0))
+        elif out.get("pre_randomised") or out.get("local_epsilon") is not None:
+            raise ValueError(f"data set {facts.name!r} stores raw votes: pre_randomised / local_epsilon "
+                             "cannot be set (turn on randomisation at ingestion in the vote settings)")
+        if facts.votes_per_user_cap is not None:
+            out.setdefault("votes_per_user", int(facts.votes_per_user_cap))
+        return out
+
+    def check_public_shape(self, config: onebit.OneBitConfig, n_items: int) -> None:
+        onebit.check_public_shape(config, n_items)
+
+    def costs_nothing(self, params: dict[str, Any], facts: DatasetFacts) -> bool:
+        """InP on bits randomised at ingestion: post-processing of the local guarantee."""
+        return facts.vote_local_epsilon is not None and params.get("mechanism", "inp") == "inp"
+
+    def pre_randomised_epsilon(self, public_config: dict[str, Any]) -> float | None:
+        if not public_config.get("pre_randomised"):
+            return None
+        eps0 = public_config.get("local_epsilon")
+        return None if eps0 is None else float(eps0)
 
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> onebit.OneBitConfig:
         if "rating_range" in params:
@@ -332,12 +438,6 @@ class OneBitAlgorithm(Algorithm[onebit.OneBitConfig, onebit.OneBitModel]):
     def score(self, model: onebit.OneBitModel, item_idx: IntArray, values: FloatArray) -> FloatArray:
         return onebit.user_scores(model, item_idx, values)
 
-    def recommend(
-        self, model: onebit.OneBitModel, item_idx: IntArray, values: FloatArray, n: int, *,
-        exclude_idx: IntArray | None = None, allowed_idx: IntArray | None = None,
-    ) -> tuple[IntArray, FloatArray]:
-        return onebit.recommend_onebit(model, item_idx, values, n, exclude_idx=exclude_idx, allowed_idx=allowed_idx)
-
     def score_kind(self, model: onebit.OneBitModel) -> ScoreKind:
         return "p_thumbs_up"
 
@@ -358,8 +458,13 @@ def score_kind(name: str, model: PublishedModel) -> ScoreKind:
     return get_algorithm(name).score_kind(model)
 
 
-# algorithms whose hyper-parameters the ε-aware rule (app.core.mf.defaults) can fill in
-_DEFAULTED = ("dpals", "dpcmf")
+def default_algorithm(kind: str) -> Algorithm[Any, Any]:
+    """The algorithm scheduled retraining runs on a data set of declared ``kind`` without an
+    active model (DPALS for ratings, one-bit for votes)."""
+    for algo in ALGORITHMS.values():
+        if algo.default_for_kind == kind:
+            return algo
+    raise ValueError(f"no algorithm trains on data sets of kind {kind!r}")
 
 
 def resolve_hyperparameters(
@@ -375,25 +480,26 @@ def resolve_hyperparameters(
 ) -> tuple[dict[str, Any], bool]:
     """(hyper-parameters to run, whether the ε-aware defaults were used).
 
-    With no hyper-parameters (``params`` empty) DPALS and DP-CMF get
-    :func:`app.core.mf.defaults.default_hyperparameters` for the objective at (ε, δ), from public
-    facts only; given hyper-parameters are used as they are (an ``objective`` argument is added).
+    With no hyper-parameters (``params`` empty) an algorithm with ε-aware defaults (DPALS:
+    :func:`app.core.mf.defaults.default_hyperparameters`, DP-CMF: its CMF variant) gets them for
+    the objective at (ε, δ), from public facts only; given hyper-parameters are used as they are
+    (an ``objective`` argument is added).
     """
-    get_algorithm(name)
+    algo = get_algorithm(name)
     params = dict(params)
     in_params = params.pop("objective", None)
     if objective is not None and in_params is not None and in_params != objective:
         raise ValueError("objective is given twice with different values")
     objective = objective or in_params
-    if objective is not None and name not in _DEFAULTED:
-        raise ValueError(f"{name} has no objective choice (objectives apply to {', '.join(_DEFAULTED)})")
-    if params or name not in _DEFAULTED:
+    if objective is not None and not algo.takes_objective:
+        with_objectives = ", ".join(a.name for a in ALGORITHMS.values() if a.takes_objective)
+        raise ValueError(f"{name} has no objective choice (objectives apply to {with_objectives})")
+    if params or not algo.takes_objective:
         return ({**params, "objective": objective} if objective else dict(params)), False
-    rule = defaults.default_cmf_hyperparameters if name == "dpcmf" else defaults.default_hyperparameters
-    resolved = rule(
-        objective=objective or "rating", epsilon=epsilon, delta=delta, rating_range=rating_range,
-        n_items=n_items, max_users=max_users,
-    )
+    facts = DatasetFacts(name="", kind=algo.data, rating_range=rating_range, n_items=n_items, max_users=max_users)
+    resolved = algo.default_hyperparameters(objective=objective, epsilon=epsilon, delta=delta, facts=facts)
+    if resolved is None:
+        return dict(params), False
     return resolved, True
 
 

@@ -179,9 +179,9 @@ class Item(Base):
 class Rating(Base):
     """One user's rating of one item (unique per data set, user and item; upserted).
 
-    No foreign keys (their per-row triggers were most of a bulk upsert's time): the ingest service
+    No foreign keys (their per-row triggers were most of a bulk upsert's time): the ratings store
     resolves references set-based in the writing transaction while holding the *references lock*
-    shared (a transaction-scoped advisory lock, :func:`app.services.ingest.share_references`), and
+    shared (a transaction-scoped advisory lock, :mod:`app.db.stores.ratings_postgres`), and
     ``delete_user`` holds it exclusively while it deletes the user's ratings, so no rating can
     outlive its user. Code that deletes users, items or data sets must take that lock exclusively
     and delete their ratings itself (no cascade).
@@ -386,7 +386,7 @@ class LedgerEntry(Base):
 
 
 class SimilaritySource(Base):
-    """A public source of item-item similarities (DP-CMF public data, issue 5).
+    """A public source of item-item similarities (DP-CMF public data, docs/algorithms.md §3).
 
     It must declare that it is public (never derived from private users' ratings): the
     ``declared_public`` flag is required to be true and ``provenance`` says where it comes from.

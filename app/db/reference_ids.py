@@ -4,7 +4,7 @@ A cached id is used only in a transaction that read the same *reference epoch*
 (``reference_epoch.n``, :class:`~app.db.models.ReferenceEpoch`) it was cached under: triggers
 change the epoch in every transaction that deletes or re-keys users, items or data sets, so the
 cached rows exist as long as the epoch a transaction reads is unchanged. Rating writers read it
-under the shared references lock (:func:`app.services.ingest.share_references`), in a statement
+under the shared references lock (:mod:`app.db.stores.ratings_postgres`), in a statement
 after the lock was granted, so a ``delete_user`` that committed meanwhile is seen; a delete that
 comes later waits for the writer's commit. Ids read or created in a transaction join the cache
 only when the session commits (a user created by a transaction rolled back does not exist): on

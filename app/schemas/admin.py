@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.core.privacy.accounting import Relation
-from app.schemas.common import FiniteFloat, StrictModel
+from app.schemas.common import INT32_MAX, FiniteFloat, StrictModel, Text
+from app.schemas.hyperparameters import MAX_HYPERPARAMETERS, bound_errors
 
 MAX_EPSILON_CAP = 1_000.0
 """Largest epsilon cap (and run epsilon) accepted: far above any meaningful guarantee, and small
 enough for the ledger's exact 6-decimal rounding."""
+MAX_RATING_MAGNITUDE = 1e6
+"""Rating bounds lie in [-10^6, 10^6]: every sensitivity scales with the range's width, and a
+width near the float limit overflows (10^6 is far beyond any rating scale in use)."""
 
 __all__ = [
     "MAX_EPSILON_CAP",
+    "MAX_RATING_MAGNITUDE",
     "BudgetOut",
     "PersonBudgetIn",
     "PersonBudgetOut",
@@ -59,7 +64,7 @@ class PersonBudgetIn(StrictModel):
     neighbouring_relation: Relation | None = Field(default=None, description=(
         "Its relation (on creation; default `add_or_remove_one_user`; fixed afterwards). Data sets "
         "whose relation does not imply it cannot join it."))
-    reason: str | None = Field(default=None, max_length=1000, description="Stored in its history.")
+    reason: Text | None = Field(default=None, max_length=1000, description="Stored in its history.")
 
 
 class BudgetOut(BaseModel):
@@ -108,15 +113,17 @@ class DatasetIn(StrictModel):
     """A new data set. ``rating_min`` must be below ``rating_max`` (422 otherwise)."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
-    description: str | None = Field(default=None, max_length=1000)
-    rating_min: FiniteFloat = Field(description="Lowest rating accepted (public).")
-    rating_max: FiniteFloat = Field(description="Highest rating accepted (public); must exceed `rating_min`.")
+    description: Text | None = Field(default=None, max_length=1000)
+    rating_min: FiniteFloat = Field(ge=-MAX_RATING_MAGNITUDE, le=MAX_RATING_MAGNITUDE,
+                                    description="Lowest rating accepted (public).")
+    rating_max: FiniteFloat = Field(ge=-MAX_RATING_MAGNITUDE, le=MAX_RATING_MAGNITUDE,
+                                    description="Highest rating accepted (public); must exceed `rating_min`.")
     epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description="Privacy budget cap for this data set.")
     delta: FiniteFloat = Field(gt=0, lt=1, description="The budget's delta.")
     kind: Literal["ratings", "votes"] = Field(default="ratings", description=(
         "What the data set collects (public, declared): scheduled retraining without an active model "
         "trains DPALS on `ratings` and one-bit completion on `votes`, never deciding from the data."))
-    max_users: int | None = Field(default=None, ge=1, le=10**12, description=MAX_USERS_DOC)
+    max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=MAX_USERS_DOC)
     neighbouring_relation: Relation = Field(default=Relation.ADD_OR_REMOVE_ONE_USER, description=(
         "The one relation the budget accounts under (fixed at creation). A run or local guarantee "
         "whose relation does not imply it is refused (409 `relation_not_implied`): e.g. votes "
@@ -148,7 +155,7 @@ class DatasetOut(BaseModel):
 
 class DatasetPatchIn(StrictModel):
     kind: Literal["ratings", "votes"] | None = Field(default=None, description="New declared kind.")
-    max_users: int | None = Field(default=None, ge=1, le=10**12, description=(
+    max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
         "New declared bound on the number of users; an explicit null removes it. " + MAX_USERS_DOC))
 
 
@@ -157,8 +164,8 @@ class CapChangeIn(StrictModel):
     already spent is refused (409)."""
 
     epsilon_cap: FiniteFloat = Field(gt=0, le=MAX_EPSILON_CAP, description="The new epsilon cap.")
-    reason: str | None = Field(default=None, max_length=1000,
-                               description="Required when raising the cap; stored in the audited ledger entry.")
+    reason: Text | None = Field(default=None, max_length=1000,
+                                description="Required when raising the cap; stored in the audited ledger entry.")
 
 
 class LedgerEntryOut(BaseModel):
@@ -195,11 +202,14 @@ class TrainingIn(StrictModel):
     objective: Literal["rating", "ranking"] | None = Field(default=None, description=(
         'What the model optimises (dpals, dpcmf): "rating" (explicit ratings, RMSE; the default) or '
         '"ranking" (top-N from positives: ratings at or above the public threshold, Recall@k).'))
-    hyperparameters: dict[str, Any] = Field(default_factory=dict, description=(
-        "Algorithm configuration (e.g. rank, n_steps). Empty: DPALS and DP-CMF use the ε-aware "
-        "defaults, a public rule of ε, δ, the objective, the rating range and the catalogue size "
-        "(re-derived at each scheduled retrain's ε)."))
-    idempotency_key: str | None = Field(default=None, max_length=128,
+    hyperparameters: dict[Annotated[str, Field(max_length=64)], Any] = Field(
+        default_factory=dict, max_length=MAX_HYPERPARAMETERS, description=(
+            "Algorithm configuration (e.g. rank, n_steps). Empty: DPALS and DP-CMF use the ε-aware "
+            "defaults, a public rule of ε, δ, the objective, the rating range and the catalogue size "
+            "(re-derived at each scheduled retrain's ε). Every knob is bounded above by what one worker "
+            "and the exact noise sampler can do (e.g. rank <= 512, n_steps <= 1000, noise ratios in "
+            "[1e-3, 1e3]); a knob past its bound is refused (422) before anything is reserved."))
+    idempotency_key: Text | None = Field(default=None, min_length=1, max_length=128,
                                         description="Repeating a request with the same key returns the same run.")
 
     @model_validator(mode="after")
@@ -208,6 +218,9 @@ class TrainingIn(StrictModel):
         # votes randomised at ingestion) and answers 422 otherwise.
         if self.epsilon is not None and self.epsilon_fraction is not None:
             raise ValueError("give exactly one of epsilon or epsilon_fraction")
+        errors = bound_errors(self.hyperparameters)
+        if errors:
+            raise ValueError("hyper-parameters out of bounds: " + "; ".join(errors[:8]))
         return self
 
 

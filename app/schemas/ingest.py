@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -12,7 +11,7 @@ from typing import Annotated, Any, Literal, TypedDict, overload
 from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import to_json
 
-from app.schemas.common import ID_PATTERN, MAX_BATCH_ROWS, ExternalId, FiniteFloat, StrictModel, UtcDateTime
+from app.schemas.common import MAX_BATCH_ROWS, ExternalId, FiniteFloat, Label, StrictModel, Text, UtcDateTime, ids_valid
 
 __all__ = [
     "RatingIn",
@@ -68,16 +67,8 @@ class RatingColumns(Sequence[RatingRow]):
         return (self[k] for k in range(len(self)))
 
 
-_ID_CHARS = ID_PATTERN.removeprefix("^").removesuffix("+$")  # the one character class of an id
-_ID_LINES = re.compile(f"(?:{_ID_CHARS}{{1,128}}\n)+")  # ids of 1-128 such characters, one a line
 _EXACT_INT = 2**53  # larger integers may not be floats exactly: left to the model
 _ROW_KEYS = (itemgetter("user_id"), itemgetter("item_id"), itemgetter("rating"))
-
-
-def _ids_valid(ids: list[Any]) -> bool:
-    """Every id a string that :data:`~app.schemas.common.ExternalId` accepts as it is (set-wise: one
-    type scan, one regular-expression match over all of them)."""
-    return set(map(type, ids)) == {str} and _ID_LINES.fullmatch("\n".join(ids) + "\n") is not None
 
 
 def plain_rows(value: Any) -> RatingColumns | None:
@@ -92,7 +83,7 @@ def plain_rows(value: Any) -> RatingColumns | None:
         user_ids, item_ids, ratings = (list(map(key, value)) for key in _ROW_KEYS)
     except KeyError:
         return None
-    if not (_ids_valid(user_ids) and _ids_valid(item_ids)):
+    if not (ids_valid(user_ids) and ids_valid(item_ids)):
         return None
     kinds = set(map(type, ratings))
     if int in kinds:  # JSON integers: the model takes them as floats
@@ -177,17 +168,23 @@ class RatingWriteOut(RatingOut):
     status: Literal["created", "updated"]
 
 
-FeatureValue = str | int | float | bool | list[str]
+MAX_FEATURES = 64
+MAX_FEATURE_TEXT = 1024
+INT64_MAX = 2**63 - 1
+FeatureText = Annotated[Text, Field(max_length=MAX_FEATURE_TEXT)]
+FeatureInt = Annotated[int, Field(strict=True, ge=-INT64_MAX, le=INT64_MAX)]
+FeatureValue = FeatureText | FeatureInt | FiniteFloat | bool | Annotated[list[Label], Field(max_length=MAX_FEATURES)]
 
 
 class ItemIn(StrictModel):
     """An item and its public features (never private data)."""
 
-    title: str | None = Field(default=None, max_length=512)
-    categories: list[str] = Field(default_factory=list, max_length=64,
-                                  description="Public categories (used by the recommendation filter).")
-    features: dict[str, FeatureValue] = Field(default_factory=dict, max_length=64,
-                                              description="Other public features, e.g. tags, year.")
+    title: Text | None = Field(default=None, max_length=512)
+    categories: list[Label] = Field(default_factory=list, max_length=MAX_FEATURES, description=(
+        "Public categories (used by the recommendation filter), each 1-128 characters."))
+    features: dict[Label, FeatureValue] = Field(default_factory=dict, max_length=MAX_FEATURES, description=(
+        "Other public features, e.g. tags, year: names of 1-128 characters; values a string (at most "
+        "1,024 characters), a 64-bit integer, a finite number, a boolean or a list of at most 64 labels."))
     active: bool = Field(default=True, description="Inactive items are never recommended.")
 
 

@@ -1,4 +1,4 @@
-"""Bodies of the public-data routes (DP-CMF, issue 5): similarity sources and their neighbour
+"""Bodies of the public-data routes (DP-CMF, docs/algorithms.md §3): similarity sources and their neighbour
 lists, and users' consent to make their ratings public."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
-from app.schemas.common import ExternalId, FiniteFloat, StrictModel, UtcDateTime
+from app.schemas.common import NO_NUL_PATTERN, ExternalId, FiniteFloat, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_NEIGHBOURS",
@@ -36,7 +36,7 @@ REVOKE_NOTE = (
     "while the ratings were public."
 )
 
-Provenance = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+Provenance = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000, pattern=NO_NUL_PATTERN)]
 
 
 class SimilaritySourceIn(StrictModel):

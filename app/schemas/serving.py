@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from app.schemas.common import ExternalId, StrictModel, UtcDateTime
+from app.schemas.common import ExternalId, Label, StrictModel, UtcDateTime
 
 __all__ = [
     "MAX_N",
@@ -28,7 +28,7 @@ MAX_RANKED_ITEMS = 500
 
 class RecommendationQuery(StrictModel):
     n: int = Field(default=10, ge=1, le=MAX_N, description="How many items to return.")
-    categories: list[str] | None = Field(
+    categories: list[Label] | None = Field(
         default=None, max_length=64,
         description="Only items whose public categories intersect this list.")
     exclude: list[ExternalId] = Field(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import model_store
 from app.config import Settings
-from app.db.models import Dataset, ModelVersion
+from app.db.models import ModelVersion
+from app.db.stores import admin as admin_store
 from app.errors import DatasetExists
 from app.ledger import round_up
 from app.schemas.admin import (
@@ -72,7 +72,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
 
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:
     """Create a data set with its budget account (409 when the name is taken)."""
-    if session.scalar(select(Dataset.id).where(Dataset.name == body.name)) is not None:
+    if admin_store.dataset_exists(session, body.name):
         raise DatasetExists(f"data set {body.name!r} exists", details={"dataset": body.name})
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
@@ -96,9 +96,8 @@ def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> D
 
 def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetOut]:
     """All data sets with their budgets."""
-    total = session.scalar(select(func.count()).select_from(Dataset)) or 0
-    rows = session.scalars(select(Dataset).order_by(Dataset.name).offset(offset).limit(limit)).all()
-    return Page[DatasetOut].build([_dataset_out(session, d) for d in rows], total=int(total), offset=offset,
+    rows, total = admin_store.datasets_page(session, offset, limit)
+    return Page[DatasetOut].build([_dataset_out(session, d) for d in rows], total=total, offset=offset,
                                   limit=limit)
 
 

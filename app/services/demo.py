@@ -8,12 +8,11 @@ import logging
 from functools import partial
 
 import numpy as np
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core.data.synthetic import production_synthetic
-from app.db.models import Item, Rating
+from app.db.stores.admin import holds_nothing
 from app.schemas.ingest import ItemIn
 from app.services import catalog, ingest
 from app.services.training.dispatch import enqueue_run
@@ -25,12 +24,6 @@ __all__ = ["DEMO_CATEGORIES", "seed_if_empty", "seed"]
 log = logging.getLogger("privrec.demo")
 
 DEMO_CATEGORIES = ("action", "comedy", "drama", "documentary", "family", "sci-fi", "thriller", "romance")
-
-
-def _is_empty(session: Session, dataset_id: int) -> bool:
-    n_items = session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == dataset_id)) or 0
-    n_ratings = session.scalar(select(func.count()).select_from(Rating).where(Rating.dataset_id == dataset_id)) or 0
-    return n_items == 0 and n_ratings == 0
 
 
 def seed(session: Session, *, dataset: str, n_users: int = 2000, n_items: int = 500,
@@ -55,7 +48,7 @@ def seed_if_empty(session: Session, *, dataset: str, settings: Settings) -> bool
     """Seed ``dataset`` and reserve a first training run when it holds nothing yet (the caller
     commits both at once; the run is enqueued after that commit)."""
     ds = catalog.get_dataset(session, dataset)
-    if not _is_empty(session, ds.id):
+    if not holds_nothing(session, ds.id):
         return False
     n = seed(session, dataset=ds.name)
     run_id = _start_demo_run(session, ds.name, settings)

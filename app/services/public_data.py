@@ -1,4 +1,4 @@
-"""Public data for DP-CMF (issue 5): item metadata tokens, public item-item similarities and
+"""Public data for DP-CMF (docs/algorithms.md §3): item metadata tokens, public item-item similarities and
 public users (who opted in to making their ratings public).
 
 Public sources must never be derived from private users' data. The product enforces what it can:
@@ -10,16 +10,8 @@ Public sources must never be derived from private users' data. The product enfor
 * training removes public users' rows from the private ratings before any private statistic
   (:func:`app.core.mf.dpcmf.split_public_users`).
 
-Metadata tokens (:func:`item_tokens`) come from an item's public ``categories`` and ``features``:
-
-* each category ``c`` -> ``"category:c"``;
-* a string feature ``k: v`` -> ``"k:v"``; a list of strings ``k: [a, b]`` -> ``"k:a"``, ``"k:b"``;
-* a boolean feature ``k: true`` -> ``"k"`` (false gives nothing);
-* numbers are ignored (bucket them into a string feature, e.g. ``"decade": "1990s"``).
-
-Values are stripped of surrounding white space and otherwise kept as given (case-sensitive);
-empty strings give nothing. Tokens carried by fewer than :data:`MIN_TOKEN_ITEMS` items are dropped
-(a token on one item ties that item to nothing).
+Metadata tokens (:func:`item_tokens`, from an item's public categories and features) are defined
+in :mod:`app.core.data.item_tokens`; training reads these inputs through :mod:`app.db.loaders`.
 
 Functions never commit; the caller does. Invalid input raises a ``PrivrecError`` before anything
 is written.
@@ -29,30 +21,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import numpy as np
-import scipy.sparse as sp
-from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.core.data.ratings import Ratings
-from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
-from app.db.dialect import chunks, rows_matched
+from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
 from app.db.models import (
     Dataset,
-    Item,
-    ItemSimilarity,
     PublicRatingConsent,
     PublicRatingConsentEvent,
     SimilaritySource,
-    User,
     bump_ratings_version,
-    table_of,
     utcnow,
 )
+from app.db.stores import public_inputs as store
 from app.errors import (
     BatchTooLarge,
     InvalidRows,
@@ -75,7 +57,6 @@ from app.schemas.public_data import (
     PublicUserOut,
     SimilaritySourceOut,
 )
-from app.services.bulk_read import item_index, load_triplets, ratings_from_triplets
 from app.services.catalog import get_dataset, item_row_ids
 from app.services.ingest import ensure_user_rows
 
@@ -92,46 +73,16 @@ __all__ = [
     "get_public_ratings",
     "public_users_page",
     "consent_events_page",
-    "public_user_ids",
-    "load_ratings_and_public",
 ]
 
-MIN_TOKEN_ITEMS = 2
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 NeighbourList = Sequence[tuple[str, float]]
 
 
-# ---------------------------------------------------------------------------- metadata tokens
-def item_tokens(categories: Iterable[Any] | None, features: dict[str, Any] | None) -> list[str]:
-    """The public metadata tokens of one item (tokenisation in the module docstring), sorted."""
-    tokens: set[str] = set()
-
-    def add(key: str, value: Any) -> None:
-        if isinstance(value, str) and value.strip():
-            tokens.add(f"{key}:{value.strip()}")
-
-    for c in categories or ():
-        add("category", c)
-    for key, value in (features or {}).items():
-        key = str(key).strip()
-        if not key:
-            continue
-        if isinstance(value, bool):
-            if value:
-                tokens.add(key)
-        elif isinstance(value, list):
-            for v in value:
-                add(key, v)
-        else:
-            add(key, value)  # numbers (and anything else) are ignored
-    return sorted(tokens)
-
-
 # ---------------------------------------------------------------------------- similarity sources
 def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False) -> SimilaritySource:
-    stmt = select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id, SimilaritySource.name == name)
-    src = session.scalar(stmt.with_for_update() if lock else stmt)
+    src = store.source(session, ds.id, name, lock=lock)
     if src is None:
         raise UnknownSimilaritySource(f"unknown similarity source {name!r} in data set {ds.name!r}",
                                       details={"source": name})
@@ -139,9 +90,7 @@ def _source_row(session: Session, ds: Dataset, name: str, *, lock: bool = False)
 
 
 def _source_out(session: Session, src: SimilaritySource) -> SimilaritySourceOut:
-    n_pairs, n_items = session.execute(
-        select(func.count(), func.count(func.distinct(ItemSimilarity.item_id))).where(ItemSimilarity.source_id == src.id)
-    ).one()
+    n_pairs, n_items = store.source_counts(session, src.id)
     return SimilaritySourceOut(name=src.name, provenance=src.provenance, declared_public=bool(src.declared_public),
                                created_by=src.created_by, created_at=src.created_at, updated_at=src.updated_at,
                                n_items=int(n_items), n_pairs=int(n_pairs))
@@ -163,8 +112,7 @@ def put_similarity_source(session: Session, *, dataset: str, name: str, provenan
     if not provenance:
         raise ProvenanceRequired("a similarity source needs a provenance (URL or citation)")
     ds = get_dataset(session, dataset)
-    src = session.scalar(select(SimilaritySource).where(SimilaritySource.dataset_id == ds.id,
-                                                        SimilaritySource.name == name).with_for_update())
+    src = store.source(session, ds.id, name, lock=True)
     created = src is None
     if src is None:
         src = SimilaritySource(dataset_id=ds.id, name=name, provenance=provenance, declared_public=True,
@@ -185,11 +133,8 @@ def get_similarity_source(session: Session, *, dataset: str, name: str) -> Simil
 def similarity_sources_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[SimilaritySourceOut]:
     """One page of a data set's similarity sources, by name."""
     ds = get_dataset(session, dataset)
-    where = SimilaritySource.dataset_id == ds.id
-    total = session.scalar(select(func.count()).select_from(SimilaritySource).where(where)) or 0
-    rows = session.scalars(select(SimilaritySource).where(where).order_by(SimilaritySource.name)
-                           .offset(offset).limit(limit)).all()
-    return Page[SimilaritySourceOut].build([_source_out(session, r) for r in rows], total=int(total),
+    rows, total = store.sources_page(session, ds.id, offset, limit)
+    return Page[SimilaritySourceOut].build([_source_out(session, r) for r in rows], total=total,
                                            offset=offset, limit=limit)
 
 
@@ -197,12 +142,10 @@ def delete_similarity_source(session: Session, *, dataset: str, name: str) -> in
     """Delete a source and its neighbour lists; return the pairs removed."""
     ds = get_dataset(session, dataset)
     src = _source_row(session, ds, name, lock=True)
-    removed = rows_matched(session.execute(delete(ItemSimilarity).where(ItemSimilarity.source_id == src.id)))
-    session.delete(src)
-    session.flush()
+    removed = store.delete_source(session, src)
     if removed:
         bump_ratings_version(session, ds.id, n=1)
-    return int(removed)
+    return removed
 
 
 def _check_sizes(rows: Sequence[tuple[str, NeighbourList]], max_rows: int | None) -> None:
@@ -265,14 +208,9 @@ def replace_neighbours(session: Session, *, dataset: str, source: str,
     item_map = item_row_ids(session, ds, ids)
     _validate_rows(rows, item_map)
     owners = [item_map[item] for item, _ in rows]
-    removed = 0
-    for part in chunks(owners):
-        removed += rows_matched(session.execute(delete(ItemSimilarity).where(
-            ItemSimilarity.source_id == src.id, ItemSimilarity.item_id.in_(part))))
     pairs = [{"source_id": src.id, "item_id": item_map[item], "neighbour_id": item_map[other], "score": float(score)}
              for item, neighbours in rows for other, score in neighbours]
-    for part in chunks(pairs):
-        session.execute(table_of(ItemSimilarity).insert(), list(part))
+    removed = store.replace_lists(session, src.id, owners, pairs)
     src.updated_at = utcnow()
     bump_ratings_version(session, ds.id, n=1)
     session.flush()
@@ -286,13 +224,8 @@ def item_neighbours(session: Session, *, dataset: str, source: str, item_id: str
     iid = item_row_ids(session, ds, [item_id]).get(item_id)
     if iid is None:
         raise UnknownItem(f"unknown item {item_id!r}", details={"item_id": item_id})
-    rows = session.execute(
-        select(Item.external_id, ItemSimilarity.score).join(Item, Item.id == ItemSimilarity.neighbour_id)
-        .where(ItemSimilarity.source_id == src.id, ItemSimilarity.item_id == iid)
-        .order_by(ItemSimilarity.score.desc(), Item.external_id)
-    ).all()
-    return NeighboursOut(source=source, item_id=item_id,
-                         neighbours=[Neighbour(item_id=e, score=float(s)) for e, s in rows])
+    rows = store.neighbour_list(session, src.id, iid)
+    return NeighboursOut(source=source, item_id=item_id, neighbours=[Neighbour(item_id=e, score=s) for e, s in rows])
 
 
 # ---------------------------------------------------------------------------- public users
@@ -309,8 +242,7 @@ def set_public_ratings(session: Session, *, dataset: str, user_id: str, public: 
     ds = get_dataset(session, dataset)
     now = utcnow()
     uid = ensure_user_rows(session, [user_id], now)[user_id]
-    session.scalar(select(User.id).where(User.id == uid).with_for_update())  # serialises this user's changes
-    row = session.get(PublicRatingConsent, (ds.id, uid), with_for_update=True)
+    row = store.lock_consent(session, ds.id, uid)  # serialises this user's changes
     if row is not None and bool(row.public) == bool(public):
         return _consent_out(ds, user_id, row, changed=False)
     if row is None:
@@ -327,113 +259,22 @@ def set_public_ratings(session: Session, *, dataset: str, user_id: str, public: 
 def get_public_ratings(session: Session, *, dataset: str, user_id: str) -> PublicRatingsOut:
     """The user's current choice (false when never set)."""
     ds = get_dataset(session, dataset)
-    row = session.scalar(select(PublicRatingConsent).join(User, User.id == PublicRatingConsent.user_id)
-                         .where(PublicRatingConsent.dataset_id == ds.id, User.external_id == user_id))
+    row = store.consent(session, ds.id, user_id)
     return _consent_out(ds, user_id, row, changed=False)
 
 
 def public_users_page(session: Session, *, dataset: str, offset: int, limit: int) -> Page[PublicUserOut]:
     """Users whose ratings of ``dataset`` are public now (by their own choice), by user id."""
     ds = get_dataset(session, dataset)
-    base = (select(User.external_id, PublicRatingConsent.updated_at).join(User, User.id == PublicRatingConsent.user_id)
-            .where(PublicRatingConsent.dataset_id == ds.id, PublicRatingConsent.public.is_(True)))
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(User.external_id).offset(offset).limit(limit)).all()
+    rows, total = store.public_users_page(session, ds.id, offset, limit)
     items = [PublicUserOut(user_id=e, public=True, updated_at=t) for e, t in rows]
-    return Page[PublicUserOut].build(items, total=int(total), offset=offset, limit=limit)
+    return Page[PublicUserOut].build(items, total=total, offset=offset, limit=limit)
 
 
 def consent_events_page(session: Session, *, dataset: str, offset: int, limit: int,
                         user_id: str | None = None) -> Page[ConsentEventOut]:
     """The consent audit trail (oldest first), optionally for one user."""
     ds = get_dataset(session, dataset)
-    E = PublicRatingConsentEvent
-    base = select(E.id, User.external_id, E.public, E.actor, E.created_at).join(User, User.id == E.user_id).where(
-        E.dataset_id == ds.id)
-    if user_id is not None:
-        base = base.where(User.external_id == user_id)
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(E.id).offset(offset).limit(limit)).all()
-    items = [ConsentEventOut(id=i, user_id=u, public=bool(p), actor=a, created_at=t) for i, u, p, a, t in rows]
-    return Page[ConsentEventOut].build(items, total=int(total), offset=offset, limit=limit)
-
-
-def public_user_ids(session: Session, ds: Dataset) -> np.ndarray:
-    """Database ids of the users whose ratings of ``ds`` are public now (sorted)."""
-    ids = session.scalars(select(PublicRatingConsent.user_id).where(
-        PublicRatingConsent.dataset_id == ds.id, PublicRatingConsent.public.is_(True)))
-    return np.sort(np.fromiter(ids, dtype=np.int64))
-
-
-# ---------------------------------------------------------------------------- training inputs
-def _metadata(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource:
-    rows = session.execute(select(Item.id, Item.categories, Item.features).where(Item.dataset_id == ds.id)).all()
-    by_id = {i: item_tokens(c, f) for i, c, f in rows}
-    return metadata_source([by_id.get(i, ()) for i in item_db.tolist()], min_items=MIN_TOKEN_ITEMS)
-
-
-def _similarity_block(item_pos: np.ndarray, neighbour_pos: np.ndarray, scores: np.ndarray,
-                      n_items: int) -> sp.csr_matrix:
-    """One source's neighbour lists as S rows, each row also holding its own item.
-
-    Row j lists j's neighbours with their scores and j itself with the row's largest |score|
-    (an item is at least as similar to itself as to its nearest neighbour): without that entry
-    the row would fit w_f to the neighbours only and never reach v_j, so an item with no
-    private ratings would get nothing from its own list (stored lists never hold self pairs).
-    """
-    owners = np.unique(item_pos)
-    top = np.zeros(n_items)
-    np.maximum.at(top, item_pos, np.abs(scores))
-    block = similarity_source(np.concatenate([item_pos, owners]), np.concatenate([neighbour_pos, owners]),
-                              np.concatenate([scores, top[owners]]), n_items)
-    return block.matrix
-
-
-def _similarities(session: Session, ds: Dataset, item_db: np.ndarray, item_ext: np.ndarray) -> PublicSource | None:
-    """Every declared-public source's lists stacked (one row per (source, item)); None when empty."""
-    rows = session.execute(
-        select(SimilaritySource.name, ItemSimilarity.item_id, ItemSimilarity.neighbour_id, ItemSimilarity.score)
-        .join(SimilaritySource, SimilaritySource.id == ItemSimilarity.source_id)
-        .where(SimilaritySource.dataset_id == ds.id, SimilaritySource.declared_public.is_(True))
-    ).all()
-    grouped: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
-    for name, item, neighbour, score in rows:
-        grouped[name].append((item, neighbour, score))
-    blocks, labels = [], []
-    for name in sorted(grouped):
-        arr = np.array(grouped[name], dtype=np.float64)
-        i, k = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
-        pos_i, pos_k = np.searchsorted(item_db, i), np.searchsorted(item_db, k)
-        if np.any(pos_i >= len(item_db)) or np.any(pos_k >= len(item_db)) \
-                or not (np.array_equal(item_db[pos_i], i) and np.array_equal(item_db[pos_k], k)):
-            raise RuntimeError("similarities reference items outside their data set")
-        block = _similarity_block(pos_i, pos_k, arr[:, 2], len(item_db))
-        blocks.append(block)
-        owners = np.unique(pos_i)
-        labels += [f"{name}:{e}" for e in item_ext[owners].tolist()]
-    if not blocks:
-        return None
-    return PublicSource("similarities", sp.vstack(blocks, format="csr"), tuple(labels))
-
-
-def _split_public_users(session: Session, ds: Dataset, ratings: Ratings) -> tuple[Ratings, PublicSource | None]:
-    """(private ratings without public users' rows, their rows as the public_users source or None)."""
-    public_ids = np.intersect1d(public_user_ids(session, ds), np.asarray(ratings.user_ids, dtype=np.int64))
-    if len(public_ids) == 0:
-        return ratings, None
-    return split_public_users(ratings, public_ids)
-
-
-def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
-    """DP-CMF's inputs: (private ratings, {"public": PublicData}).
-
-    The private ratings leave out every public user's rows (their users too), so no private
-    statistic contains them; items are every item of ``ds`` in :func:`item_index` order and the
-    public sources' columns follow it. Sources with no entries are left out.
-    """
-    item_db, item_ext = item_index(session, ds)
-    ratings = ratings_from_triplets(item_db, item_ext, *load_triplets(session, ds))
-    private, users = _split_public_users(session, ds, ratings)
-    sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
-    kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
-    return private, {"public": PublicData(kept)}
+    rows, total = store.consent_events_page(session, ds.id, offset, limit, user_id)
+    items = [ConsentEventOut(id=i, user_id=u, public=p, actor=a, created_at=t) for i, u, p, a, t in rows]
+    return Page[ConsentEventOut].build(items, total=total, offset=offset, limit=limit)

@@ -1,7 +1,7 @@
-"""Votes (thumbs up/down): settings, ingestion with randomised response, listing, training input.
+"""Votes (thumbs up/down): settings, ingestion with randomised response, listing.
 
 A data set either stores **raw** votes (``vote_local_epsilon`` NULL: idempotent upserts, like
-ratings) or **randomises at ingestion** (local DP, issue 6, algorithms.md §4 InP):
+ratings) or **randomises at ingestion** (local DP, docs/algorithms.md §4, InP):
 
 * each vote is randomised exactly once on arrival, flipped with p = 1/(1+e^ε0) by
   ``app.core.onebit.randomize_votes`` from a generator seeded per request with 128 bits from the
@@ -28,19 +28,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
-from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.core.data.ratings import Ratings
 from app.core.onebit import flip_probability, local_randomisation_event, randomize_votes
 from app.core.privacy.accounting import Relation
-from app.db.dialect import insert_for
-from app.db.models import Dataset, Item, LedgerEntry, User, Vote, VoteAllowance, bump_ratings_version, table_of, utcnow
-from app.db.session import is_postgres
+from app.db.models import Dataset, LedgerEntry, Vote, VoteAllowance, bump_ratings_version, utcnow
+from app.db.stores import catalogue_store
+from app.db.stores.catalogue import DatasetLock
+from app.db.stores.votes import votes_store
 from app.errors import (
     CapRequired,
-    InvalidHyperparameters,
     InvalidRows,
     LocalEpsilonMismatch,
     PrivrecError,
@@ -53,8 +51,7 @@ from app.errors import (
 )
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
-from app.services.bulk_read import load_ratings
-from app.services.catalog import item_row_ids, unknown_dataset
+from app.services.catalog import item_row_ids
 from app.services.ingest import ensure_user_rows
 
 __all__ = [
@@ -67,8 +64,6 @@ __all__ = [
     "delete_vote",
     "list_user_votes",
     "user_votes_arrays",
-    "load_votes",
-    "votes_training_params",
 ]
 
 Randomiser = Literal["server", "client"]  # who applied randomised response to a stored vote
@@ -84,20 +79,14 @@ DELETE_NOTE = (
 
 
 # ----------------------------------------------------------------------------- data set access
-def _dataset(session: Session, name: str, *, lock: str | None = None) -> Dataset:
+def _dataset(session: Session, name: str, *, lock: DatasetLock | None = None) -> Dataset:
     """The data set ``name`` (404), optionally row-locked on PostgreSQL.
 
     ``lock="share"`` (ingestion): FOR KEY SHARE, compatible with other ingests (and with their
     ``ratings_version`` bump) but not with ``lock="update"`` (settings changes): a vote is never
     written under settings that are being changed. SQLite serialises writers anyway.
     """
-    stmt = select(Dataset).where(Dataset.name == name)
-    if lock is not None and is_postgres(session):
-        stmt = stmt.with_for_update(read=lock == "share", key_share=lock == "share")
-    ds = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
-    if ds is None:
-        raise unknown_dataset(name)
-    return ds
+    return catalogue_store(session).get_dataset(name, lock=lock)
 
 
 def _randomising(ds: Dataset) -> bool:
@@ -119,13 +108,12 @@ def _randomiser(stored: str | None) -> Randomiser | None:
 # ----------------------------------------------------------------------------- settings
 def _local_entry(session: Session, ds: Dataset) -> LedgerEntry | None:
     acct = ledger.account_for(session, ds.id)
-    return session.scalar(select(LedgerEntry).where(LedgerEntry.account_id == acct.id, LedgerEntry.kind == "local")
-                          .order_by(LedgerEntry.seq.desc()).limit(1))
+    return votes_store(session).latest_local_entry(acct.id)
 
 
 def _settings_out(session: Session, ds: Dataset) -> VoteSettingsOut:
     eps0, cap = ds.vote_local_epsilon, ds.votes_per_user_cap
-    n_votes = session.scalar(select(func.count()).select_from(Vote).where(Vote.dataset_id == ds.id)) or 0
+    n_votes = votes_store(session).count_votes(ds.id)
     entry = _local_entry(session, ds) if eps0 is not None else None
     return VoteSettingsOut(
         dataset=ds.name, local_epsilon=eps0, votes_per_user_cap=cap, randomised_at_ingestion=eps0 is not None,
@@ -158,10 +146,7 @@ def local_parameters(epsilon0: float, cap: int) -> dict[str, Any]:
 
 def _votes_ever_given(session: Session, ds: Dataset) -> bool:
     """Whether the data set holds a vote or ever gave out a randomised bit."""
-    vote = session.scalar(select(Vote.id).where(Vote.dataset_id == ds.id).limit(1))
-    given = session.scalar(select(VoteAllowance.user_key).where(
-        VoteAllowance.dataset_id == ds.id, VoteAllowance.randomised_votes > 0).limit(1))
-    return vote is not None or given is not None
+    return votes_store(session).votes_ever_given(ds.id)
 
 
 def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | None,
@@ -246,15 +231,12 @@ def _validate(session: Session, ds: Dataset, users: Sequence[str], items: Sequen
 
 def _lock_users(session: Session, uids: Sequence[int]) -> None:
     """Serialise writers per user (cap checks): row locks in id order (no deadlocks)."""
-    if is_postgres(session) and uids:
-        session.execute(select(User.id).where(User.id.in_(sorted(set(uids)))).order_by(User.id)
-                        .with_for_update(key_share=True))
+    votes_store(session).lock_users(uids)
 
 
 def _existing(session: Session, ds: Dataset, uids: Sequence[int]) -> dict[tuple[int, int], Vote]:
     """The data set's stored votes of these users, keyed by (user, item) row ids."""
-    rows = session.scalars(select(Vote).where(Vote.dataset_id == ds.id, Vote.user_id.in_(sorted(set(uids)))))
-    return {(v.user_id, v.item_id): v for v in rows}
+    return votes_store(session).existing_votes(ds.id, uids)
 
 
 def _cap_refusal(ds: Dataset, over: dict[str, tuple[int, int]], randomised: bool) -> VoteCapExceeded:
@@ -294,11 +276,7 @@ def _write_raw(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     values = [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": int(r.vote), "randomised": False,
                "local_epsilon": None, "randomised_by": None, "created_at": now, "updated_at": now}
               for (u, i), r in zip(pairs, b.rows, strict=True)]
-    for start in range(0, len(values), 1000):
-        stmt = insert_for(session, Vote.__table__).values(values[start:start + 1000])
-        session.execute(stmt.on_conflict_do_update(
-            index_elements=["dataset_id", "user_id", "item_id"],
-            set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at}))
+    votes_store(session).upsert_raw_votes(values)
     return ["updated" if p in existing else "created" for p in pairs]
 
 
@@ -321,8 +299,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     pairs = list(zip(b.uids, b.iids, strict=True))
     new_k = [k for k, p in enumerate(pairs) if p not in existing]
     keys = {uid: allowance_key(ds.id, user) for uid, user in zip(b.uids, b.users, strict=True)}
-    by_key = {a.user_key: a for a in session.scalars(select(VoteAllowance).where(
-        VoteAllowance.dataset_id == ds.id, VoteAllowance.user_key.in_(sorted(set(keys.values())))))}
+    by_key = votes_store(session).allowances(ds.id, list(keys.values()))
     allowances = {uid: by_key[key] for uid, key in keys.items() if key in by_key}
     new_per_user = _count_new([pairs[k] for k in new_k])
     current = {u: a.randomised_votes for u, a in allowances.items()}
@@ -330,7 +307,7 @@ def _write_randomised(session: Session, ds: Dataset, b: _Batch) -> list[Status]:
     if new_k:
         bits, by = _randomised_bits(ds, [b.rows[k] for k in new_k])
         now = utcnow()
-        session.execute(table_of(Vote).insert(), [
+        votes_store(session).insert_votes([
             {"dataset_id": ds.id, "user_id": pairs[k][0], "item_id": pairs[k][1], "value": int(bit),
              "randomised": True, "local_epsilon": _epsilon0(ds), "randomised_by": who,
              "created_at": now, "updated_at": now}
@@ -373,9 +350,7 @@ def _write(session: Session, ds: Dataset, users: Sequence[str], items: Sequence[
 
 
 def _stored(session: Session, ds: Dataset, user_id: str, item_id: str) -> Vote:
-    vote = session.scalar(select(Vote).join(User, User.id == Vote.user_id).join(Item, Item.id == Vote.item_id)
-                          .where(Vote.dataset_id == ds.id, User.external_id == user_id, Item.external_id == item_id)
-                          .execution_options(populate_existing=True))
+    vote = votes_store(session).stored_vote(ds.id, user_id, item_id)
     if vote is None:
         raise UnknownVote("no such vote", details={"user_id": user_id, "item_id": item_id})
     return vote
@@ -421,7 +396,7 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
     """Delete one vote (404 when absent). The randomised-vote allowance is not given back."""
     ds = _dataset(session, dataset, lock="share")
     vote = _stored(session, ds, user_id, item_id)
-    session.execute(delete(Vote).where(Vote.id == vote.id))
+    votes_store(session).delete_vote(vote.id)
     bump_ratings_version(session, ds.id, n=1)
     return 1
 
@@ -429,25 +404,17 @@ def delete_vote(session: Session, *, dataset: str, user_id: str, item_id: str) -
 # ----------------------------------------------------------------------------- reading
 def user_votes_arrays(session: Session, *, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
     """The one user's own stored bits in a data set: (external item ids, ±1). Privileged."""
-    rows = session.execute(
-        select(Item.external_id, Vote.value).join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
-        .where(Vote.dataset_id == dataset_id, User.external_id == user_id)
-    ).all()
+    rows = votes_store(session).user_votes(dataset_id, user_id)
     return [r[0] for r in rows], [float(r[1]) for r in rows]
 
 
 def list_user_votes(session: Session, *, dataset: str, user_id: str, offset: int, limit: int) -> Page[VoteOut]:
     """One page of the user's own stored bits, ordered by item id."""
     ds = _dataset(session, dataset)
-    base = (select(Item.external_id, Vote.value, Vote.randomised, Vote.randomised_by, Vote.local_epsilon,
-                   Vote.updated_at)
-            .join(Item, Item.id == Vote.item_id).join(User, User.id == Vote.user_id)
-            .where(Vote.dataset_id == ds.id, User.external_id == user_id))
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
-    items = [VoteOut(item_id=e, vote=int(v), randomised=bool(r), randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
+    rows, total = votes_store(session).user_votes_page(ds.id, user_id, offset, limit)
+    items = [VoteOut(item_id=e, vote=v, randomised=r, randomised_by=_randomiser(by), local_epsilon=eps, updated_at=t)
              for e, v, r, by, eps, t in rows]
-    return Page[VoteOut].build(items, total=int(total), offset=offset, limit=limit)
+    return Page[VoteOut].build(items, total=total, offset=offset, limit=limit)
 
 
 # ----------------------------------------------------------------------------- training
@@ -462,49 +429,8 @@ def check_pre_randomised_settings(ds: Dataset, local_epsilon: float | None) -> N
 def lock_pre_randomised(session: Session, ds: Dataset, local_epsilon: float) -> Dataset:
     """Lock the data set's vote settings (FOR KEY SHARE on PostgreSQL, as ingestion does) until
     the training data is read in this transaction, and re-check them (public). The read itself
-    (:func:`load_votes` with ``local_epsilon``) takes only bits randomised with ε0, so a stored
+    (:func:`app.db.loaders.load_votes` with ``local_epsilon``) takes only bits randomised with ε0, so a stored
     bit that was not (impossible through this module) is never read and decides nothing."""
     locked = _dataset(session, ds.name, lock="share")
     check_pre_randomised_settings(locked, local_epsilon)
     return locked
-
-
-def load_votes(session: Session, ds: Dataset, *, local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
-    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue);
-    with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
-    return load_ratings(session, ds, table="votes", local_epsilon=local_epsilon), {}
-
-
-_FORCED = ("pre_randomised", "local_epsilon")
-
-
-def votes_training_params(ds: Dataset, params: dict[str, Any] | None) -> dict[str, Any]:
-    """The caller's hyper-parameters for a votes algorithm with what the data set decides.
-
-    Randomising data set: for InP (the default mechanism) ``pre_randomised=True,
-    local_epsilon=ε0`` are forced (callers cannot choose them): the run flips nothing and is
-    post-processing of the local guarantee (charged 0). Another mechanism trains on the stored
-    bits as data and is charged its own event. ``votes_per_user`` defaults to the data set's cap.
-    Raw data set: ``pre_randomised=True`` is refused (the bits were not randomised). 422 otherwise.
-    ``user_rows`` defaults to the data set's declared public bound ``max_users`` (add/remove-one-
-    user relation; excess voters are dropped at random, never refused).
-    """
-    out = dict(params or {})
-    if ds.max_users is not None:
-        out.setdefault("user_rows", max(2, int(ds.max_users)))
-    chosen = [k for k in _FORCED if k in out]
-    if _randomising(ds):
-        if chosen:
-            raise InvalidHyperparameters(f"{', '.join(chosen)} cannot be chosen: data set {ds.name!r} randomises votes "
-                                 f"at ingestion with epsilon0 {ds.vote_local_epsilon}; the service sets them")
-        if out.get("mechanism", "inp") == "inp":
-            out.update(pre_randomised=True, local_epsilon=_epsilon0(ds))
-        if ds.votes_per_user_cap is not None:
-            out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
-        return out
-    if out.get("pre_randomised") or out.get("local_epsilon") is not None:
-        raise InvalidHyperparameters(f"data set {ds.name!r} stores raw votes: pre_randomised / local_epsilon "
-                             "cannot be set (turn on randomisation at ingestion in the vote settings)")
-    if ds.votes_per_user_cap is not None:
-        out.setdefault("votes_per_user", int(ds.votes_per_user_cap))
-    return out

@@ -146,19 +146,43 @@ def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch
     uvicorn's 5 s) to answer its first ping, and uvicorn's access log (raw paths name users) is off."""
     import uvicorn
 
+    from app import api_workers
     from app.config import Settings
 
     seen: dict = {}
     monkeypatch.setattr(cli, "_settings", lambda: Settings(redis_url=None, database_url="sqlite:///:memory:"))
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: seen.update(options))
-    monkeypatch.setattr(cli, "Supervisor", lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
-    monkeypatch.setattr(cli, "reuse_port_listeners", lambda host, port, count: [None] * count)
+    monkeypatch.setattr(api_workers, "Supervisor",
+                        lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
+    monkeypatch.setattr(api_workers, "reuse_port_listeners", lambda host, port, count: [None] * count)
     cli.main(["api", "--port", "8123"])
     assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
     cli.main(["api", "--port", "8123", "--workers", "2"])
     config = seen["config"]
     assert config.workers == 2 and config.access_log is False and len(seen["sockets"]) == 2
     assert config.timeout_worker_healthcheck == cli.WORKER_HEALTHCHECK_S
+
+
+def test_api_empties_the_metrics_folder_of_a_previous_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prometheus_client's multi-process mode sums every file in PROMETHEUS_MULTIPROC_DIR: `privrec api`
+    creates the folder and removes a previous run's files before it starts its processes."""
+    import uvicorn
+
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    (folder / "counter_123.db").write_bytes(b"stale")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(folder))
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///:memory:")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    reset_settings_cache()
+    try:
+        assert cli.main(["api", "--port", "8123"]) == 0
+        assert folder.is_dir() and list(folder.iterdir()) == []
+        folder.rmdir()
+        assert cli.main(["api", "--port", "8123"]) == 0 and folder.is_dir()
+    finally:
+        reset_settings_cache()
 
 
 class _NoRun:

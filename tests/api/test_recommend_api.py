@@ -55,7 +55,7 @@ def test_category_filter_exclude_list_and_post_form(published: Env) -> None:
     # deactivated items disappear from recommendations
     env.client.put(f"{R}/items/{again['items'][0]['item_id']}", headers=env.admin,
                    json={"categories": ["even"], "active": False})
-    from app.services.serving.active import invalidate_catalog
+    from app.services.serving.catalogue_cache import invalidate_catalog
     invalidate_catalog()
     later = _reco(env, "u1", n=50, category="even").json()
     assert again["items"][0]["item_id"] not in {x["item_id"] for x in later["items"]}

@@ -10,15 +10,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.db import async_read
+from app.db import async_read, hot_read
+from app.db.stores.serving import ACTIVE_AND_RATINGS_MANY, active_and_ratings
 from app.schemas.serving import RecommendationQuery
-from app.services.serving import hot_read, recommend
-from app.services.serving.active import (
-    ACTIVE_AND_RATINGS,
-    ACTIVE_AND_RATINGS_MANY,
-    active_and_ratings_params,
-    ratings_from_rows,
-)
+from app.services.serving import recommend
+from app.services.serving.active import ratings_from_rows
 from tests.api.conftest import Env, seed_ratings, train_and_publish
 
 USERS = ["u0", "u1", "u2", "u3", "u4", "u5", "nobody"]
@@ -31,7 +27,7 @@ def _bind(env: Env) -> Any:
 
 def _session_rows(env: Env, user: str) -> list[tuple[Any, ...]]:
     with env.session() as s:
-        return sorted(tuple(r) for r in hot_read.read_rows(s, ACTIVE_AND_RATINGS, active_and_ratings_params("default", user)))
+        return sorted(tuple(r) for r in active_and_ratings(s, "default", user))
 
 
 def _published(env: Env) -> None:
@@ -55,6 +51,7 @@ def test_grouped_reads_give_each_user_their_own_rows(env: Env, monkeypatch: pyte
         statements.append(list(params["keys"]))
         return await real_rows(self, sql, params)
 
+    # the pool's own statement method, watched: how reads were grouped is invisible in their rows
     monkeypatch.setattr(async_read.AsyncReadPool, "rows", counted)
 
     async def read_all() -> list[Any]:
@@ -116,7 +113,7 @@ def test_groups_of_many_data_set_names_stay_bounded(env: Env) -> None:
                 for k in range(hot_read.MAX_GROUPS + 50)]
 
     assert all(rows == [] for rows in asyncio.run(read_many()))  # unknown data sets: no rows
-    assert len(hot_read._groups) <= hot_read.MAX_GROUPS
+    assert hot_read.open_groups() <= hot_read.MAX_GROUPS
 
 
 def _held_first_statement(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], dict[str, asyncio.Event]]:
@@ -131,6 +128,7 @@ def _held_first_statement(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[st
             await gate["release"].wait()  # a statement held up (PostgreSQL's backend without a core)
         return await real_rows(self, sql, params)
 
+    # the pool's own statement method, watched: how reads were grouped is invisible in their rows
     monkeypatch.setattr(async_read.AsyncReadPool, "rows", held)
     return statements, gate
 

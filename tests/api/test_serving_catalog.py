@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.db.session import get_sessionmaker
 from app.services import catalog
-from app.services.serving import active
+from app.services.serving import catalogue_cache
 from tests.api.conftest import Env
 
 R = "/v1/datasets/default"
@@ -20,9 +20,9 @@ class _CountingSession(Session):
     returned: list[int] = []
 
     def execute(self, *args, **kwargs):  # type: ignore[override]
-        rows = super().execute(*args, **kwargs).all()
-        self.returned.append(len(rows))
-        return rows
+        frozen = super().execute(*args, **kwargs).freeze()
+        self.returned.append(len(frozen().all()))
+        return frozen()
 
 
 def test_catalogue_reload_reads_only_items_that_carry_a_fact(env: Env) -> None:
@@ -40,7 +40,7 @@ def test_catalogue_reload_reads_only_items_that_carry_a_fact(env: Env) -> None:
     try:
         with _CountingSession(bind=engine) as s:
             _CountingSession.returned = []
-            got = active._load_catalog(s, dataset_id)
+            got = catalogue_cache.load_catalog(s, dataset_id)
     finally:
         engine.dispose()
     assert got.inactive == {"gone", "gone-tagged", "plain-7"}

@@ -1,5 +1,5 @@
 """One relation per account, group-privacy conversion in the ledger, the per-person bound and
-migration 0004, on SQLite and PostgreSQL (issue 12, items 3 and 4)."""
+migration 0004, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from sqlalchemy import delete, select, update
 
 from app import ledger, model_store
 from app.core.algorithms import get_algorithm
+from app.db import loaders
 from app.db.models import Dataset, Item, Rating, User
 from app.db.session import session_scope
 from app.schemas.serving import RecommendationQuery
@@ -77,7 +78,7 @@ def _start(url: str, algorithm: str, hyper: dict) -> int:
 def _inputs(url: str):
     with session_scope(url) as s:
         ds = s.scalar(select(Dataset).where(Dataset.name == "default"))
-        return public_data.load_ratings_and_public(s, ds)
+        return loaders.load_ratings_and_public(s, ds)
 
 
 def _user_db_ids(url: str, externals) -> dict[str, int]:

@@ -14,6 +14,7 @@ from dp_accounting import dp_event
 from app import ledger, model_store
 from app.core import onebit
 from app.core.privacy.accounting import epsilon_rdp, event_from_json
+from app.db import loaders
 from app.db.models import LedgerEntry, ModelVersion, TrainingRun
 from app.db.session import session_scope
 from app.errors import InvalidRequest
@@ -212,8 +213,8 @@ def test_a_free_run_never_reads_a_bit_not_randomised_with_its_epsilon0(db_url, s
     assert runner.run_training(run_id, url=db_url, settings=settings) == "succeeded"
     with session_scope(db_url) as s:
         ds = get_dataset(s, "default")
-        read, _ = votes.load_votes(s, ds, local_epsilon=2.0)
-        everything, _ = votes.load_votes(s, ds)
+        read, _ = loaders.load_votes(s, ds, local_epsilon=2.0)
+        everything, _ = loaders.load_votes(s, ds)
         assert everything.nnz == read.nnz + 1 and read.nnz == N_USERS * PER_USER
 
 

@@ -2,9 +2,9 @@
 
 Parametrised over the registry: a new algorithm must add its small training case below, and then
 gets the artifact round trip, the event reserved before data equal to the event of the trained
-model, calibration to the target ε, released outputs equal to what the artifact holds, and scores
-that are finite and agree with ``recommend``. Algorithm-specific checks stay in each algorithm's
-own test file.
+model, calibration to the target ε, released outputs equal to what the artifact holds, scores
+that are finite and of a declared kind, and the declarations services read instead of names.
+Algorithm-specific checks stay in each algorithm's own test file.
 """
 
 from __future__ import annotations
@@ -17,11 +17,24 @@ from typing import Any, get_args
 import numpy as np
 import pytest
 
-from app.core.algorithms import ALGORITHMS, SCORE_KINDS, Algorithm, PopularityKind, get_algorithm
+from app.core.algorithms import (
+    ALGORITHMS,
+    SCORE_KINDS,
+    Algorithm,
+    DataKind,
+    DatasetFacts,
+    PopularityKind,
+    PublicInput,
+    default_algorithm,
+    get_algorithm,
+    resolve_hyperparameters,
+)
 from app.core.data.ratings import Ratings
 from app.core.mf.artifact import ArtifactError, read_sealed
 from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
+from app.errors import CatalogueTooSmall
+from app.services.training.requests import check_public_shape
 
 N_USERS, N_ITEMS, RANGE = 40, 16, (1.0, 5.0)
 DELTA = 1e-6
@@ -120,8 +133,7 @@ def test_save_load_round_trip(trained: Trained) -> None:
     assert np.array_equal(algo.popularity(loaded), algo.popularity(model))
     assert algo.config_from_dict({**loaded.config, "seed": 0}) == algo.config_from_dict({**model.config, "seed": 0})
     items, values = trained.case.data.user_row(3)
-    a, b = algo.recommend(model, items, values, 5), algo.recommend(loaded, items, values, 5)
-    assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1])
+    assert np.allclose(algo.score(model, items, values), algo.score(loaded, items, values))
     with pytest.raises(ArtifactError):
         algo.load(trained.path, "0" * 64)
 
@@ -146,16 +158,13 @@ def test_released_outputs_are_what_the_artifact_holds(trained: Trained) -> None:
     assert all(a.dtype != object for a in arrays.values())
 
 
-def test_scores_are_finite_and_agree_with_recommend(trained: Trained) -> None:
+def test_scores_are_finite_and_of_a_declared_kind(trained: Trained) -> None:
     algo, model = trained.algo, trained.model
-    assert algo.score_kind(model) in SCORE_KINDS
+    assert algo.score_kind(model) in algo.score_kinds and set(algo.score_kinds) <= set(SCORE_KINDS)
     for user in (0, 3):
         items, values = trained.case.data.user_row(user)
         scores = algo.score(model, items, values)
         assert scores.shape == (model.n_items,) and np.all(np.isfinite(scores))
-        idx, top = algo.recommend(model, items, values, 5)
-        assert len(idx) > 0 and not set(idx.tolist()) & set(items.tolist())
-        assert np.allclose(top, scores[idx]) and np.all(np.diff(top) <= 0)
     no_data = algo.score(model, np.zeros(0, dtype=np.int64), np.zeros(0))
     assert no_data.shape == (model.n_items,) and np.all(np.isfinite(no_data))
 
@@ -169,3 +178,72 @@ def test_popularity_is_declared_and_one_value_per_item(trained: Trained) -> None
         assert np.all((popularity > 0) & (popularity < 1))
     else:
         assert np.all(popularity >= 1)  # DP counts, floored at 1
+
+
+def test_the_baseline_is_one_finite_score_per_item_or_none(trained: Trained) -> None:
+    algo, model = trained.algo, trained.model
+    baseline = algo.baseline_scores(model)
+    assert baseline is None or (baseline.shape == (model.n_items,) and np.all(np.isfinite(baseline)))
+    assert (baseline is not None) == algo.scores_by_fold_in
+
+
+def test_each_algorithm_declares_what_the_services_need(trained: Trained) -> None:
+    algo, case = trained.algo, trained.case
+    assert algo.data in get_args(DataKind) and set(algo.public_inputs) <= set(get_args(PublicInput))
+    assert bool(algo.public_inputs) == (algo.data == "ratings+public") == ("public" in case.inputs)
+    assert algo.min_items >= 1 and case.data.n_items >= algo.min_items
+    algo.check_public_shape(trained.config, case.data.n_items)
+    assert not set(algo.service_set_keys) & set(algo.public_config(trained.config)) - {"pre_randomised", "local_epsilon"}
+
+
+def test_every_declared_data_kind_has_one_default_algorithm() -> None:
+    kinds = {a.default_for_kind for a in ALGORITHMS.values()} - {None}
+    assert kinds == {"ratings", "votes"}
+    for kind in kinds:
+        assert default_algorithm(kind).default_for_kind == kind
+    with pytest.raises(ValueError):
+        default_algorithm("pictures")
+
+
+FACTS = DatasetFacts(name="d", kind="votes", rating_range=RANGE, n_items=N_ITEMS, max_users=30,
+                     vote_local_epsilon=None, votes_per_user_cap=8)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_too_small_catalogue_is_refused_before_data(name: str) -> None:
+    algo = get_algorithm(name)
+    config = algo.config_from_params(dict(CASES[name].params), RANGE)
+    with pytest.raises(CatalogueTooSmall, match=f"at least {algo.min_items} item"):
+        check_public_shape(algo, config, algo.min_items - 1)
+    check_public_shape(algo, config, max(algo.min_items, 2))
+
+
+def test_what_the_data_set_decides_for_votes() -> None:
+    onebit = get_algorithm("onebit")
+    raw = onebit.data_params({}, FACTS)
+    assert raw == {"user_rows": 30, "votes_per_user": 8} and not onebit.costs_nothing(raw, FACTS)
+    with pytest.raises(ValueError, match="stores raw votes"):
+        onebit.data_params({"pre_randomised": True}, FACTS)
+    randomising = DatasetFacts(**{**FACTS.__dict__, "vote_local_epsilon": 2.0})
+    forced = onebit.data_params({}, randomising)
+    assert forced["pre_randomised"] is True and forced["local_epsilon"] == 2.0
+    assert onebit.costs_nothing({}, randomising) and not onebit.costs_nothing({"mechanism": "outp"}, randomising)
+    assert "pre_randomised" not in onebit.data_params({"mechanism": "outp"}, randomising)
+    with pytest.raises(ValueError, match="cannot be chosen"):
+        onebit.data_params({"local_epsilon": 2.0}, randomising)
+    assert onebit.pre_randomised_epsilon({"pre_randomised": True, "local_epsilon": 2.0}) == 2.0
+    assert onebit.pre_randomised_epsilon({"mechanism": "outp"}) is None
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_only_algorithms_with_defaults_take_an_objective(name: str) -> None:
+    algo = get_algorithm(name)
+    assert algo.data_params({"rank": 2}, FACTS)["rank"] == 2 or algo.data == "votes"
+    kwargs: dict[str, Any] = dict(epsilon=1.0, delta=DELTA, rating_range=RANGE, n_items=N_ITEMS, max_users=30)
+    if algo.takes_objective:
+        params, used = resolve_hyperparameters(name, {}, objective="ranking", **kwargs)
+        assert used and params
+    else:
+        with pytest.raises(ValueError, match="no objective choice"):
+            resolve_hyperparameters(name, {}, objective="ranking", **kwargs)
+        assert resolve_hyperparameters(name, {}, objective=None, **kwargs) == ({}, False)

@@ -1,4 +1,4 @@
-"""Per-user self-calibration of the fold-in (issue 11 item 4): each user's ridge chosen by exact
+"""Per-user self-calibration of the fold-in: each user's ridge chosen by exact
 leave-one-out on her own ratings; privileged post-processing of the public model."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from app.api.params import DatasetP, ItemP
 from app.schemas.common import Page
 from app.schemas.ingest import ItemIn, ItemOut
 from app.services import catalog
-from app.services.serving.active import invalidate_catalog
+from app.services.serving.catalogue_cache import invalidate_catalog
 from app.services.unit_of_work import after_commit
 
 router = APIRouter()

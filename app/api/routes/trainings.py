@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep
+from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep, require_sampler_range
 from app.api.params import DatasetP, IdP
 from app.schemas.admin import TrainingAccepted, TrainingIn, TrainingRunOut
 from app.schemas.common import Page
@@ -23,6 +23,7 @@ router = APIRouter()
 def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, session: SessionDep,
                   settings: SettingsDep) -> TrainingAccepted:
     run_id = admin_svc.start_training(session, dataset=dataset, body=body, actor=f"admin:{admin.subject}")
+    require_sampler_range(session, run_id)  # 422 rolls the reservation back: nothing is charged
     commit(session)  # the unit of work, committed here: the answer says whether the enqueue after it worked
     sent = admin_svc.enqueue(run_id, settings)
     return TrainingAccepted(run_id=run_id, status="queued", status_url=f"/v1/admin/trainings/{run_id}", enqueued=sent)

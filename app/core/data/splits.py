@@ -1,4 +1,4 @@
-"""Deterministic, seeded evaluation splits (algorithms.md "Evaluation protocols").
+"""Deterministic, seeded evaluation splits (docs/algorithms.md §1, "Evaluation protocols").
 
 * :func:`random_split` - rating prediction: a random partition of the ratings (80/10/10).
 * :func:`heldout_users_split` - ranking: ratings >= 4 are positives; users with >= 5 positives are
@@ -170,7 +170,7 @@ def heldout_users_split(
     query_fraction: float = 0.8,
     binary: bool = True,
 ) -> HeldoutSplit:
-    """Held-out-users ranking split (algorithms.md, ML-20M protocol).
+    """Held-out-users ranking split (docs/algorithms.md §1, the ranking protocol).
 
     Positives: ratings >= ``positive_threshold``. Users with >= ``min_positives`` positives are
     eligible; ``n_valid`` + ``n_test`` of them are drawn at random and held out, the rest form

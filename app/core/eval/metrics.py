@@ -1,4 +1,4 @@
-"""Evaluation metrics, exactly as in algorithms.md "Evaluation protocols".
+"""Evaluation metrics, exactly as in docs/algorithms.md §1, "Evaluation protocols".
 
 Rating task: :func:`rating_rmse` - RMSE over held-out ratings where items the model did not train
 (infrequent items) are predicted by the user's own mean training rating (the global training mean

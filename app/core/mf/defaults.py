@@ -269,11 +269,6 @@ REFERENCE_USERS = 1000.0
 FEW_USERS_FILTER = 0.003
 
 
-def _band(epsilon: float) -> int:
-    """0: ε < 2, 1: 2 ≤ ε < 8, 2: ε ≥ 8."""
-    return 0 if epsilon < 2 else 1 if epsilon < 8 else 2
-
-
 def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[str, Any]:
     return {
         "objective": "rating",

@@ -1,6 +1,6 @@
 """DPALS: private alternating least squares (Chien et al. 2021, arXiv:2107.09802).
 
-Pre-processing is the paper's Algorithm 3 with the corrections of algorithms.md §1; training is the
+Pre-processing is the paper's Algorithm 3 with the corrections of docs/algorithms.md §1; training is the
 practical Algorithm 1. Privacy unit: one user and all of their ratings (add/remove).
 
 Releases, each a Gaussian mechanism charged through a ``GaussianDpEvent`` whose noise multiplier is
@@ -348,9 +348,15 @@ def public_preprocessing(
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(vals[sample], config, releaser)
     biases = _item_biases(ratings, sample, mean, counts, config, releaser)
-    n_frequent = max(1, math.ceil(config.frequent_fraction * ratings.n_items))
-    frequent = np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+    frequent = frequent_items(counts, config.frequent_fraction)
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+
+
+def frequent_items(counts: np.ndarray, fraction: float) -> np.ndarray:
+    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts (ties to the lower
+    index), in index order. Post-processing of the released counts."""
+    n_frequent = max(1, math.ceil(fraction * len(counts)))
+    return np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
 
 
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
@@ -608,7 +614,10 @@ def _item_step(
         items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
         # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
         gram = grid_gram.release_symmetric(child, gram, out=gram, mirror=mirrored)
-        return items, gram, grid_linear.release(child, b)
+        b = grid_linear.release(child, b)
+        releaser.observe("item_grams", items, gram)  # a no-op outside the test-only audit tap
+        releaser.observe("item_linear", items, b)
+        return items, gram, b
 
     def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:
         items, gram, b = released

@@ -1,5 +1,5 @@
 """DP-CMF: DPALS with public item data (Curmei, Krichene, Zhang & Sundararajan 2023, arXiv:2309.11516;
-algorithms.md §3).
+docs/algorithms.md §3).
 
 Collective factorisation of the private ratings M ≈ UVᵀ and a public matrix S ≈ WVᵀ whose rows are
 "fictitious users" (feature tokens, neighbour lists, opted-in public users), with V shared:

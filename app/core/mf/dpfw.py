@@ -1,6 +1,6 @@
 """DPFW: private Frank-Wolfe matrix completion (Jain, Thakkar & Thakurta 2018, arXiv:1712.09765).
 
-The paper's Algorithm 1 with the corrections of algorithms.md §2; the private top eigenvector is
+The paper's Algorithm 1 with the corrections of docs/algorithms.md §2; the private top eigenvector is
 either the dense noisy Gram matrix (Algorithm 1) or private Oja (Algorithm 2).
 Privacy unit: one user and all of their ratings; neighbouring data sets add or remove one user.
 
@@ -611,7 +611,7 @@ def save_frank_wolfe(model: FrankWolfeModel, path: str | os.PathLike[str]) -> tu
 def load_frank_wolfe(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> FrankWolfeModel:
     """Load and verify an artifact written by :func:`save_frank_wolfe` (ArtifactError on any mismatch)."""
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
-    if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != "dpfw":
+    if stored.get("format_version") != FORMAT_VERSION or stored.get("algorithm") != FrankWolfeModel.algorithm:
         raise ArtifactError(f"not a DPFW artifact of format {FORMAT_VERSION}")
     item_ids, directions, scales = arrays["item_ids"], arrays["directions"], arrays["scales"]
     item_counts = arrays["item_counts"]

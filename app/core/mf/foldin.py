@@ -1,6 +1,6 @@
 """Privileged scoring: one user's embedding from the public model plus that user's ratings only.
 
-Joint DP (Chien et al., arXiv:2107.09802, Def. 3 and Fig. 1, after Kearns et al. 2014; algorithms.md
+Joint DP (Chien et al., arXiv:2107.09802, Def. 3 and Fig. 1, after Kearns et al. 2014; docs/algorithms.md
 §0): u_i is a function of the published model and user i's own data, and is returned only to
 user i, so computing it is post-processing of the public release and costs no privacy budget.
 The solve is the user step of training:
@@ -127,7 +127,7 @@ def self_calibrating(model: PublicModel) -> bool:
 def self_calibrated_solve(x: np.ndarray, y: np.ndarray, ridge: float, shared: np.ndarray | None) -> np.ndarray:
     """The user's embedding with her ridge chosen by exact leave-one-out on her own ratings.
 
-    Per-user self-calibration (issue 11 item 4; privileged post-processing, free): candidates are
+    Per-user self-calibration (privileged post-processing, free): candidates are
     the model's ridge plus t·ḡ (t in :data:`CALIBRATION_RIDGES`, ḡ the mean eigenvalue of
     XᵀX + λ0 K) and u = 0 (the user's baseline alone). With A = XᵀX + S + λI, the leave-one-out
     residual of rating i is (y_i − ŷ_i)/(1 − x_iᵀA⁻¹x_i) (Sherman–Morrison; Allen 1974, the PRESS

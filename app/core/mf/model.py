@@ -85,10 +85,6 @@ class PublicModel:
     def n_items(self) -> int:
         return int(self.item_factors.shape[0])
 
-    @property
-    def is_private(self) -> bool:
-        return self.event is not None
-
     def item_index(self) -> dict[Any, int]:
         """External item id -> row of ``item_factors``."""
         return {iid: i for i, iid in enumerate(self.item_ids.tolist())}

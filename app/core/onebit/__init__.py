@@ -1,5 +1,5 @@
 """One-bit (thumbs up/down) matrix completion with differential privacy (Li, Wei, Huang, Mao &
-Wang, arXiv:2110.00719; algorithms.md §4).
+Wang, arXiv:2110.00719; docs/algorithms.md §4).
 
 links: link functions and stable likelihoods; solver: nuclear-ball projections and solvers;
 privacy: config, user-level events, calibration; train: mechanisms, model, privileged fit, artifact.

@@ -1,5 +1,5 @@
 """One-bit DP matrix completion: configuration, privacy events and calibration (Li, Wei, Huang,
-Mao & Wang, arXiv:2110.00719; algorithms.md §4).
+Mao & Wang, arXiv:2110.00719; docs/algorithms.md §4).
 
 Units and relations
 -------------------

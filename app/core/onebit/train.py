@@ -5,7 +5,7 @@ The private estimate M̂ (d1 × d2) is never published. The public output is its
 item embeddings V·sqrt(S) from the rank-r truncated SVD of clip(M̂, ±α), and per item the mean
 predicted like-probability over users, mean_i h((U S Vᵀ)_ij) (the popular fallback score).
 A user's vector is fitted from the published embeddings and her own votes only (:func:`fit_user`)
-and returned to her alone (joint DP: Chien et al., arXiv:2107.09802, Def. 3; algorithms.md §0).
+and returned to her alone (joint DP: Chien et al., arXiv:2107.09802, Def. 3; docs/algorithms.md §0).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from app.core.privacy.laplace import (
     dithered_laplace_noise,
     snap_to_grid,
 )
+from app.core.privacy.releaser import tap_grid_release, tap_release
 from app.core.privacy.sampling import per_user_sample
 
 __all__ = [
@@ -174,8 +175,9 @@ def inp_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) ->
     c(x) = h(x)(1−2p) + p (eq. (4)).
     """
     if not config.pre_randomised:
-        data = Votes(data.rows, data.cols, randomize_votes(data.values, config.epsilon, rng).astype(np.float64),
-                     data.shape)
+        randomised = randomize_votes(data.values, config.epsilon, rng).astype(np.float64)
+        randomised = tap_release("vote_flips", randomised, data.values, data.cols)  # a no-op outside the audit tap
+        data = Votes(data.rows, data.cols, randomised, data.shape)
     return fit_nonprivate(data, config, config.flip())
 
 
@@ -199,7 +201,7 @@ def grap_estimate(data: Votes, config: OneBitConfig, rng: np.random.Generator) -
         snapped = snap_to_grid(np.clip(g, -config.clamp, config.clamp), grid)
         count[0] += 1
         noisy: np.ndarray = (snapped + discrete_laplace_noise(rng, a, g.shape)).astype(np.float64)
-        return grid * noisy
+        return grid * tap_release("grap_gradient", noisy, snapped.astype(np.float64))  # a no-op outside the audit tap
 
     estimate = _solve(data, config, lambda x: links.dloss(x, data.values, config.link), noisy)
     return estimate, count[0]
@@ -223,6 +225,7 @@ def objp_minimiser(data: Votes, config: OneBitConfig, rng: np.random.Generator) 
     """
     scale, grid, ridge = objp_noise(config)
     noise = dithered_laplace_noise(rng, scale, grid, data.shape)
+    noise = tap_release("objp_objective_noise", noise, np.zeros(data.shape))  # a no-op outside the audit tap
 
     def gradient(x: np.ndarray) -> np.ndarray:
         entry = links.huber_dloss(x[data.rows, data.cols], data.values, config.link, config.alpha)
@@ -249,7 +252,8 @@ def objp_release(minimiser: np.ndarray, config: OneBitConfig,
     sensitivity = privacy.objp_output_sensitivity(config)
     multiplier = config.objp_output_noise_multiplier
     grid = grid_gaussian(sensitivity, multiplier, minimiser.size)  # every entry may move
-    return grid.release(rng, minimiser), GaussianRelease(sensitivity, multiplier, grid.std)
+    released = tap_grid_release("objp_output", grid, rng, minimiser)  # grid.release outside the test-only audit tap
+    return released, GaussianRelease(sensitivity, multiplier, grid.std)
 
 
 def objp_estimate(data: Votes, config: OneBitConfig,
@@ -300,7 +304,7 @@ def outp_release(minimiser: np.ndarray, config: OneBitConfig, rng: np.random.Gen
     """Exact discrete Gaussian noise on a grid on every entry (``app.core.privacy.discrete_noise``), charged
     as the Gaussian of multiplier z for the user-level L2 sensitivity."""
     grid = grid_gaussian(outp_sensitivity(config), config.noise_multiplier, minimiser.size)
-    return grid.release(rng, minimiser)
+    return tap_grid_release("outp_matrix", grid, rng, minimiser)  # grid.release outside the test-only audit tap
 
 
 def _private_estimate(
@@ -488,7 +492,7 @@ def load_onebit(path: str | os.PathLike[str], expected_sha256: str | None = None
     arrays, stored = read_sealed(path, expected_sha256=expected_sha256)
     version = stored.get("format_version")
     like = _LIKE_ARRAY.get(version) if isinstance(version, int) else None
-    if like is None or stored.get("algorithm") != "onebit":
+    if like is None or stored.get("algorithm") != OneBitModel.algorithm:
         raise ArtifactError(f"not a one-bit artifact of format {sorted(_LIKE_ARRAY)}")
     if set(arrays) != {"item_ids", "item_factors", like}:
         raise ArtifactError("unexpected arrays in a one-bit artifact")

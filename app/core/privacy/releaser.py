@@ -8,15 +8,107 @@ is noise std / L2 sensitivity.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field
+
 import numpy as np
 from dp_accounting import dp_event
 from numpy.typing import ArrayLike
 
 from app.core.arrays import FloatArray
 from app.core.privacy import accounting
-from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper
+from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper, noise_switched_off
 
-__all__ = ["GaussianReleaser", "symmetric_noise"]
+__all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_grid_release", "tap_release"]
+
+
+# ----------------------------------------------------------------------------- test-only audit hook
+@dataclass
+class AuditTap:
+    """Tests/benchmarks only: one run's releases as a white-box one-run audit reads them (Steinke,
+    Nasr & Jagielski 2023, arXiv:2305.08846), and the one release whose noise is switched off
+    (the audit's negative control). ``outputs[name]``: that release's outputs in release order;
+    ``rows[name]``: (positions, released rows) of releases drawn chunk by chunk; ``grids[name]``:
+    its grid step."""
+
+    noise_off: str | None = None
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    grids: dict[str, float] = field(default_factory=dict)
+    switched_off: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def keep(self, name: str, value: np.ndarray) -> None:
+        with self._lock:
+            self.outputs.setdefault(name, []).append(np.array(value, copy=True))
+
+    def keep_rows(self, name: str, positions: np.ndarray, value: np.ndarray) -> None:
+        with self._lock:
+            self.rows.setdefault(name, []).append((np.array(positions, copy=True), np.array(value, copy=True)))
+
+
+_TAP: ContextVar[AuditTap | None] = ContextVar("privrec_audit_tap", default=None)
+
+
+@contextmanager
+def audit_tap(noise_off: str | None = None) -> Iterator[AuditTap]:
+    """Tests/benchmarks only: record every release of the runs started inside, and draw the release
+    named ``noise_off`` (if any) without noise. A context variable, never a parameter: no API
+    request, setting or stored config can reach it."""
+    tap = AuditTap(noise_off=noise_off)
+    token = _TAP.set(tap)
+    try:
+        yield tap
+    finally:
+        _TAP.reset(token)
+
+
+def tap_release(name: str, released: np.ndarray, noiseless: np.ndarray, positions: np.ndarray | None = None
+                ) -> np.ndarray:
+    """A release drawn outside :class:`GaussianReleaser` (one-bit's): ``released`` as drawn; inside
+    the test-only :func:`audit_tap`, recorded (with its ``positions``, e.g. item columns, if given),
+    and ``noiseless`` instead when the audit switched this release's noise off."""
+    tap = _TAP.get()
+    if tap is None:
+        return released
+    if name == tap.noise_off:
+        tap.switched_off, released = True, noiseless
+    if positions is None:
+        tap.keep(name, released)
+    else:
+        tap.keep_rows(name, positions, released)
+    return released
+
+
+def tap_grid_release(name: str, grid: GridGaussian, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    """``grid.release(rng, value)`` for a grid release made outside :class:`GaussianReleaser`, seen
+    by the test-only :func:`audit_tap` as :meth:`GaussianReleaser.vector` releases are."""
+    tap = _TAP.get()
+    if tap is None:
+        return grid.release(rng, value)
+    tap.grids[name] = grid.grid
+    if name == tap.noise_off:
+        tap.switched_off, grid = True, _NoiseOffGrid(**asdict(grid))
+    released = grid.release(rng, value)
+    tap.keep(name, released)
+    return released
+
+
+@dataclass(frozen=True)
+class _NoiseOffGrid(GridGaussian):
+    """A grid release drawn with its noise switched off (the audit's negative control only)."""
+
+    def release(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+        with noise_switched_off():
+            return super().release(rng, value)
+
+    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None,
+                          mirror: bool = True) -> np.ndarray:
+        with noise_switched_off():
+            return super().release_symmetric(rng, value, out=out, mirror=mirror)
 
 
 class GaussianReleaser:
@@ -29,6 +121,7 @@ class GaussianReleaser:
     def __init__(self, rng: np.random.Generator) -> None:
         self._rng = rng
         self.releases: list[tuple[str, float, float]] = []  # (name, sensitivity, multiplier)
+        self._tap = _TAP.get()  # None outside tests' audit_tap
 
     @property
     def rng(self) -> np.random.Generator:
@@ -56,18 +149,36 @@ class GaussianReleaser:
         """Record one release drawn on a grid (exact discrete Gaussian, ``app.core.privacy.discrete_noise``);
         ``changed`` bounds the coordinates one user can change."""
         self.record(name, sensitivity, multiplier)
-        return grid_gaussian(sensitivity, multiplier, changed)
+        grid = grid_gaussian(sensitivity, multiplier, changed)
+        if self._tap is None:
+            return grid
+        self._tap.grids[name] = grid.grid
+        if name != self._tap.noise_off:
+            return grid
+        self._tap.switched_off = True
+        return _NoiseOffGrid(**asdict(grid))
+
+    def observe(self, name: str, positions: np.ndarray, released: np.ndarray) -> None:
+        """Hand a chunk of release ``name`` (rows ``positions``) to the test-only audit tap, if any."""
+        if self._tap is not None:
+            self._tap.keep_rows(name, positions, released)
+
+    def _kept(self, name: str, released: FloatArray) -> FloatArray:
+        if self._tap is not None:
+            self._tap.keep(name, released)
+        return released
 
     def vector(self, name: str, value: ArrayLike, sensitivity: float, multiplier: float) -> FloatArray:
         """round(value/g)·g plus exact discrete Gaussian noise on the grid (charged GaussianDpEvent)."""
         statistic = np.asarray(value)
-        return self.record_grid(name, sensitivity, multiplier, max(statistic.size, 1)).release(self._rng, statistic)
+        grid = self.record_grid(name, sensitivity, multiplier, max(statistic.size, 1))
+        return self._kept(name, grid.release(self._rng, statistic))
 
     def symmetric(self, name: str, value: FloatArray, sensitivity: float, multiplier: float) -> FloatArray:
         """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
         rank = value.shape[-1]
         changed = max(value.size // (rank * rank), 1) * rank * (rank + 1) // 2
-        return self.record_grid(name, sensitivity, multiplier, changed).release_symmetric(self._rng, value)
+        return self._kept(name, self.record_grid(name, sensitivity, multiplier, changed).release_symmetric(self._rng, value))
 
     def event(self, n_steps: int, per_step: int) -> dp_event.DpEvent:
         """Rebuild the event from the record (pre-processing releases, then T identical steps)."""

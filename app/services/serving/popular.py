@@ -9,7 +9,9 @@ from sqlalchemy.orm import Session
 from app.core.algorithms import get_algorithm
 from app.core.mf import foldin
 from app.schemas.serving import PopularItem, PopularOut
-from app.services.serving.active import ActiveModel, active, catalog, item_mask
+from app.services.serving.active import ActiveModel, active
+from app.services.serving.catalogue_cache import catalog
+from app.services.serving.responses import item_mask
 
 __all__ = ["popular", "popular_indices"]
 

@@ -17,24 +17,14 @@ from sqlalchemy.orm import Session
 
 from app.core.algorithms import get_algorithm, score_kind
 from app.core.mf import foldin
+from app.db.stores.serving import active_and_ratings_on_loop
 from app.errors import ItemsNotInModel
 from app.schemas.serving import RecommendationQuery, RecommendationsOut, ScoredItem
 from app.services.serving import trained_scoring
-from app.services.serving.active import (
-    ACTIVE_AND_RATINGS_MANY,
-    ActiveModel,
-    Catalog,
-    ServedModel,
-    active_with_ratings,
-    catalog,
-    fresh_catalog,
-    item_mask,
-    ratings_from_rows,
-    scored_items,
-    scored_rows,
-)
-from app.services.serving.hot_read import read_rows_async
+from app.services.serving.active import ActiveModel, ServedModel, active_with_ratings, ratings_from_rows
+from app.services.serving.catalogue_cache import Catalog, catalog, fresh_catalog
 from app.services.serving.popular import popular_indices
+from app.services.serving.responses import item_mask, scored_items, scored_rows
 from app.services.votes import user_votes_arrays
 
 __all__ = ["recommend_for_user", "recommend_on_loop"]
@@ -60,7 +50,7 @@ async def recommend_on_loop(bind: Any, pool_size: int, *, dataset: str, user_id:
     connection (PostgreSQL ``bind``), the rest from this process's caches. None when any of it
     needs a session (another database, a cold cache, an activation racing with the read, a
     catalogue past its TTL, a model trained on votes): the caller runs the session path."""
-    rows = await read_rows_async(bind, ACTIVE_AND_RATINGS_MANY, {"dataset": dataset}, user_id, pool_size)
+    rows = await active_and_ratings_on_loop(bind, pool_size, dataset, user_id)
     read = None if rows is None else ratings_from_rows(rows)
     if read is None:
         return None
@@ -166,9 +156,8 @@ def _on_scale(s: ActiveModel, kind: str, scores: np.ndarray) -> np.ndarray:
 
 def _baseline_scores(s: ActiveModel, kind: str) -> np.ndarray | None:
     """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
-    if not hasattr(s.model, "item_biases"):
-        return None
-    return _on_scale(s, kind, foldin.predict_ratings(s.model, np.zeros(s.model.rank)))
+    baseline = get_algorithm(s.cache.algorithm).baseline_scores(s.model)
+    return None if baseline is None else _on_scale(s, kind, baseline)
 
 
 def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarray, rated_vals: np.ndarray,

@@ -7,7 +7,9 @@ from sqlalchemy.orm import Session
 from app.core.mf import foldin
 from app.errors import ItemNotInModel
 from app.schemas.serving import SimilarOut
-from app.services.serving.active import active, catalog, item_mask, scored_items
+from app.services.serving.active import active
+from app.services.serving.catalogue_cache import catalog
+from app.services.serving.responses import item_mask, scored_items
 
 __all__ = ["similar"]
 

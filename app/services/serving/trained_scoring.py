@@ -1,6 +1,6 @@
 """Top-N of the fold-in family on the trained items only, with the user's state cached.
 
-For a rating-objective fold-in model (DPALS, ALS, DP-CMF; arXiv:1505.03014 / algorithms.md §2)
+For a rating-objective fold-in model (DPALS, ALS, DP-CMF; arXiv:1505.03014 / docs/algorithms.md §1)
 an item outside the trained set has v_j = 0 and is never in a top-N, so the score vector
     s_j = m̃ + b_u + b̃_j + u·v_j        (the predicted rating, foldin.predict_ratings)
 is needed on the trained rows only: a contiguous copy of those rows per published version cuts
@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from app.core.algorithms import ALGORITHMS
 from app.core.mf import foldin
 
 __all__ = ["TrainedRows", "USER_STATE_CAPACITY", "applies", "trained_rows", "ratings_digest", "user_state", "trained_scores",
@@ -51,14 +50,10 @@ class TrainedRows:
     max_abs_bias: float = 0.0
 
 
-# The fold-in family's scoring method (DPALS and DP-CMF inherit it: foldin.user_scores).
-_FOLD_IN_SCORE = type(ALGORITHMS["dpals"]).score
-
-
 def applies(algorithm: Any, kind: str) -> bool:
     """True when ``algorithm`` scores by fold-in predicted ratings (top-N restricted to trained
-    items). Compared on the class: ``algorithm.score`` is a new bound method on every access."""
-    return getattr(type(algorithm), "score", None) is _FOLD_IN_SCORE and kind == "predicted_rating"
+    items): its declared ``scores_by_fold_in`` and a predicted-rating kind."""
+    return bool(algorithm.scores_by_fold_in) and kind == "predicted_rating"
 
 
 def trained_rows(model: Any) -> TrainedRows:

@@ -14,11 +14,10 @@ import weakref
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import select, update
-
 from app.config import Settings
-from app.db.models import TrainingRun, as_aware, utcnow
+from app.db.models import as_aware, utcnow
 from app.db.session import open_database, session_scope
+from app.db.stores.runs import runs_store
 
 __all__ = ["TASK_NAME", "QUEUE", "REQUEUE_AFTER_S", "BROKER_TIMEOUT_S", "enqueue_run", "drain_outbox",
            "register_waker", "unregister_waker", "wake_workers"]
@@ -83,7 +82,7 @@ def _send(run_id: int, broker_url: str) -> None:
 
 def _mark_enqueued(run_id: int, url: str) -> None:
     with session_scope(url) as s:
-        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(enqueued_at=utcnow()))
+        runs_store(s).mark_enqueued(run_id)
 
 
 def enqueue_run(run_id: int, *, settings: Settings, url: str | None = None) -> bool:
@@ -115,7 +114,6 @@ def drain_outbox(*, settings: Settings, url: str | None = None, older_than_s: fl
     url = open_database(settings, url)
     cutoff = utcnow() - timedelta(seconds=older_than_s)
     with session_scope(url) as s:
-        rows = s.execute(select(TrainingRun.id, TrainingRun.enqueued_at).where(TrainingRun.status == "queued")
-                         .order_by(TrainingRun.id)).all()
+        rows = runs_store(s).queued_runs()
     due = [run_id for run_id, sent in rows if sent is None or as_aware(sent) < cutoff]
     return [run_id for run_id in due if enqueue_run(run_id, settings=settings, url=url)]

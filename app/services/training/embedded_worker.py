@@ -12,11 +12,9 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select
-
 from app.config import Settings
-from app.db.models import TrainingRun
 from app.db.session import open_database, session_scope
+from app.db.stores.runs import runs_store
 from app.services.training.dispatch import register_waker, unregister_waker
 from app.services.training.runner import reap_stale_runs, run_training
 from app.services.training.schedule import scheduled_retrain
@@ -61,7 +59,7 @@ class EmbeddedWorker:
 
     def _next_queued(self) -> int | None:
         with session_scope(self.url) as s:
-            return s.scalar(select(TrainingRun.id).where(TrainingRun.status == "queued").order_by(TrainingRun.id).limit(1))
+            return runs_store(s).oldest_queued_run()
 
     def run_once(self) -> int | None:
         """Maintenance, then at most one queued run; returns its id (None when idle)."""

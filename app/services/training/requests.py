@@ -14,16 +14,15 @@ import math
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.config import Settings
-from app.core.algorithms import Algorithm, get_algorithm, resolve_hyperparameters
-from app.core.onebit import check_public_shape as onebit_public_shape
+from app.core.algorithms import Algorithm, DatasetFacts, get_algorithm, resolve_hyperparameters
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
-from app.db.models import Dataset, Item, RunStatus, TrainingRun
+from app.db.models import Dataset, RunStatus, TrainingRun
 from app.db.session import open_database, session_scope
+from app.db.stores.runs import runs_store
 from app.errors import (
     BudgetExceeded,
     CalibrationFailed,
@@ -39,7 +38,6 @@ from app.schemas.admin import TrainingRunOut
 from app.schemas.common import require_valid_page
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run
-from app.services.votes import votes_training_params
 
 __all__ = [
     "MIN_EPSILON",
@@ -48,8 +46,8 @@ __all__ = [
     "data_params",
     "resolved_hyperparameters",
     "check_public_shape",
+    "dataset_facts",
     "n_items_of",
-    "public_facts",
     "start_training",
     "submit_training",
     "get_run",
@@ -73,20 +71,21 @@ def base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | 
         raise InvalidHyperparameters(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
-def public_facts(session: Session, ds: Dataset) -> dict[str, Any]:
-    """What training may know about a data set before reading private data: admin declarations
-    and the public catalogue only (kind, the declared bound on its users, rating range, items)."""
-    return {"kind": ds.kind, "max_users": ds.max_users, "rating_range": (ds.rating_min, ds.rating_max),
-            "n_items": n_items_of(session, ds)}
+def dataset_facts(ds: Dataset, n_items: int) -> DatasetFacts:
+    """What an algorithm may know about a data set before any private data is read: the
+    administrator's declarations and the public catalogue size."""
+    return DatasetFacts(name=ds.name, kind=ds.kind, rating_range=(ds.rating_min, ds.rating_max), n_items=n_items,
+                        max_users=ds.max_users, vote_local_epsilon=ds.vote_local_epsilon,
+                        votes_per_user_cap=ds.votes_per_user_cap)
 
 
-def data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Hyper-parameters with what the data set decides for the algorithm's data kind (votes:
-    randomisation at ingestion forces ``pre_randomised`` / ``local_epsilon``; ``user_rows``
-    defaults to the declared ``max_users``)."""
-    if algo.data != "votes":
-        return hyperparameters
-    return votes_training_params(ds, hyperparameters)
+def data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
+    """Hyper-parameters with what the data set decides for the algorithm
+    (:meth:`app.core.algorithms.Algorithm.data_params`; 422 when the caller chose it)."""
+    try:
+        return algo.data_params(dict(hyperparameters or {}), dataset_facts(ds, n_items=0))  # no size needed
+    except ValueError as exc:
+        raise InvalidHyperparameters(str(exc)) from exc
 
 
 def resolved_hyperparameters(
@@ -104,27 +103,21 @@ def resolved_hyperparameters(
     return params
 
 
-_MIN_ITEMS = {"dpfw": 2, "onebit": 2}  # the catalogue size each algorithm needs (default 1)
-
-
 def check_public_shape(algo: Algorithm, config: Any, n_items: int) -> None:
     """Size limits decided from public facts before any data is read (422 otherwise)."""
-    need = _MIN_ITEMS.get(algo.name, 1)
-    if n_items < need:
-        raise CatalogueTooSmall(f"{algo.name} needs at least {need} item(s) in the data set's public catalogue: "
-                             "add items first (PUT /v1/datasets/{dataset}/items/{item_id} or privrec import-items)")
-    if algo.name != "onebit":
-        return
+    if n_items < algo.min_items:
+        raise CatalogueTooSmall(f"{algo.name} needs at least {algo.min_items} item(s) in the data set's public "
+                                "catalogue: add items first (PUT /v1/datasets/{dataset}/items/{item_id} or "
+                                "privrec import-items)")
     try:
-        onebit_public_shape(config, n_items)
+        algo.check_public_shape(config, n_items)
     except ValueError as exc:
-        raise InvalidHyperparameters(f"invalid onebit run: {exc}") from exc
+        raise InvalidHyperparameters(f"invalid {algo.name} run: {exc}") from exc
 
 
 def n_items_of(session: Session, ds: Dataset) -> int:
     """The public catalogue size (every item of the data set, as training loads them)."""
-    return int(session.scalar(select(func.count()).select_from(Item).where(Item.dataset_id == ds.id)) or 0)
-
+    return runs_store(session).catalogue_size(ds.id)
 
 
 def start_training(
@@ -169,9 +162,7 @@ def start_training(
     ds = get_dataset(session, dataset)
     acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
     if idempotency_key is not None:
-        existing = session.scalar(
-            select(TrainingRun).where(TrainingRun.dataset_id == ds.id, TrainingRun.idempotency_key == idempotency_key)
-        )
+        existing = runs_store(session).run_by_idempotency_key(ds.id, idempotency_key)
         if existing is not None:
             return existing
     if epsilon is None and epsilon_fraction is not None:
@@ -249,13 +240,7 @@ def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 1
     """One page of runs (newest first) and the total count."""
     require_valid_page(offset, limit)
     ds = get_dataset(session, dataset)
-    total = session.scalar(select(func.count()).select_from(TrainingRun).where(TrainingRun.dataset_id == ds.id)) or 0
-    rows = list(
-        session.scalars(
-            select(TrainingRun).where(TrainingRun.dataset_id == ds.id).order_by(TrainingRun.id.desc()).offset(offset).limit(limit)
-        )
-    )
-    return rows, int(total)
+    return runs_store(session).runs_page(ds.id, offset, limit)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -30,7 +30,6 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app import ledger, model_store
@@ -39,11 +38,12 @@ from app.core.algorithms import Algorithm, get_algorithm
 from app.core.privacy.accounting import epsilon_pld as _eps_pld
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
+from app.db.loaders import load_training_inputs
 from app.db.models import TrainingRun, as_aware, utcnow
-from app.db.session import is_postgres, open_database, session_scope
+from app.db.session import open_database, session_scope
+from app.db.stores.runs import runs_store
 from app.errors import RunNotRunning
 from app.services.budget import get_dataset
-from app.services.training.inputs import load_training_inputs
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
 from app.services.votes import check_pre_randomised_settings, lock_pre_randomised
 
@@ -76,10 +76,8 @@ _CHARGED_ERROR = ("training failed after reading private data (category: {catego
 
 
 def lock_run(session: Session, run_id: int) -> TrainingRun | None:
-    stmt = select(TrainingRun).where(TrainingRun.id == run_id)
-    if is_postgres(session):
-        stmt = stmt.with_for_update()
-    return session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
+    """Run ``run_id`` read afresh and row-locked until the transaction ends (None when absent)."""
+    return runs_store(session).lock_run(run_id)
 
 
 def is_stale(run: TrainingRun, stale_after_s: float) -> bool:
@@ -151,11 +149,7 @@ class _Heartbeat:
         while not self._stop.wait(self._interval):
             try:
                 with session_scope(self._url) as s:
-                    s.execute(
-                        update(TrainingRun)
-                        .where(TrainingRun.id == self._run_id, TrainingRun.status == "running")
-                        .values(heartbeat_at=utcnow())
-                    )
+                    runs_store(s).set_heartbeat(self._run_id)
             except Exception:  # pragma: no cover - transient DB trouble must not kill training
                 log.warning("heartbeat of run %s failed", self._run_id, exc_info=True)
 
@@ -176,11 +170,7 @@ def _progress_writer(run_id: int, url: str) -> Callable[[float, str], None]:
 
 def _set_progress(run_id: int, url: str, progress: float, stage: str) -> None:
     with session_scope(url) as s:
-        s.execute(
-            update(TrainingRun)
-            .where(TrainingRun.id == run_id, TrainingRun.status == "running")
-            .values(progress=progress, stage=stage, heartbeat_at=utcnow())
-        )
+        runs_store(s).set_progress(run_id, progress, stage)
 
 
 def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
@@ -254,8 +244,9 @@ def _public_checks(run_id: int, url: str, info: dict[str, Any], algo: Algorithm,
     public catalogue size. Returns the reserved event."""
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
-        if info["config"].get("pre_randomised"):
-            check_pre_randomised_settings(ds, info["config"].get("local_epsilon"))
+        local_epsilon = algo.pre_randomised_epsilon(info["config"])
+        if local_epsilon is not None:
+            check_pre_randomised_settings(ds, local_epsilon)
         reserved = ledger.reservation_for(s, run_id)
         reserved_event = None if reserved is None or reserved.event is None else dict(reserved.event)
         n_items = n_items_of(s, ds)
@@ -268,24 +259,24 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     """Commit ``private_data_read`` (the point of no refund), then read the training data.
 
     A free pre-randomised run locks the data set's vote settings, re-checks them (public) and
-    reads only the bits randomised with its ε0 (``load_votes``), so which bits exist never
+    reads only the bits randomised with its ε0 (:func:`app.db.loaders.load_votes`), so which bits exist never
     decides whether it fails."""
     _mark_private_data_read(run_id, url)
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
-        local_epsilon = info["config"].get("local_epsilon") if info["config"].get("pre_randomised") else None
+        local_epsilon = algo.pre_randomised_epsilon(info["config"])
         if local_epsilon is not None:
             ds = lock_pre_randomised(s, ds, local_epsilon)
         version = ds.ratings_version
         data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon)
-        s.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(ratings_version=version))
+        runs_store(s).set_ratings_version(run_id, version)
     return data, extra_inputs
 
 
 def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
-    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(63)})
+    config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = _public_checks(run_id, url, info, algo, config)
     ratings, extra_inputs = _read_private(run_id, url, info, algo)
     if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
@@ -303,11 +294,7 @@ def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
 def _mark_private_data_read(run_id: int, url: str) -> None:
     """Commit the point of no refund before the first private byte is read."""
     with session_scope(url) as s:
-        s.execute(
-            update(TrainingRun)
-            .where(TrainingRun.id == run_id)
-            .values(private_data_read=True, stage="reading data", progress=0.05, heartbeat_at=utcnow())
-        )
+        runs_store(s).mark_private_data_read(run_id)
 
 
 def _publish(run_id: int, url: str, model, settings: Settings) -> None:
@@ -357,7 +344,7 @@ def reap_stale_runs(*, settings: Settings, url: str | None = None,
     url = open_database(s_, url)
     failed: list[int] = []
     with session_scope(url) as s:
-        ids = list(s.scalars(select(TrainingRun.id).where(TrainingRun.status == "running")))
+        ids = runs_store(s).running_run_ids()
     for run_id in ids:
         with session_scope(url) as s:
             run = lock_run(s, run_id)

@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import Dataset, ModelVersion, TrainingRun
+from app.core.algorithms import default_algorithm, get_algorithm
+from app.db.models import Dataset, TrainingRun
 from app.db.session import open_database, session_scope
+from app.db.stores.runs import runs_store
 from app.errors import BudgetExceeded, InvalidRequest
 from app.services.budget import get_dataset
 from app.services.training.dispatch import drain_outbox, enqueue_run
-from app.services.training.requests import start_training
+from app.services.training.requests import dataset_facts, start_training
 from app.services.training.runner import reap_stale_runs
 
 __all__ = ["scheduled_retrain", "retrain_choice", "worker_startup"]
@@ -43,17 +44,13 @@ def scheduled_retrain(*, settings: Settings, url: str | None = None, enqueue: bo
     url = open_database(s_, url)
     outcomes: dict[str, str] = {}
     with session_scope(url) as s:
-        names = list(s.scalars(select(Dataset.name).order_by(Dataset.id)))
+        names = runs_store(s).dataset_names()
     for name in names:
         outcome, run_id = _retrain_one(name, url, s_)
         outcomes[name] = outcome
         if run_id is not None and enqueue:
             enqueue_run(run_id, settings=s_, url=url)
     return outcomes
-
-
-_SERVICE_SET_KEYS = ("pre_randomised", "local_epsilon")  # forced by the data set, never passed back
-_KIND_ALGORITHMS = {"ratings": "dpals", "votes": "onebit"}  # without an active model
 
 
 def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], str | None]:
@@ -63,28 +60,24 @@ def retrain_choice(session: Session, ds: Dataset) -> tuple[str, dict[str, Any], 
     set's declared kind (DPALS for ratings, one-bit for votes), never chosen from the data. A
     model trained on the ε-aware defaults is retrained on the defaults re-derived at the
     retrain's ε (with its objective)."""
-    active = session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == ds.id, ModelVersion.active.is_(True)))
+    active = runs_store(session).active_version(ds.id)
     if active is not None:
         run = session.get_one(TrainingRun, active.run_id)  # the version's run (foreign key)
         if run.config.get("defaults_rule") is not None:  # re-derive the defaults at the retrain's ε
             return active.algorithm, {}, run.config.get("objective")
-        return active.algorithm, {k: v for k, v in run.config.items() if k not in _SERVICE_SET_KEYS}, None
-    return _KIND_ALGORITHMS[ds.kind], {}, None
+        forced = get_algorithm(active.algorithm).service_set_keys  # the data set decides them again
+        return active.algorithm, {k: v for k, v in run.config.items() if k not in forced}, None
+    return default_algorithm(ds.kind).name, {}, None
 
 
 def _retrain_one(name: str, url: str, settings: Settings) -> tuple[str, int | None]:
     with session_scope(url) as s:
         ds = get_dataset(s, name)
-        busy = s.scalar(
-            select(func.count()).select_from(TrainingRun).where(
-                TrainingRun.dataset_id == ds.id, TrainingRun.status.in_(("queued", "running"))
-            )
-        )
-        if busy:
+        if runs_store(s).runs_in_flight(ds.id):
             return "skipped:busy", None
         algorithm, hyperparameters, objective = retrain_choice(s, ds)
-        free = (algorithm == "onebit" and ds.vote_local_epsilon is not None
-                and hyperparameters.get("mechanism", "inp") == "inp")  # post-processing of stored bits
+        # post-processing of a guarantee the ledger holds (one-bit InP on bits randomised at ingestion)
+        free = get_algorithm(algorithm).costs_nothing(hyperparameters, dataset_facts(ds, n_items=0))
         try:
             run = start_training(
                 s, dataset=name, algorithm=algorithm, epsilon=None if free else settings.retrain_epsilon,

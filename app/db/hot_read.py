@@ -1,4 +1,4 @@
-"""One statement, one database round trip: the serving hot path's read.
+"""One statement, one database round trip: the serving hot path's read (:mod:`app.db.stores.serving`).
 
 A pooled session costs a pre-ping, a BEGIN and a ROLLBACK around every query (four round trips
 for one SELECT). A single SELECT is its own snapshot, so on PostgreSQL the hot path runs it on
@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from app.db.async_read import pool_for
 from app.db.session import get_read_engine
 
-__all__ = ["Rows", "read_rows", "read_rows_async"]
+__all__ = ["Rows", "read_rows", "read_rows_async", "open_groups", "MAX_GROUPS", "GROUP_IN_FLIGHT", "GROUP_SECOND_AFTER_S"]
 
 
 Rows = Sequence[Sequence[Any]]  # SQLAlchemy rows or the driver's tuples: indexed by position
@@ -168,6 +168,11 @@ class _Group:
 
 _groups: dict[tuple[Any, ...], _Group] = {}
 MAX_GROUPS = 256  # requests name the data set: idle groups beyond this are forgotten
+
+
+def open_groups() -> int:
+    """How many groups this process keeps (bounded by :data:`MAX_GROUPS` plus those in use)."""
+    return len(_groups)
 
 
 def _forget_idle_groups() -> None:

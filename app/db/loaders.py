@@ -1,0 +1,133 @@
+"""Training loaders: what an algorithm trains on, read from the database in one transaction.
+
+One loader per data kind an :class:`app.core.algorithms.Algorithm` declares (its ``data``):
+
+* ``"ratings"``: the data set's ratings as a :class:`Ratings` (items = every item of the data set);
+* ``"ratings+public"`` (DP-CMF): the private ratings without public users' rows, plus the public
+  inputs (item metadata tokens, public similarities, public users' ratings) as ``public=``;
+* ``"votes"`` (one-bit mechanisms): the thumbs up/down votes as a :class:`Ratings` of ±1.
+
+Each loader returns ``(data, extra keyword arguments for Algorithm.train)``. Services pick the
+loader from the algorithm's declared kind (:func:`load_training_inputs`), never from its name.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sqlalchemy.orm import Session
+
+from app.core.algorithms import Algorithm, DataKind
+from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
+from app.core.data.ratings import Ratings
+from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
+from app.db.models import Dataset
+from app.db.stores import public_inputs
+from app.services.bulk_read import item_index, load_ratings, load_triplets, ratings_from_triplets
+
+__all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes"]
+
+Loader = Callable[[Session, Dataset], tuple[Ratings, dict[str, Any]]]
+
+
+def load_ratings_only(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
+    """Every rating of ``ds`` (items = the whole catalogue); no extra inputs."""
+    return load_ratings(session, ds), {}
+
+
+def load_votes(session: Session, ds: Dataset, *, local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue);
+    with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
+    return load_ratings(session, ds, table="votes", local_epsilon=local_epsilon), {}
+
+
+def _metadata(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource:
+    by_id = {i: item_tokens(c, f) for i, c, f in public_inputs.item_metadata(session, ds.id)}
+    return metadata_source([by_id.get(i, ()) for i in item_db.tolist()], min_items=MIN_TOKEN_ITEMS)
+
+
+def _similarity_block(item_pos: np.ndarray, neighbour_pos: np.ndarray, scores: np.ndarray,
+                      n_items: int) -> sp.csr_matrix:
+    """One source's neighbour lists as S rows, each row also holding its own item.
+
+    Row j lists j's neighbours with their scores and j itself with the row's largest |score|
+    (an item is at least as similar to itself as to its nearest neighbour): without that entry
+    the row would fit w_f to the neighbours only and never reach v_j, so an item with no
+    private ratings would get nothing from its own list (stored lists never hold self pairs).
+    """
+    owners = np.unique(item_pos)
+    top = np.zeros(n_items)
+    np.maximum.at(top, item_pos, np.abs(scores))
+    block = similarity_source(np.concatenate([item_pos, owners]), np.concatenate([neighbour_pos, owners]),
+                              np.concatenate([scores, top[owners]]), n_items)
+    return block.matrix
+
+
+def _similarities(session: Session, ds: Dataset, item_db: np.ndarray, item_ext: np.ndarray) -> PublicSource | None:
+    """Every declared-public source's lists stacked (one row per (source, item)); None when empty."""
+    grouped: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    for name, item, neighbour, score in public_inputs.public_similarities(session, ds.id):
+        grouped[name].append((item, neighbour, score))
+    blocks, labels = [], []
+    for name in sorted(grouped):
+        arr = np.array(grouped[name], dtype=np.float64)
+        i, k = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+        pos_i, pos_k = np.searchsorted(item_db, i), np.searchsorted(item_db, k)
+        if np.any(pos_i >= len(item_db)) or np.any(pos_k >= len(item_db)) \
+                or not (np.array_equal(item_db[pos_i], i) and np.array_equal(item_db[pos_k], k)):
+            raise RuntimeError("similarities reference items outside their data set")
+        blocks.append(_similarity_block(pos_i, pos_k, arr[:, 2], len(item_db)))
+        labels += [f"{name}:{e}" for e in item_ext[np.unique(pos_i)].tolist()]
+    if not blocks:
+        return None
+    return PublicSource("similarities", sp.vstack(blocks, format="csr"), tuple(labels))
+
+
+def _split_public_users(session: Session, ds: Dataset, ratings: Ratings) -> tuple[Ratings, PublicSource | None]:
+    """(private ratings without public users' rows, their rows as the public_users source or None)."""
+    public_ids = np.intersect1d(public_inputs.public_user_ids(session, ds.id),
+                                np.asarray(ratings.user_ids, dtype=np.int64))
+    if len(public_ids) == 0:
+        return ratings, None
+    return split_public_users(ratings, public_ids)
+
+
+def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
+    """DP-CMF's inputs: (private ratings, {"public": PublicData}).
+
+    The private ratings leave out every public user's rows (their users too), so no private
+    statistic contains them; items are every item of ``ds`` in :func:`item_index` order and the
+    public sources' columns follow it. Sources with no entries are left out.
+    """
+    item_db, item_ext = item_index(session, ds)
+    ratings = ratings_from_triplets(item_db, item_ext, *load_triplets(session, ds))
+    private, users = _split_public_users(session, ds, ratings)
+    sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
+    kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
+    return private, {"public": PublicData(kept)}
+
+
+LOADERS: dict[DataKind, Loader] = {
+    "ratings": load_ratings_only,
+    "ratings+public": load_ratings_and_public,
+    "votes": load_votes,
+}
+
+
+def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm[Any, Any], *,
+                         local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+    """The training data of ``algo`` on ``ds`` (the loader of its declared data kind) and the
+    extra keyword arguments of its ``train``.
+
+    ``local_epsilon`` (votes only): read only the bits randomised at ingestion with exactly this
+    ε0 (a free, pre-randomised run); any other row is never read.
+    """
+    if local_epsilon is not None:
+        if algo.data != "votes":
+            raise ValueError("local_epsilon filters votes only")
+        return load_votes(session, ds, local_epsilon=local_epsilon)
+    return LOADERS[algo.data](session, ds)

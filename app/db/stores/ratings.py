@@ -1,0 +1,166 @@
+"""The ratings-and-users store: the use cases' reads and writes of ``users`` and ``ratings``
+(and the bulk read of any (user, item, value) table), PostgreSQL and SQLite.
+
+:func:`app.db.stores.ratings_store` picks the implementation from the session's dialect
+(:mod:`app.db.stores.ratings_postgres`, :mod:`app.db.stores.ratings_sqlite`). The ingest service
+validates and decides; a store only reads and writes. The rules of one rating's write (what
+makes it refused, what it creates) are the store's, in one statement on PostgreSQL (migration
+0009) and in :meth:`RatingsStore.upsert_one` elsewhere; the contract tests run both on the same
+cases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app.db.dialect import rows_matched
+from app.db.models import Item, Rating, User, Vote, bump_ratings_version_sharded
+from app.db.stores.catalogue import DatasetRef, catalogue_store
+
+__all__ = ["RatingsStore", "OneRating", "Triplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter"]
+
+Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]  # (user row id, item row id, value as float64)
+TRIPLET_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables
+
+
+class OneRating(NamedTuple):
+    """What one rating's write found and did: the data set's range, the item's and the user's row
+    ids (None: no such item; no user is created when nothing is written) and whether the rating
+    was inserted (True), updated (False) or not written (None: unknown item or value outside
+    the range)."""
+
+    rating_min: float
+    rating_max: float
+    item_id: int | None
+    user_id: int | None
+    inserted: bool | None
+
+
+class RatingsStore(Protocol):
+    """Users and ratings of one session. Methods never commit; the caller's unit of work does."""
+
+    def upsert_one(self, dataset: str, user_id: str, item_id: str, value: float, now: datetime) -> OneRating | None:
+        """Write one rating where the data set and item exist and ``value`` lies in the data set's
+        range (a new user created first); None: no such data set (nothing written)."""
+
+    def start_rating_write(self, dataset: str) -> DatasetRef:
+        """Begin a batch write: hold the references shared until the transaction ends (no user,
+        item or data set a rating will reference is deleted meanwhile) and read the data set (404
+        when unknown)."""
+
+    def item_ids(self, ds: DatasetRef, external_ids: Sequence[str]) -> list[int | None]:
+        """The row id of each of ``external_ids`` (None: no such item in ``ds``)."""
+
+    def user_ids(self, external_ids: Sequence[str], now: datetime, check_rows: Callable[[], None]) -> list[int]:
+        """The row id of each of ``external_ids``, missing users created. ``check_rows`` (raises
+        when the batch is invalid) runs exactly once, before any user is kept."""
+
+    def write_ratings(self, ds: DatasetRef, user_ids: list[int], item_ids: list[int], values: np.ndarray,
+                      now: datetime, while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
+        """Upsert the rows and bump the data set's version by their count; the (user, item) row-id
+        pairs created, or None when every row was. ``while_copying`` (client work whose outcome
+        does not depend on the write) may run while the database takes the rows in."""
+
+    def ensure_users(self, external_ids: Sequence[str], now: datetime) -> dict[str, int]:
+        """Create missing users; external id -> row id of each. PostgreSQL: the rows stay locked
+        (FOR KEY SHARE) until the transaction ends."""
+
+    def delete_rating(self, dataset_id: int, user_id: str, item_id: str) -> int:
+        """Delete one rating (bumping the data set's version); the number deleted (0 or 1)."""
+
+    def delete_user(self, user_id: str) -> int | None:
+        """Delete a user and every rating of theirs (votes go by the foreign key's cascade),
+        bumping each data set's version; the ratings removed, None when no such user."""
+
+    def user_ratings(self, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
+        """The user's own ratings in the data set: (external item ids, values)."""
+
+    def user_ratings_page(self, dataset_id: int, user_id: str, offset: int,
+                          limit: int) -> tuple[int, list[tuple[str, float, datetime]]]:
+        """(count, one page of (external item id, value, updated at) ordered by item id)."""
+
+    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
+        """Every (user, item, value) row of ``table`` in the data set (votes with
+        ``local_epsilon``: those randomised with exactly that ε0)."""
+
+
+def randomised_filter(local_epsilon: float | None) -> str:
+    """SQL condition keeping only votes randomised with exactly ``local_epsilon`` (none: all rows)."""
+    if local_epsilon is None:
+        return ""
+    value = float(local_epsilon)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("local_epsilon must be finite and > 0")
+    return f" AND randomised AND local_epsilon = {value!r}"
+
+
+class SqlRatings:
+    """What both databases run alike (ORM statements); the subclasses add the dialect's own."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def _lock_user_rows(self, stmt: Any) -> Any:
+        return stmt
+
+    def _exclude_rating_writers(self) -> None:
+        """Wait for every rating writer in flight; hold later ones off until commit."""
+
+    def _user_row_id(self, user_id: str, *, lock: bool = False) -> int | None:
+        stmt = select(User.id).where(User.external_id == user_id)
+        return self.session.scalar(self._lock_user_rows(stmt) if lock else stmt)
+
+    def delete_rating(self, dataset_id: int, user_id: str, item_id: str) -> int:
+        uid = self._user_row_id(user_id)
+        iid = catalogue_store(self.session).item_row_ids(dataset_id, [item_id]).get(item_id)
+        if uid is None or iid is None:
+            return 0
+        n = rows_matched(self.session.execute(delete(Rating).where(
+            Rating.dataset_id == dataset_id, Rating.user_id == uid, Rating.item_id == iid)))
+        if n:
+            bump_ratings_version_sharded(self.session, dataset_id, n=n)
+        return n
+
+    def delete_user(self, user_id: str) -> int | None:
+        # the references first (every rating writer in flight commits before this reads and
+        # deletes the user's ratings, a later one waits, then finds the user gone: no orphans);
+        # then the user row locked: writers that lock it (votes, public data) likewise
+        self._exclude_rating_writers()
+        uid = self._user_row_id(user_id, lock=True)
+        if uid is None:
+            return None
+        per_ds = list(self.session.execute(
+            select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)).all())
+        per_ds += self.session.execute(  # votes: removed by the cascade, counted for retraining
+            select(Vote.dataset_id, func.count()).where(Vote.user_id == uid).group_by(Vote.dataset_id)).all()
+        removed = rows_matched(self.session.execute(delete(Rating).where(Rating.user_id == uid)))
+        self.session.execute(delete(User).where(User.id == uid))
+        for ds_id, count in per_ds:
+            bump_ratings_version_sharded(self.session, ds_id, n=int(count))
+        return int(removed)
+
+    def user_ratings(self, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:
+        rows = self.session.execute(
+            select(Item.external_id, Rating.value)
+            .join(Item, Item.id == Rating.item_id)
+            .join(User, User.id == Rating.user_id)
+            .where(Rating.dataset_id == dataset_id, User.external_id == user_id)
+        ).all()
+        return [r[0] for r in rows], [float(r[1]) for r in rows]
+
+    def user_ratings_page(self, dataset_id: int, user_id: str, offset: int,
+                          limit: int) -> tuple[int, list[tuple[str, float, datetime]]]:
+        base = (select(Item.external_id, Rating.value, Rating.updated_at)
+                .join(Item, Item.id == Rating.item_id).join(User, User.id == Rating.user_id)
+                .where(Rating.dataset_id == dataset_id, User.external_id == user_id))
+        total = self.session.scalar(select(func.count()).select_from(base.subquery())) or 0
+        rows = self.session.execute(base.order_by(Item.external_id).offset(offset).limit(limit)).all()
+        return int(total), [(e, float(v), t) for e, v, t in rows]
+
