@@ -7,9 +7,9 @@ duration (it grows with the private data), no exception message (a driver's mess
 parameters). Lines name the route template and the request id instead.
 
 * API processes (``privrec serve`` / ``privrec api``): uvicorn's own access log, which writes the
-  raw path, is off and uvicorn does not install its logging config (the app's logs cover
-  ``uvicorn.error``); :mod:`app.api.middleware` writes one access line per request with the
-  route template and binds the request id (:data:`REQUEST_ID`).
+  raw path, is off and uvicorn's logging config is this format (:func:`uvicorn_log_options`);
+  :mod:`app.api.middleware` writes one access line per request with the route template and
+  binds the request id (:data:`REQUEST_ID`).
 * Training requests: the request id travels with the Celery task as the message header
   :data:`REQUEST_ID_HEADER`; the worker binds it while the task runs, so one id follows a
   training from the API request into the worker's lines.
@@ -32,7 +32,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from app.config import Settings
 
 __all__ = ["REQUEST_ID", "REQUEST_ID_HEADER", "current_request_id", "request_id_headers", "request_id_from_headers",
-           "JsonFormatter", "TextFormatter", "configure_logging", "uvicorn_log_options", "TaskLogRedaction",
+           "JsonFormatter", "TextFormatter", "service_handler", "configure_logging", "uvicorn_log_options", "TaskLogRedaction",
            "redact_task_logs"]
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -130,33 +130,59 @@ class _ServiceHandler(logging.StreamHandler):
     """The handler :func:`configure_logging` installs (found and replaced when called again)."""
 
 
-_SERVICE_LOGGERS = ("privrec", "app", "uvicorn.error")
+def service_handler(fmt: str = "json", stream: TextIO | None = None) -> logging.Handler:
+    """The one handler of a process: ``stream`` (stderr) in :class:`JsonFormatter`'s format (or
+    :class:`TextFormatter`'s for ``fmt="text"``); a factory for ``logging.config.dictConfig``."""
+    handler = _ServiceHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    return handler
+
+
+_UVICORN_LOGGERS = ("uvicorn", "uvicorn.error")
+"""uvicorn's loggers that carry handlers of their own under its default config."""
+_SERVICE_LOGGERS = ("privrec", "app", "workers", "celery", *_UVICORN_LOGGERS)
+"""Loggers at the configured level; every other library logs warnings and errors only (their
+informational lines can carry raw URLs and are noise)."""
+
+
+def _numeric(level: str | int) -> int:
+    """A level name or number as a number (ValueError for an unknown name)."""
+    value = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if not isinstance(value, int):
+        raise ValueError(f"unknown log level {level!r}")
+    return value
 
 
 def configure_logging(level: str | int = "INFO", fmt: Literal["json", "text"] | str = "json",
                       stream: TextIO | None = None) -> None:
     """Send every log record of this process (the service's, uvicorn's, Celery's, libraries')
-    through one handler on the root logger, formatted by :class:`JsonFormatter` (or
-    :class:`TextFormatter`), to ``stream`` (stderr). Idempotent: a second call replaces the
-    handler; Python warnings become log records too."""
-    handler = _ServiceHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    numeric = level.upper() if isinstance(level, str) else level
+    through one handler on the root logger (:func:`service_handler`). Idempotent: a second call
+    replaces the handler; Python warnings become log records too."""
+    numeric = _numeric(level)
     root = logging.getLogger()
-    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _ServiceHandler)] + [handler]
-    root.setLevel(numeric)
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _ServiceHandler)] + [service_handler(fmt, stream)]
+    root.setLevel(max(numeric, logging.WARNING))
     for name in _SERVICE_LOGGERS:
         logger = logging.getLogger(name)
-        logger.handlers[:] = [h for h in logger.handlers if not isinstance(h, _ServiceHandler)]
+        logger.handlers[:] = [] if name in _UVICORN_LOGGERS else [
+            h for h in logger.handlers if not isinstance(h, _ServiceHandler)]
         logger.setLevel(numeric)
         logger.propagate = True
     logging.captureWarnings(True)
 
 
 def uvicorn_log_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's logging options for an API process: its level, no access log (raw paths), no
-    logging config of its own (its default formatter prints exception messages)."""
-    return {"log_level": settings.log_level.lower(), "access_log": False, "log_config": None}
+    """uvicorn's logging options for an API process (the supervisor and every server process):
+    its level, no access log (raw paths), and a logging config that is the service's one
+    handler on the root logger (uvicorn's own formatters print exception messages)."""
+    level = _numeric(settings.log_level)
+    return {"log_level": settings.log_level.lower(), "access_log": False, "log_config": {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"service": {"()": f"{__name__}.service_handler", "fmt": settings.log_format}},
+        "root": {"handlers": ["service"], "level": max(level, logging.WARNING)},
+        "loggers": {name: {"handlers": [], "propagate": True, "level": level} for name in _UVICORN_LOGGERS},
+    }}
 
 
 # ----------------------------------------------------------------------------- Celery's tracer

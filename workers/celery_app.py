@@ -13,7 +13,15 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging, task_postrun, task_prerun, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
@@ -72,6 +80,13 @@ def log_in_service_format(loglevel: int | str | None = None, **_: object) -> Non
     signal replaces Celery's logging set-up), at the ``--loglevel`` Celery was given."""
     settings = get_settings()
     configure_logging(loglevel or settings.log_level, settings.log_format)
+
+
+@celeryd_init.connect
+def _log_from_the_start(options: dict[str, Any] | None = None, **_: object) -> None:
+    """The worker's first lines (its start-up checks' warnings, before Celery sets up logging)
+    in the service's format too."""
+    log_in_service_format((options or {}).get("loglevel"))
 
 
 _request_tokens: dict[str, contextvars.Token[str | None]] = {}
