@@ -75,18 +75,21 @@ redact_task_logs()  # no task runtimes or return values in the worker's log
 
 
 @setup_logging.connect
-def log_in_service_format(loglevel: int | str | None = None, **_: object) -> None:
+def log_in_service_format(loglevel: int | str | None = None, logfile: str | None = None, **_: object) -> None:
     """Worker and beat: the service's log format instead of Celery's own (a receiver of this
-    signal replaces Celery's logging set-up), at the ``--loglevel`` Celery was given."""
+    signal replaces Celery's logging set-up), at the ``--loglevel`` Celery was given, to stderr
+    or the ``--logfile`` given."""
     settings = get_settings()
-    configure_logging(loglevel or settings.log_level, settings.log_format)
+    stream = open(logfile, "a", encoding="utf-8", buffering=1) if logfile else None  # noqa: SIM115 - the process's log
+    configure_logging(loglevel or settings.log_level, settings.log_format, stream)
 
 
 @celeryd_init.connect
 def _log_from_the_start(options: dict[str, Any] | None = None, **_: object) -> None:
     """The worker's first lines (its start-up checks' warnings, before Celery sets up logging)
     in the service's format too."""
-    log_in_service_format((options or {}).get("loglevel"))
+    given = options or {}
+    log_in_service_format(given.get("loglevel"), given.get("logfile"))
 
 
 _request_tokens: dict[str, contextvars.Token[str | None]] = {}
