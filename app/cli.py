@@ -138,10 +138,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import api_workers
+    from app.logging_setup import uvicorn_log_options
 
     settings = _settings()
     host, port = args.host or settings.api_host, args.port or settings.api_port
-    options = _server_options(settings)
+    options = {**_server_options(settings), **uvicorn_log_options(settings)}
     _fresh_metrics_dir()
     if args.workers <= 1:
         uvicorn.run("app.main:create_app_from_env", factory=True, host=host, port=port, **options)

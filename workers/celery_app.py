@@ -1,24 +1,36 @@
 """Celery application: Redis broker, no result backend (state lives in the database).
 
 Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A workers.celery_app beat``.
+Both log in the service's one format (:func:`app.logging_setup.configure_logging`, at the level
+``--loglevel`` gives); a task's lines carry the id of the API request that sent it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
+from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
-from app.logging_setup import redact_task_logs
+from app.logging_setup import REQUEST_ID, configure_logging, redact_task_logs, request_id_from_headers
 from app.services.training.dispatch import QUEUE, drain_outbox
 from app.services.training.runner import reap_stale_runs
 from app.services.training.schedule import worker_startup
 
-__all__ = ["make_celery", "celery_app", "worker_prefix", "start_maintenance"]
+__all__ = ["make_celery", "celery_app", "worker_prefix", "start_maintenance", "log_in_service_format"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,42 @@ def make_celery(settings: Settings) -> Celery:
 
 celery_app = make_celery(get_settings())
 redact_task_logs()  # no task runtimes or return values in the worker's log
+
+
+@setup_logging.connect
+def log_in_service_format(loglevel: int | str | None = None, logfile: str | None = None, **_: object) -> None:
+    """Worker and beat: the service's log format instead of Celery's own (a receiver of this
+    signal replaces Celery's logging set-up), at the ``--loglevel`` Celery was given, to stderr
+    or the ``--logfile`` given."""
+    settings = get_settings()
+    stream = open(logfile, "a", encoding="utf-8", buffering=1) if logfile else None  # noqa: SIM115 - the process's log
+    configure_logging(loglevel or settings.log_level, settings.log_format, stream)
+
+
+@celeryd_init.connect
+def _log_from_the_start(options: dict[str, Any] | None = None, **_: object) -> None:
+    """The worker's first lines (its start-up checks' warnings, before Celery sets up logging)
+    in the service's format too."""
+    given = options or {}
+    log_in_service_format(given.get("loglevel"), given.get("logfile"))
+
+
+_request_tokens: dict[str, contextvars.Token[str | None]] = {}
+
+
+@task_prerun.connect
+def _bind_request_id(task_id: str | None = None, task: Any = None, **_: object) -> None:
+    """While a task runs, its log lines carry the id of the request that sent it (if any)."""
+    rid = request_id_from_headers(getattr(getattr(task, "request", None), "headers", None))
+    if rid is not None and task_id is not None:
+        _request_tokens[task_id] = REQUEST_ID.set(rid)
+
+
+@task_postrun.connect
+def _unbind_request_id(task_id: str | None = None, **_: object) -> None:
+    token = _request_tokens.pop(task_id or "", None)
+    if token is not None:
+        REQUEST_ID.reset(token)
 
 
 @worker_process_init.connect

@@ -1,7 +1,8 @@
 """Operations: Prometheus metrics and structured JSON logs with a request id.
 
 * Every HTTP request gets an id (a safe incoming ``X-Request-ID`` or a fresh one), echoed in the
-  ``X-Request-ID`` response header and attached to every log line written while it runs.
+  ``X-Request-ID`` response header and attached to every log line written while it runs, and to
+  the training task it starts (the log format and the id live in :mod:`app.logging_setup`).
 * Request counts and latency histograms are labelled by route *template* (never the raw path,
   which can name users) and status. With ``PROMETHEUS_MULTIPROC_DIR`` set, every process
   (uvicorn workers, Celery workers) writes to that directory and ``/metrics`` aggregates them.
@@ -14,8 +15,6 @@
 
 from __future__ import annotations
 
-import contextvars
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -30,15 +29,12 @@ from sqlalchemy import func, select
 
 from app.api.deps import AdminPrincipal
 from app.db.models import Dataset, TrainingRun
-from app.logging_setup import TypeOnlyFormatter
+from app.logging_setup import REQUEST_ID, JsonFormatter, configure_logging
 from app.services import budget
 from app.services.training.dispatch import QUEUE
 
 __all__ = ["REQUEST_ID", "REQUESTS", "LATENCY", "access_log", "JsonFormatter", "configure_logging", "router",
            "request_id"]
-
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
-"""The id of the request being served (set by :class:`app.api.middleware.RequestContext`)."""
 
 REQUESTS = Counter("privrec_http_requests_total", "HTTP requests by route template and status",
                    ["method", "route", "status"])
@@ -51,39 +47,6 @@ access_log = logging.getLogger("privrec.access")
 def request_id() -> str | None:
     """The id of the request being served (None outside requests)."""
     return REQUEST_ID.get()
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, request id, structured extras."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        rid = REQUEST_ID.get()
-        if rid:
-            out["request_id"] = rid
-        http = getattr(record, "http", None)  # set through logging's ``extra``
-        if isinstance(http, dict):
-            out["http"] = http
-        if record.exc_info and record.exc_info[0] is not None:
-            out["exc_type"] = record.exc_info[0].__name__  # no message: it can carry SQL parameters
-        return json.dumps(out, ensure_ascii=False)
-
-
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    """Send the service's logs (``privrec.*``, ``app.*``, ``uvicorn.error``) as JSON lines to stderr."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TypeOnlyFormatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s"))
-    for name in ("privrec", "app", "uvicorn.error"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
-        logger.propagate = False
 
 
 # ----------------------------------------------------------------------------- /metrics

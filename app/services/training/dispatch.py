@@ -18,6 +18,7 @@ from app.config import Settings
 from app.db.models import as_aware, utcnow
 from app.db.session import open_database, session_scope
 from app.db.stores.runs import runs_store
+from app.logging_setup import request_id_headers
 
 __all__ = ["TASK_NAME", "QUEUE", "REQUEUE_AFTER_S", "BROKER_TIMEOUT_S", "enqueue_run", "drain_outbox",
            "register_waker", "unregister_waker", "wake_workers"]
@@ -73,11 +74,13 @@ def _celery_client(broker_url: str) -> Any:
 
 
 def _send(run_id: int, broker_url: str) -> None:
-    """Publish the task once, without kombu's retry loop (the outbox retries later)."""
+    """Publish the task once, without kombu's retry loop (the outbox retries later); its headers
+    carry the current request's id, so the worker's lines for the run name it."""
     client = _celery_client(broker_url)
     with client.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
-        client.send_task(TASK_NAME, args=[int(run_id)], queue=QUEUE, connection=conn, retry=False)
+        client.send_task(TASK_NAME, args=[int(run_id)], queue=QUEUE, connection=conn, retry=False,
+                         headers=request_id_headers())
 
 
 def _mark_enqueued(run_id: int, url: str) -> None:
