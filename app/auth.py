@@ -17,6 +17,7 @@ is at most :data:`REVOCATION_REFRESH_S` seconds old when a token is checked agai
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -209,19 +210,24 @@ def _valid_token_id(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_TOKEN_ID_LENGTH
 
 
-def revocation_target(token: str, *, secret: str, algorithm: str = ALGORITHM) -> tuple[str, int]:
+def revocation_target(token: str, *, secret: str, algorithm: str = ALGORITHM,
+                      max_lifetime_s: int = MAX_LIFETIME_S, now: float | None = None) -> tuple[str, int]:
     """``(jti, exp)`` of a token this service signed (a bearer token or a dashboard session),
-    whether or not it has expired: what revoking it records. :class:`TokenError` when the
-    signature or issuer does not check out or the claims are missing."""
+    whether or not it has expired: what revoking it records. ``exp`` is capped at ``now +
+    max_lifetime_s`` (no token verifies beyond that: ``iat`` may not lie ahead and ``exp - iat`` is
+    bounded). :class:`TokenError` when the signature or issuer does not check out or the claims are
+    missing."""
     try:
         claims = jwt.decode(token, secret, algorithms=[algorithm], issuer=ISSUER,
                             options={"require": ["exp", "jti", "iss"], "verify_exp": False, "verify_aud": False})
     except jwt.InvalidTokenError as exc:
         raise TokenError("invalid token") from exc
     exp = claims["exp"]
-    if not _valid_token_id(claims["jti"]) or isinstance(exp, bool) or not isinstance(exp, (int, float)):
+    if (not _valid_token_id(claims["jti"]) or isinstance(exp, bool) or not isinstance(exp, (int, float))
+            or not math.isfinite(exp)):
         raise TokenError("invalid token claims")
-    return str(claims["jti"]), int(exp)
+    latest = int(now if now is not None else time.time()) + max_lifetime_s
+    return str(claims["jti"]), int(min(exp, latest))
 
 
 REVOCATION_REFRESH_S = 5.0

@@ -688,8 +688,8 @@ def cmd_revoke_token(args: argparse.Namespace) -> int:
     else:
         token = (sys.stdin.readline() if args.token == "-" else args.token or "").strip()
         try:
-            token_id, expires_at = revocation_target(token, secret=settings.secret_key,
-                                                     algorithm=settings.jwt_algorithm)
+            token_id, expires_at = revocation_target(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                                     max_lifetime_s=settings.max_token_ttl_s)
         except TokenError:
             raise SystemExit("privrec revoke-token: not a token this service signed (check SECRET_KEY)") from None
     with _maker(settings)() as session:

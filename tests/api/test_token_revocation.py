@@ -192,3 +192,12 @@ def _payload(token: str) -> str:
 
     part = token.split(".")[1]
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)).decode()
+
+
+def test_a_revocation_is_held_no_longer_than_any_token_can_live() -> None:
+    from app.auth import revocation_target
+
+    token = issue_token("alice", secret=SECRET, ttl_seconds=3600, now=1_000_000)
+    token_id, expires_at = revocation_target(token, secret=SECRET, now=1_000_000)
+    assert expires_at == 1_003_600 and token_id
+    assert revocation_target(token, secret=SECRET, max_lifetime_s=60, now=1_000_000)[1] == 1_000_060

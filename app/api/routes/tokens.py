@@ -47,7 +47,8 @@ def _target(body: RevocationIn, settings: Settings) -> tuple[str, int]:
     if body.token is None:  # the body's validator requires token_id then
         return str(body.token_id), int(time.time()) + settings.max_token_ttl_s
     try:
-        return revocation_target(body.token, secret=settings.secret_key, algorithm=settings.jwt_algorithm)
+        return revocation_target(body.token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                 max_lifetime_s=settings.max_token_ttl_s)
     except TokenError:
         raise ValidationFailed("request validation failed; nothing was written", details=[
             {"loc": ["body", "token"], "msg": "not a token this service signed", "type": "value_error"}]) from None
