@@ -9,14 +9,19 @@ Three kinds of principal:
 
 Expired or tampered tokens, and tokens whose lifetime (``exp - iat``) exceeds the maximum, raise
 :class:`TokenError` (rendered as 401 by the API).
+
+Every token carries a random id (``jti``). A token is cut off before its expiry by listing its id
+as revoked (a database table); each API process holds the list in a :class:`RevocationList` that
+is at most :data:`REVOCATION_REFRESH_S` seconds old when a token is checked against it.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +40,9 @@ __all__ = [
     "issue_token",
     "decode_token",
     "decode_token_cached",
+    "revocation_target",
+    "RevocationList",
+    "REVOCATION_REFRESH_S",
 ]
 
 ALGORITHM = "HS256"
@@ -59,6 +67,10 @@ class Principal:
     subject: str
     kind: Kind
     scopes: frozenset[str] = field(default_factory=frozenset)
+    token_id: str = ""
+    """The token's ``jti`` (what a revocation names)."""
+    expires_at: int = 0
+    """The token's ``exp`` (seconds since the epoch)."""
 
     @property
     def is_admin(self) -> bool:
@@ -136,7 +148,8 @@ def decode_token_cached(token: str, *, secret: str, algorithm: str = ALGORITHM,
                         max_lifetime_s: int = MAX_LIFETIME_S) -> Principal:
     """:func:`decode_token` for the request path: a verified token is remembered in this process
     for at most ``VERIFIED_TTL_S`` seconds and never past its own ``exp`` (tokens cannot be
-    revoked, so this changes no answer); refused tokens are never remembered."""
+    revocation is checked on every use, against :class:`RevocationList`, so this changes no answer);
+    refused tokens are never remembered."""
     key = (token, secret, algorithm, max_lifetime_s)
     hit = _verified.get(key)
     now = time.time()
@@ -163,7 +176,7 @@ def _verified_claims(token: str, *, secret: str, algorithm: str, max_lifetime_s:
     try:
         claims = jwt.decode(
             token, secret, algorithms=[algorithm], issuer=ISSUER, leeway=leeway,
-            options={"require": ["exp", "iat", "sub", "iss", "typ"]},
+            options={"require": ["exp", "iat", "sub", "iss", "typ", "jti"]},
         )
     except jwt.ExpiredSignatureError as exc:
         raise TokenError("token expired") from exc
@@ -183,7 +196,81 @@ def _principal(claims: dict) -> Principal:
     scopes = frozenset(s for s in str(claims.get("scope", "")).split() if s)
     if SCOPE_ADMIN in scopes and kind != "admin":
         raise TokenError("invalid token claims")
-    return Principal(subject=subject, kind=kind, scopes=scopes)
+    token_id = claims.get("jti")
+    if not _valid_token_id(token_id):
+        raise TokenError("invalid token claims")
+    return Principal(subject=subject, kind=kind, scopes=scopes, token_id=str(token_id),
+                     expires_at=int(claims["exp"]))
+
+
+MAX_TOKEN_ID_LENGTH = 64
+
+
+def _valid_token_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_TOKEN_ID_LENGTH
+
+
+def revocation_target(token: str, *, secret: str, algorithm: str = ALGORITHM,
+                      max_lifetime_s: int = MAX_LIFETIME_S, now: float | None = None) -> tuple[str, int]:
+    """``(jti, exp)`` of a token this service signed (a bearer token or a dashboard session),
+    whether or not it has expired: what revoking it records. ``exp`` is capped at ``now +
+    max_lifetime_s`` (no token verifies beyond that: ``iat`` may not lie ahead and ``exp - iat`` is
+    bounded). :class:`TokenError` when the signature or issuer does not check out or the claims are
+    missing."""
+    try:
+        claims = jwt.decode(token, secret, algorithms=[algorithm], issuer=ISSUER,
+                            options={"require": ["exp", "jti", "iss"], "verify_exp": False, "verify_aud": False})
+    except jwt.InvalidTokenError as exc:
+        raise TokenError("invalid token") from exc
+    exp = claims["exp"]
+    if (not _valid_token_id(claims["jti"]) or isinstance(exp, bool) or not isinstance(exp, (int, float))
+            or not math.isfinite(exp)):
+        raise TokenError("invalid token claims")
+    latest = int(now if now is not None else time.time()) + max_lifetime_s
+    return str(claims["jti"]), int(min(exp, latest))
+
+
+REVOCATION_REFRESH_S = 5.0
+"""The most a process's revocation list may lag the database: a token revoked at time t is refused
+by every API process from t + REVOCATION_REFRESH_S on (at once in the process that revoked it)."""
+
+
+class RevocationList:
+    """One process's copy of the revoked token ids, with the time its database read began.
+
+    :meth:`is_fresh` is true while that read began less than ``refresh_s`` ago on ``clock``; a
+    verifier reloads a stale list (:meth:`reload`) before it trusts it, so no verified token, cached
+    or not, outlives its revocation by more than ``refresh_s`` seconds."""
+
+    def __init__(self, *, refresh_s: float = REVOCATION_REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._ids: frozenset[str] = frozenset()
+        self._loaded_at: float | None = None
+        self._lock = threading.Lock()
+
+    def is_fresh(self) -> bool:
+        """True when the list was read from the database less than ``refresh_s`` ago."""
+        return self._loaded_at is not None and self.clock() - self._loaded_at < self.refresh_s
+
+    def is_revoked(self, token_id: str) -> bool:
+        return token_id in self._ids
+
+    def add(self, token_id: str) -> None:
+        """Record a revocation this process just committed (refused here at once)."""
+        with self._lock:
+            self._ids = self._ids | {token_id}
+
+    def reload(self, load: Callable[[], Iterable[str]]) -> None:
+        """Replace the list with ``load()`` (the revoked ids the database holds) unless another
+        thread did so meanwhile; the list's age counts from before the read."""
+        with self._lock:
+            if self.is_fresh():
+                return
+            started = self.clock()
+            self._ids = frozenset(load())
+            self._loaded_at = started
 
 
 def _lifetime_within(claims: dict[str, Any], max_lifetime_s: int) -> bool:

@@ -1,5 +1,5 @@
 """The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-items, import-csv,
-import-votes, import-similarities, issue-token, budget, openapi, healthcheck.
+import-votes, import-similarities, issue-token, revoke-token, budget, openapi, healthcheck.
 
 Each command imports what it uses when it runs, so that ``--help`` and ``issue-token`` start at
 once (no web app, database, migration or numeric library)."""
@@ -673,6 +673,36 @@ def cmd_issue_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_revoke_token(args: argparse.Namespace) -> int:
+    """Revoke a bearer token or dashboard session (the token, ``-`` to read it from stdin, or
+    ``--id JTI``) until it expires; every API process refuses it within REVOCATION_REFRESH_S
+    seconds. Prints the entry as JSON."""
+    from datetime import UTC, datetime
+
+    from app.auth import TokenError, revocation_target
+    from app.services import revocations
+    from app.services.unit_of_work import commit
+
+    settings = _settings()
+    if args.id:
+        token_id, expires_at = args.id, int(time.time()) + settings.max_token_ttl_s
+    else:
+        token = (sys.stdin.readline() if args.token == "-" else args.token or "").strip()
+        try:
+            token_id, expires_at = revocation_target(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                                     max_lifetime_s=settings.max_token_ttl_s)
+        except TokenError:
+            raise SystemExit("privrec revoke-token: not a token this service signed (check SECRET_KEY)") from None
+    with _maker(settings)() as session:
+        row, created = revocations.revoke(session, token_id=token_id, expires_at=expires_at, actor=_actor(),
+                                          reason=args.reason)
+        commit(session)
+        print(json.dumps({"token_id": token_id, "status": "revoked" if created else "already_revoked",
+                          "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat(),
+                          "actor": row.actor}))
+    return 0
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
     """Print the privacy budget of a data set as JSON."""
     from app.services import admin
@@ -726,6 +756,20 @@ def _column(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError("a column number (1 is the first column; 0 means none)")
     return int(text)
+
+
+def _token_id(text: str) -> str:
+    """A token id (``jti``): 1 to 64 characters of letters, digits, ``-`` and ``_``."""
+    if not (0 < len(text) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in text)):
+        raise argparse.ArgumentTypeError("1 to 64 letters, digits, '-' or '_'")
+    return text
+
+
+def _reason(text: str) -> str:
+    """A short free-text reason (at most 500 characters, no NUL)."""
+    if len(text) > 500 or "\x00" in text:
+        raise argparse.ArgumentTypeError("at most 500 characters, no NUL")
+    return text
 
 
 def _input_options(s: argparse.ArgumentParser) -> None:
@@ -832,6 +876,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--subject", help="subject of an admin token (default 'admin')")
     s.add_argument("--ttl", type=int, help="lifetime in seconds (default ACCESS_TOKEN_TTL_S)")
     s.set_defaults(func=cmd_issue_token)
+
+    s = sub.add_parser("revoke-token", help="revoke a bearer token or dashboard session before it expires")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("token", nargs="?", help="the token ('-': read it from stdin)")
+    g.add_argument("--id", type=_token_id, help="only the token's id (its jti claim)")
+    s.add_argument("--reason", type=_reason, help="why (kept with the entry; at most 500 characters)")
+    s.set_defaults(func=cmd_revoke_token)
 
     s = sub.add_parser("budget", help="print a data set's privacy budget")
     s.add_argument("--dataset")

@@ -151,6 +151,12 @@ class TokenExpired(Unauthorized):
     code = "token_expired"
 
 
+class TokenRevoked(Unauthorized):
+    """The token was revoked by an admin or by signing out."""
+
+    code = "token_revoked"
+
+
 class NoSession(Unauthorized):
     """No valid dashboard session cookie: sign in first."""
 

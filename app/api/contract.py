@@ -65,6 +65,7 @@ from app.errors import (
     ScopeRequired,
     SecretHyperparameter,
     TokenExpired,
+    TokenRevoked,
     UnknownAlgorithm,
     UnknownDataset,
     UnknownItem,
@@ -157,7 +158,7 @@ def shape_errors(method: str, path: str, operation: dict[str, Any]) -> Errors:
     or a body (request validation), a body (malformed JSON, size)."""
     out: list[type[PrivrecError]] = [DatabaseUnavailable]
     if operation.get("security"):
-        out += [MissingToken, InvalidToken, TokenExpired]
+        out += [MissingToken, InvalidToken, TokenExpired, TokenRevoked]
         if path.startswith("/v1/admin/"):
             out.append(AdminRequired)
     if "{dataset}" in path:

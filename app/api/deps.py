@@ -18,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.auth import Principal, TokenError, decode_token_cached
+from app.auth import Principal, RevocationList, TokenError, decode_token_cached
 from app.config import Settings
 from app.db.models import Dataset, LedgerEntry, TrainingRun
 from app.errors import (
@@ -29,10 +29,12 @@ from app.errors import (
     MissingToken,
     ScopeRequired,
     TokenExpired,
+    TokenRevoked,
     WrongSubject,
 )
 from app.schemas.common import DEFAULT_PAGE_SIZE, MAX_OFFSET, MAX_PAGE_SIZE, PageRequest
 from app.schemas.hyperparameters import sampler_refusal
+from app.services.revocations import revoked_ids
 from app.services.training.requests import n_items_of
 from app.services.unit_of_work import commit
 
@@ -48,6 +50,9 @@ __all__ = [
     "get_write_session",
     "run_in_app_session",
     "verify_bearer",
+    "revocation_list",
+    "fresh_revocations",
+    "refuse_revoked",
     "require_user_access",
     "require_ingest_access",
     "require_item_writer",
@@ -133,23 +138,50 @@ async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """Verify the bearer token; 401 when missing, malformed, tampered with or expired. (The
-    settings are read from the app, not through ``SettingsDep``: one dependency fewer to solve
-    on every authenticated request.)"""
+    """Verify the bearer token; 401 when missing, malformed, tampered with, expired or revoked.
+    (The settings are read from the app, not through ``SettingsDep``: one dependency fewer to
+    solve on every authenticated request.)"""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise MissingToken("a bearer token is required")
-    return verify_bearer(request.app.state.settings, credentials.credentials)
+    return await verify_bearer(request.app, credentials.credentials)
 
 
-def verify_bearer(settings: Settings, token: str) -> Principal:
-    """The principal of a bearer token (cached once verified); 401 when it is malformed,
-    tampered with or expired."""
+async def verify_bearer(app: Any, token: str) -> Principal:
+    """The principal of a bearer token (its signature check cached once verified; its revocation
+    checked on every call against a list at most ``REVOCATION_REFRESH_S`` old); 401 when it is
+    malformed, tampered with, expired or revoked."""
+    settings = app.state.settings
     try:
-        return decode_token_cached(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
-                                   max_lifetime_s=settings.max_token_ttl_s)
+        principal = decode_token_cached(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
+                                        max_lifetime_s=settings.max_token_ttl_s)
     except TokenError as exc:
         refusal = TokenExpired if "expired" in str(exc) else InvalidToken
         raise refusal(str(exc)) from None
+    await refuse_revoked(app, principal.token_id)
+    return principal
+
+
+async def refuse_revoked(app: Any, token_id: str) -> None:
+    """401 ``token_revoked`` when ``token_id`` is on the revocation list."""
+    if (await fresh_revocations(app)).is_revoked(token_id):
+        raise TokenRevoked("this token was revoked")
+
+
+def revocation_list(app: Any) -> RevocationList:
+    """The revocation list of ``app`` in this process (``app.state.revocations``; created on first
+    use with the default refresh interval)."""
+    revocations: RevocationList | None = getattr(app.state, "revocations", None)
+    if revocations is None:
+        revocations = app.state.revocations = RevocationList()
+    return revocations
+
+
+async def fresh_revocations(app: Any) -> RevocationList:
+    """``app``'s revocation list, reloaded from the database first when it is stale."""
+    revocations = revocation_list(app)
+    if not revocations.is_fresh():
+        await run_in_app_session(app, lambda session: revocations.reload(lambda: revoked_ids(session)))
+    return revocations
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

@@ -21,7 +21,6 @@ from starlette.requests import Request
 from app.api.deps import verify_bearer
 from app.api.params import DATASET_MAX_LENGTH, DATASET_PATTERN
 from app.api.routes import recommendations
-from app.errors import PrivrecError
 from app.schemas.common import is_external_id
 from app.schemas.serving import MAX_N, RecommendationQuery
 
@@ -53,10 +52,10 @@ class RecommendationFastPath:
         dataset, user_id, n, token = plain
         app = scope["app"]
         try:
-            allowed = verify_bearer(app.state.settings, token).may_act_for(user_id)
-        except PrivrecError:
+            allowed = (await verify_bearer(app, token)).may_act_for(user_id)
+        except Exception:  # noqa: BLE001 - refused, or the revocation list could not be read
             allowed = False
-        if not allowed:  # the app gives the 401 or 403
+        if not allowed:  # the app gives the 401, 403 or 503
             await self.app(scope, receive, send)
             return
         scope["route"] = self.route

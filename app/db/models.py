@@ -59,6 +59,7 @@ __all__ = [
     "bump_ratings_version_sharded",
     "RatingsVersionShard",
     "ReferenceEpoch",
+    "RevokedToken",
 ]
 
 NAMING = {
@@ -538,6 +539,19 @@ class ReferenceEpoch(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     n: Mapped[int] = mapped_column(BigInteger)
+
+class RevokedToken(Base):
+    """A bearer token or dashboard session cut off before its expiry, by its id (``jti``). Verifiers
+    refuse it while it lives; the row may be pruned once ``expires_at`` has passed."""
+
+    __tablename__ = "revoked_tokens"
+
+    jti: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    revoked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str | None] = mapped_column(String(500), default=None)
+
 
 Dataset.ratings_version = column_property(
     Dataset.__table__.c.ratings_version

@@ -25,6 +25,7 @@ __all__ = [
     "item_row_ids",
     "import_items",
     "upsert_item",
+    "put_item",
     "get_item",
     "list_items",
 ]
@@ -66,7 +67,12 @@ def _item_out(item: Item) -> ItemOut:
 
 
 def upsert_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -> ItemOut:
-    """Create or replace an item's title, categories, features and active flag.
+    """Create or replace an item's title, categories, features and active flag (:func:`put_item`)."""
+    return put_item(session, dataset=dataset, item_id=item_id, data=data)[0]
+
+
+def put_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -> tuple[ItemOut, bool]:
+    """Create or replace an item's title, categories, features and active flag; ``(item, created)``.
 
     A new item, or new categories/features (DP-CMF's public metadata), bumps ``ratings_version``
     so that scheduled retraining notices it.
@@ -81,7 +87,7 @@ def upsert_item(session: Session, *, dataset: str, item_id: str, data: ItemIn) -
     if before is None or (before.categories, before.features) != (values["categories"], values["features"]):
         store.bump_version(ds.id, n=1)
     return ItemOut(item_id=item_id, title=data.title, categories=list(data.categories),
-                   features=dict(data.features), active=data.active)
+                   features=dict(data.features), active=data.active), before is None
 
 
 def get_item(session: Session, *, dataset: str, item_id: str) -> ItemOut:

@@ -133,8 +133,16 @@ async function loadLedger() {
   $("older").disabled = ledgerOffset + page.items.length >= page.total;
 }
 
+// no inline handlers: the pages' Content-Security-Policy allows only this file's script
+const picker = $("dataset-select");
+if (picker) picker.addEventListener("change", () => picker.form.submit());
+
+const logout = $("logout");
+if (logout) {
+  logout.addEventListener("click", async () => { await api("/dashboard/logout", { method: "POST" }); window.location.reload(); });
+}
+
 if (dataset()) {
-  $("logout").addEventListener("click", async () => { await api("/dashboard/logout", { method: "POST" }); window.location.reload(); });
   $("proj-eps").addEventListener("change", loadSummary);
   $("newer").addEventListener("click", () => { ledgerOffset = Math.max(0, ledgerOffset - 20); loadLedger(); });
   $("older").addEventListener("click", () => { ledgerOffset += 20; loadLedger(); });

@@ -101,7 +101,7 @@ def test_create_and_list_datasets_with_separate_budgets(env: Env) -> None:
     env.client.put("/v1/datasets/jokes/items/j1", headers=env.admin, json={"title": "joke"})
     env.client.put("/v1/datasets/default/items/j1", headers=env.admin, json={"title": "joke"})
     assert env.client.put("/v1/datasets/jokes/users/a/ratings/j1", json={"rating": -7.5},
-                          headers=env.auth("a")).status_code == 200
+                          headers=env.auth("a")).status_code == 201
     assert env.client.put("/v1/datasets/default/users/a/ratings/j1", json={"rating": -7.5},
                           headers=env.auth("a")).status_code == 422
 

@@ -60,3 +60,14 @@ def test_scope_rules_enforced_on_issue_and_decode() -> None:
                            "exp": 2**40}, SECRET, algorithm="HS256")
     with pytest.raises(TokenError):
         decode_token(smuggled, secret=SECRET)
+
+
+def test_every_token_carries_an_id_and_one_without_is_refused() -> None:
+    p1 = decode_token(issue_token("alice", secret=SECRET, ttl_seconds=60, now=time.time()), secret=SECRET)
+    p2 = decode_token(issue_token("alice", secret=SECRET), secret=SECRET)
+    assert p1.token_id and p2.token_id and p1.token_id != p2.token_id
+    assert abs(p1.expires_at - (time.time() + 60)) < 5
+    unnamed = jwt.encode({"sub": "alice", "typ": "user", "iss": "privrec", "iat": int(time.time()),
+                          "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
+    with pytest.raises(TokenError):  # it could not be revoked
+        decode_token(unnamed, secret=SECRET)

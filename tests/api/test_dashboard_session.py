@@ -3,6 +3,8 @@ token and a bearer token is no session; writes need the CSRF value; non-admins a
 
 from __future__ import annotations
 
+import re
+
 import jwt
 
 from tests.api.conftest import Env
@@ -29,9 +31,42 @@ def test_sign_in_and_csrf(sqlite_env: Env) -> None:
     cookie = c.cookies.get("privrec_session")
     # the session cookie is not a bearer token for the API
     assert c.get("/v1/admin/datasets", headers={"Authorization": f"Bearer {cookie}"}).status_code == 401
-    c.post("/dashboard/logout", headers={"X-CSRF-Token": csrf})
+    assert c.post("/dashboard/logout", headers={"X-CSRF-Token": csrf}).status_code == 204
     c.cookies.clear()
     assert c.get("/dashboard/api/datasets/default/summary").status_code == 401
+    # the cookie copied before sign-out opens nothing any more: sign-out revoked the session
+    c.cookies.set("privrec_session", cookie, path="/dashboard")
+    assert c.get("/dashboard/api/datasets/default/summary").json()["error"]["code"] == "no_session"
+    assert "login" in c.get("/dashboard").text
+    assert c.post("/dashboard/api/datasets/default/trainings", json={"epsilon": 1},
+                  headers={"X-CSRF-Token": csrf}).status_code == 401
+    assert sqlite_env.count("revoked_tokens") == 1
+
+
+def test_pages_send_csp_no_framing_and_no_store(sqlite_env: Env) -> None:
+    """Both pages (sign-in and dashboard) allow scripts from the app's own files only (no inline
+    script or handler in any template), forbid framing and are never cached; so is the page's JSON."""
+    from pathlib import Path
+
+    c = sqlite_env.client
+
+    def check(r) -> None:  # type: ignore[no-untyped-def]
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
+
+    check(c.get("/dashboard"))
+    _sign_in(sqlite_env)
+    page = c.get("/dashboard")
+    assert 'id="budget"' in page.text
+    check(page)
+    assert c.get("/dashboard/api/datasets/default/summary").headers["cache-control"] == "no-store"
+    assert c.get("/dashboard/static/dashboard.js").status_code == 200
+    templates = Path(__file__).resolve().parents[2] / "app" / "templates"
+    for html in templates.glob("*.html"):
+        text = html.read_text(encoding="utf-8").lower()
+        assert not re.search(r"<script(?![^>]*\ssrc=)", text), html  # every script is a served file
+        assert not re.search(r"\son[a-z]+\s*=", text) and "javascript:" not in text, html  # no inline handler
 
 
 def test_non_admin_and_bad_tokens_get_no_session(sqlite_env: Env) -> None:

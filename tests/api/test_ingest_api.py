@@ -22,9 +22,9 @@ def test_upsert_is_idempotent_and_bumps_ratings_version(env: Env) -> None:
         from app.db.models import Dataset
         v0 = s.query(Dataset).filter_by(name="default").one().ratings_version
     r = _put(env, "alice", "i0", 4.0)
-    assert r.status_code == 200 and r.json()["status"] == "created"
+    assert r.status_code == 201 and r.json()["status"] == "created"
     r = _put(env, "alice", "i0", 4.0)
-    assert r.json()["status"] == "updated"
+    assert r.status_code == 200 and r.json()["status"] == "updated"
     r = _put(env, "alice", "i0", 2.5)
     assert r.json()["status"] == "updated"
     assert env.count("ratings") == 1

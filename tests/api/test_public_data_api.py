@@ -194,7 +194,7 @@ def test_new_items_and_new_metadata_bump_ratings_version(sqlite_env: Env) -> Non
     env = sqlite_env
     url = f"{R}/items/x"
     v0 = _ratings_version(env)
-    assert env.client.put(url, json={"categories": ["Drama"]}, headers=env.ingest_service).status_code == 200
+    assert env.client.put(url, json={"categories": ["Drama"]}, headers=env.ingest_service).status_code == 201
     assert _ratings_version(env) == v0 + 1  # new item
     env.client.put(url, json={"categories": ["Drama"], "title": "X"}, headers=env.ingest_service)
     assert _ratings_version(env) == v0 + 1  # the title is not training data
@@ -218,7 +218,7 @@ def test_dpcmf_over_http_uses_public_data_and_recommends_a_cold_item(sqlite_env:
     env = sqlite_env
     seed_ratings(env)  # i0..i23 with categories "even"/"odd"
     r = env.client.put(f"{R}/items/new", headers=env.ingest_service, json={"title": "New", "categories": ["even"]})
-    assert r.status_code == 200
+    assert r.status_code == 201
     assert _consent(env, "u5", True).status_code == 200
     env.client.put(f"{A}/similarity-sources/wiki", json=SOURCE, headers=env.admin)
     env.client.post(f"{A}/similarity-sources/wiki/neighbours", headers=env.admin,

@@ -26,7 +26,7 @@ def test_ratings_reach_the_model_rows_of_their_items(env: Env) -> None:
     before = _reco(env, "u0")
     assert before["fallback"] is False
     r = env.client.put(f"{R}/items/late", headers=env.ingest_service, json={"title": "added after training"})
-    assert r.status_code == 200, r.text
+    assert r.status_code == 201, r.text
     _rate(env, "u0", "late", 5.0)
     assert _reco(env, "u0") == before  # outside the model: no row, no signal
     target = before["items"][0]["item_id"]

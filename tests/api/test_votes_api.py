@@ -62,10 +62,11 @@ def test_raw_votes_are_idempotent_upserts(env: Env) -> None:
     add_items(env, 3, DS)
     v0 = _ratings_version(env)
     r = _put(env, "alice", "i0", {"vote": 1})
-    assert r.status_code == 200, r.text
+    assert r.status_code == 201, r.text
     assert r.json() == {"user_id": "alice", "item_id": "i0", "status": "created", "stored_vote": 1,
                         "randomised": False, "randomised_by": None, "local_epsilon": None}
-    assert _put(env, "alice", "i0", {"vote": 1}).json()["status"] == "updated"
+    updated = _put(env, "alice", "i0", {"vote": 1})
+    assert updated.status_code == 200 and updated.json()["status"] == "updated"
     assert _put(env, "alice", "i0", {"vote": -1}).json()["stored_vote"] == -1
     assert _ratings_version(env) >= v0 + 3
     page = env.client.get(f"{R}/users/alice/votes", headers=env.auth("alice")).json()
@@ -146,8 +147,8 @@ def test_vote_auth_matrix(sqlite_env: Env) -> None:
     assert env.client.put(url, json={"vote": 1}).status_code == 401
     assert env.client.put(url, json={"vote": 1}, headers=env.auth("bob")).status_code == 403
     assert env.client.put(url, json={"vote": 1}, headers=env.auth("svc", "service", ("act_for_users",))).status_code == 403
-    assert env.client.put(url, json={"vote": 1}, headers=env.auth("svc", "service", ("ingest",))).status_code == 200
-    assert env.client.put(url, json={"vote": 1}, headers=env.auth("alice")).status_code == 200
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("svc", "service", ("ingest",))).status_code == 201
+    assert env.client.put(url, json={"vote": 1}, headers=env.auth("alice")).status_code == 200  # not created
     listing = f"{R}/users/alice/votes"
     assert env.client.get(listing).status_code == 401
     assert env.client.get(listing, headers=env.auth("bob")).status_code == 403
@@ -215,8 +216,8 @@ def test_a_vote_is_never_rerandomised_and_the_cap_holds(env: Env) -> None:
         assert again["status"] == "unchanged" and again["stored_vote"] == first["stored_vote"]
     assert _ratings_version(env) == v  # nothing changed: no retraining trigger
     assert [x.value for x in _stored(env)] == [first["stored_vote"]]
-    assert _put(env, "alice", "i1", {"vote": -1}).status_code == 200
-    assert _put(env, "alice", "i2", {"vote": -1}).status_code == 200
+    assert _put(env, "alice", "i1", {"vote": -1}).status_code == 201
+    assert _put(env, "alice", "i2", {"vote": -1}).status_code == 201
     r = _put(env, "alice", "i3", {"vote": 1})
     assert r.status_code == 409 and r.json()["error"]["code"] == "vote_cap_exceeded"
     assert r.json()["error"]["details"]["users"] == [{"user_id": "alice", "current": 3, "new": 1}]
@@ -287,7 +288,7 @@ def test_vote_settings_record_the_local_guarantee_once(env: Env) -> None:
         assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
         assert ledger.spent(s, acct, recompute=True).epsilon_rdp == pytest.approx(budget["spent_epsilon_rdp"], abs=1e-6)
     # once a vote exists the settings are frozen
-    assert _put(env, "alice", "i0", {"vote": 1}).status_code == 200
+    assert _put(env, "alice", "i0", {"vote": 1}).status_code == 201
     r = _settings(env, 0.5, 5)
     assert r.status_code == 409 and r.json()["error"]["code"] == "votes_exist"
     assert _settings(env, None, None).status_code == 409
@@ -387,8 +388,8 @@ def test_deleting_a_user_removes_their_votes_and_moves_the_counter(env: Env) -> 
     add_items(env, 2, DS)
     assert _settings(env, 1.0, 2).status_code == 200
     for item in ("i0", "i1"):
-        assert _put(env, "erin", item, {"vote": 1}).status_code == 200
-    assert _put(env, "frank", "i0", {"vote": -1}).status_code == 200
+        assert _put(env, "erin", item, {"vote": 1}).status_code == 201
+    assert _put(env, "frank", "i0", {"vote": -1}).status_code == 201
     v = _ratings_version(env)
     assert env.client.delete("/v1/users/erin", headers=env.auth("erin")).status_code == 200
     assert env.count("votes") == 1

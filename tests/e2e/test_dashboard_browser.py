@@ -1,7 +1,9 @@
 """The dashboard in a real browser (Debian chromium + chromedriver via Selenium) against
 `privrec serve`: sign in, the chart has one point per ledger entry, start a training and watch it
-reach "published" without reloading, activate the older version and see the served model change.
-Screenshots go to tests/artifacts/screenshots (git-ignored)."""
+reach "published" without reloading, activate the older version and see the served model change;
+the page runs under its Content-Security-Policy without a single violation; after sign-out the
+session cookie copied before it opens nothing. Screenshots go to tests/artifacts/screenshots
+(git-ignored)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,20 @@ def _driver():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600",
                 "--disable-gpu"):
         opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, CSP reports included
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def _csp_violations(driver) -> list[str]:  # type: ignore[no-untyped-def]
+    """Console messages of the page so far that report a Content-Security-Policy violation."""
+    return [entry["message"] for entry in driver.get_log("browser")
+            if "content security policy" in entry["message"].lower()]
+
+
+CSP_PROBE = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(e.violatedDirective));
+"""
 
 
 def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
@@ -77,6 +92,11 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
         first_version = client.get("/v1/datasets/default/model").json()["version"]
         driver = _driver()
         try:
+            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_PROBE})
+            page = httpx.get(f"{base}/dashboard")
+            assert "script-src 'self'" in page.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+            assert page.headers["cache-control"] == "no-store"
             driver.get(f"{base}/dashboard")
             driver.find_element(By.ID, "token").send_keys(token)
             driver.find_element(By.CSS_SELECTOR, "#login button").click()
@@ -130,6 +150,27 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
                 "return fetch('/dashboard/api/datasets/default/models/1/activate', {method: 'POST'})"
                 ".then(r => r.status)")
             assert refused == 403
+
+            # the page ran under its CSP: the enforcing browser blocked nothing
+            assert driver.execute_script("return window.__cspViolations") == []
+            assert _csp_violations(driver) == []
+
+            # sign out; the session cookie copied before it no longer opens the dashboard
+            copied = driver.get_cookie("privrec_session")
+            assert copied is not None
+            driver.find_element(By.ID, "logout").click()
+            _wait(lambda: driver.find_elements(By.ID, "token"), 30, "the sign-in page")
+            assert driver.get_cookie("privrec_session") is None
+            driver.add_cookie({k: copied[k] for k in ("name", "value", "path", "httpOnly", "sameSite")
+                               if k in copied})
+            driver.get(f"{base}/dashboard")
+            assert driver.find_elements(By.ID, "token") and not driver.find_elements(By.ID, "budget")
+            stale = httpx.get(f"{base}/dashboard/api/datasets/default/summary",
+                              cookies={"privrec_session": copied["value"]})
+            assert stale.status_code == 401 and stale.json()["error"]["code"] == "no_session"
+            driver.save_screenshot(str(SHOTS / "04-signed-out.png"))
+            assert driver.execute_script("return window.__cspViolations") == []
+            assert _csp_violations(driver) == []
         finally:
             driver.quit()
     assert token not in proc.log.read_text(errors="replace")

@@ -78,7 +78,7 @@ def test_ingest_train_publish_recommend_over_http(spawn, tmp_path: Path) -> None
             for k in range(30):
                 r = c.put(f"/v1/datasets/default/items/m{k}", headers=svc,
                           json={"title": f"Movie {k}", "categories": ["even" if k % 2 == 0 else "odd"]})
-                assert r.status_code == 200, r.text
+                assert r.status_code == 201, r.text  # created
             rng = np.random.default_rng(1)
             rows = [{"user_id": f"p{u}", "item_id": f"m{i}", "rating": 5.0 if (u + i) % 2 == 0 else 1.0}
                     for u in range(120) for i in rng.choice(30, size=15, replace=False)]
@@ -133,7 +133,7 @@ def test_votes_and_public_data_train_on_the_worker(spawn, tmp_path: Path) -> Non
             for k in range(20):
                 r = c.put(f"/v1/datasets/votes/items/m{k}", headers=svc,
                           json={"title": f"Movie {k}", "categories": ["even" if k % 2 == 0 else "odd"]})
-                assert r.status_code == 200, r.text
+                assert r.status_code == 201, r.text  # created
             r = c.put("/v1/admin/datasets/votes/vote-settings", headers=admin,
                       json={"local_epsilon": 1.0, "votes_per_user_cap": 4})
             assert r.status_code == 200, r.text

@@ -4,14 +4,17 @@ server-rendered SVG chart; no build step.
 Sign-in exchanges an admin bearer token (sent once in a JSON body, never in a URL) for a session
 cookie: a JWT with audience ``privrec-dashboard`` (so it is no bearer token, and no bearer token
 is a session), ``HttpOnly``, ``SameSite=Strict``, carrying a random CSRF value that the page
-echoes in ``X-CSRF-Token`` on every write. The JSON routes under ``/dashboard/api`` call the same
-services as the admin API; nothing here reads private data beyond what the admin API shows.
+echoes in ``X-CSRF-Token`` on every write, and an id (``jti``) that sign-out revokes. The pages
+are sent with a Content-Security-Policy that allows only the app's own script and style files,
+no framing and no caching. The JSON routes under ``/dashboard/api`` call the same services as the
+admin API; nothing here reads private data beyond what the admin API shows.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -24,11 +27,19 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, SettingsDep, WriteSessionDep, page_query
+from app.api.deps import (
+    SessionDep,
+    SettingsDep,
+    WriteSessionDep,
+    page_query,
+    refuse_revoked,
+    revocation_list,
+    verify_bearer,
+)
 from app.api.params import DatasetP
-from app.auth import ISSUER, TokenError, decode_token
+from app.auth import ISSUER
 from app.config import Settings
-from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession
+from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession, TokenRevoked, Unauthorized
 from app.schemas.admin import (
     MAX_EPSILON_CAP,
     ChartOut,
@@ -43,11 +54,17 @@ from app.schemas.admin import (
 )
 from app.schemas.common import MAX_PAGE_SIZE, Page, PageRequest
 from app.services import admin as svc
+from app.services import revocations
 from app.services.unit_of_work import after_commit
 
 __all__ = ["router", "COOKIE", "chart_svg"]
 
-router = APIRouter(include_in_schema=False)
+async def _not_cached(response: Response) -> None:
+    """Nothing the dashboard sends (budget figures, sessions) is kept by browsers or proxies."""
+    response.headers["Cache-Control"] = "no-store"
+
+
+router = APIRouter(include_in_schema=False, dependencies=[Depends(_not_cached)])
 T = TypeVar("T")
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "templates"))
 
@@ -62,7 +79,8 @@ DashboardPageQ = Annotated[PageRequest, Depends(page_query(20))]
 def _issue_session(subject: str, settings: Settings, expires: int) -> tuple[str, str]:
     csrf = secrets.token_urlsafe(24)
     now = int(time.time())
-    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": subject, "iat": now, "exp": expires, "csrf": csrf}
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": subject, "iat": now, "exp": expires, "csrf": csrf,
+              "jti": uuid.uuid4().hex}
     return jwt.encode(claims, settings.secret_key, algorithm=settings.jwt_algorithm), csrf
 
 
@@ -72,14 +90,29 @@ def _session_claims(request: Request, settings: Settings) -> dict[str, Any] | No
         return None
     try:
         return jwt.decode(raw, settings.secret_key, algorithms=[settings.jwt_algorithm], audience=AUDIENCE,
-                          issuer=ISSUER, options={"require": ["exp", "sub", "csrf", "aud"]})
+                          issuer=ISSUER, options={"require": ["exp", "sub", "csrf", "aud", "jti"]})
     except jwt.InvalidTokenError:
         return None
 
 
-async def session_admin(request: Request, settings: SettingsDep) -> dict[str, Any]:
-    """401 without a valid session cookie."""
+async def live_session(request: Request, settings: SettingsDep) -> dict[str, Any] | None:
+    """The claims of the request's session cookie; None without one, or when it is invalid,
+    expired or revoked (signed out)."""
     claims = _session_claims(request, settings)
+    if claims is None:
+        return None
+    try:
+        await refuse_revoked(request.app, str(claims["jti"]))
+    except TokenRevoked:
+        return None
+    return claims
+
+
+LiveSession = Annotated[dict[str, Any] | None, Depends(live_session)]
+
+
+async def session_admin(claims: LiveSession) -> dict[str, Any]:
+    """401 without a valid session cookie."""
     if claims is None:
         raise NoSession("sign in to the dashboard first")
     return claims
@@ -100,17 +133,18 @@ CsrfAdmin = Annotated[dict[str, Any], Depends(csrf_admin)]
 
 
 @router.post("/dashboard/session", status_code=204)
-def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_length=4096)]) -> Response:
-    """Exchange an admin bearer token for the session cookie (expires no later than the token)."""
+async def sign_in(request: Request, settings: SettingsDep,
+                  token: Annotated[str, Body(embed=True, max_length=4096)]) -> Response:
+    """Exchange an admin bearer token (not revoked) for the session cookie (expires no later than
+    the token)."""
     try:
-        principal = decode_token(token, secret=settings.secret_key, algorithm=settings.jwt_algorithm,
-                                 max_lifetime_s=settings.max_token_ttl_s)
-    except TokenError:
-        raise InvalidToken("invalid or expired token") from None
+        principal = await verify_bearer(request.app, token)
+    except Unauthorized:
+        raise InvalidToken("invalid, expired or revoked token") from None
     if not principal.is_admin:
         raise AdminRequired("the dashboard needs an admin token")
-    token_exp = int(jwt.decode(token, options={"verify_signature": False})["exp"])
-    value, _ = _issue_session(principal.subject, settings, min(token_exp, int(time.time()) + SESSION_TTL_S))
+    value, _ = _issue_session(principal.subject, settings,
+                              min(principal.expires_at, int(time.time()) + SESSION_TTL_S))
     response = Response(status_code=204)
     response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/dashboard",
                         secure=not settings.embedded, max_age=SESSION_TTL_S)
@@ -118,7 +152,12 @@ def sign_in(settings: SettingsDep, token: Annotated[str, Body(embed=True, max_le
 
 
 @router.post("/dashboard/logout", status_code=204)
-def sign_out(_: CsrfAdmin) -> Response:
+def sign_out(request: Request, claims: CsrfAdmin, session: WriteSessionDep) -> Response:
+    """Revoke the session (its cookie, even if copied, opens nothing any more) and drop the cookie."""
+    token_id = str(claims["jti"])
+    revocations.revoke(session, token_id=token_id, expires_at=int(claims["exp"]),
+                       actor=f"admin:{claims['sub']}", reason="dashboard sign-out")
+    after_commit(session, partial(revocation_list(request.app).add, token_id))
     response = Response(status_code=204)
     response.delete_cookie(COOKIE, path="/dashboard")
     return response
@@ -126,15 +165,31 @@ def sign_out(_: CsrfAdmin) -> Response:
 
 # ----------------------------------------------------------------------------- page
 @router.get("/dashboard", response_class=HTMLResponse)
-def page(request: Request, settings: SettingsDep, session: SessionDep) -> HTMLResponse:
-    claims = _session_claims(request, settings)
+def page(request: Request, claims: LiveSession, session: SessionDep) -> HTMLResponse:
     if claims is None:
-        return templates.TemplateResponse(request, "login.html", {})
+        return _no_store(templates.TemplateResponse(request, "login.html", {}))
     names = [d.name for d in svc.datasets_page(session, offset=0, limit=MAX_PAGE_SIZE).items]
-    return templates.TemplateResponse(request, "dashboard.html", {
+    return _no_store(templates.TemplateResponse(request, "dashboard.html", {
         "csrf": claims["csrf"], "subject": claims["sub"], "datasets": names,
         "dataset": request.query_params.get("dataset") if request.query_params.get("dataset") in names else
-        (names[0] if names else None)})
+        (names[0] if names else None)}))
+
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+"""The pages' policy: scripts and styles only from files the app serves (no inline script or
+handler), no framing (clickjacking), nothing fetched from elsewhere."""
+
+
+def _no_store(response: HTMLResponse) -> HTMLResponse:
+    """A page with the dashboard's security headers: CSP, no framing, not cached anywhere."""
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 # ----------------------------------------------------------------------------- chart

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api.deps import CurrentPrincipal, PageQ, SessionDep, WriteSessionDep, require_item_writer
 from app.api.params import DatasetP, ItemP
@@ -28,10 +28,13 @@ def get_item(dataset: DatasetP, item_id: ItemP, session: SessionDep) -> ItemOut:
 
 
 @router.put("/datasets/{dataset}/items/{item_id}", tags=["ingest"], response_model=ItemOut,
-            summary="Create or update an item and its public features")
+            summary="Create or update an item and its public features",
+            description="201 when the item was created, 200 when an existing item was updated.",
+            status_code=200, responses={201: {"model": ItemOut, "description": "The item was created."}})
 def put_item(dataset: DatasetP, item_id: ItemP, body: ItemIn, principal: CurrentPrincipal,
-             session: WriteSessionDep) -> ItemOut:
+             session: WriteSessionDep, response: Response) -> ItemOut:
     require_item_writer(principal)
-    out = catalog.upsert_item(session, dataset=dataset, item_id=item_id, data=body)
+    out, created = catalog.put_item(session, dataset=dataset, item_id=item_id, data=body)
     after_commit(session, partial(invalidate_catalog, dataset))
+    response.status_code = 201 if created else 200
     return out

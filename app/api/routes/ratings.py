@@ -34,12 +34,16 @@ router = APIRouter()
 
 
 @router.put("/datasets/{dataset}/users/{user_id}/ratings/{item_id}", tags=["ingest"], response_model=RatingWriteOut,
-            summary="Upsert one rating (idempotent)")
+            summary="Upsert one rating (idempotent)",
+            description="201 when the rating was created, 200 when an existing rating was updated.",
+            status_code=200, responses={201: {"model": RatingWriteOut, "description": "The rating was created."}})
 def put_rating(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: RatingIn,
-               principal: CurrentPrincipal, session: WriteSessionDep) -> RatingWriteOut:
+               principal: CurrentPrincipal, session: WriteSessionDep, response: Response) -> RatingWriteOut:
     require_ingest_access(principal, user_id)
-    return ingest_svc.upsert_rating(session, dataset=dataset, user_id=user_id, item_id=item_id,
-                            rating=body.rating)
+    out = ingest_svc.upsert_rating(session, dataset=dataset, user_id=user_id, item_id=item_id,
+                                   rating=body.rating)
+    response.status_code = 201 if out.status == "created" else 200
+    return out
 
 
 @router.post("/datasets/{dataset}/ratings/batch", tags=["ingest"], response_model=RatingBatchOut,

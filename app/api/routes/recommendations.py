@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import CurrentPrincipal, SessionDep, require_user_access, run_in_app_session
+from app.api.errors import validation_details
 from app.api.params import DatasetP, ItemP, UserP
+from app.errors import ValidationFailed
 from app.schemas.common import ExternalId
 from app.schemas.serving import MAX_N, PopularOut, RecommendationQuery, RecommendationsOut, SimilarOut
 from app.services.serving import popular, recommend, similar
@@ -27,8 +29,28 @@ RECO_DESCRIPTION = (
 )
 
 
+GET_QUERY = frozenset({"n", "category", "exclude"})
+"""The query parameters the GET form takes; anything else (e.g. ``items``) is refused."""
+
+
+async def known_query_only(request: Request) -> None:
+    """422 ``validation_error`` for a query parameter the GET form does not take, naming the POST
+    form (which takes every filter in its body), so a misspelt or POST-only filter is never
+    silently ignored."""
+    unknown = sorted(set(request.query_params) - GET_QUERY)
+    if unknown:
+        raise ValidationFailed(
+            "unknown query parameter: GET takes only n, category and exclude; send other fields (e.g. "
+            "items) in the JSON body of POST /v1/datasets/{dataset}/users/{user_id}/recommendations",
+            details=validation_details([{"loc": ("query", name), "type": "extra_forbidden",
+                                         "msg": "unknown query parameter; use the POST form"} for name in unknown]))
+
+
 @router.get("/datasets/{dataset}/users/{user_id}/recommendations", tags=["privileged"], response_model=RecommendationsOut,
-            summary="Top-N recommendations for the user", description=RECO_DESCRIPTION)
+            summary="Top-N recommendations for the user",
+            description=RECO_DESCRIPTION + " Unknown query parameters are refused (422) rather than ignored; "
+            "filters the GET form lacks go in the body of the POST form.",
+            dependencies=[Depends(known_query_only)])
 async def get_recommendations(
     request: Request, dataset: DatasetP, user_id: UserP, principal: CurrentPrincipal,
     n: Annotated[int, Query(ge=1, le=MAX_N)] = 10,

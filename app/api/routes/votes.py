@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api.deps import (
     AdminPrincipal,
@@ -62,12 +62,16 @@ def _require_own_device_for_client_bits(principal: Principal, rows: Sequence[Vot
 
 
 @router.put("/datasets/{dataset}/users/{user_id}/votes/{item_id}", response_model=VoteWriteOut, tags=["ingest"],
-            summary="Store one vote (thumbs up/down)", description=VOTE_DESCRIPTION)
+            summary="Store one vote (thumbs up/down)",
+            description=VOTE_DESCRIPTION + " 201 when the vote was created, 200 otherwise.",
+            status_code=200, responses={201: {"model": VoteWriteOut, "description": "The vote was created."}})
 def put_vote(dataset: DatasetP, user_id: UserP, item_id: ItemP, body: VoteIn, principal: CurrentPrincipal,
-             session: WriteSessionDep) -> VoteWriteOut:
+             session: WriteSessionDep, response: Response) -> VoteWriteOut:
     require_ingest_access(principal, user_id)
     _require_own_device_for_client_bits(principal, [body])
-    return votes_svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
+    out = votes_svc.upsert_vote(session, dataset=dataset, user_id=user_id, item_id=item_id, body=body)
+    response.status_code = 201 if out.status == "created" else 200
+    return out
 
 
 @router.post("/datasets/{dataset}/votes/batch", response_model=VoteBatchOut, tags=["ingest"],
