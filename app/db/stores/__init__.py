@@ -11,6 +11,7 @@ engine's dialect.
 * :mod:`app.db.stores.votes`: votes and their allowances;
 * :mod:`app.db.stores.public_inputs`: public item data (features, similarities, public users);
 * :mod:`app.db.stores.admin`: the administration's reads and writes.
+* :mod:`app.db.stores.revocations`: revoked token ids.
 """
 
 from __future__ import annotations
