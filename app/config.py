@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     default_rating_min: float = 0.5
     default_rating_max: float = 5.0
     default_epsilon_cap: float = Field(10.0, gt=0)
+    # the period of a privacy block (a user's cohort: the UTC period of her creation): "month" or
+    # "day"; written to the database's block calendar at the first bootstrap and fixed from then on
+    privacy_block_period: Literal["month", "day"] = "month"
     default_delta: float = Field(1e-6, gt=0, lt=1)
 
     # --- training and scheduling

@@ -154,8 +154,56 @@ class User(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     external_id: Mapped[str] = mapped_column(String(128), unique=True)
+    # the privacy block she belongs to: the public calendar period of her first creation
+    # (app.core.privacy.blocks), set once (app.db.stores.blocks.settle_cohorts) and never changed;
+    # NULL until settled (a run never reads a user whose cohort is unsettled)
+    cohort: Mapped[str | None] = mapped_column(String(16), default=None, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class UserCohort(Base):
+    """A user's cohort kept past her deletion, keyed by a hash of her external id (as vote
+    allowances are), so that a user deleted and created again returns to her original block."""
+
+    __tablename__ = "user_cohorts"
+
+    user_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cohort: Mapped[str] = mapped_column(String(16))
+
+
+class BlockCalendar(Base):
+    """The one row fixing the deployment's block calendar: the period of a cohort (``month`` or
+    ``day``) and the first period of the deployment. Fixed once written (cohorts depend on it)."""
+
+    __tablename__ = "block_calendar"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    period: Mapped[str] = mapped_column(String(8))
+    start: Mapped[str] = mapped_column(String(16))
+
+
+class PrivacyBlock(Base):
+    """One privacy block: the charges of one cohort on one data set's account (``account_id``) or
+    on one person budget (``person_budget_id``); exactly one of the two is set. Its cap, delta and
+    relation are its owner's. ``composed_state`` is kept on append like an account's."""
+
+    __tablename__ = "privacy_blocks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int | None] = mapped_column(ForeignKey("budget_accounts.id", ondelete="RESTRICT"), default=None)
+    person_budget_id: Mapped[int | None] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"),
+                                                         default=None)
+    owner: Mapped[str] = mapped_column(String(24))  # "account:<id>" or "person_budget:<id>" (unique with cohort)
+    cohort: Mapped[str] = mapped_column(String(16))
+    composed_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    n_runs: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("owner", "cohort", name="uq_privacy_blocks_owner_cohort"),
+        CheckConstraint("(account_id IS NULL) <> (person_budget_id IS NULL)", name="one_owner"),
+    )
 
 
 class Item(Base):
@@ -294,6 +342,9 @@ class TrainingRun(Base):
     # run is charged whatever happens (never refunded). Also set for a run whose worker vanished.
     private_data_read: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     refunded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # the cohorts (privacy blocks) the run reads, chosen from the ledger and the calendar before
+    # any private read (app.ledger.reserve); None for runs reserved before blocks existed
+    cohorts: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

@@ -214,6 +214,7 @@ def start_training(
     entry = ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor,
                            run_id=run.id)
     run.epsilon_charged = entry.epsilon  # the run alone as the ledger charged it (the account's relation)
+    run.cohorts = list(entry.parameters.get("cohorts", []))  # the blocks it reads, chosen before any read
     return run
 
 
