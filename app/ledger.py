@@ -129,6 +129,9 @@ __all__ = [
     "select_cohorts",
     "entry_cohorts",
     "blocks_spent",
+    "block_spent",
+    "block_owner",
+    "current_block_spent",
     "verify_blocks",
 ]
 
@@ -619,7 +622,8 @@ def _whole_charge(state: ComposedState, event: dp_event.DpEvent, guarantee: Rela
 
 
 # ----------------------------------------------------------------------------- privacy blocks
-def _owner(row: BudgetAccount | PersonBudget) -> str:
+def block_owner(row: BudgetAccount | PersonBudget) -> str:
+    """The owner key of ``row``'s blocks (``account:<id>`` or ``person_budget:<id>``)."""
     return f"account:{row.id}" if isinstance(row, BudgetAccount) else f"person_budget:{row.id}"
 
 
@@ -633,14 +637,14 @@ def _local_state(session: Session, row: BudgetAccount | PersonBudget) -> Compose
 
 
 def _open_missing(session: Session, row: BudgetAccount | PersonBudget, labels: Sequence[str]) -> dict[str, PrivacyBlock]:
-    found = block_store.lock_blocks(session, _owner(row))
+    found = block_store.lock_blocks(session, block_owner(row))
     missing = [label for label in labels if label not in found]
     if missing:
         local = _local_state(session, row)
         stored = {**local.to_json(), "epsilon_pld": _finite_or_none(local.epsilon_pld(row.delta))}
         for label in missing:
             found[label] = block_store.add_block(
-                session, owner=_owner(row), cohort=label, composed_state=dict(stored),
+                session, owner=block_owner(row), cohort=label, composed_state=dict(stored),
                 account_id=row.id if isinstance(row, BudgetAccount) else None,
                 person_budget_id=row.id if isinstance(row, PersonBudget) else None)
     return found
@@ -663,6 +667,14 @@ def open_blocks(session: Session, acct: BudgetAccount, person: PersonBudget,
     own = _open_missing(session, acct, labels)
     personal = _open_missing(session, person, labels)
     return ({label: own[label] for label in labels}, {label: personal[label] for label in labels})
+
+
+def block_spent(block: PrivacyBlock, delta: float) -> SpentReport:
+    """A block's composed spend at ``delta`` (its stored state; the PLD epsilon as stored)."""
+    state = _block_state(block)
+    cached = (block.composed_state or {}).get("epsilon_pld")
+    pld = float(cached) if cached is not None else state.epsilon_pld(delta)
+    return SpentReport(state.epsilon_rdp(delta), pld, state.n_events)
 
 
 def _block_state(block: PrivacyBlock) -> ComposedState:
@@ -754,7 +766,7 @@ def entry_cohorts(entry: LedgerEntry) -> list[str] | None:
 
 def blocks_spent(session: Session, row: BudgetAccount | PersonBudget) -> float:
     """The largest composed epsilon of ``row``'s opened blocks at its delta (0 when none is open)."""
-    states = [_block_state(b) for b in block_store.blocks_of(session, _owner(row)).values()]
+    states = [_block_state(b) for b in block_store.blocks_of(session, block_owner(row)).values()]
     return max((s.epsilon_rdp(row.delta) for s in states), default=0.0)
 
 
@@ -825,8 +837,13 @@ def _current_block_state(session: Session, row: BudgetAccount | PersonBudget,
                          now: datetime | None = None) -> ComposedState:
     cal = block_store.calendar(session)
     label = cohorts_until(cal.start, now or utcnow(), cal.period)[-1] if cal is not None else None
-    block = block_store.blocks_of(session, _owner(row)).get(label) if label is not None else None
+    block = block_store.blocks_of(session, block_owner(row)).get(label) if label is not None else None
     return _block_state(block) if block is not None else _local_state(session, row)
+
+
+def current_block_spent(session: Session, row: BudgetAccount | PersonBudget, now: datetime | None = None) -> float:
+    """The composed epsilon (RDP at its delta) of ``row``'s current block: the cohort users join now."""
+    return _current_block_state(session, row, now).epsilon_rdp(row.delta)
 
 
 def _guarantee(acct: BudgetAccount, dataset: Dataset, parameters: Mapping[str, Any]) -> Relation:
@@ -932,7 +949,7 @@ def _refund_blocks(session: Session, res: LedgerEntry, acct: BudgetAccount, pers
     """Take a refunded reservation out of the blocks it charged (their owners are locked)."""
     cohorts = entry_cohorts(res) or []
     for row, relation in ((acct, account_relation(acct)), (person, parse_relation(person.relation))):
-        blocks = block_store.lock_blocks(session, _owner(row))
+        blocks = block_store.lock_blocks(session, block_owner(row))
         for cohort in cohorts:
             if cohort in blocks:
                 state = _block_state(blocks[cohort]).remove(charged_event(res, relation), _label(res))

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_EPSILON_CAP",
     "MAX_RATING_MAGNITUDE",
     "BudgetOut",
+    "BlockOut",
     "PersonBudgetIn",
     "PersonBudgetOut",
     "CapChangeIn",
@@ -99,6 +100,20 @@ class BudgetOut(BaseModel):
         "account's; add/remove guarantees charged to a weaker account are converted by group privacy)."))
     person_budget: PersonBudgetOut | None = Field(default=None, description=(
         "The per-person bound this data set also counts against: every charge must fit both caps."))
+    n_blocks: int = Field(default=0, description=(
+        "Opened privacy blocks (one per cohort: the calendar period of a user's creation, and `legacy`). "
+        "Each has the cap; spent and remaining above are the most spent block's."))
+    current_block: str | None = Field(default=None, description="The cohort users joining now belong to.")
+
+
+class BlockOut(BaseModel):
+    cohort: str = Field(description="The block's cohort: a calendar period (UTC) of user creation, or `legacy`.")
+    epsilon_cap: float
+    delta: float
+    spent_epsilon_rdp: float = Field(description="The block's composed spend by the RDP accountant (rounded up).")
+    spent_epsilon_pld: float | None = Field(description="The same by the PLD accountant (rounded up).")
+    remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
+    n_runs: int = Field(description="Runs charged to the block (local guarantees are charged to every block).")
 
 
 MAX_USERS_DOC = (

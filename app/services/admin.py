@@ -14,6 +14,7 @@ from app.db.stores import admin as admin_store
 from app.errors import DatasetExists
 from app.ledger import round_up
 from app.schemas.admin import (
+    BlockOut,
     BudgetOut,
     DatasetIn,
     DatasetOut,
@@ -38,6 +39,7 @@ __all__ = [
     "dataset_warnings",
     "datasets_page",
     "budget_view",
+    "blocks_page",
     "person_budget_view",
     "put_person_budget",
     "change_cap",
@@ -104,6 +106,14 @@ def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetO
 def budget_view(session: Session, *, dataset: str) -> BudgetOut:
     """Cap, delta, spend (RDP and PLD), remaining and runs."""
     return BudgetOut.model_validate(budget.get_budget(session, dataset=dataset), from_attributes=True)
+
+
+def blocks_page(session: Session, *, dataset: str | None = None, person_budget: str | None = None, offset: int,
+                limit: int) -> Page[BlockOut]:
+    """One page of a data set's (or a person budget's) privacy blocks, the current period first."""
+    rows, total = budget.list_blocks(session, dataset=dataset, person_budget=person_budget, offset=offset, limit=limit)
+    return Page[BlockOut].build([BlockOut.model_validate(r, from_attributes=True) for r in rows], total=total,
+                                offset=offset, limit=limit)
 
 
 def person_budget_view(session: Session, *, name: str) -> PersonBudgetOut:

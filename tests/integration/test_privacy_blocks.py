@@ -249,3 +249,21 @@ def _old_reserve_on_0010(url: str) -> None:
                        "d": DELTA, "at": DAY0.isoformat(), "prev": prev, "h": f"{seq:064d}"})
             prev = f"{seq:064d}"
     command.upgrade(alembic_config(url), "0010")
+
+
+def test_the_budget_view_lists_blocks_current_first_and_paged(db_url):
+    _daily(db_url, cap=_cap_fitting(1))
+    _reserve(db_url, _day(0))
+    _reserve(db_url, _day(2))  # legacy and day 0 are spent: days 1 and 2 pay
+    with session_scope(db_url) as s:
+        rows, total = budget.list_blocks(s, dataset="default", offset=0, limit=2)
+        assert total == 4 and [r.cohort for r in rows] == ["2031-01-03", "2031-01-02"]
+        rest, _ = budget.list_blocks(s, dataset="default", offset=2, limit=2)
+        assert [r.cohort for r in rest] == ["2031-01-01", "legacy"]
+        assert [r.n_runs for r in rows + rest] == [1, 1, 1, 1]
+        people, _ = budget.list_blocks(s, person_budget="all", offset=0, limit=10)
+        assert [r.cohort for r in people][-1] == "legacy"
+        view = budget.get_budget(s, dataset="default")
+        assert view.n_blocks == 4
+        assert all(r["ok"] for r in budget.verify_all(s))
+        assert any("block" in r for r in budget.verify_all(s))

@@ -166,7 +166,7 @@ def start_training(
         if existing is not None:
             return existing
     if epsilon is None and epsilon_fraction is not None:
-        prior = ledger.spent(session, acct).epsilon_rdp
+        prior = ledger.current_block_spent(session, acct)  # the block users join now
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
         if not epsilon >= MIN_EPSILON:
