@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     retrain_interval_s: int = Field(24 * 3600, ge=1)
     retrain_epsilon: float = Field(1.0, gt=0)
     retrain_enabled: bool = True
+    # scheduled retraining warns (WARNING log, /metrics privrec_payable_blocks) once fewer privacy
+    # blocks than this could pay one more retrain
+    retrain_min_payable_blocks: int = Field(2, ge=1)
     run_heartbeat_s: float = Field(10.0, gt=0)
     run_stale_after_s: float = Field(120.0, gt=0)
     embedded_worker: bool = True

@@ -132,6 +132,7 @@ __all__ = [
     "block_spent",
     "block_owner",
     "current_block_spent",
+    "payable_cohorts",
     "verify_blocks",
 ]
 
@@ -839,6 +840,33 @@ def _current_block_state(session: Session, row: BudgetAccount | PersonBudget,
     label = cohorts_until(cal.start, now or utcnow(), cal.period)[-1] if cal is not None else None
     block = block_store.blocks_of(session, block_owner(row)).get(label) if label is not None else None
     return _block_state(block) if block is not None else _local_state(session, row)
+
+
+def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any],
+                    now: datetime | None = None) -> tuple[list[str], int]:
+    """(the cohorts a reservation of ``event`` at ``now`` would read, the calendar's block count),
+    from the stored block states (an unopened block: the state it would open with); nothing is
+    locked or written, and like :func:`select_cohorts` nothing but the ledger and the calendar is read."""
+    acct = account_for(session, dataset.id)
+    guarantee = _guarantee(acct, dataset, parameters)
+    cal = block_store.calendar(session)
+    if cal is None:
+        return [], 0
+    labels = cohorts_until(cal.start, now or utcnow(), cal.period)
+    pb = acct.person_budget
+    own, personal = block_store.blocks_of(session, block_owner(acct)), block_store.blocks_of(session, block_owner(pb))
+    for row, found in ((acct, own), (pb, personal)):
+        missing = [label for label in labels if label not in found]
+        if missing:
+            local = _local_state(session, row).to_json()
+            for label in missing:  # transient rows: never added to the session
+                found[label] = PrivacyBlock(owner=block_owner(row), cohort=label, composed_state=local, n_runs=0)
+    try:
+        chosen = select_cohorts(acct, pb, {k: own[k] for k in labels}, {k: personal[k] for k in labels}, event,
+                                guarantee, dataset=dataset.name)
+    except BudgetExceeded:
+        chosen = []
+    return [label for label, _, _ in chosen], len(labels)
 
 
 def current_block_spent(session: Session, row: BudgetAccount | PersonBudget, now: datetime | None = None) -> float:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.config import Settings
+from app.core.privacy.accounting import event_from_json
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PrivacyBlock, utcnow
 from app.db.stores import blocks as block_store
 from app.db.stores import budget as budget_store
@@ -24,6 +25,7 @@ __all__ = [
     "PersonBudgetView",
     "BlockView",
     "list_blocks",
+    "payable_blocks",
     "get_person_budget",
     "put_person_budget",
     "get_dataset",
@@ -183,6 +185,19 @@ def _most_spent(session: Session, row: BudgetAccount | PersonBudget) -> tuple[fl
     reports = [ledger.block_spent(b, row.delta) for b in block_store.blocks_of(session, ledger.block_owner(row)).values()]
     worst = max(reports, key=lambda r: r.epsilon_rdp, default=None)
     return (0.0, 0.0) if worst is None else (worst.epsilon_rdp, worst.epsilon_pld)
+
+
+def payable_blocks(session: Session, *, dataset: str, now: datetime | None = None) -> tuple[int, int]:
+    """(blocks that could pay one more run like the data set's latest, blocks in the calendar): from
+    the ledger and the calendar only. With no run yet, every block counts as payable."""
+    ds = get_dataset(session, dataset)
+    last = budget_store.last_reservation(session, _account(session, ds).id)
+    if last is None or last.event is None:
+        cal = block_store.calendar(session)
+        n = len(ledger.block_calendar(session, now or utcnow())) if cal is not None else 0
+        return n, n
+    payable, n_blocks = ledger.payable_cohorts(session, ds, event_from_json(last.event), last.parameters, now)
+    return len(payable), n_blocks
 
 
 def _person_view(session: Session, pb: PersonBudget) -> PersonBudgetView:

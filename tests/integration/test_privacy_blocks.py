@@ -267,3 +267,30 @@ def test_the_budget_view_lists_blocks_current_first_and_paged(db_url):
         assert view.n_blocks == 4
         assert all(r["ok"] for r in budget.verify_all(s))
         assert any("block" in r for r in budget.verify_all(s))
+
+
+@pytest.mark.timeout(300)
+def test_the_scheduler_goes_on_with_new_blocks_and_warns_when_they_run_out(db_url, settings, caplog):
+    """A spent block stops nothing for ever: the next period's block pays; a skip and a shortage of
+    payable blocks are WARNINGs."""
+    from app.services.training import runner, schedule
+
+    _daily(db_url, cap=settings.retrain_epsilon * 1.2)
+    _add_users(db_url, "default", "u", 4, _day(0), n_items=8)
+    sched = lambda day: schedule.scheduled_retrain(url=db_url, settings=settings, enqueue=False,  # noqa: E731
+                                                   now=_day(day))["default"]
+    first = sched(0)
+    assert first.startswith("started:")
+    assert runner.run_training(int(first.split(":")[1]), url=db_url, settings=settings) == "succeeded"
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="app.services.training.schedule"):
+        assert sched(0) == "skipped:budget"
+    assert any(r.levelname == "WARNING" and "skipped" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="app.services.training.schedule"):
+        later = sched(1)
+    assert later.startswith("started:")
+    assert any(r.levelname == "WARNING" and "running out" in r.getMessage() for r in caplog.records)
+    with session_scope(db_url) as s:
+        run = s.get(TrainingRun, int(later.split(":")[1]))
+        assert run.cohorts == ["2031-01-02"]

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from app.core.privacy.blocks import LEGACY
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PrivacyBlock, TrainingRun
 
-__all__ = ["find_dataset", "add_dataset", "run_counts", "entry_count", "ledger_page", "member_names",
+__all__ = ["find_dataset", "add_dataset", "run_counts", "entry_count", "ledger_page", "member_names", "last_reservation",
            "dataset_names", "person_budgets", "find_person_budget", "blocks_page"]
 
 
@@ -45,6 +45,13 @@ def ledger_page(session: Session, account_id: int, offset: int, limit: int) -> t
     rows = session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id)
                            .order_by(LedgerEntry.seq).offset(offset).limit(limit))
     return list(rows), entry_count(session, account_id)
+
+
+def last_reservation(session: Session, account_id: int) -> LedgerEntry | None:
+    """The account's latest reservation entry, if any."""
+    return session.scalar(select(LedgerEntry).where(LedgerEntry.account_id == account_id,
+                                                    LedgerEntry.kind == "reservation")
+                          .order_by(LedgerEntry.seq.desc()).limit(1))
 
 
 def member_names(session: Session, person_budget_id: int) -> list[str]:

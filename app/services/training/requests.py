@@ -132,8 +132,10 @@ def start_training(
     actor: str,
     trigger: str = "manual",
     idempotency_key: str | None = None,
+    now: datetime | None = None,
 ) -> TrainingRun:
-    """Create a queued run and reserve its privacy cost (in the caller's transaction).
+    """Create a queued run and reserve its privacy cost (in the caller's transaction) on the privacy
+    blocks that can pay for it at ``now`` (the clock; injectable), recorded on the run.
 
     Exactly one of ``epsilon`` (this run's target) or ``epsilon_fraction`` (of the remaining
     budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
@@ -166,7 +168,7 @@ def start_training(
         if existing is not None:
             return existing
     if epsilon is None and epsilon_fraction is not None:
-        prior = ledger.current_block_spent(session, acct)  # the block users join now
+        prior = ledger.current_block_spent(session, acct, now)  # the block users join now
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
         if not epsilon >= MIN_EPSILON:
@@ -212,7 +214,7 @@ def start_training(
     session.add(run)
     session.flush()
     entry = ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor,
-                           run_id=run.id)
+                           run_id=run.id, now=now)
     run.epsilon_charged = entry.epsilon  # the run alone as the ledger charged it (the account's relation)
     run.cohorts = list(entry.parameters.get("cohorts", []))  # the blocks it reads, chosen before any read
     return run
