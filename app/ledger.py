@@ -133,6 +133,7 @@ __all__ = [
     "block_owner",
     "current_block_spent",
     "payable_cohorts",
+    "cohorts_with_room",
     "verify_blocks",
 ]
 
@@ -842,6 +843,18 @@ def _current_block_state(session: Session, row: BudgetAccount | PersonBudget,
     return _block_state(block) if block is not None else _local_state(session, row)
 
 
+def _calendar_blocks(session: Session, row: BudgetAccount | PersonBudget, labels: Sequence[str]) -> dict[str, PrivacyBlock]:
+    """``row``'s blocks for ``labels``: the opened ones, and for the others transient rows (never
+    added to the session) holding the state they would open with."""
+    found = block_store.blocks_of(session, block_owner(row))
+    missing = [label for label in labels if label not in found]
+    if missing:
+        local = _local_state(session, row).to_json()
+        for label in missing:
+            found[label] = PrivacyBlock(owner=block_owner(row), cohort=label, composed_state=local, n_runs=0)
+    return {label: found[label] for label in labels}
+
+
 def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any],
                     now: datetime | None = None) -> tuple[list[str], int]:
     """(the cohorts a reservation of ``event`` at ``now`` would read, the calendar's block count),
@@ -854,19 +867,24 @@ def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent,
         return [], 0
     labels = cohorts_until(cal.start, now or utcnow(), cal.period)
     pb = acct.person_budget
-    own, personal = block_store.blocks_of(session, block_owner(acct)), block_store.blocks_of(session, block_owner(pb))
-    for row, found in ((acct, own), (pb, personal)):
-        missing = [label for label in labels if label not in found]
-        if missing:
-            local = _local_state(session, row).to_json()
-            for label in missing:  # transient rows: never added to the session
-                found[label] = PrivacyBlock(owner=block_owner(row), cohort=label, composed_state=local, n_runs=0)
     try:
-        chosen = select_cohorts(acct, pb, {k: own[k] for k in labels}, {k: personal[k] for k in labels}, event,
-                                guarantee, dataset=dataset.name)
+        chosen = select_cohorts(acct, pb, _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels),
+                                event, guarantee, dataset=dataset.name)
     except BudgetExceeded:
         chosen = []
     return [label for label, _, _ in chosen], len(labels)
+
+
+def cohorts_with_room(session: Session, acct: BudgetAccount, now: datetime | None = None) -> list[str]:
+    """The calendar's cohorts whose data-set block and person-budget block are both below their caps:
+    every block a run at ``now`` could read, whatever its event (ledger and calendar facts only)."""
+    cal = block_store.calendar(session)
+    labels = cohorts_until(cal.start, now or utcnow(), cal.period) if cal is not None else [LEGACY]
+    pb = acct.person_budget
+    own, personal = _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels)
+    return [label for label in labels
+            if _block_state(own[label]).epsilon_rdp(acct.delta) < acct.epsilon_cap
+            and _block_state(personal[label]).epsilon_rdp(pb.delta) < pb.epsilon_cap]
 
 
 def current_block_spent(session: Session, row: BudgetAccount | PersonBudget, now: datetime | None = None) -> float:

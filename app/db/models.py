@@ -124,6 +124,9 @@ class Dataset(Base):
     # needs a user count reads it: the delta warning (delta > 1/(10 max_users)), one-bit's
     # ``user_rows`` default and the public facts handed to training.
     max_users: Mapped[int | None] = mapped_column(Integer, default=None)
+    # admin-declared public bound on the users one cohort (privacy block) of this data set can hold;
+    # a run's user bound is it times the non-legacy blocks it may read, plus max_users for legacy
+    max_users_per_period: Mapped[int | None] = mapped_column(Integer, default=None)
     # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version).
     # Private: nothing public (scheduling included) may depend on it.
     # ``ratings_version`` (mapped below) = this column + the data set's RatingsVersionShard counts.

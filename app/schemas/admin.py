@@ -116,6 +116,11 @@ class BlockOut(BaseModel):
     n_runs: int = Field(description="Runs charged to the block (local guarantees are charged to every block).")
 
 
+MAX_USERS_PER_PERIOD_DOC = (
+    "Admin-declared public upper bound on the users who join this data set in one privacy-block period "
+    "(null: not declared). A run's user bound (the ε-aware defaults, one-bit's `user_rows`) is it times "
+    "the blocks the run may read, plus `max_users` for the `legacy` block, never above `max_users`.")
+
 MAX_USERS_DOC = (
     "Admin-declared public upper bound on the number of users of this data set (null: not declared). "
     "Every rule that needs a user count reads it: delta above 1/(10 max_users) is warned about, and "
@@ -139,6 +144,7 @@ class DatasetIn(StrictModel):
         "What the data set collects (public, declared): scheduled retraining without an active model "
         "trains DPALS on `ratings` and one-bit completion on `votes`, never deciding from the data."))
     max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=MAX_USERS_DOC)
+    max_users_per_period: int | None = Field(default=None, ge=1, le=INT32_MAX, description=MAX_USERS_PER_PERIOD_DOC)
     neighbouring_relation: Relation = Field(default=Relation.ADD_OR_REMOVE_ONE_USER, description=(
         "The one relation the budget accounts under (fixed at creation). A run or local guarantee "
         "whose relation does not imply it is refused (409 `relation_not_implied`): e.g. votes "
@@ -163,6 +169,7 @@ class DatasetOut(BaseModel):
     rating_max: float
     kind: str = Field(description="Declared kind: `ratings` or `votes` (public).")
     max_users: int | None = Field(description=MAX_USERS_DOC)
+    max_users_per_period: int | None = Field(default=None, description=MAX_USERS_PER_PERIOD_DOC)
     warnings: list[str] = Field(default_factory=list, description=(
         "Configuration warnings from public facts (e.g. delta above 1/(10 max_users))."))
     budget: BudgetOut
@@ -172,6 +179,9 @@ class DatasetPatchIn(StrictModel):
     kind: Literal["ratings", "votes"] | None = Field(default=None, description="New declared kind.")
     max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
         "New declared bound on the number of users; an explicit null removes it. " + MAX_USERS_DOC))
+    max_users_per_period: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
+        "New declared bound on the users of one privacy block; an explicit null removes it. "
+        + MAX_USERS_PER_PERIOD_DOC))
 
 
 class CapChangeIn(StrictModel):

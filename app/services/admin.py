@@ -69,6 +69,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
     budget_out = budget_view(session, dataset=ds.name)
     return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
                       rating_max=ds.rating_max, kind=ds.kind, max_users=ds.max_users,
+                      max_users_per_period=ds.max_users_per_period,
                       warnings=dataset_warnings(ds, budget_out.delta), budget=budget_out)
 
 
@@ -80,7 +81,7 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor, relation=body.neighbouring_relation.value,
                                person_budget=body.person_budget)
-    ds.kind, ds.max_users = body.kind, body.max_users
+    ds.kind, ds.max_users, ds.max_users_per_period = body.kind, body.max_users, body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
 
@@ -92,6 +93,8 @@ def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> D
         ds.kind = body.kind
     if "max_users" in body.model_fields_set:
         ds.max_users = body.max_users
+    if "max_users_per_period" in body.model_fields_set:
+        ds.max_users_per_period = body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
 

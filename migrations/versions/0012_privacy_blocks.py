@@ -4,7 +4,8 @@ Each user gets a cohort (the public calendar period of her creation, ``users.coh
 her deletion in ``user_cohorts`` (keyed by a hash of her external id); every data set's account
 and every person budget gets one block per cohort (``privacy_blocks``) with the owner's cap and
 its own composed state; ``block_calendar`` fixes the period and the first period; a run records
-the cohorts it reads (``training_runs.cohorts``).
+the cohorts it reads (``training_runs.cohorts``); a data set may declare a public bound on the
+users of one cohort (``datasets.max_users_per_period``).
 
 Existing users become one ``legacy`` cohort that has already spent what the ledger charged: each
 account's and person budget's ``legacy`` block starts with its composed state (reservations
@@ -30,6 +31,8 @@ def upgrade() -> None:
         batch_op.create_index('ix_users_cohort', ['cohort'])
     with op.batch_alter_table('training_runs', schema=None) as batch_op:
         batch_op.add_column(sa.Column('cohorts', sa.JSON(), nullable=True))
+    with op.batch_alter_table('datasets', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('max_users_per_period', sa.Integer(), nullable=True))
     op.create_table(
         'user_cohorts',
         sa.Column('user_key', sa.String(length=64), primary_key=True),
@@ -75,6 +78,8 @@ def downgrade() -> None:
     op.drop_table('privacy_blocks')
     op.drop_table('block_calendar')
     op.drop_table('user_cohorts')
+    with op.batch_alter_table('datasets', schema=None) as batch_op:
+        batch_op.drop_column('max_users_per_period')
     with op.batch_alter_table('training_runs', schema=None) as batch_op:
         batch_op.drop_column('cohorts')
     with op.batch_alter_table('users', schema=None) as batch_op:

@@ -294,3 +294,22 @@ def test_the_scheduler_goes_on_with_new_blocks_and_warns_when_they_run_out(db_ur
     with session_scope(db_url) as s:
         run = s.get(TrainingRun, int(later.split(":")[1]))
         assert run.cohorts == ["2031-01-02"]
+
+
+def test_a_runs_user_bound_is_the_per_period_bound_times_the_blocks_it_may_read(db_url):
+    from app.db.models import Dataset
+    from app.services.training.requests import run_user_bound
+
+    _daily(db_url, cap=_cap_fitting(1))
+    _reserve(db_url, _day(0))
+    with session_scope(db_url) as s:  # below the cap: every block may still pay some run
+        ds = budget.get_dataset(s, "default")
+        assert ledger.cohorts_with_room(s, ledger.account_for(s, ds.id), _day(2)) == [
+            "legacy", "2031-01-01", "2031-01-02", "2031-01-03"]
+    room = ["2031-01-02", "2031-01-03"]
+    declared = Dataset(name="x", max_users=10_000, max_users_per_period=100)
+    assert run_user_bound(declared, room) == 200
+    assert run_user_bound(declared, ["legacy", *room]) == 10_000
+    assert run_user_bound(Dataset(name="y", max_users=150, max_users_per_period=100), room) == 150
+    assert run_user_bound(Dataset(name="z", max_users=None, max_users_per_period=100), ["legacy"]) is None
+    assert run_user_bound(Dataset(name="w", max_users=70, max_users_per_period=None), room) == 70
