@@ -63,7 +63,7 @@ from app.core.privacy.accounting import (
 )
 from app.core.privacy.blocks import LEGACY, cohort_order, cohorts_until
 from app.core.privacy.composition import Charge, ComposedState, charge
-from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PrivacyBlock, utcnow
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PersonBudgetEntry, PrivacyBlock, utcnow
 from app.db.session import is_postgres
 from app.db.stores import blocks as block_store
 from app.errors import (
@@ -135,6 +135,9 @@ __all__ = [
     "payable_cohorts",
     "cohorts_with_room",
     "verify_blocks",
+    "person_budget_entries",
+    "person_entry_content",
+    "verify_person_chain",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -322,16 +325,54 @@ def open_person_budget(
     if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
         raise PersonBudgetExists(f"person budget {name!r} exists", person_budget=name)
     pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
-                      history=[_history_row(actor, None, float(epsilon_cap), reason or "created")],
-                      composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
+                      history=[], composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
     session.add(pb)
     session.flush()
+    _append_person_entry(session, pb, kind="open", actor=actor, old_cap=None, new_cap=float(epsilon_cap),
+                         reason=reason or "created")
     return pb
 
 
-def _history_row(actor: str, old_cap: float | None, new_cap: float, reason: str | None) -> dict[str, Any]:
-    return {"at": utcnow().isoformat(timespec="microseconds"), "actor": actor, "old_cap": old_cap,
-            "new_cap": new_cap, "reason": reason}
+def person_entry_content(entry: PersonBudgetEntry) -> dict[str, Any]:
+    """Everything a person budget entry's hash covers (all columns but ``id`` and the hashes)."""
+    return {"person_budget_id": entry.person_budget_id, "seq": entry.seq, "kind": entry.kind, "actor": entry.actor,
+            "old_cap": entry.old_cap, "new_cap": entry.new_cap, "reason": entry.reason,
+            "created_at": entry.created_at}
+
+
+def person_budget_entries(session: Session, person_budget_id: int) -> list[PersonBudgetEntry]:
+    """The person budget's chain (its opening and cap changes) in sequence order."""
+    return list(session.scalars(select(PersonBudgetEntry).where(PersonBudgetEntry.person_budget_id == person_budget_id)
+                                .order_by(PersonBudgetEntry.seq)))
+
+
+def _append_person_entry(session: Session, pb: PersonBudget, *, kind: str, actor: str, old_cap: float | None,
+                         new_cap: float, reason: str | None) -> PersonBudgetEntry:
+    """Append one hash-chained entry to the person budget's chain (its row locked by the caller)."""
+    last = session.scalar(select(PersonBudgetEntry).where(PersonBudgetEntry.person_budget_id == pb.id)
+                          .order_by(PersonBudgetEntry.seq.desc()).limit(1))
+    entry = PersonBudgetEntry(person_budget_id=pb.id, seq=(last.seq + 1) if last else 1,
+                              prev_hash=last.hash if last else GENESIS_HASH, kind=kind, actor=actor, old_cap=old_cap,
+                              new_cap=new_cap, reason=reason, created_at=utcnow().isoformat(timespec="microseconds"))
+    entry.hash = compute_hash(person_entry_content(entry), entry.prev_hash)
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def verify_person_chain(session: Session, person_budget: PersonBudget) -> ChainCheck:
+    """Recompute every hash of the person budget's chain, and check that it ends at its current cap."""
+    entries = person_budget_entries(session, person_budget.id)
+    prev = GENESIS_HASH
+    for expected_seq, entry in enumerate(entries, start=1):
+        if entry.seq != expected_seq:
+            return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
+        if entry.prev_hash != prev or compute_hash(person_entry_content(entry), prev) != entry.hash:
+            return ChainCheck(False, len(entries), entry.seq, "hash does not match the person budget chain")
+        prev = entry.hash
+    if entries and entries[-1].new_cap != person_budget.epsilon_cap:
+        return ChainCheck(False, len(entries), None, "the person budget's cap differs from its chain's last entry")
+    return ChainCheck(True, len(entries))
 
 
 def lock_person_budget(session: Session, person_budget_id: int) -> PersonBudget:
@@ -373,7 +414,7 @@ def person_spent(session: Session, person_budget: PersonBudget) -> SpentReport:
 def change_person_cap(
     session: Session, *, name: str, new_cap: float, reason: str | None, actor: str
 ) -> PersonBudget:
-    """Change a person budget's cap (audited in its history); same rules as a data set's cap."""
+    """Change a person budget's cap (a hash-chained entry of its own chain); same rules as a data set's cap."""
     if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
         raise InvalidEpsilonCap("the new cap must be a finite number > 0")
     pb = lock_person_budget(session, person_budget_named(session, name).id)
@@ -386,7 +427,8 @@ def change_person_cap(
             person_budget=pb.name, epsilon_cap=pb.epsilon_cap, requested_cap=float(new_cap),
             spent_epsilon=round_up(current))
     if new_cap != pb.epsilon_cap:
-        pb.history = [*pb.history, _history_row(actor, pb.epsilon_cap, float(new_cap), (reason or "").strip() or None)]
+        _append_person_entry(session, pb, kind="cap_change", actor=actor, old_cap=pb.epsilon_cap,
+                             new_cap=float(new_cap), reason=(reason or "").strip() or None)
         pb.epsilon_cap = float(new_cap)
         pb.updated_at = utcnow()
         session.flush()
@@ -1089,6 +1131,9 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
 def verify_person_budget(session: Session, person_budget: PersonBudget) -> ChainCheck:
     """Replay every charge of the person budget's data sets and check its stored composed state:
     equal to the replay and within its cap."""
+    chain = verify_person_chain(session, person_budget)
+    if not chain.ok:
+        return chain
     entries = _person_entries(session, person_budget)
     replayed = replay(entries, parse_relation(person_budget.relation))
     problem = _state_problem(person_budget, replayed, person_budget.delta, None)  # the blocks carry the cap

@@ -271,7 +271,8 @@ class PersonBudget(Base):
     delta: Mapped[float] = mapped_column(Float)
     # the one relation its numbers hold under; every member data set's relation implies it
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user")
-    # audited cap changes: [{"at", "actor", "old_cap", "new_cap", "reason"}]
+    # no longer written: cap changes are hash-chained PersonBudgetEntry rows (migration 0012 moved
+    # the rows written before into them)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # the composition of every member's charged events (app.core.privacy.composition.ComposedState),
     # updated in the transaction of each charge; ``privrec ledger verify`` replays it
@@ -283,6 +284,30 @@ class PersonBudget(Base):
         CheckConstraint(RELATIONS_CHECK, name="relation_kind"),
         CheckConstraint("epsilon_cap > 0", name="cap_positive"),
         CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
+    )
+
+
+class PersonBudgetEntry(Base):
+    """One hash-chained entry of a person budget's own ledger: its opening and every cap change
+    (``hash = sha256(canonical JSON(content) || prev_hash)``, as :class:`LedgerEntry`)."""
+
+    __tablename__ = "person_budget_entries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    person_budget_id: Mapped[int] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # open | cap_change
+    actor: Mapped[str] = mapped_column(String(128))
+    old_cap: Mapped[float | None] = mapped_column(Float, default=None)
+    new_cap: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC, part of the hash
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+    __table_args__ = (
+        UniqueConstraint("person_budget_id", "seq", name="uq_person_budget_entries_budget_seq"),
+        CheckConstraint("kind IN ('open', 'cap_change')", name="kind_kind"),
     )
 
 

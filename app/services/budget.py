@@ -211,7 +211,9 @@ def _person_view(session: Session, pb: PersonBudget) -> PersonBudgetView:
         spent_epsilon_pld=ledger.round_up(spent_pld),
         remaining_epsilon=ledger.remaining(pb.epsilon_cap, spent_rdp),
         datasets=budget_store.member_names(session, pb.id),
-        history=list(pb.history or []),
+        history=[{"at": e.created_at, "actor": e.actor, "old_cap": e.old_cap, "new_cap": e.new_cap,
+                  "reason": e.reason, "seq": e.seq, "hash": e.hash}
+                 for e in ledger.person_budget_entries(session, pb.id)],
     )
 
 

@@ -217,6 +217,9 @@ def test_migration_makes_existing_users_legacy_with_the_old_spend(db_url):
         assert legacy.n_runs == 2
         assert set(s.scalars(select(User.cohort))) == {"legacy"}
         assert all(check.ok for _, _, check in ledger.verify_blocks(s))
+        everyone = ledger.person_budget_named(s, "all")  # its history list became its chain
+        assert ledger.verify_person_chain(s, everyone).ok
+        assert len(ledger.person_budget_entries(s, everyone.id)) >= 1
     assert _reserve(db_url, datetime.now(UTC), "a")[0] == "legacy"
 
 
@@ -313,3 +316,49 @@ def test_a_runs_user_bound_is_the_per_period_bound_times_the_blocks_it_may_read(
     assert run_user_bound(Dataset(name="y", max_users=150, max_users_per_period=100), room) == 150
     assert run_user_bound(Dataset(name="z", max_users=None, max_users_per_period=100), ["legacy"]) is None
     assert run_user_bound(Dataset(name="w", max_users=70, max_users_per_period=None), room) == 70
+
+
+def test_person_budget_cap_changes_are_hash_chained(db_url):
+    from app.db.models import PersonBudgetEntry
+
+    create_dataset(db_url, cap=5.0, delta=DELTA)
+    with session_scope(db_url) as s:
+        budget.put_person_budget(s, name="all", epsilon_cap=7.0, delta=None, relation=None, reason="more", actor="a")
+        budget.put_person_budget(s, name="all", epsilon_cap=8.0, delta=None, relation=None, reason="again", actor="a")
+    with session_scope(db_url) as s:
+        view = budget.get_person_budget(s, name="all")
+        assert [h["new_cap"] for h in view.history][-2:] == [7.0, 8.0]
+        assert view.history[-1]["old_cap"] == 7.0 and view.history[-1]["reason"] == "again"
+        assert ledger.verify_person_chain(s, ledger.person_budget_named(s, "all")).ok
+        entry = s.scalars(select(PersonBudgetEntry).where(PersonBudgetEntry.reason == "more")).one()
+        entry.reason = "less"
+    with session_scope(db_url) as s:
+        check = ledger.verify_person_chain(s, ledger.person_budget_named(s, "all"))
+        assert not check.ok and "hash" in (check.reason or "")
+        assert not all(r["ok"] for r in budget.verify_all(s))
+
+
+@pytest.mark.timeout(120)
+def test_block_selection_runs_with_the_private_tables_locked(pg_url):
+    """PostgreSQL: with users, ratings and votes locked against any read, a reservation still chooses,
+    charges and records its blocks (it reads none of them)."""
+    from sqlalchemy import create_engine, text
+
+    _daily(pg_url)
+    _add_users(pg_url, "default", "u", 3, _day(0))
+    engine = create_engine(pg_url)
+    try:
+        with engine.connect() as locker:
+            locker.execute(text("LOCK TABLE users, ratings, votes IN ACCESS EXCLUSIVE MODE"))
+            with session_scope(pg_url) as s:
+                s.execute(text("SET LOCAL lock_timeout = '5s'"))
+                ds = budget.get_dataset(s, "default")
+                run = TrainingRun(dataset_id=ds.id, algorithm="dpals", requested_epsilon=1.0, delta=DELTA)
+                s.add(run)
+                s.flush()
+                entry = ledger.reserve(s, dataset=ds, event=gaussian(Z), parameters={}, actor="t", run_id=run.id,
+                                       now=_day(1))
+                assert entry.parameters["cohorts"] == ["legacy", "2031-01-01", "2031-01-02"]
+            locker.rollback()
+    finally:
+        engine.dispose()
