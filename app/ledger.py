@@ -734,26 +734,30 @@ def select_cohorts(
 ) -> list[tuple[str, Charge, Charge]]:
     """The cohorts a charge of ``event`` reads, with each block's charge (data set's, person's).
 
-    **Privacy argument (user-level blocks).** The neighbouring relation is add/remove one user. A
-    user's data lives in exactly one cohort (the public period of her first creation, kept past
-    deletion), and a run that reads cohorts C reads only the ratings of users in C. Blocks are
-    disjoint, so for a user u in cohort c every release that reads no block of c is independent of
-    u's data (parallel composition, McSherry 2009, PINQ, Thm. 4) and u's loss is the composition of
-    the runs charged to block c alone (their events, local guarantees included). Within a block
-    the runs, their epsilons and the choice of C are adaptive: we rely on the privacy filter for
-    RDP of Feldman & Zrnic (NeurIPS 2021, arXiv:2008.11193, Thm. 3.1; with a fixed order grid, the
-    filter of Rogers et al., arXiv:1605.08294, for the RDP setting): a sequence of adaptively
-    chosen RDP mechanisms whose running sum of RDP curves is stopped before it passes a bound
-    fixed in advance is (epsilon, delta)-DP at the bound. Its conditions hold here: (i) every
-    run's event and C are functions of public facts only, known before the run reads anything:
-    the ledger's stored block states, the calendar and ``now``, the data set's public policy and
-    released outputs, never the number of users or ratings in a block (this function reads
-    nothing else); (ii) a block accepts a charge only when its composed curve *with* the new event
-    stays within its cap at its delta (:func:`app.core.privacy.composition.charge`), so the
-    running sum never passes the cap, and a charge once reserved is never taken back after data
-    is read; (iii) the cap of a block is fixed before it is charged (a raised cap is a new, logged
-    bound). So every user's loss over the service's whole life is at most her block's cap at its
-    delta, for the data set's account and for the person budget alike.
+    **Privacy argument (user-level blocks).** The neighbouring relation is add/remove one user u.
+    Her data lives in exactly one cohort c (the public period of her first creation, kept past her
+    deletion), and a run that reads cohorts C loads only ratings of users in C. A run with c not in
+    C has the same output distribution with or without u (it never reads her rows), so u's loss is
+    the composition of the releases charged to block c alone: the runs whose C held c and every
+    local guarantee (charged to every block). Those runs, their events and their C are chosen
+    adaptively, from earlier releases. At a fixed Renyi order a, the Renyi filter of Feldman &
+    Zrnic (NeurIPS 2021, arXiv:2008.11193, Thm. 3.1) bounds such a composition by its budget B(a)
+    provided the running sum of the a-RDP of the charged events never passes B(a), each event being
+    chosen before it runs. The acceptance rule meets those conditions: (i) a run's event and its C
+    are functions of public facts only, fixed before it reads anything: the stored block states,
+    the calendar and ``now``, the data set's declarations and earlier releases, never the number
+    of users or ratings in a block (this function reads nothing else); (ii) a block takes a charge
+    only when its composed curve *with* the new event stays within its cap at its delta
+    (:func:`app.core.privacy.composition.charge`), a reserved charge is never taken back once data
+    was read, and a block refuses any charge that would pass its cap; (iii) the cap is fixed before
+    the charges it bounds (a raised cap is a new, logged bound from then on). The cap is checked on
+    the best order of the grid (epsilon at delta, Canonne-Kamath-Steinke arXiv:2004.00010, Prop.
+    12), and the best order may change with the history: at each order a of the grid the history
+    is an a-filter up to the first charge that passes that order's budget, so a union over the
+    grid's orders bounds u's privacy-loss tail by |grid| * delta in the worst case (the bound the
+    ledger states takes delta at the order that attains the minimum). Hence every user's loss over
+    the service's whole life is at most her block's cap (under that caveat on delta), for the data
+    set's account and for her person budget alike.
 
     A reservation takes every block (data set's and person's for one cohort) that can pay, in
     cohort order; a local guarantee (``every``) takes all of them and is refused unless each can.
