@@ -40,15 +40,16 @@ Cohorts = Sequence[str] | None
 Loader = Callable[[Session, Dataset, Cohorts], tuple[Ratings, dict[str, Any]]]
 
 
-def _triplets(session: Session, ds: Dataset, table: str, cohorts: Cohorts,
-              local_epsilon: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows of ``table`` in ``ds`` of users in ``cohorts`` (None: every user), after settling
-    the cohort of every user created since the last read (a function of her own creation only)."""
+def _triplets(session: Session, ds: Dataset, table: str, cohorts: Cohorts, local_epsilon: float | None = None,
+              public_too: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``table`` in ``ds`` of users in ``cohorts`` (None: every user; ``public_too``: and
+    of the users whose ratings are public, whatever their cohort), after settling the cohort of
+    every user created since the last read (a function of her own creation only)."""
     if cohorts is not None:
         cal = block_store.calendar(session)
         if cal is not None:
             block_store.settle_cohorts(session, cal)
-    return ratings_store(session).triplets(table, ds.id, local_epsilon, cohorts)
+    return ratings_store(session).triplets(table, ds.id, local_epsilon, cohorts, public_too)
 
 
 def load_ratings_only(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
@@ -123,7 +124,8 @@ def load_ratings_and_public(session: Session, ds: Dataset, cohorts: Cohorts = No
     public sources' columns follow it. Sources with no entries are left out.
     """
     item_db, item_ext = item_index(session, ds)
-    ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts))
+    # public users are read whatever their block: their rows leave the private ratings below
+    ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts, public_too=True))
     private, users = _split_public_users(session, ds, ratings)
     sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
     kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)

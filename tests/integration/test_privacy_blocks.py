@@ -362,3 +362,24 @@ def test_block_selection_runs_with_the_private_tables_locked(pg_url):
             locker.rollback()
     finally:
         engine.dispose()
+
+
+def test_dpcmf_reads_public_users_whatever_their_block(db_url):
+    """A public user of an unread block still feeds DP-CMF's public source (never the private ratings)."""
+    from app.db.models import PublicRatingConsent
+
+    _daily(db_url)
+    _add_users(db_url, "default", "old", 2, _day(0))
+    _add_users(db_url, "default", "new", 2, _day(1))
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        old0 = s.scalar(select(User.id).where(User.external_id == "old0"))
+        s.add(PublicRatingConsent(dataset_id=ds.id, user_id=old0, public=True))
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        private, extra = loaders.load_training_inputs(s, ds, get_algorithm("dpcmf"), cohorts=["2031-01-02"])
+        private_ids = {int(u) for u in np.asarray(private.user_ids).tolist()}
+        names = set(s.scalars(select(User.external_id).where(User.id.in_(private_ids))).all())
+        assert names == {"new0", "new1"}
+        sources = {src.name: src for src in extra["public"].sources}
+        assert sources["public_users"].matrix.nnz == 5  # old0's five ratings, read from an unread block

@@ -89,10 +89,11 @@ class RatingsStore(Protocol):
         """(count, one page of (external item id, value, updated at) ordered by item id)."""
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """Every (user, item, value) row of ``table`` in the data set (votes with
         ``local_epsilon``: those randomised with exactly that ε0; with ``cohorts``: only rows of
-        users in those cohorts, filtered in the query)."""
+        users in those cohorts, and with ``public_too`` those of users whose ratings are public,
+        filtered in the query)."""
 
 
 def randomised_filter(local_epsilon: float | None) -> str:
@@ -108,18 +109,21 @@ def randomised_filter(local_epsilon: float | None) -> str:
 _COHORT_LABEL = re.compile(r"^(legacy|\d{4}-\d{2}(-\d{2})?)$")
 
 
-def cohort_filter(cohorts: Sequence[str] | None) -> str:
+def cohort_filter(cohorts: Sequence[str] | None, public_of: int | None = None) -> str:
     """The SQL condition keeping only rows of users in ``cohorts`` (None: no filter; labels are
-    checked against the calendar's label shapes before they enter the statement)."""
+    checked against the calendar's label shapes before they enter the statement), and with
+    ``public_of`` (a data set id) also the rows of users whose ratings of that data set are public."""
     if cohorts is None:
         return ""
     labels = sorted(set(cohorts))
     if not all(_COHORT_LABEL.match(label) for label in labels):
         raise ValueError("not a cohort label")
-    if not labels:
-        return " AND false"
-    quoted = ", ".join(f"'{label}'" for label in labels)
-    return f" AND user_id IN (SELECT id FROM users WHERE cohort IN ({quoted}))"
+    quoted = ", ".join(f"'{label}'" for label in labels) or "NULL"
+    members = f"user_id IN (SELECT id FROM users WHERE cohort IN ({quoted}))"
+    if public_of is None:
+        return f" AND {members}"
+    return (f" AND ({members} OR user_id IN (SELECT user_id FROM public_rating_consents "
+            f"WHERE dataset_id = {int(public_of)} AND public))")
 
 
 class SqlRatings:

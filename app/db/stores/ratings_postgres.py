@@ -342,12 +342,13 @@ class PostgresRatingsStore(SqlRatings):
         return set(zip(created_users or [], created_items or [], strict=True))
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """Binary COPY (fixed-width columns, no NULLs)."""
         cursor = driver_connection(self.session).cursor()
         buf = bytearray()
         sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
-               + randomised_filter(local_epsilon).replace("%", "%%") + cohort_filter(cohorts) + ") TO STDOUT (FORMAT BINARY)")
+               + randomised_filter(local_epsilon).replace("%", "%%")
+               + cohort_filter(cohorts, int(dataset_id) if public_too else None) + ") TO STDOUT (FORMAT BINARY)")
         with cursor.copy(sql.format(table, int(dataset_id))) as copy:
             for chunk in copy:
                 buf += chunk

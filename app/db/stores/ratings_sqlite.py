@@ -87,11 +87,11 @@ class SqliteRatingsStore(SqlRatings):
         return created
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """``fetchmany`` chunks on the driver's cursor."""
         cursor = driver_connection(self.session).cursor()
         cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?"
-                       f"{randomised_filter(local_epsilon)}{cohort_filter(cohorts)}",
+                       f"{randomised_filter(local_epsilon)}{cohort_filter(cohorts, int(dataset_id) if public_too else None)}",
                        (int(dataset_id),))
         parts = []
         while True:
