@@ -710,7 +710,9 @@ def cmd_budget(args: argparse.Namespace) -> int:
     settings = _settings()
     maker = _maker(settings)
     with maker() as session:
-        out = admin.budget_view(session, dataset=args.dataset or settings.default_dataset)
+        name = args.dataset or settings.default_dataset
+        out = (admin.blocks_page(session, dataset=name, offset=args.offset, limit=args.limit) if args.blocks
+               else admin.budget_view(session, dataset=name))
     print(json.dumps(out.model_dump(mode="json"), indent=2))
     return 0
 
@@ -884,8 +886,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason", type=_reason, help="why (kept with the entry; at most 500 characters)")
     s.set_defaults(func=cmd_revoke_token)
 
-    s = sub.add_parser("budget", help="print a data set's privacy budget")
+    s = sub.add_parser("budget", help="print a data set's privacy budget (or, with --blocks, its privacy blocks)")
     s.add_argument("--dataset")
+    s.add_argument("--blocks", action="store_true", help="list the privacy blocks, current period first (paged)")
+    s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_budget)
 
     s = sub.add_parser("ledger", help="privacy ledger tools")

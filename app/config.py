@@ -50,12 +50,18 @@ class Settings(BaseSettings):
     default_rating_min: float = 0.5
     default_rating_max: float = 5.0
     default_epsilon_cap: float = Field(10.0, gt=0)
+    # the period of a privacy block (a user's cohort: the UTC period of her creation): "month" or
+    # "day"; written to the database's block calendar at the first bootstrap and fixed from then on
+    privacy_block_period: Literal["month", "day"] = "month"
     default_delta: float = Field(1e-6, gt=0, lt=1)
 
     # --- training and scheduling
     retrain_interval_s: int = Field(24 * 3600, ge=1)
     retrain_epsilon: float = Field(1.0, gt=0)
     retrain_enabled: bool = True
+    # scheduled retraining warns (WARNING log, /metrics privrec_payable_blocks) once fewer privacy
+    # blocks than this could pay one more retrain
+    retrain_min_payable_blocks: int = Field(2, ge=1)
     run_heartbeat_s: float = Field(10.0, gt=0)
     run_stale_after_s: float = Field(120.0, gt=0)
     embedded_worker: bool = True

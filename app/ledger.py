@@ -42,6 +42,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
@@ -60,9 +61,11 @@ from app.core.privacy.accounting import (
     parse_relation,
     relation_implies,
 )
+from app.core.privacy.blocks import LEGACY, cohort_order, cohorts_until
 from app.core.privacy.composition import Charge, ComposedState, charge
-from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
+from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PersonBudgetEntry, PrivacyBlock, utcnow
 from app.db.session import is_postgres
+from app.db.stores import blocks as block_store
 from app.errors import (
     BudgetExceeded,
     CapChangeRefused,
@@ -120,6 +123,21 @@ __all__ = [
     "ChainCheck",
     "verify_chain",
     "verify_person_budget",
+    "DEFAULT_BLOCK_PERIOD",
+    "block_calendar",
+    "open_blocks",
+    "select_cohorts",
+    "entry_cohorts",
+    "blocks_spent",
+    "block_spent",
+    "block_owner",
+    "current_block_spent",
+    "payable_cohorts",
+    "cohorts_with_room",
+    "verify_blocks",
+    "person_budget_entries",
+    "person_entry_content",
+    "verify_person_chain",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -132,6 +150,9 @@ CHARGED_KINDS = ("reservation", "local")
 DEFAULT_PERSON_BUDGET = "all"
 DEFAULT_PERSON_CAP = 10.0
 DEFAULT_PERSON_DELTA = 1e-6
+# the block period written to the calendar when nothing set it before (the deployment's setting,
+# app.config.Settings.privacy_block_period, is written at bootstrap)
+DEFAULT_BLOCK_PERIOD = "month"
 
 
 # ----------------------------------------------------------------------------- rounding
@@ -304,16 +325,54 @@ def open_person_budget(
     if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
         raise PersonBudgetExists(f"person budget {name!r} exists", person_budget=name)
     pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
-                      history=[_history_row(actor, None, float(epsilon_cap), reason or "created")],
-                      composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
+                      history=[], composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
     session.add(pb)
     session.flush()
+    _append_person_entry(session, pb, kind="open", actor=actor, old_cap=None, new_cap=float(epsilon_cap),
+                         reason=reason or "created")
     return pb
 
 
-def _history_row(actor: str, old_cap: float | None, new_cap: float, reason: str | None) -> dict[str, Any]:
-    return {"at": utcnow().isoformat(timespec="microseconds"), "actor": actor, "old_cap": old_cap,
-            "new_cap": new_cap, "reason": reason}
+def person_entry_content(entry: PersonBudgetEntry) -> dict[str, Any]:
+    """Everything a person budget entry's hash covers (all columns but ``id`` and the hashes)."""
+    return {"person_budget_id": entry.person_budget_id, "seq": entry.seq, "kind": entry.kind, "actor": entry.actor,
+            "old_cap": entry.old_cap, "new_cap": entry.new_cap, "reason": entry.reason,
+            "created_at": entry.created_at}
+
+
+def person_budget_entries(session: Session, person_budget_id: int) -> list[PersonBudgetEntry]:
+    """The person budget's chain (its opening and cap changes) in sequence order."""
+    return list(session.scalars(select(PersonBudgetEntry).where(PersonBudgetEntry.person_budget_id == person_budget_id)
+                                .order_by(PersonBudgetEntry.seq)))
+
+
+def _append_person_entry(session: Session, pb: PersonBudget, *, kind: str, actor: str, old_cap: float | None,
+                         new_cap: float, reason: str | None) -> PersonBudgetEntry:
+    """Append one hash-chained entry to the person budget's chain (its row locked by the caller)."""
+    last = session.scalar(select(PersonBudgetEntry).where(PersonBudgetEntry.person_budget_id == pb.id)
+                          .order_by(PersonBudgetEntry.seq.desc()).limit(1))
+    entry = PersonBudgetEntry(person_budget_id=pb.id, seq=(last.seq + 1) if last else 1,
+                              prev_hash=last.hash if last else GENESIS_HASH, kind=kind, actor=actor, old_cap=old_cap,
+                              new_cap=new_cap, reason=reason, created_at=utcnow().isoformat(timespec="microseconds"))
+    entry.hash = compute_hash(person_entry_content(entry), entry.prev_hash)
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def verify_person_chain(session: Session, person_budget: PersonBudget) -> ChainCheck:
+    """Recompute every hash of the person budget's chain, and check that it ends at its current cap."""
+    entries = person_budget_entries(session, person_budget.id)
+    prev = GENESIS_HASH
+    for expected_seq, entry in enumerate(entries, start=1):
+        if entry.seq != expected_seq:
+            return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
+        if entry.prev_hash != prev or compute_hash(person_entry_content(entry), prev) != entry.hash:
+            return ChainCheck(False, len(entries), entry.seq, "hash does not match the person budget chain")
+        prev = entry.hash
+    if entries and entries[-1].new_cap != person_budget.epsilon_cap:
+        return ChainCheck(False, len(entries), None, "the person budget's cap differs from its chain's last entry")
+    return ChainCheck(True, len(entries))
 
 
 def lock_person_budget(session: Session, person_budget_id: int) -> PersonBudget:
@@ -355,44 +414,25 @@ def person_spent(session: Session, person_budget: PersonBudget) -> SpentReport:
 def change_person_cap(
     session: Session, *, name: str, new_cap: float, reason: str | None, actor: str
 ) -> PersonBudget:
-    """Change a person budget's cap (audited in its history); same rules as a data set's cap."""
+    """Change a person budget's cap (a hash-chained entry of its own chain); same rules as a data set's cap."""
     if not isinstance(new_cap, (int, float)) or not math.isfinite(new_cap) or new_cap <= 0:
         raise InvalidEpsilonCap("the new cap must be a finite number > 0")
     pb = lock_person_budget(session, person_budget_named(session, name).id)
     if new_cap > pb.epsilon_cap and not (reason and reason.strip()):
         raise ReasonRequired("raising the privacy budget cap requires a reason")
-    current = person_spent(session, pb)
-    if new_cap < current.epsilon_rdp:
+    current = blocks_spent(session, pb)  # the most spent block: every block has the cap
+    if new_cap < current:
         raise CapChangeRefused(
-            f"cannot lower the cap to {new_cap}: epsilon {round_up(current.epsilon_rdp)} is already spent",
+            f"cannot lower the cap to {new_cap}: epsilon {round_up(current)} is already spent in a block",
             person_budget=pb.name, epsilon_cap=pb.epsilon_cap, requested_cap=float(new_cap),
-            spent_epsilon=round_up(current.epsilon_rdp))
+            spent_epsilon=round_up(current))
     if new_cap != pb.epsilon_cap:
-        pb.history = [*pb.history, _history_row(actor, pb.epsilon_cap, float(new_cap), (reason or "").strip() or None)]
+        _append_person_entry(session, pb, kind="cap_change", actor=actor, old_cap=pb.epsilon_cap,
+                             new_cap=float(new_cap), reason=(reason or "").strip() or None)
         pb.epsilon_cap = float(new_cap)
         pb.updated_at = utcnow()
         session.flush()
     return pb
-
-
-def _person_charge(
-    session: Session, acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, guarantee: Relation
-) -> tuple[PersonBudget, Charge]:
-    """Lock the person budget of ``acct`` and charge ``event`` (stated under ``guarantee``) to it;
-    ``PersonBudgetExceeded`` when its composed spend would pass its cap."""
-    pb = lock_person_budget(session, acct.person_budget_id)
-    try:
-        result = charge(person_state(session, pb), event, guarantee=guarantee, account=parse_relation(pb.relation),
-                        delta=pb.delta, cap=pb.epsilon_cap, label=guarantee.value)
-    except ValueError as exc:
-        raise RelationRefused(str(exc), dataset=dataset.name, person_budget=pb.name,
-                              account_relation=pb.relation, event_relation=guarantee.value) from exc
-    if not result.fits:
-        raise PersonBudgetExceeded(
-            dataset=dataset.name, person_budget=pb.name, prior_spent_epsilon=round_up(result.epsilon_before),
-            requested_epsilon=round_up(result.epsilon_alone), would_spend_epsilon=_reported(result.epsilon_after),
-            epsilon_cap=pb.epsilon_cap, delta=pb.delta)
-    return pb, result
 
 
 def _reported(epsilon: float) -> float:
@@ -534,8 +574,10 @@ def reserve(
     parameters: Mapping[str, Any],
     actor: str,
     run_id: int,
+    now: datetime | None = None,
 ) -> LedgerEntry:
-    """Reserve ``event`` for training run ``run_id`` against the data set's budget.
+    """Reserve ``event`` for training run ``run_id`` against the data set's budget, on the blocks
+    that can pay for it (:func:`select_cohorts`; ``now``: the clock, injectable).
 
     Locks the account, composes its stored state with ``event`` (RDP at the account's delta; then
     the person budget's, locked after it) and appends a ``reservation`` entry, or raises
@@ -553,7 +595,7 @@ def reserve(
             raise ReservationMismatch(f"training run {run_id} already holds a reservation for a different event")
         return existing
     return _charge(session, acct, dataset, event, kind="reservation", run_id=run_id, actor=actor,
-                   event_json=event_json, parameters=parameters)
+                   event_json=event_json, parameters=parameters, now=now)
 
 
 def _charge(
@@ -568,29 +610,28 @@ def _charge(
     parameters: Mapping[str, Any],
     run_id: int | None = None,
     reason: str | None = None,
+    now: datetime | None = None,
 ) -> LedgerEntry:
-    """Charge ``event`` to the account (locked by the caller) and to its person budget by
-    :func:`app.core.privacy.composition.charge`, append the entry and store both composed states,
-    all in the caller's transaction. ``BudgetExceeded`` when a total would pass its cap;
-    ``RelationRefused`` when the event's relation does not imply the account's."""
+    """Charge ``event`` to the blocks it reads (a reservation: the payable cohorts, chosen by
+    :func:`select_cohorts`; a local guarantee: every block) of the account (locked by the caller)
+    and of its person budget, by :func:`app.core.privacy.composition.charge`; keep the account's
+    and the person budget's whole-history states beside them; append the entry naming the cohorts
+    (``parameters["cohorts"]``, hashed with it); all in the caller's transaction.
+    ``BudgetExceeded`` / ``PersonBudgetExceeded`` when no block can pay (a reservation) or some
+    block cannot (a local guarantee); ``RelationRefused`` when the event's relation does not
+    imply the account's."""
     guarantee = _guarantee(acct, dataset, parameters)
     account = account_relation(acct)
-    try:
-        result = charge(account_state(session, acct), event, guarantee=guarantee, account=account,
-                        delta=acct.delta, cap=acct.epsilon_cap, label=guarantee.value)
-    except ValueError as exc:
-        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=account.value,
-                              event_relation=guarantee.value) from exc
-    if not result.fits:
-        raise BudgetExceeded(
-            dataset=dataset.name,
-            prior_spent_epsilon=round_up(result.epsilon_before),
-            requested_epsilon=round_up(result.epsilon_alone),
-            would_spend_epsilon=_reported(result.epsilon_after),
-            epsilon_cap=acct.epsilon_cap,
-            delta=acct.delta,
-        )
-    person, person_result = _person_charge(session, acct, dataset, event, guarantee)
+    person = lock_person_budget(session, acct.person_budget_id)
+    own, personal = open_blocks(session, acct, person, now or utcnow())
+    chosen = select_cohorts(acct, person, own, personal, event, guarantee, dataset=dataset.name,
+                            every=(kind == "local"))
+    result = _whole_charge(account_state(session, acct), event, guarantee, account, acct, dataset)
+    person_result = _whole_charge(person_state(session, person), event, guarantee, parse_relation(person.relation),
+                                  person, dataset)
+    for cohort, block_charge, person_charge in chosen:
+        _store_block(own[cohort], block_charge.state_after, acct.delta, kind)
+        _store_block(personal[cohort], person_charge.state_after, person.delta, kind)
     relation_parameters: dict[str, Any] = {"neighbouring_relation": guarantee.value, "charged_relation": account.value}
     if result.converted:
         relation_parameters.update(charged_event=event_to_json(result.event), conversion=GROUP_PRIVACY_NOTE)
@@ -604,12 +645,207 @@ def _charge(
         actor=actor,
         event=event_json,
         parameters={**base_parameters(acct.relation), **dict(parameters), **relation_parameters,
-                    "person_budget": person.name},
+                    "person_budget": person.name, "cohorts": [cohort for cohort, _, _ in chosen]},
         epsilon=result.epsilon_alone,
         spent_rdp=result.epsilon_after,
         spent_pld=total_pld,
         reason=reason,
     )
+
+
+def _whole_charge(state: ComposedState, event: dp_event.DpEvent, guarantee: Relation, relation: Relation,
+                  row: BudgetAccount | PersonBudget, dataset: Dataset) -> Charge:
+    """The whole-history state of an account or person budget with ``event`` added: a record (every
+    run of every cohort composed), not a cap: each block carries the cap."""
+    try:
+        return charge(state, event, guarantee=guarantee, account=relation, delta=row.delta, cap=math.inf,
+                      label=guarantee.value)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=relation.value,
+                              event_relation=guarantee.value) from exc
+
+
+# ----------------------------------------------------------------------------- privacy blocks
+def block_owner(row: BudgetAccount | PersonBudget) -> str:
+    """The owner key of ``row``'s blocks (``account:<id>`` or ``person_budget:<id>``)."""
+    return f"account:{row.id}" if isinstance(row, BudgetAccount) else f"person_budget:{row.id}"
+
+
+def _local_state(session: Session, row: BudgetAccount | PersonBudget) -> ComposedState:
+    """The composition of every local guarantee charged to ``row`` (what a newly opened block of it
+    starts with: a guarantee given at ingestion covers every user, later ones included)."""
+    if isinstance(row, BudgetAccount):
+        entries = _entries(session, row.id, ("local",))
+        return replay(entries, account_relation(row))
+    return replay([e for e in _person_entries(session, row) if e.kind == "local"], parse_relation(row.relation))
+
+
+def _open_missing(session: Session, row: BudgetAccount | PersonBudget, labels: Sequence[str]) -> dict[str, PrivacyBlock]:
+    found = block_store.lock_blocks(session, block_owner(row))
+    missing = [label for label in labels if label not in found]
+    if missing:
+        local = _local_state(session, row)
+        stored = {**local.to_json(), "epsilon_pld": _finite_or_none(local.epsilon_pld(row.delta))}
+        for label in missing:
+            found[label] = block_store.add_block(
+                session, owner=block_owner(row), cohort=label, composed_state=dict(stored),
+                account_id=row.id if isinstance(row, BudgetAccount) else None,
+                person_budget_id=row.id if isinstance(row, PersonBudget) else None)
+    return found
+
+
+def block_calendar(session: Session, now: datetime) -> list[str]:
+    """Every block of the calendar at ``now`` (``legacy`` first, then each period up to ``now``'s),
+    from the calendar row alone (written with the default period when missing)."""
+    cal = block_store.ensure_calendar(session, DEFAULT_BLOCK_PERIOD, now)
+    return cohorts_until(cal.start, now, cal.period)
+
+
+def open_blocks(session: Session, acct: BudgetAccount, person: PersonBudget,
+                now: datetime) -> tuple[dict[str, PrivacyBlock], dict[str, PrivacyBlock]]:
+    """Lock the account's blocks, then the person budget's (both owners' rows locked by the caller,
+    in that order), opening every block the calendar has at ``now`` that is not yet opened; a
+    block opens with the state of the local guarantees already given. The set of blocks is a
+    function of the calendar and ``now`` only."""
+    labels = block_calendar(session, now)
+    own = _open_missing(session, acct, labels)
+    personal = _open_missing(session, person, labels)
+    return ({label: own[label] for label in labels}, {label: personal[label] for label in labels})
+
+
+def block_spent(block: PrivacyBlock, delta: float) -> SpentReport:
+    """A block's composed spend at ``delta`` (its stored state; the PLD epsilon as stored)."""
+    state = _block_state(block)
+    cached = (block.composed_state or {}).get("epsilon_pld")
+    pld = float(cached) if cached is not None else state.epsilon_pld(delta)
+    return SpentReport(state.epsilon_rdp(delta), pld, state.n_events)
+
+
+def _block_state(block: PrivacyBlock) -> ComposedState:
+    state = ComposedState.from_json(block.composed_state)
+    if state is None:
+        raise RuntimeError(f"privacy block {block.owner}/{block.cohort} has no composed state on this RDP grid")
+    return state
+
+
+def select_cohorts(
+    acct: BudgetAccount, person: PersonBudget, own: Mapping[str, PrivacyBlock], personal: Mapping[str, PrivacyBlock],
+    event: dp_event.DpEvent, guarantee: Relation, *, dataset: str, every: bool = False,
+) -> list[tuple[str, Charge, Charge]]:
+    """The cohorts a charge of ``event`` reads, with each block's charge (data set's, person's).
+
+    **Privacy argument (user-level blocks).** The neighbouring relation is add/remove one user u.
+    Her data lives in exactly one cohort c (the public period of her first creation, kept past her
+    deletion), and a run that reads cohorts C loads only ratings of users in C. A run with c not in
+    C has the same output distribution with or without u (it never reads her rows), so u's loss is
+    the composition of the releases charged to block c alone: the runs whose C held c and every
+    local guarantee (charged to every block). Those runs, their events and their C are chosen
+    adaptively, from earlier releases. At a fixed Renyi order a, the Renyi filter of Feldman &
+    Zrnic (NeurIPS 2021, arXiv:2008.11193, Thm. 3.1) bounds such a composition by its budget B(a)
+    provided the running sum of the a-RDP of the charged events never passes B(a), each event being
+    chosen before it runs. The acceptance rule meets those conditions: (i) a run's event and its C
+    are functions of public facts only, fixed before it reads anything: the stored block states,
+    the calendar and ``now``, the data set's declarations and earlier releases, never the number
+    of users or ratings in a block (this function reads nothing else); (ii) a block takes a charge
+    only when its composed curve *with* the new event stays within its cap at its delta
+    (:func:`app.core.privacy.composition.charge`), a reserved charge is never taken back once data
+    was read, and a block refuses any charge that would pass its cap; (iii) the cap is fixed before
+    the charges it bounds (a raised cap is a new, logged bound from then on). The cap is checked on
+    the best order of the grid (epsilon at delta, Canonne-Kamath-Steinke arXiv:2004.00010, Prop.
+    12), and the best order may change with the history: at each order a of the grid the history
+    is an a-filter up to the first charge that passes that order's budget, so a union over the
+    grid's orders bounds u's privacy-loss tail by |grid| * delta in the worst case (the bound the
+    ledger states takes delta at the order that attains the minimum). Hence every user's loss over
+    the service's whole life is at most her block's cap (under that caveat on delta), for the data
+    set's account and for her person budget alike.
+
+    A reservation takes every block (data set's and person's for one cohort) that can pay, in
+    cohort order; a local guarantee (``every``) takes all of them and is refused unless each can.
+    ``BudgetExceeded`` / ``PersonBudgetExceeded`` (numbers of the current block) when none can."""
+    chosen, refused = [], None
+    for label in sorted(own, key=cohort_order):
+        try:
+            block_charge = charge(_block_state(own[label]), event, guarantee=guarantee, account=account_relation(acct),
+                                  delta=acct.delta, cap=acct.epsilon_cap, label=guarantee.value)
+            person_charge = charge(_block_state(personal[label]), event, guarantee=guarantee,
+                                   account=parse_relation(person.relation), delta=person.delta,
+                                   cap=person.epsilon_cap, label=guarantee.value)
+        except ValueError as exc:
+            raise RelationRefused(str(exc), dataset=dataset, account_relation=acct.relation,
+                                  event_relation=guarantee.value) from exc
+        if block_charge.fits and person_charge.fits:
+            chosen.append((label, block_charge, person_charge))
+        else:
+            refused = (label, block_charge, person_charge)
+            if every:
+                break
+    if refused is not None and (every or not chosen):
+        _, block_charge, person_charge = refused
+        if block_charge.fits:
+            raise PersonBudgetExceeded(
+                dataset=dataset, person_budget=person.name, prior_spent_epsilon=round_up(person_charge.epsilon_before),
+                requested_epsilon=round_up(person_charge.epsilon_alone),
+                would_spend_epsilon=_reported(person_charge.epsilon_after), epsilon_cap=person.epsilon_cap,
+                delta=person.delta)
+        raise BudgetExceeded(
+            dataset=dataset, prior_spent_epsilon=round_up(block_charge.epsilon_before),
+            requested_epsilon=round_up(block_charge.epsilon_alone),
+            would_spend_epsilon=_reported(block_charge.epsilon_after), epsilon_cap=acct.epsilon_cap, delta=acct.delta)
+    return chosen
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _store_block(block: PrivacyBlock, state: ComposedState, delta: float, kind: str) -> None:
+    block.composed_state = {**state.to_json(), "epsilon_pld": _finite_or_none(state.epsilon_pld(delta))}
+    if kind == "reservation":
+        block.n_runs += 1
+
+
+def entry_cohorts(entry: LedgerEntry) -> list[str] | None:
+    """The cohorts a charging entry charged: every block for a local guarantee (None), the recorded
+    ones for a reservation (``legacy`` for one written before blocks existed)."""
+    if entry.kind == "local":
+        return None
+    return list(entry.parameters.get("cohorts", [LEGACY]))
+
+
+def blocks_spent(session: Session, row: BudgetAccount | PersonBudget) -> float:
+    """The largest composed epsilon of ``row``'s opened blocks at its delta (0 when none is open)."""
+    states = [_block_state(b) for b in block_store.blocks_of(session, block_owner(row)).values()]
+    return max((s.epsilon_rdp(row.delta) for s in states), default=0.0)
+
+
+def verify_blocks(session: Session) -> list[tuple[str, str, ChainCheck]]:
+    """Replay every opened block from its owner's charging entries (local guarantees, and the
+    reservations naming its cohort, less their refunds) and check its stored state: equal to the
+    replay and within its cap. ``(owner, cohort, check)`` per block."""
+    out = []
+    cache: dict[str, tuple[list[LedgerEntry], Relation, float, float]] = {}
+    for block in block_store.all_blocks(session):
+        if block.owner not in cache:
+            cache[block.owner] = _owner_entries(session, block)
+        entries, relation, delta, cap = cache[block.owner]
+        mine = [e for e in entries if e.kind == "refund" or (c := entry_cohorts(e)) is None or block.cohort in c]
+        replayed = replay(mine, relation)
+        problem = _state_problem(block, replayed, delta, cap)
+        out.append((block.owner, block.cohort, ChainCheck(problem is None, len(mine), None, problem)))
+    return out
+
+
+def _owner_entries(session: Session, block: PrivacyBlock) -> tuple[list[LedgerEntry], Relation, float, float]:
+    if block.account_id is not None:
+        acct = session.get(BudgetAccount, block.account_id)
+        if acct is None:
+            raise NoBudgetAccount(f"no budget account {block.account_id}")
+        return (_entries(session, acct.id, (*CHARGED_KINDS, "refund")), account_relation(acct), acct.delta,
+                acct.epsilon_cap)
+    pb = session.get(PersonBudget, block.person_budget_id)
+    if pb is None:
+        raise UnknownPersonBudget(f"no person budget {block.person_budget_id}")
+    return _person_entries(session, pb), parse_relation(pb.relation), pb.delta, pb.epsilon_cap
 
 
 @dataclass(frozen=True)
@@ -626,12 +862,14 @@ class ChargePreview:
 
 def preview_charge(session: Session, dataset: Dataset, event: dp_event.DpEvent,
                    parameters: Mapping[str, Any]) -> ChargePreview:
-    """:func:`app.core.privacy.composition.charge` on the data set's account and its person budget,
-    from their stored states, as :func:`reserve` would run it (``RelationRefused`` likewise)."""
+    """:func:`app.core.privacy.composition.charge` on the current block (the cohort users join now)
+    of the data set's account and of its person budget, from their stored states (a block not yet
+    opened: the state it would open with), as :func:`reserve` would run it there
+    (``RelationRefused`` likewise). Nothing is written."""
     acct = account_for(session, dataset.id)
     guarantee = _guarantee(acct, dataset, parameters)
     pb = acct.person_budget
-    own, person = account_state(session, acct), person_state(session, pb)
+    own, person = _current_block_state(session, acct), _current_block_state(session, pb)
     try:
         account_charge = charge(own, event, guarantee=guarantee, account=account_relation(acct),
                                 delta=acct.delta, cap=acct.epsilon_cap)
@@ -641,6 +879,63 @@ def preview_charge(session: Session, dataset: Dataset, event: dp_event.DpEvent,
         raise RelationRefused(str(exc), dataset=dataset.name, account_relation=acct.relation,
                               event_relation=guarantee.value) from exc
     return ChargePreview(account_charge, person_charge, pb, own, person)
+
+
+def _current_block_state(session: Session, row: BudgetAccount | PersonBudget,
+                         now: datetime | None = None) -> ComposedState:
+    cal = block_store.calendar(session)
+    label = cohorts_until(cal.start, now or utcnow(), cal.period)[-1] if cal is not None else None
+    block = block_store.blocks_of(session, block_owner(row)).get(label) if label is not None else None
+    return _block_state(block) if block is not None else _local_state(session, row)
+
+
+def _calendar_blocks(session: Session, row: BudgetAccount | PersonBudget, labels: Sequence[str]) -> dict[str, PrivacyBlock]:
+    """``row``'s blocks for ``labels``: the opened ones, and for the others transient rows (never
+    added to the session) holding the state they would open with."""
+    found = block_store.blocks_of(session, block_owner(row))
+    missing = [label for label in labels if label not in found]
+    if missing:
+        local = _local_state(session, row).to_json()
+        for label in missing:
+            found[label] = PrivacyBlock(owner=block_owner(row), cohort=label, composed_state=local, n_runs=0)
+    return {label: found[label] for label in labels}
+
+
+def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any],
+                    now: datetime | None = None) -> tuple[list[str], int]:
+    """(the cohorts a reservation of ``event`` at ``now`` would read, the calendar's block count),
+    from the stored block states (an unopened block: the state it would open with); nothing is
+    locked or written, and like :func:`select_cohorts` nothing but the ledger and the calendar is read."""
+    acct = account_for(session, dataset.id)
+    guarantee = _guarantee(acct, dataset, parameters)
+    cal = block_store.calendar(session)
+    if cal is None:
+        return [], 0
+    labels = cohorts_until(cal.start, now or utcnow(), cal.period)
+    pb = acct.person_budget
+    try:
+        chosen = select_cohorts(acct, pb, _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels),
+                                event, guarantee, dataset=dataset.name)
+    except BudgetExceeded:
+        chosen = []
+    return [label for label, _, _ in chosen], len(labels)
+
+
+def cohorts_with_room(session: Session, acct: BudgetAccount, now: datetime | None = None) -> list[str]:
+    """The calendar's cohorts whose data-set block and person-budget block are both below their caps:
+    every block a run at ``now`` could read, whatever its event (ledger and calendar facts only)."""
+    cal = block_store.calendar(session)
+    labels = cohorts_until(cal.start, now or utcnow(), cal.period) if cal is not None else [LEGACY]
+    pb = acct.person_budget
+    own, personal = _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels)
+    return [label for label in labels
+            if _block_state(own[label]).epsilon_rdp(acct.delta) < acct.epsilon_cap
+            and _block_state(personal[label]).epsilon_rdp(pb.delta) < pb.epsilon_cap]
+
+
+def current_block_spent(session: Session, row: BudgetAccount | PersonBudget, now: datetime | None = None) -> float:
+    """The composed epsilon (RDP at its delta) of ``row``'s current block: the cohort users join now."""
+    return _current_block_state(session, row, now).epsilon_rdp(row.delta)
 
 
 def _guarantee(acct: BudgetAccount, dataset: Dataset, parameters: Mapping[str, Any]) -> Relation:
@@ -665,8 +960,10 @@ def record_local_guarantee(
     parameters: Mapping[str, Any],
     actor: str,
     reason: str | None = None,
+    now: datetime | None = None,
 ) -> LedgerEntry:
-    """Record a local guarantee (randomisation at ingestion, e.g. of votes) as a ``local`` entry.
+    """Record a local guarantee (randomisation at ingestion, e.g. of votes) as a ``local`` entry,
+    charged to every block (and to every block opened later: a block opens with them).
 
     The event (user level: every randomised value one user may ever contribute) is charged once,
     composed with the whole history and checked against the cap under the account lock exactly
@@ -676,7 +973,7 @@ def record_local_guarantee(
     event_json = event_to_json(event)
     acct = lock_account(session, dataset.id)
     return _charge(session, acct, dataset, event, kind="local", actor=actor, event_json=event_json,
-                   parameters=parameters, reason=reason)
+                   parameters=parameters, reason=reason, now=now)
 
 
 def commit(
@@ -726,6 +1023,7 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
                                                         _label(res))
     total_pld = _store_state(acct, after, acct.delta)
     _store_state(person, person_after, person.delta)
+    _refund_blocks(session, res, acct, person)
     return _append(
         session,
         acct,
@@ -739,6 +1037,18 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
     )
 
 
+def _refund_blocks(session: Session, res: LedgerEntry, acct: BudgetAccount, person: PersonBudget) -> None:
+    """Take a refunded reservation out of the blocks it charged (their owners are locked)."""
+    cohorts = entry_cohorts(res) or []
+    for row, relation in ((acct, account_relation(acct)), (person, parse_relation(person.relation))):
+        blocks = block_store.lock_blocks(session, block_owner(row))
+        for cohort in cohorts:
+            if cohort in blocks:
+                state = _block_state(blocks[cohort]).remove(charged_event(res, relation), _label(res))
+                _store_block(blocks[cohort], state, row.delta, "refund")
+                blocks[cohort].n_runs -= 1
+
+
 def record_cap_change(
     session: Session, *, dataset: Dataset, new_cap: float, reason: str | None, actor: str
 ) -> LedgerEntry:
@@ -747,15 +1057,15 @@ def record_cap_change(
         raise InvalidEpsilonCap("the new cap must be a finite number > 0")
     acct = lock_account(session, dataset.id)
     old_cap = acct.epsilon_cap
-    current = spent(session, acct)
+    current = blocks_spent(session, acct)  # the most spent block: every block has the cap
     if new_cap > old_cap and not (reason and reason.strip()):
         raise ReasonRequired("raising the privacy budget cap requires a reason")
-    if new_cap < current.epsilon_rdp:
+    if new_cap < current:
         raise CapChangeRefused(
-            f"cannot lower the cap to {new_cap}: epsilon {round_up(current.epsilon_rdp)} is already spent",
+            f"cannot lower the cap to {new_cap}: epsilon {round_up(current)} is already spent in a block",
             epsilon_cap=old_cap,
             requested_cap=float(new_cap),
-            spent_epsilon=round_up(current.epsilon_rdp),
+            spent_epsilon=round_up(current),
         )
     acct.epsilon_cap = float(new_cap)
     acct.updated_at = utcnow()
@@ -816,7 +1126,7 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
         relation = account_relation(acct)
         # under the strongest relation nothing is converted: the charges as recorded are the replay
         replayed = recorded if relation == Relation.ADD_OR_REMOVE_ONE_USER else replay(entries, relation)
-        problem = _state_problem(acct, replayed, acct.delta, acct.epsilon_cap)
+        problem = _state_problem(acct, replayed, acct.delta, None)  # the blocks carry the cap
         if problem is not None:
             return ChainCheck(False, len(entries), None, problem)
     return ChainCheck(True, len(entries))
@@ -825,14 +1135,17 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
 def verify_person_budget(session: Session, person_budget: PersonBudget) -> ChainCheck:
     """Replay every charge of the person budget's data sets and check its stored composed state:
     equal to the replay and within its cap."""
+    chain = verify_person_chain(session, person_budget)
+    if not chain.ok:
+        return chain
     entries = _person_entries(session, person_budget)
     replayed = replay(entries, parse_relation(person_budget.relation))
-    problem = _state_problem(person_budget, replayed, person_budget.delta, person_budget.epsilon_cap)
+    problem = _state_problem(person_budget, replayed, person_budget.delta, None)  # the blocks carry the cap
     return ChainCheck(problem is None, len(entries), None, problem)
 
 
-def _state_problem(row: BudgetAccount | PersonBudget, replayed: ComposedState, delta: float,
-                   cap: float) -> str | None:
+def _state_problem(row: BudgetAccount | PersonBudget | PrivacyBlock, replayed: ComposedState, delta: float,
+                   cap: float | None) -> str | None:
     """Why ``row``'s stored state is wrong (differs from ``replayed``, or is over ``cap``), or None."""
     stored = ComposedState.from_json(row.composed_state)
     if stored is None:
@@ -843,6 +1156,6 @@ def _state_problem(row: BudgetAccount | PersonBudget, replayed: ComposedState, d
     cached = (row.composed_state or {}).get("epsilon_pld")
     if cached is None or not math.isclose(float(cached), replayed.epsilon_pld(delta), rel_tol=1e-9, abs_tol=1e-12):
         return "stored PLD epsilon differs from the replay"
-    if replayed.epsilon_rdp(delta) > cap:
+    if cap is not None and replayed.epsilon_rdp(delta) > cap:
         return "the composed spend is above the cap"
     return None

@@ -61,6 +61,8 @@ class _StateCollector:
                                  labels=["dataset", "algorithm", "status"])
         spent = GaugeMetricFamily("privrec_budget_spent_epsilon", "Composed spend (RDP, rounded up)", labels=["dataset"])
         cap = GaugeMetricFamily("privrec_budget_cap_epsilon", "Epsilon cap", labels=["dataset"])
+        payable = GaugeMetricFamily("privrec_payable_blocks", "Privacy blocks that could pay one more run like "
+                                    "the data set's latest", labels=["dataset"])
         with self.request.app.state.sessionmaker() as session:
             rows = session.execute(
                 select(Dataset.name, TrainingRun.algorithm, TrainingRun.status, func.count())
@@ -72,9 +74,11 @@ class _StateCollector:
                 view = budget.get_budget(session, dataset=name)
                 spent.add_metric([name], view.spent_epsilon_rdp)
                 cap.add_metric([name], view.epsilon_cap)
+                payable.add_metric([name], float(budget.payable_blocks(session, dataset=name)[0]))
         yield runs
         yield spent
         yield cap
+        yield payable
         depth = _queue_depth(self.request.app.state.settings)
         if depth is not None:
             q = GaugeMetricFamily("privrec_broker_queue_depth", "Training tasks waiting in the broker", labels=["queue"])

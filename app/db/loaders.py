@@ -9,12 +9,16 @@ One loader per data kind an :class:`app.core.algorithms.Algorithm` declares (its
 
 Each loader returns ``(data, extra keyword arguments for Algorithm.train)``. Services pick the
 loader from the algorithm's declared kind (:func:`load_training_inputs`), never from its name.
+
+A run reads only the privacy blocks its reservation charged (``cohorts``, chosen by
+:func:`app.ledger.select_cohorts` before any private read): every query below filters on the
+users' cohort, so ratings of any other block are never loaded.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,23 +30,39 @@ from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
 from app.core.data.ratings import Ratings
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
 from app.db.models import Dataset
-from app.db.stores import public_inputs
-from app.services.bulk_read import item_index, load_ratings, load_triplets, ratings_from_triplets
+from app.db.stores import blocks as block_store
+from app.db.stores import public_inputs, ratings_store
+from app.services.bulk_read import item_index, ratings_from_triplets
 
 __all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes"]
 
-Loader = Callable[[Session, Dataset], tuple[Ratings, dict[str, Any]]]
+Cohorts = Sequence[str] | None
+Loader = Callable[[Session, Dataset, Cohorts], tuple[Ratings, dict[str, Any]]]
 
 
-def load_ratings_only(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
-    """Every rating of ``ds`` (items = the whole catalogue); no extra inputs."""
-    return load_ratings(session, ds), {}
+def _triplets(session: Session, ds: Dataset, table: str, cohorts: Cohorts, local_epsilon: float | None = None,
+              public_too: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``table`` in ``ds`` of users in ``cohorts`` (None: every user; ``public_too``: and
+    of the users whose ratings are public, whatever their cohort), after settling the cohort of
+    every user created since the last read (a function of her own creation only)."""
+    if cohorts is not None:
+        cal = block_store.calendar(session)
+        if cal is not None:
+            block_store.settle_cohorts(session, cal)
+    return ratings_store(session).triplets(table, ds.id, local_epsilon, cohorts, public_too)
 
 
-def load_votes(session: Session, ds: Dataset, *, local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
-    """Every stored bit of ``ds`` as a :class:`Ratings` of ±1 (items = the whole catalogue);
-    with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
-    return load_ratings(session, ds, table="votes", local_epsilon=local_epsilon), {}
+def load_ratings_only(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
+    """Every rating of ``ds`` by a user in ``cohorts`` (items = the whole catalogue); no extra inputs."""
+    return ratings_from_triplets(*item_index(session, ds), *_triplets(session, ds, "ratings", cohorts)), {}
+
+
+def load_votes(session: Session, ds: Dataset, cohorts: Cohorts = None, *,
+               local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+    """Every stored bit of ``ds`` by a user in ``cohorts`` as a :class:`Ratings` of ±1 (items = the
+    whole catalogue); with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
+    triplets = _triplets(session, ds, "votes", cohorts, local_epsilon)
+    return ratings_from_triplets(*item_index(session, ds), *triplets), {}
 
 
 def _metadata(session: Session, ds: Dataset, item_db: np.ndarray) -> PublicSource:
@@ -96,7 +116,7 @@ def _split_public_users(session: Session, ds: Dataset, ratings: Ratings) -> tupl
     return split_public_users(ratings, public_ids)
 
 
-def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dict[str, Any]]:
+def load_ratings_and_public(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
     """DP-CMF's inputs: (private ratings, {"public": PublicData}).
 
     The private ratings leave out every public user's rows (their users too), so no private
@@ -104,7 +124,8 @@ def load_ratings_and_public(session: Session, ds: Dataset) -> tuple[Ratings, dic
     public sources' columns follow it. Sources with no entries are left out.
     """
     item_db, item_ext = item_index(session, ds)
-    ratings = ratings_from_triplets(item_db, item_ext, *load_triplets(session, ds))
+    # public users are read whatever their block: their rows leave the private ratings below
+    ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts, public_too=True))
     private, users = _split_public_users(session, ds, ratings)
     sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
     kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
@@ -119,15 +140,16 @@ LOADERS: dict[DataKind, Loader] = {
 
 
 def load_training_inputs(session: Session, ds: Dataset, algo: Algorithm[Any, Any], *,
-                         local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
+                         local_epsilon: float | None = None, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
     """The training data of ``algo`` on ``ds`` (the loader of its declared data kind) and the
     extra keyword arguments of its ``train``.
 
     ``local_epsilon`` (votes only): read only the bits randomised at ingestion with exactly this
-    ε0 (a free, pre-randomised run); any other row is never read.
+    ε0 (a free, pre-randomised run); any other row is never read. ``cohorts``: the blocks the
+    run's reservation charged (None only for a run reserved before blocks existed).
     """
     if local_epsilon is not None:
         if algo.data != "votes":
             raise ValueError("local_epsilon filters votes only")
-        return load_votes(session, ds, local_epsilon=local_epsilon)
-    return LOADERS[algo.data](session, ds)
+        return load_votes(session, ds, cohorts, local_epsilon=local_epsilon)
+    return LOADERS[algo.data](session, ds, cohorts)

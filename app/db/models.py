@@ -125,6 +125,9 @@ class Dataset(Base):
     # needs a user count reads it: the delta warning (delta > 1/(10 max_users)), one-bit's
     # ``user_rows`` default and the public facts handed to training.
     max_users: Mapped[int | None] = mapped_column(Integer, default=None)
+    # admin-declared public bound on the users one cohort (privacy block) of this data set can hold;
+    # a run's user bound is it times the non-legacy blocks it may read, plus max_users for legacy
+    max_users_per_period: Mapped[int | None] = mapped_column(Integer, default=None)
     # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version).
     # Private: nothing public (scheduling included) may depend on it.
     # ``ratings_version`` (mapped below) = this column + the data set's RatingsVersionShard counts.
@@ -155,8 +158,56 @@ class User(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     external_id: Mapped[str] = mapped_column(String(128), unique=True)
+    # the privacy block she belongs to: the public calendar period of her first creation
+    # (app.core.privacy.blocks), set once (app.db.stores.blocks.settle_cohorts) and never changed;
+    # NULL until settled (a run never reads a user whose cohort is unsettled)
+    cohort: Mapped[str | None] = mapped_column(String(16), default=None, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class UserCohort(Base):
+    """A user's cohort kept past her deletion, keyed by a hash of her external id (as vote
+    allowances are), so that a user deleted and created again returns to her original block."""
+
+    __tablename__ = "user_cohorts"
+
+    user_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cohort: Mapped[str] = mapped_column(String(16))
+
+
+class BlockCalendar(Base):
+    """The one row fixing the deployment's block calendar: the period of a cohort (``month`` or
+    ``day``) and the first period of the deployment. Fixed once written (cohorts depend on it)."""
+
+    __tablename__ = "block_calendar"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    period: Mapped[str] = mapped_column(String(8))
+    start: Mapped[str] = mapped_column(String(16))
+
+
+class PrivacyBlock(Base):
+    """One privacy block: the charges of one cohort on one data set's account (``account_id``) or
+    on one person budget (``person_budget_id``); exactly one of the two is set. Its cap, delta and
+    relation are its owner's. ``composed_state`` is kept on append like an account's."""
+
+    __tablename__ = "privacy_blocks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int | None] = mapped_column(ForeignKey("budget_accounts.id", ondelete="RESTRICT"), default=None)
+    person_budget_id: Mapped[int | None] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"),
+                                                         default=None)
+    owner: Mapped[str] = mapped_column(String(24))  # "account:<id>" or "person_budget:<id>" (unique with cohort)
+    cohort: Mapped[str] = mapped_column(String(16))
+    composed_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    n_runs: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("owner", "cohort", name="uq_privacy_blocks_owner_cohort"),
+        CheckConstraint("(account_id IS NULL) <> (person_budget_id IS NULL)", name="one_owner"),
+    )
 
 
 class Item(Base):
@@ -221,7 +272,8 @@ class PersonBudget(Base):
     delta: Mapped[float] = mapped_column(Float)
     # the one relation its numbers hold under; every member data set's relation implies it
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user")
-    # audited cap changes: [{"at", "actor", "old_cap", "new_cap", "reason"}]
+    # no longer written: cap changes are hash-chained PersonBudgetEntry rows (migration 0012 moved
+    # the rows written before into them)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # the composition of every member's charged events (app.core.privacy.composition.ComposedState),
     # updated in the transaction of each charge; ``privrec ledger verify`` replays it
@@ -233,6 +285,30 @@ class PersonBudget(Base):
         CheckConstraint(RELATIONS_CHECK, name="relation_kind"),
         CheckConstraint("epsilon_cap > 0", name="cap_positive"),
         CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
+    )
+
+
+class PersonBudgetEntry(Base):
+    """One hash-chained entry of a person budget's own ledger: its opening and every cap change
+    (``hash = sha256(canonical JSON(content) || prev_hash)``, as :class:`LedgerEntry`)."""
+
+    __tablename__ = "person_budget_entries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    person_budget_id: Mapped[int] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # open | cap_change
+    actor: Mapped[str] = mapped_column(String(128))
+    old_cap: Mapped[float | None] = mapped_column(Float, default=None)
+    new_cap: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC, part of the hash
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+    __table_args__ = (
+        UniqueConstraint("person_budget_id", "seq", name="uq_person_budget_entries_budget_seq"),
+        CheckConstraint("kind IN ('open', 'cap_change')", name="kind_kind"),
     )
 
 
@@ -295,6 +371,9 @@ class TrainingRun(Base):
     # run is charged whatever happens (never refunded). Also set for a run whose worker vanished.
     private_data_read: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     refunded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # the cohorts (privacy blocks) the run reads, chosen from the ledger and the calendar before
+    # any private read (app.ledger.reserve); None for runs reserved before blocks existed
+    cohorts: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_EPSILON_CAP",
     "MAX_RATING_MAGNITUDE",
     "BudgetOut",
+    "BlockOut",
     "PersonBudgetIn",
     "PersonBudgetOut",
     "CapChangeIn",
@@ -99,7 +100,26 @@ class BudgetOut(BaseModel):
         "account's; add/remove guarantees charged to a weaker account are converted by group privacy)."))
     person_budget: PersonBudgetOut | None = Field(default=None, description=(
         "The per-person bound this data set also counts against: every charge must fit both caps."))
+    n_blocks: int = Field(default=0, description=(
+        "Opened privacy blocks (one per cohort: the calendar period of a user's creation, and `legacy`). "
+        "Each has the cap; spent and remaining above are the most spent block's."))
+    current_block: str | None = Field(default=None, description="The cohort users joining now belong to.")
 
+
+class BlockOut(BaseModel):
+    cohort: str = Field(description="The block's cohort: a calendar period (UTC) of user creation, or `legacy`.")
+    epsilon_cap: float
+    delta: float
+    spent_epsilon_rdp: float = Field(description="The block's composed spend by the RDP accountant (rounded up).")
+    spent_epsilon_pld: float | None = Field(description="The same by the PLD accountant (rounded up).")
+    remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
+    n_runs: int = Field(description="Runs charged to the block (local guarantees are charged to every block).")
+
+
+MAX_USERS_PER_PERIOD_DOC = (
+    "Admin-declared public upper bound on the users who join this data set in one privacy-block period "
+    "(null: not declared). A run's user bound (the ε-aware defaults, one-bit's `user_rows`) is it times "
+    "the blocks the run may read, plus `max_users` for the `legacy` block, never above `max_users`.")
 
 MAX_USERS_DOC = (
     "Admin-declared public upper bound on the number of users of this data set (null: not declared). "
@@ -124,6 +144,7 @@ class DatasetIn(StrictModel):
         "What the data set collects (public, declared): scheduled retraining without an active model "
         "trains DPALS on `ratings` and one-bit completion on `votes`, never deciding from the data."))
     max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=MAX_USERS_DOC)
+    max_users_per_period: int | None = Field(default=None, ge=1, le=INT32_MAX, description=MAX_USERS_PER_PERIOD_DOC)
     neighbouring_relation: Relation = Field(default=Relation.ADD_OR_REMOVE_ONE_USER, description=(
         "The one relation the budget accounts under (fixed at creation). A run or local guarantee "
         "whose relation does not imply it is refused (409 `relation_not_implied`): e.g. votes "
@@ -148,6 +169,7 @@ class DatasetOut(BaseModel):
     rating_max: float
     kind: str = Field(description="Declared kind: `ratings` or `votes` (public).")
     max_users: int | None = Field(description=MAX_USERS_DOC)
+    max_users_per_period: int | None = Field(default=None, description=MAX_USERS_PER_PERIOD_DOC)
     warnings: list[str] = Field(default_factory=list, description=(
         "Configuration warnings from public facts (e.g. delta above 1/(10 max_users))."))
     budget: BudgetOut
@@ -157,6 +179,9 @@ class DatasetPatchIn(StrictModel):
     kind: Literal["ratings", "votes"] | None = Field(default=None, description="New declared kind.")
     max_users: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
         "New declared bound on the number of users; an explicit null removes it. " + MAX_USERS_DOC))
+    max_users_per_period: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
+        "New declared bound on the users of one privacy block; an explicit null removes it. "
+        + MAX_USERS_PER_PERIOD_DOC))
 
 
 class CapChangeIn(StrictModel):

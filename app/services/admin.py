@@ -14,6 +14,7 @@ from app.db.stores import admin as admin_store
 from app.errors import DatasetExists
 from app.ledger import round_up
 from app.schemas.admin import (
+    BlockOut,
     BudgetOut,
     DatasetIn,
     DatasetOut,
@@ -38,6 +39,7 @@ __all__ = [
     "dataset_warnings",
     "datasets_page",
     "budget_view",
+    "blocks_page",
     "person_budget_view",
     "put_person_budget",
     "change_cap",
@@ -67,6 +69,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
     budget_out = budget_view(session, dataset=ds.name)
     return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
                       rating_max=ds.rating_max, kind=ds.kind, max_users=ds.max_users,
+                      max_users_per_period=ds.max_users_per_period,
                       warnings=dataset_warnings(ds, budget_out.delta), budget=budget_out)
 
 
@@ -78,7 +81,7 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor, relation=body.neighbouring_relation.value,
                                person_budget=body.person_budget)
-    ds.kind, ds.max_users = body.kind, body.max_users
+    ds.kind, ds.max_users, ds.max_users_per_period = body.kind, body.max_users, body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
 
@@ -90,6 +93,8 @@ def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> D
         ds.kind = body.kind
     if "max_users" in body.model_fields_set:
         ds.max_users = body.max_users
+    if "max_users_per_period" in body.model_fields_set:
+        ds.max_users_per_period = body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
 
@@ -104,6 +109,14 @@ def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetO
 def budget_view(session: Session, *, dataset: str) -> BudgetOut:
     """Cap, delta, spend (RDP and PLD), remaining and runs."""
     return BudgetOut.model_validate(budget.get_budget(session, dataset=dataset), from_attributes=True)
+
+
+def blocks_page(session: Session, *, dataset: str | None = None, person_budget: str | None = None, offset: int,
+                limit: int) -> Page[BlockOut]:
+    """One page of a data set's (or a person budget's) privacy blocks, the current period first."""
+    rows, total = budget.list_blocks(session, dataset=dataset, person_budget=person_budget, offset=offset, limit=limit)
+    return Page[BlockOut].build([BlockOut.model_validate(r, from_attributes=True) for r in rows], total=total,
+                                offset=offset, limit=limit)
 
 
 def person_budget_view(session: Session, *, name: str) -> PersonBudgetOut:

@@ -180,3 +180,23 @@ def test_relations_and_person_budgets_over_http(env: Env) -> None:
     r = env.client.get("/v1/admin/person-budgets/weak", headers=env.admin)
     assert r.status_code == 200 and r.json()["epsilon_cap"] == 5.0 and r.json()["spent_epsilon_rdp"] == 0.0
     assert env.client.get("/v1/admin/person-budgets/none", headers=env.admin).status_code == 404
+
+
+def test_privacy_blocks_over_http(env: Env) -> None:
+    """The blocks of a data set and of its person budget, current period first, paged; the per-period
+    user bound is declared and read back."""
+    seed_ratings(env)
+    train_and_publish(env, epsilon=1.0)
+    page = env.client.get(f"{A}/budget/blocks", headers=env.admin, params={"limit": 1}).json()
+    assert page["total"] >= 2 and len(page["items"]) == 1
+    assert page["items"][0]["cohort"] != "legacy" and page["items"][0]["n_runs"] == 1
+    last = env.client.get(f"{A}/budget/blocks", headers=env.admin, params={"offset": page["total"] - 1}).json()
+    assert last["items"][-1]["cohort"] == "legacy"
+    people = env.client.get("/v1/admin/person-budgets/all/blocks", headers=env.admin).json()
+    assert people["total"] == page["total"]
+    assert env.client.get(f"{A}/budget/blocks", headers=env.auth("u0")).status_code == 403
+    budget = env.client.get(f"{A}/budget", headers=env.admin).json()
+    assert budget["n_blocks"] == page["total"] and budget["current_block"] == page["items"][0]["cohort"]
+    r = env.client.patch(A, headers=env.admin, json={"max_users_per_period": 500})
+    assert r.status_code == 200, r.text
+    assert r.json()["max_users_per_period"] == 500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -393,6 +394,10 @@ def test_ledger_verify_catches_a_tampered_state_or_entry(db_url, monkeypatch, ca
     reset_settings_cache()
 
 
+def _without_blocks(view: budget.BudgetView) -> budget.BudgetView:
+    return dataclasses.replace(view, n_blocks=0, current_block=None)
+
+
 def test_migration_0010_computes_the_state_of_an_existing_ledger(db_url):
     """Down to 0009 (no stored state) with a ledger of reservations, a refund and a cap change on two
     data sets; the upgrade computes every state, equal to a replay, and charges go on from it."""
@@ -409,7 +414,9 @@ def test_migration_0010_computes_the_state_of_an_existing_ledger(db_url):
     with session_scope(db_url) as s:
         for name in "ab":
             _states_match_replay(s, name)
-            assert budget.get_budget(s, dataset=name) == before[name]
+            # the spend survives; the privacy blocks (and their calendar) are dropped below 0012 and
+            # come back as the one legacy block: the block fields are compared by the blocks' tests
+            assert _without_blocks(budget.get_budget(s, dataset=name)) == _without_blocks(before[name])
         assert ledger.person_spent(s, ledger.person_budget_named(s, "all")).n_events == 4
     _reserve(db_url, "a")
     with session_scope(db_url) as s:

@@ -12,6 +12,7 @@ from app.api.params import DatasetP
 from app.schemas.admin import (
     MAX_EPSILON_CAP,
     PERSON_BUDGET_NAME,
+    BlockOut,
     BudgetOut,
     CapChangeIn,
     LedgerEntryOut,
@@ -31,6 +32,21 @@ PersonBudgetP = Annotated[str, Path(min_length=1, max_length=64, pattern=PERSON_
 @router.get("/admin/datasets/{dataset}/budget", tags=["admin"], response_model=BudgetOut, summary="Privacy budget")
 def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> BudgetOut:
     return admin_svc.budget_view(session, dataset=dataset)
+
+
+@router.get("/admin/datasets/{dataset}/budget/blocks", tags=["admin"], response_model=Page[BlockOut],
+            summary="The data set's privacy blocks, current period first",
+            description=("One block per cohort (the UTC calendar period in which a user was created, and "
+                         "`legacy`), each with the data set's cap; a run reads and is charged to the blocks "
+                         "that can pay for it."))
+def get_blocks(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[BlockOut]:
+    return admin_svc.blocks_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
+
+
+@router.get("/admin/person-budgets/{name}/blocks", tags=["admin"], response_model=Page[BlockOut],
+            summary="A per-person budget's privacy blocks, current period first")
+def get_person_blocks(name: PersonBudgetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[BlockOut]:
+    return admin_svc.blocks_page(session, person_budget=name, offset=page.offset, limit=page.limit)
 
 
 @router.get("/admin/datasets/{dataset}/budget/projection", tags=["admin"], response_model=ProjectionOut,

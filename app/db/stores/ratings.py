@@ -12,6 +12,7 @@ cases.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
@@ -22,9 +23,10 @@ from sqlalchemy.orm import Session
 
 from app.db.dialect import rows_matched
 from app.db.models import Item, Rating, User, Vote, bump_ratings_version_sharded
+from app.db.stores.blocks import calendar, settle_cohorts
 from app.db.stores.catalogue import DatasetRef, catalogue_store
 
-__all__ = ["RatingsStore", "OneRating", "Triplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter"]
+__all__ = ["RatingsStore", "OneRating", "Triplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter", "cohort_filter"]
 
 Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]  # (user row id, item row id, value as float64)
 TRIPLET_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables
@@ -86,9 +88,12 @@ class RatingsStore(Protocol):
                           limit: int) -> tuple[int, list[tuple[str, float, datetime]]]:
         """(count, one page of (external item id, value, updated at) ordered by item id)."""
 
-    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
+    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """Every (user, item, value) row of ``table`` in the data set (votes with
-        ``local_epsilon``: those randomised with exactly that ε0)."""
+        ``local_epsilon``: those randomised with exactly that ε0; with ``cohorts``: only rows of
+        users in those cohorts, and with ``public_too`` those of users whose ratings are public,
+        filtered in the query)."""
 
 
 def randomised_filter(local_epsilon: float | None) -> str:
@@ -99,6 +104,26 @@ def randomised_filter(local_epsilon: float | None) -> str:
     if not math.isfinite(value) or value <= 0:
         raise ValueError("local_epsilon must be finite and > 0")
     return f" AND randomised AND local_epsilon = {value!r}"
+
+
+_COHORT_LABEL = re.compile(r"^(legacy|\d{4}-\d{2}(-\d{2})?)$")
+
+
+def cohort_filter(cohorts: Sequence[str] | None, public_of: int | None = None) -> str:
+    """The SQL condition keeping only rows of users in ``cohorts`` (None: no filter; labels are
+    checked against the calendar's label shapes before they enter the statement), and with
+    ``public_of`` (a data set id) also the rows of users whose ratings of that data set are public."""
+    if cohorts is None:
+        return ""
+    labels = sorted(set(cohorts))
+    if not all(_COHORT_LABEL.match(label) for label in labels):
+        raise ValueError("not a cohort label")
+    quoted = ", ".join(f"'{label}'" for label in labels) or "NULL"
+    members = f"user_id IN (SELECT id FROM users WHERE cohort IN ({quoted}))"
+    if public_of is None:
+        return f" AND {members}"
+    return (f" AND ({members} OR user_id IN (SELECT user_id FROM public_rating_consents "
+            f"WHERE dataset_id = {int(public_of)} AND public))")
 
 
 class SqlRatings:
@@ -136,6 +161,9 @@ class SqlRatings:
         uid = self._user_row_id(user_id, lock=True)
         if uid is None:
             return None
+        cal = calendar(self.session)
+        if cal is not None:  # her cohort outlives her row (keyed by a hash of her external id)
+            settle_cohorts(self.session, cal, [uid])
         per_ds = list(self.session.execute(
             select(Rating.dataset_id, func.count()).where(Rating.user_id == uid).group_by(Rating.dataset_id)).all())
         per_ds += self.session.execute(  # votes: removed by the cascade, counted for retraining

@@ -34,7 +34,7 @@ from app.db.stores.postgres_copy import (
     pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
 )
-from app.db.stores.ratings import OneRating, SqlRatings, Triplets, randomised_filter
+from app.db.stores.ratings import OneRating, SqlRatings, Triplets, cohort_filter, randomised_filter
 from app.errors import UnknownDataset
 
 __all__ = ["PostgresRatingsStore", "REFERENCES_LOCK_KEY", "PlainInsertFirst", "PLAIN_INSERT_FIRST", "NEW_USERS_FIRST",
@@ -341,12 +341,14 @@ class PostgresRatingsStore(SqlRatings):
         created_users, created_items = row if row is not None else (None, None)
         return set(zip(created_users or [], created_items or [], strict=True))
 
-    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
+    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """Binary COPY (fixed-width columns, no NULLs)."""
         cursor = driver_connection(self.session).cursor()
         buf = bytearray()
         sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
-               + randomised_filter(local_epsilon).replace("%", "%%") + ") TO STDOUT (FORMAT BINARY)")
+               + randomised_filter(local_epsilon).replace("%", "%%")
+               + cohort_filter(cohorts, int(dataset_id) if public_too else None) + ") TO STDOUT (FORMAT BINARY)")
         with cursor.copy(sql.format(table, int(dataset_id))) as copy:
             for chunk in copy:
                 buf += chunk

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.db.dialect import CHUNK, chunks, driver_connection, insert_for
 from app.db.models import Rating, User, bump_ratings_version_sharded
 from app.db.stores.catalogue import DatasetRef, SqliteCatalogueStore
-from app.db.stores.ratings import OneRating, SqlRatings, Triplets, randomised_filter
+from app.db.stores.ratings import OneRating, SqlRatings, Triplets, cohort_filter, randomised_filter
 
 __all__ = ["SqliteRatingsStore"]
 
@@ -86,10 +86,12 @@ class SqliteRatingsStore(SqlRatings):
                     created.add((uid, iid))
         return created
 
-    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None) -> Triplets:
+    def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
+                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """``fetchmany`` chunks on the driver's cursor."""
         cursor = driver_connection(self.session).cursor()
-        cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?{randomised_filter(local_epsilon)}",
+        cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?"
+                       f"{randomised_filter(local_epsilon)}{cohort_filter(cohorts, int(dataset_id) if public_too else None)}",
                        (int(dataset_id),))
         parts = []
         while True:

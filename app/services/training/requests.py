@@ -11,6 +11,7 @@ Calibration follows the algorithm's own accountant (``app.core.algorithms``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ from app import ledger
 from app.config import Settings
 from app.core.algorithms import Algorithm, DatasetFacts, get_algorithm, resolve_hyperparameters
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
+from app.core.privacy.blocks import LEGACY
 from app.db.models import Dataset, RunStatus, TrainingRun
 from app.db.session import open_database, session_scope
 from app.db.stores.runs import runs_store
@@ -71,32 +73,53 @@ def base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | 
         raise InvalidHyperparameters(f"invalid {algo.name} hyper-parameters: {exc}") from exc
 
 
-def dataset_facts(ds: Dataset, n_items: int) -> DatasetFacts:
+_UNSET: Any = object()
+
+
+def run_user_bound(ds: Dataset, cohorts: Sequence[str]) -> int | None:
+    """The public bound on the users a run reading ``cohorts`` can meet: the declared per-period
+    bound times its non-legacy blocks, plus ``max_users`` for ``legacy`` (every user before blocks
+    existed), never above ``max_users`` (the data set's whole life); ``max_users`` alone when no
+    per-period bound is declared; None when a block it reads has no declared bound."""
+    if ds.max_users_per_period is None:
+        return ds.max_users
+    reads_legacy = LEGACY in cohorts
+    if reads_legacy and ds.max_users is None:
+        return None
+    bound = ds.max_users_per_period * sum(1 for c in cohorts if c != LEGACY) + (ds.max_users or 0) * reads_legacy
+    return max(1, min(bound, ds.max_users) if ds.max_users is not None else bound)
+
+
+def dataset_facts(ds: Dataset, n_items: int, max_users: int | None = _UNSET) -> DatasetFacts:
     """What an algorithm may know about a data set before any private data is read: the
-    administrator's declarations and the public catalogue size."""
+    administrator's declarations and the public catalogue size (``max_users``: a run's own bound,
+    :func:`run_user_bound`; the data set's declared one by default)."""
+    bound = ds.max_users if max_users is _UNSET else max_users
     return DatasetFacts(name=ds.name, kind=ds.kind, rating_range=(ds.rating_min, ds.rating_max), n_items=n_items,
-                        max_users=ds.max_users, vote_local_epsilon=ds.vote_local_epsilon,
+                        max_users=bound, vote_local_epsilon=ds.vote_local_epsilon,
                         votes_per_user_cap=ds.votes_per_user_cap)
 
 
-def data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
+def data_params(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None,
+                max_users: int | None = _UNSET) -> dict[str, Any]:
     """Hyper-parameters with what the data set decides for the algorithm
     (:meth:`app.core.algorithms.Algorithm.data_params`; 422 when the caller chose it)."""
     try:
-        return algo.data_params(dict(hyperparameters or {}), dataset_facts(ds, n_items=0))  # no size needed
+        return algo.data_params(dict(hyperparameters or {}), dataset_facts(ds, n_items=0, max_users=max_users))
     except ValueError as exc:
         raise InvalidHyperparameters(str(exc)) from exc
 
 
 def resolved_hyperparameters(
     algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None, objective: str | None,
-    epsilon: float, delta: float, n_items: int,
+    epsilon: float, delta: float, n_items: int, max_users: int | None = _UNSET,
 ) -> dict[str, Any]:
     """The caller's hyper-parameters, or the ε-aware defaults (public facts only) when none."""
     try:
         params, _ = resolve_hyperparameters(
             algo.name, dict(hyperparameters or {}), objective=objective, epsilon=epsilon, delta=delta,
-            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items, max_users=ds.max_users,
+            rating_range=(ds.rating_min, ds.rating_max), n_items=n_items,
+            max_users=ds.max_users if max_users is _UNSET else max_users,
         )
     except ValueError as exc:
         raise InvalidHyperparameters(str(exc)) from exc
@@ -132,8 +155,10 @@ def start_training(
     actor: str,
     trigger: str = "manual",
     idempotency_key: str | None = None,
+    now: datetime | None = None,
 ) -> TrainingRun:
-    """Create a queued run and reserve its privacy cost (in the caller's transaction).
+    """Create a queued run and reserve its privacy cost (in the caller's transaction) on the privacy
+    blocks that can pay for it at ``now`` (the clock; injectable), recorded on the run.
 
     Exactly one of ``epsilon`` (this run's target) or ``epsilon_fraction`` (of the remaining
     budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
@@ -166,7 +191,7 @@ def start_training(
         if existing is not None:
             return existing
     if epsilon is None and epsilon_fraction is not None:
-        prior = ledger.spent(session, acct).epsilon_rdp
+        prior = ledger.current_block_spent(session, acct, now)  # the block users join now
         # a hair below the fraction: calibration tolerance must not push the total over the cap
         epsilon = epsilon_fraction * (acct.epsilon_cap - prior) * (1 - 1e-6)
         if not epsilon >= MIN_EPSILON:
@@ -179,13 +204,16 @@ def start_training(
                 delta=acct.delta,
             )
     n_items = n_items_of(session, ds)
+    # the blocks it may read (ledger and calendar only): the public bound on the users it can meet
+    users = run_user_bound(ds, ledger.cohorts_with_room(session, acct, now))
     if epsilon is None:  # a free run: no target to calibrate to
         if objective is not None:
             raise InvalidHyperparameters(f"{algo.name} has no objective choice")
-        config, epsilon = base_config(algo, ds, data_params(algo, ds, hyperparameters)), 0.0
+        config, epsilon = base_config(algo, ds, data_params(algo, ds, hyperparameters, users)), 0.0
     else:
-        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta, n_items)
-        base = base_config(algo, ds, data_params(algo, ds, hyperparameters))
+        hyperparameters = resolved_hyperparameters(algo, ds, hyperparameters, objective, float(epsilon), acct.delta,
+                                                   n_items, users)
+        base = base_config(algo, ds, data_params(algo, ds, hyperparameters, users))
         try:
             config = algo.calibrate(float(epsilon), acct.delta, base, n_items)
         except ValueError as exc:
@@ -212,8 +240,9 @@ def start_training(
     session.add(run)
     session.flush()
     entry = ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor,
-                           run_id=run.id)
+                           run_id=run.id, now=now)
     run.epsilon_charged = entry.epsilon  # the run alone as the ledger charged it (the account's relation)
+    run.cohorts = list(entry.parameters.get("cohorts", []))  # the blocks it reads, chosen before any read
     return run
 
 

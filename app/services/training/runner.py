@@ -195,7 +195,8 @@ def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[st
         run.worker = worker[:128]
         run.started_at = run.heartbeat_at = utcnow()
         run.stage, run.progress = "checking", 0.02
-        return "claimed", {"dataset": run.dataset.name, "config": dict(run.config), "algorithm": run.algorithm}
+        return "claimed", {"dataset": run.dataset.name, "config": dict(run.config), "algorithm": run.algorithm,
+                        "cohorts": run.cohorts}
 
 
 def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None) -> str:
@@ -268,7 +269,8 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
         if local_epsilon is not None:
             ds = lock_pre_randomised(s, ds, local_epsilon)
         version = ds.ratings_version
-        data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon)
+        data, extra_inputs = load_training_inputs(s, ds, algo, local_epsilon=local_epsilon,
+                                                   cohorts=info.get("cohorts"))
         runs_store(s).set_ratings_version(run_id, version)
     return data, extra_inputs
 

@@ -1,0 +1,60 @@
+"""The public calendar of user-level privacy blocks.
+
+Each user belongs to one *cohort*: the UTC calendar period (a month by default, a day for short
+deployments and simulations) in which her user row was first created. Block accounts exist for
+every period from the deployment's first one up to the current one, plus :data:`LEGACY` (the users
+who existed before blocks did): the set of blocks is a function of the calendar and the clock
+only, never of the data. Pure functions; the clock is always passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+__all__ = ["LEGACY", "PERIODS", "cohort_of", "cohorts_until", "cohort_order", "check_period"]
+
+LEGACY = "legacy"
+PERIODS = ("month", "day")
+
+
+def check_period(period: str) -> str:
+    """``period`` when it is a known block period, else ``ValueError``."""
+    if period not in PERIODS:
+        raise ValueError(f"a block period is one of {', '.join(PERIODS)}, not {period!r}")
+    return period
+
+
+def _utc_date(moment: datetime) -> date:
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.date()  # a naive moment is read as UTC (SQLite returns them so)
+
+
+def cohort_of(moment: datetime, period: str) -> str:
+    """The label of the period holding ``moment`` (UTC): ``YYYY-MM`` or ``YYYY-MM-DD``; labels of
+    one period kind sort chronologically."""
+    day = _utc_date(moment)
+    return f"{day.year:04d}-{day.month:02d}" if check_period(period) == "month" else day.isoformat()
+
+
+def _next(label: str, period: str) -> str:
+    if period == "month":
+        year, month = int(label[:4]), int(label[5:7])
+        return f"{year + month // 12:04d}-{month % 12 + 1:02d}"
+    return (date.fromisoformat(label) + timedelta(days=1)).isoformat()
+
+
+def cohorts_until(start: str, now: datetime, period: str) -> list[str]:
+    """Every block of the calendar at ``now``: :data:`LEGACY`, then each period from ``start``
+    up to the one holding ``now`` (inclusive), in :func:`cohort_order`."""
+    last = cohort_of(now, period)
+    out, label = [LEGACY], start
+    while label <= last:
+        out.append(label)
+        label = _next(label, period)
+    return out
+
+
+def cohort_order(label: str) -> tuple[int, str]:
+    """Sort key of a cohort: :data:`LEGACY` first, then chronologically (the lock and charge order)."""
+    return (0, "") if label == LEGACY else (1, label)
