@@ -318,6 +318,12 @@ class VoteCapExceeded(Conflict):
     code = "vote_cap_exceeded"
 
 
+class IdempotencyKeyReused(Conflict):
+    """The idempotency key was used before for a different request body."""
+
+    code = "idempotency_key_reused"
+
+
 class ArtifactUnreadable(Conflict):
     """The model version's artifact is unreadable or altered."""
 

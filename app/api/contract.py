@@ -32,6 +32,7 @@ from app.errors import (
     DatasetExists,
     DeltaRequired,
     HttpError,
+    IdempotencyKeyReused,
     InvalidDatasetName,
     InvalidDelta,
     InvalidEpsilon,
@@ -138,7 +139,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("PUT", "/v1/admin/person-budgets/{name}"): (PersonBudgetFixed, PersonBudgetExists, CapChangeRefused,
                                                  *_NEW_BUDGET, InvalidPersonBudgetName, DeltaRequired,
                                                  ReasonRequired),
-    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey),
+    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
 }
