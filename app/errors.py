@@ -126,6 +126,12 @@ class InternalError(PrivrecError):
     code, where = "internal_error", "any route"
 
 
+class WriteConflict(ServiceUnavailable):
+    """Concurrent writes kept deadlocking with this one; nothing was written: retry."""
+
+    code = "write_conflict"
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     """The database is not reachable; retry later."""
 

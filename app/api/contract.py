@@ -79,6 +79,7 @@ from app.errors import (
     ValidationFailed,
     VoteCapExceeded,
     VotesExist,
+    WriteConflict,
     WrongSubject,
     meaning,
 )
@@ -101,10 +102,10 @@ _NEW_BUDGET: Errors = (InvalidEpsilonCap, InvalidDelta, InvalidRelation)
 
 ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     # ratings, users, items
-    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, RatingOutOfRange),
-    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, BatchTooLarge, InvalidRows),
-    ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating),
-    ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser),
+    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, RatingOutOfRange, WriteConflict),
+    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, BatchTooLarge, InvalidRows, WriteConflict),
+    ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating, WriteConflict),
+    ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser, WriteConflict),
     ("PUT", f"{_DS}/items/{{item_id}}"): (ScopeRequired,),
     ("GET", f"{_DS}/items/{{item_id}}"): (UnknownItem,),
     ("GET", f"{_USER}/ratings"): (WrongSubject,),
