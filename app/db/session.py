@@ -7,6 +7,7 @@ the serialising lock the privacy ledger relies on (PostgreSQL uses ``SELECT ... 
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -39,9 +40,12 @@ __all__ = [
     "is_lock_conflict",
     "retry_lock_conflicts",
     "LOCK_CONFLICT_ATTEMPTS",
+    "ride_out_outage",
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 PING_AFTER_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
@@ -250,3 +254,22 @@ def retry_lock_conflicts(session: Session, work: Callable[[], T], *, attempts: i
                                     "retry", headers={"Retry-After": "1"}) from None
             time.sleep(random.uniform(0.0, _CONFLICT_BACKOFF_S * 2**attempt))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def ride_out_outage(work: Callable[[], T], *, within_s: float, first_pause_s: float = 0.5,
+                    max_pause_s: float = 5.0) -> T:
+    """Run ``work`` (which opens its own session) and, while the database is unreachable (a
+    restart, a network drop: ``OperationalError`` / ``InterfaceError``), pause and run it again,
+    the pauses doubling up to ``max_pause_s``, for at most ``within_s`` seconds; then the last
+    error is raised. For a long job (a training run) that must ride out a short outage."""
+    deadline = time.monotonic() + within_s
+    pause = first_pause_s
+    while True:
+        try:
+            return work()
+        except (exc.OperationalError, exc.InterfaceError) as error:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("database unreachable (%s); retrying in %.1f s", type(error).__name__, pause)
+            time.sleep(pause)
+            pause = min(2 * pause, max_pause_s)
