@@ -22,9 +22,9 @@ def test_projection_matches_what_the_ledger_then_charges(env: Env) -> None:
     k = p["affordable_runs"]
     assert k is not None and k >= 1 and p["fits"]
     statuses = []
-    for _ in range(k + 1):
+    for n in range(k + 1):  # each a new run (its own key: a keyless repeat would be a blind retry)
         r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
-                            json={"epsilon": 2.0, "hyperparameters": p["hyperparameters"]})
+                            json={"epsilon": 2.0, "hyperparameters": p["hyperparameters"], "idempotency_key": f"run-{n}"})
         statuses.append(r.status_code)
         if len(statuses) == 1:
             budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
