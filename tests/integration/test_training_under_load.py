@@ -44,13 +44,14 @@ def _reservations(db_url: str, run_id: int | None = None) -> int:
 @pytest.mark.timeout(600)
 def test_200_concurrent_trainings_on_a_small_pool_never_answer_5xx_after_a_charge(db_url, redis_url, tmp_path):
     """200 requests (keyed, so each answer maps to its run) from 40 threads against a pool of
-    one connection (plus one overflow; SQLite: a 50 ms busy timeout): a request either failed
+    one connection (plus one overflow; SQLite: a 1 s busy timeout, so that marking a charged run
+    enqueued meets a locked database too): a request either failed
     before anything was reserved (no run with its key) or its run is charged and it got 202.
     Every 25th request is sent twice without a key: the retry gets the same run, charged once."""
     create_dataset(db_url, cap=1e6)
     seed_ratings(db_url, "default", synthetic_ratings(n_users=50, n_items=20, n_ratings=300))
     dispose_engines()  # the app builds its engine from the small-pool settings below
-    client, admin, _ = _client(tmp_path, db_url, redis_url, db_pool_size=1, sqlite_busy_timeout_ms=50)
+    client, admin, _ = _client(tmp_path, db_url, redis_url, db_pool_size=1, sqlite_busy_timeout_ms=1000)
 
     def keyed(i: int) -> tuple[str, int, dict]:
         r = client.post(TRAININGS, headers=admin, json={"epsilon": 1.0 + i / 1000, "hyperparameters": HYPER,
