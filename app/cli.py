@@ -719,6 +719,18 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    """Replay the ledgers: every hash chain, stored spend and stored composed state (equal to the
+    replay, within its cap), one JSON line per account and person budget; exit 1 on any failure."""
+    from app.services.budget import verify_all
+
+    with _maker(_settings())() as session:
+        results = verify_all(session, dataset=args.dataset)
+    for result in results:
+        print(json.dumps(result))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     """Print the OpenAPI document the app serves, as YAML (``privrec openapi > openapi.yaml``)."""
     from app.main import openapi_yaml
@@ -862,6 +874,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("budget", help="print a data set's privacy budget")
     s.add_argument("--dataset")
     s.set_defaults(func=cmd_budget)
+
+    s = sub.add_parser("ledger", help="privacy ledger tools")
+    ledger_sub = s.add_subparsers(dest="ledger_command", required=True)
+    s = ledger_sub.add_parser("verify", help="replay the ledgers: hash chains, spends and composed states")
+    s.add_argument("--dataset", help="only this data set (and its person budget)")
+    s.set_defaults(func=cmd_ledger_verify)
 
     s = sub.add_parser("openapi", help="print the OpenAPI document as YAML")
     s.set_defaults(func=cmd_openapi)

@@ -4,10 +4,13 @@ Contract:
 
 * ``reserve`` runs inside the caller's transaction and first locks the budget account row
   (``SELECT ... FOR UPDATE`` on PostgreSQL; on SQLite every transaction is ``BEGIN IMMEDIATE``,
-  see ``app.db.session``), then composes *every* non-refunded reservation of the account plus
-  the new event with the dp_accounting RDP accountant and refuses (``BudgetExceeded``) when the
-  composed epsilon at the account's delta would exceed the cap. A reservation counts as spent
-  from the moment it is committed (fail closed: a vanished worker's reservation stays spent).
+  see ``app.db.session``), then composes the account's stored *composed state* (the RDP curve of
+  every non-refunded charge, :mod:`app.core.privacy.composition`) with the new event and refuses
+  (``BudgetExceeded``) when the composed epsilon at the account's delta would exceed the cap. The
+  state is updated in the same transaction as the entry, so a charge costs the same after ten
+  runs as after ten thousand; ``verify_chain`` replays the entries and checks it. A reservation
+  counts as spent from the moment it is committed (fail closed: a vanished worker's reservation
+  stays spent).
 * One reservation per training run (idempotency key = run id): a redelivered task or a repeated
   request returns the existing entry and never charges twice.
 * ``refund`` is allowed only for a failed run that persisted no output.
@@ -21,11 +24,12 @@ Contract:
   refused (409 ``relation_not_implied``); an add/remove event charged to a weaker account is
   converted by group privacy and the converted event is stored as ``parameters["charged_event"]``
   (``event`` stays the event as released, which the worker checks against its releases). The
-  conversion is a function of the entry's guarantee and the account's relation, so the spend is
-  always composed from it (an account migrated to a weaker relation by 0004 recomputes).
+  conversion is a function of the entry's guarantee and the account's relation, so the stored
+  state composes the converted events (migration 0010 computed it for ledgers written before).
 * A person, not a data set, is the unit: every account names a per-person budget
-  (``PersonBudget``, ``all`` by default). A charge composes the charged events of every account
-  of that budget (converted to its relation) plus the new one and is refused
+  (``PersonBudget``, ``all`` by default), which keeps its own composed state of the charged events
+  of every account of that budget (converted to its relation); a charge composes it with the new
+  event and is refused
   (``PersonBudgetExceeded``) above its cap, in the same transaction: the data set's account is
   locked first, then the person budget (``SELECT ... FOR NO KEY UPDATE`` on PostgreSQL; SQLite's
   write lock serialises everything), always in that order.
@@ -36,13 +40,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
 from dp_accounting import dp_event
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.privacy.accounting import (
@@ -50,15 +54,13 @@ from app.core.privacy.accounting import (
     GROUP_PRIVACY_NOTE,
     NEIGHBOURING_RELATION,
     Relation,
-    compose,
-    epsilon_pld,
-    epsilon_rdp,
     event_from_json,
     event_to_json,
     event_under,
     parse_relation,
     relation_implies,
 )
+from app.core.privacy.composition import Charge, ComposedState, charge
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, utcnow
 from app.db.session import is_postgres
 from app.errors import (
@@ -92,7 +94,6 @@ __all__ = [
     "lock_account",
     "account_for",
     "open_account",
-    "active_events",
     "charged_event",
     "recorded_charge",
     "account_relation",
@@ -100,12 +101,16 @@ __all__ = [
     "person_budget_named",
     "open_person_budget",
     "lock_person_budget",
-    "person_events",
+    "person_state",
     "person_spent",
+    "account_state",
+    "replay",
     "change_person_cap",
     "spent",
     "SpentReport",
     "reserve",
+    "ChargePreview",
+    "preview_charge",
     "commit",
     "refund",
     "record_cap_change",
@@ -114,6 +119,7 @@ __all__ = [
     "reservation_for",
     "ChainCheck",
     "verify_chain",
+    "verify_person_budget",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -247,7 +253,8 @@ def open_account(
             "does not imply it (name a person budget with a relation its data sets imply)",
             dataset=dataset.name, person_budget=pb.name, account_relation=pb.relation, event_relation=relation.value)
     acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant,
-                         relation=relation.value, person_budget_id=pb.id)
+                         relation=relation.value, person_budget_id=pb.id,
+                         composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
     session.add(acct)
     session.flush()
     _append(
@@ -297,7 +304,8 @@ def open_person_budget(
     if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
         raise PersonBudgetExists(f"person budget {name!r} exists", person_budget=name)
     pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
-                      history=[_history_row(actor, None, float(epsilon_cap), reason or "created")])
+                      history=[_history_row(actor, None, float(epsilon_cap), reason or "created")],
+                      composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
     session.add(pb)
     session.flush()
     return pb
@@ -320,24 +328,28 @@ def lock_person_budget(session: Session, person_budget_id: int) -> PersonBudget:
     return session.execute(stmt.execution_options(populate_existing=True)).scalar_one()
 
 
-def person_events(session: Session, person_budget: PersonBudget) -> list[dp_event.DpEvent]:
-    """Every charged event of every account of ``person_budget``, converted to its relation."""
-    rows = session.execute(
+def _person_entries(session: Session, person_budget: PersonBudget) -> list[LedgerEntry]:
+    """The charging entries (and refunds) of every account of ``person_budget``, in write order."""
+    return list(session.scalars(
         select(LedgerEntry)
         .join(BudgetAccount, BudgetAccount.id == LedgerEntry.account_id)
         .where(BudgetAccount.person_budget_id == person_budget.id,
                LedgerEntry.kind.in_([*CHARGED_KINDS, "refund"]))
-        .order_by(LedgerEntry.account_id, LedgerEntry.seq)
-    ).scalars().all()
-    refunded = {e.run_id for e in rows if e.kind == "refund"}
-    relation = parse_relation(person_budget.relation)
-    return [charged_event(e, relation) for e in rows
-            if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded)]
+        .order_by(LedgerEntry.id)
+    ))
+
+
+def person_state(session: Session, person_budget: PersonBudget) -> ComposedState:
+    """The stored composition of the person budget's charged events (replayed when none is stored)."""
+    stored = ComposedState.from_json(person_budget.composed_state)
+    if stored is not None:
+        return stored
+    return replay(_person_entries(session, person_budget), parse_relation(person_budget.relation))
 
 
 def person_spent(session: Session, person_budget: PersonBudget) -> SpentReport:
-    """The composed spend of a person budget at its delta (recomputed from every member's ledger)."""
-    return _spend_of(person_events(session, person_budget), person_budget.delta)
+    """The composed spend of a person budget at its delta, read from its stored state."""
+    return _report(person_budget, person_state(session, person_budget), person_budget.delta)
 
 
 def change_person_cap(
@@ -363,27 +375,72 @@ def change_person_cap(
     return pb
 
 
-def _check_person_budget(
+def _person_charge(
     session: Session, acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, guarantee: Relation
-) -> dict[str, Any]:
-    """Refuse ``event`` (stated under ``guarantee``) when the per-person bound would pass its cap;
-    else the parameters naming the person budget (its spend is composed when read)."""
+) -> tuple[PersonBudget, Charge]:
+    """Lock the person budget of ``acct`` and charge ``event`` (stated under ``guarantee``) to it;
+    ``PersonBudgetExceeded`` when its composed spend would pass its cap."""
     pb = lock_person_budget(session, acct.person_budget_id)
     try:
-        converted = event_under(event, guarantee, parse_relation(pb.relation))
+        result = charge(person_state(session, pb), event, guarantee=guarantee, account=parse_relation(pb.relation),
+                        delta=pb.delta, cap=pb.epsilon_cap, label=guarantee.value)
     except ValueError as exc:
         raise RelationRefused(str(exc), dataset=dataset.name, person_budget=pb.name,
                               account_relation=pb.relation, event_relation=guarantee.value) from exc
-    history = person_events(session, pb)
-    total = epsilon_rdp(compose(history + [converted]), pb.delta)
-    if not math.isfinite(total) or total > pb.epsilon_cap:
-        prior = epsilon_rdp(compose(history), pb.delta) if history else 0.0
+    if not result.fits:
         raise PersonBudgetExceeded(
-            dataset=dataset.name, person_budget=pb.name, prior_spent_epsilon=round_up(prior),
-            requested_epsilon=round_up(epsilon_rdp(converted, pb.delta)),
-            would_spend_epsilon=round_up(total) if math.isfinite(total) else float("inf"),
+            dataset=dataset.name, person_budget=pb.name, prior_spent_epsilon=round_up(result.epsilon_before),
+            requested_epsilon=round_up(result.epsilon_alone), would_spend_epsilon=_reported(result.epsilon_after),
             epsilon_cap=pb.epsilon_cap, delta=pb.delta)
-    return {"person_budget": pb.name}
+    return pb, result
+
+
+def _reported(epsilon: float) -> float:
+    return round_up(epsilon) if math.isfinite(epsilon) else float("inf")
+
+
+# ----------------------------------------------------------------------------- composed states
+def replay(entries: Iterable[LedgerEntry], relation: Relation) -> ComposedState:
+    """The composed state of ``entries`` (in order) charged under ``relation``: local guarantees and
+    reservations added, a refunded reservation removed. ``entries`` need not be attached to a session."""
+    state = ComposedState()
+    reserved: dict[int | None, tuple[dp_event.DpEvent, str | None]] = {}
+    for entry in entries:
+        if entry.kind in CHARGED_KINDS:
+            event, label = charged_event(entry, relation), _label(entry)
+            if entry.kind == "reservation":
+                reserved[entry.run_id] = (event, label)
+            state = state.add(event, label)
+        elif entry.kind == "refund" and entry.run_id in reserved:
+            state = state.remove(*reserved.pop(entry.run_id))
+    return state
+
+
+def _label(entry: LedgerEntry) -> str | None:
+    """What an entry counts under in a state's labels: its guarantee's relation when it costs anything."""
+    return _entry_relation(entry).value if (entry.epsilon or 0.0) > 0 else None
+
+
+def account_state(session: Session, account: BudgetAccount) -> ComposedState:
+    """The stored composition of the account's charged events (replayed when none is stored)."""
+    stored = ComposedState.from_json(account.composed_state)
+    if stored is not None:
+        return stored
+    return replay(_entries(session, account.id, (*CHARGED_KINDS, "refund")), account_relation(account))
+
+
+def _store_state(row: BudgetAccount | PersonBudget, state: ComposedState, delta: float) -> float:
+    """Write ``state`` (and its PLD epsilon at ``delta``) on the locked ``row``; return that epsilon."""
+    pld = state.epsilon_pld(delta)
+    row.composed_state = {**state.to_json(), "epsilon_pld": pld if math.isfinite(pld) else None}
+    return pld
+
+
+def _report(row: BudgetAccount | PersonBudget, state: ComposedState, delta: float) -> SpentReport:
+    cached = (row.composed_state or {}).get("epsilon_pld")
+    stored = ComposedState.from_json(row.composed_state)
+    pld = float(cached) if cached is not None and stored == state else state.epsilon_pld(delta)
+    return SpentReport(state.epsilon_rdp(delta), pld, state.n_events)
 
 
 # ----------------------------------------------------------------------------- spending
@@ -395,18 +452,6 @@ def _entries(session: Session, account_id: int, kinds: Sequence[str]) -> list[Le
             .order_by(LedgerEntry.seq)
         )
     )
-
-
-def _charged_events(
-    entries: Sequence[LedgerEntry], refunded_runs: set[int | None], relation: Relation
-) -> list[dp_event.DpEvent]:
-    """Events of the charged entries (local guarantees, reservations not in ``refunded_runs``),
-    each as charged under ``relation``."""
-    return [
-        charged_event(e, relation)
-        for e in entries
-        if e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded_runs)
-    ]
 
 
 def charged_event(entry: LedgerEntry, relation: Relation) -> dp_event.DpEvent:
@@ -427,31 +472,17 @@ def _released_event(entry: LedgerEntry) -> dict[str, Any]:
     return entry.event
 
 
-def active_events(session: Session, account_id: int) -> list[dp_event.DpEvent]:
-    """Events of every local guarantee and every reservation that was not refunded, in ledger order,
-    as charged under the account's relation."""
-    acct = session.get(BudgetAccount, account_id)
-    if acct is None:
-        raise NoBudgetAccount(f"no budget account {account_id}")
-    entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
-    refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return _charged_events(entries, refunded, account_relation(acct))
-
-
 def charged_relations(session: Session, account_id: int) -> list[str]:
     """The distinct neighbouring relations of the entries that cost budget (non-zero, not refunded).
 
     The ledger composes every charged event into one spend; that figure protects users only in
     the weakest of these senses (e.g. randomised response hides vote values, not which items a
-    user voted on), which the budget view shows next to it.
+    user voted on), which the budget view shows next to it. Read from the stored state.
     """
-    entries = _entries(session, account_id, (*CHARGED_KINDS, "refund"))
-    refunded = {e.run_id for e in entries if e.kind == "refund"}
-    return sorted({
-        _entry_relation(e).value
-        for e in entries
-        if (e.kind == "local" or (e.kind == "reservation" and e.run_id not in refunded)) and (e.epsilon or 0.0) > 0
-    })
+    acct = session.get(BudgetAccount, account_id)
+    if acct is None:
+        raise NoBudgetAccount(f"no budget account {account_id}")
+    return sorted(label for label, n in account_state(session, acct).label_counts().items() if n > 0)
 
 
 def _entry_relation(entry: LedgerEntry) -> Relation:
@@ -472,34 +503,13 @@ class SpentReport:
     n_events: int
 
 
-def _spend_of(events: Sequence[dp_event.DpEvent], delta: float) -> SpentReport:
-    if not events:
-        return SpentReport(0.0, 0.0, 0)
-    total = compose(events)
-    return SpentReport(epsilon_rdp(total, delta), epsilon_pld(total, delta), len(events))
-
-
 def spent(session: Session, account: BudgetAccount, *, recompute: bool = False) -> SpentReport:
-    """The account's composed spend: from the last entry, or recomputed from all events (always
-    for an account under a weaker relation than add/remove: migration 0004 may have weakened it
-    after its entries stored their spends)."""
-    if recompute or account_relation(account) != Relation.ADD_OR_REMOVE_ONE_USER:
-        return _spend_of(active_events(session, account.id), account.delta)
-    last = _last_entry(session, account.id)
-    n = session.scalar(
-        select(func.count()).select_from(LedgerEntry).where(
-            LedgerEntry.account_id == account.id, LedgerEntry.kind.in_(CHARGED_KINDS)
-        )
-    ) or 0
-    n_refunds = session.scalar(
-        select(func.count()).select_from(LedgerEntry).where(
-            LedgerEntry.account_id == account.id, LedgerEntry.kind == "refund"
-        )
-    ) or 0
-    if last is None:
-        return SpentReport(0.0, 0.0, 0)
-    pld = last.spent_pld if last.spent_pld is not None else last.spent_rdp
-    return SpentReport(last.spent_rdp, pld, int(n - n_refunds))
+    """The account's composed spend: read from its stored state (constant time), or with
+    ``recompute`` replayed from every charging entry of its ledger."""
+    if recompute:
+        state = replay(_entries(session, account.id, (*CHARGED_KINDS, "refund")), account_relation(account))
+        return SpentReport(state.epsilon_rdp(account.delta), state.epsilon_pld(account.delta), state.n_events)
+    return _report(account, account_state(session, account), account.delta)
 
 
 def reservation_for(session: Session, run_id: int) -> LedgerEntry | None:
@@ -527,13 +537,14 @@ def reserve(
 ) -> LedgerEntry:
     """Reserve ``event`` for training run ``run_id`` against the data set's budget.
 
-    Locks the account, composes all non-refunded reservations plus ``event`` (RDP at the
-    account's delta) and appends a ``reservation`` entry, or raises ``BudgetExceeded``.
-    Idempotent per run: an existing reservation is returned unchanged. Does not commit.
+    Locks the account, composes its stored state with ``event`` (RDP at the account's delta; then
+    the person budget's, locked after it) and appends a ``reservation`` entry, or raises
+    ``BudgetExceeded``. Idempotent per run: an existing reservation is returned unchanged. The
+    entry's ``epsilon`` is the run alone as charged to the account. Does not commit.
     """
     event_json = event_to_json(event)  # validates the event (and that it is serialisable)
     acct = lock_account(session, dataset.id)
-    _charged_under(acct, dataset, event, parameters)  # refuses a relation the account cannot take
+    _guarantee(acct, dataset, parameters)  # refuses a relation the account cannot take
     if _run_entry(session, run_id, "refund") is not None:
         raise RunRefunded(f"training run {run_id} was refunded and cannot reserve again")
     existing = reservation_for(session, run_id)
@@ -558,29 +569,33 @@ def _charge(
     run_id: int | None = None,
     reason: str | None = None,
 ) -> LedgerEntry:
-    """Cap-check the composition of the charged history plus ``event`` and append the entry
-    (the caller holds the account lock). ``BudgetExceeded`` when the total would pass the cap;
+    """Charge ``event`` to the account (locked by the caller) and to its person budget by
+    :func:`app.core.privacy.composition.charge`, append the entry and store both composed states,
+    all in the caller's transaction. ``BudgetExceeded`` when a total would pass its cap;
     ``RelationRefused`` when the event's relation does not imply the account's."""
-    released = event
-    event, relation_parameters = _charged_under(acct, dataset, event, parameters)
-    parameters = {**dict(parameters), **relation_parameters}
-    history = active_events(session, acct.id)
-    alone = epsilon_rdp(event, acct.delta)
-    total_event = compose(history + [event])
-    total_rdp = epsilon_rdp(total_event, acct.delta)
-    if not math.isfinite(total_rdp) or total_rdp > acct.epsilon_cap:
-        prior = epsilon_rdp(compose(history), acct.delta) if history else 0.0
+    guarantee = _guarantee(acct, dataset, parameters)
+    account = account_relation(acct)
+    try:
+        result = charge(account_state(session, acct), event, guarantee=guarantee, account=account,
+                        delta=acct.delta, cap=acct.epsilon_cap, label=guarantee.value)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=account.value,
+                              event_relation=guarantee.value) from exc
+    if not result.fits:
         raise BudgetExceeded(
             dataset=dataset.name,
-            prior_spent_epsilon=round_up(prior),
-            requested_epsilon=round_up(alone),
-            would_spend_epsilon=round_up(total_rdp) if math.isfinite(total_rdp) else float("inf"),
+            prior_spent_epsilon=round_up(result.epsilon_before),
+            requested_epsilon=round_up(result.epsilon_alone),
+            would_spend_epsilon=_reported(result.epsilon_after),
             epsilon_cap=acct.epsilon_cap,
             delta=acct.delta,
         )
-    guarantee = parse_relation(relation_parameters["neighbouring_relation"])
-    parameters.update(_check_person_budget(session, acct, dataset, released, guarantee))
-    total_pld = epsilon_pld(total_event, acct.delta)
+    person, person_result = _person_charge(session, acct, dataset, event, guarantee)
+    relation_parameters: dict[str, Any] = {"neighbouring_relation": guarantee.value, "charged_relation": account.value}
+    if result.converted:
+        relation_parameters.update(charged_event=event_to_json(result.event), conversion=GROUP_PRIVACY_NOTE)
+    total_pld = _store_state(acct, result.state_after, acct.delta)
+    _store_state(person, person_result.state_after, person.delta)
     return _append(
         session,
         acct,
@@ -588,18 +603,49 @@ def _charge(
         run_id=run_id,
         actor=actor,
         event=event_json,
-        parameters={**base_parameters(acct.relation), **dict(parameters)},
-        epsilon=alone,
-        spent_rdp=total_rdp,
+        parameters={**base_parameters(acct.relation), **dict(parameters), **relation_parameters,
+                    "person_budget": person.name},
+        epsilon=result.epsilon_alone,
+        spent_rdp=result.epsilon_after,
         spent_pld=total_pld,
         reason=reason,
     )
 
 
-def _charged_under(
-    acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any]
-) -> tuple[dp_event.DpEvent, dict[str, Any]]:
-    """(event as charged to the account, parameters naming the relations and any conversion)."""
+@dataclass(frozen=True)
+class ChargePreview:
+    """What charging an event would do to a data set's account and to its person budget (nothing
+    locked, nothing written): the projection's view of exactly the computation a charge makes."""
+
+    account: Charge
+    person: Charge
+    person_budget: PersonBudget
+    account_state: ComposedState
+    person_state: ComposedState
+
+
+def preview_charge(session: Session, dataset: Dataset, event: dp_event.DpEvent,
+                   parameters: Mapping[str, Any]) -> ChargePreview:
+    """:func:`app.core.privacy.composition.charge` on the data set's account and its person budget,
+    from their stored states, as :func:`reserve` would run it (``RelationRefused`` likewise)."""
+    acct = account_for(session, dataset.id)
+    guarantee = _guarantee(acct, dataset, parameters)
+    pb = acct.person_budget
+    own, person = account_state(session, acct), person_state(session, pb)
+    try:
+        account_charge = charge(own, event, guarantee=guarantee, account=account_relation(acct),
+                                delta=acct.delta, cap=acct.epsilon_cap)
+        person_charge = charge(person, event, guarantee=guarantee, account=parse_relation(pb.relation),
+                               delta=pb.delta, cap=pb.epsilon_cap)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=acct.relation,
+                              event_relation=guarantee.value) from exc
+    return ChargePreview(account_charge, person_charge, pb, own, person)
+
+
+def _guarantee(acct: BudgetAccount, dataset: Dataset, parameters: Mapping[str, Any]) -> Relation:
+    """The relation ``parameters`` state the guarantee under; ``RelationRefused`` unless it implies
+    the account's."""
     guarantee = _parse_or_invalid(parameters.get("neighbouring_relation", NEIGHBOURING_RELATION))
     account = account_relation(acct)
     if not relation_implies(guarantee, account):
@@ -608,24 +654,7 @@ def _charged_under(
             f"{guarantee.value} does not imply it (declare the weaker relation when creating a data set "
             "for such runs)",
             dataset=dataset.name, account_relation=account.value, event_relation=guarantee.value)
-    extra: dict[str, Any] = {"neighbouring_relation": guarantee.value, "charged_relation": account.value}
-    if guarantee == account:
-        return event, extra
-    try:
-        charged = event_under(event, guarantee, account)
-    except ValueError as exc:
-        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=account.value,
-                              event_relation=guarantee.value) from exc
-    if charged is not event:
-        extra.update(charged_event=event_to_json(charged), conversion=GROUP_PRIVACY_NOTE)
-    return charged, extra
-
-
-def event_as_charged(acct: BudgetAccount, dataset: Dataset, event: dp_event.DpEvent,
-                     parameters: Mapping[str, Any]) -> dp_event.DpEvent:
-    """What ``event`` (stated under ``parameters``' relation) would cost this account: converted
-    to the account's relation, or RelationRefused — exactly as a reservation charges it."""
-    return _charged_under(acct, dataset, event, parameters)[0]
+    return guarantee
 
 
 def record_local_guarantee(
@@ -680,19 +709,23 @@ def commit(
 def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reason: str) -> LedgerEntry | None:
     """Release run ``run_id``'s reservation. Only for a failed run with no persisted output:
     the caller guarantees that (``app.services.training``); a committed run is refused.
-    Idempotent; returns ``None`` when the run never reserved anything. Does not commit."""
+    Idempotent; returns ``None`` when the run never reserved anything. The run's charge is taken
+    out of the account's and the person budget's stored states. Does not commit."""
     acct = lock_account(session, dataset.id)
     existing = _run_entry(session, run_id, "refund")
     if existing is not None:
         return existing
-    if reservation_for(session, run_id) is None:
+    res = reservation_for(session, run_id)
+    if res is None:
         return None
     if _run_entry(session, run_id, "commit") is not None:
         raise RunPublished(f"training run {run_id} was published; its charge cannot be refunded")
-    # compose what stays charged once this run's reservation is released
-    entries = _entries(session, acct.id, (*CHARGED_KINDS, "refund"))
-    gone = {e.run_id for e in entries if e.kind == "refund"} | {run_id}
-    after = _spend_of(_charged_events(entries, gone, account_relation(acct)), acct.delta)
+    after = account_state(session, acct).remove(charged_event(res, account_relation(acct)), _label(res))
+    person = lock_person_budget(session, acct.person_budget_id)
+    person_after = person_state(session, person).remove(charged_event(res, parse_relation(person.relation)),
+                                                        _label(res))
+    total_pld = _store_state(acct, after, acct.delta)
+    _store_state(person, person_after, person.delta)
     return _append(
         session,
         acct,
@@ -701,8 +734,8 @@ def refund(session: Session, *, dataset: Dataset, run_id: int, actor: str, reaso
         actor=actor,
         parameters=base_parameters(acct.relation),
         reason=reason,
-        spent_rdp=after.epsilon_rdp,
-        spent_pld=after.epsilon_pld,
+        spent_rdp=after.epsilon_rdp(acct.delta),
+        spent_pld=total_pld,
     )
 
 
@@ -742,7 +775,7 @@ def record_cap_change(
 # ----------------------------------------------------------------------------- verification
 @dataclass(frozen=True)
 class ChainCheck:
-    """Result of :func:`verify_chain`."""
+    """Result of :func:`verify_chain` and :func:`verify_person_budget`."""
 
     ok: bool
     n_entries: int
@@ -751,10 +784,13 @@ class ChainCheck:
 
 
 def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = False) -> ChainCheck:
-    """Recompute every hash of the account's chain (and optionally every composed spend)."""
+    """Recompute every hash of the account's chain; with ``recompute_spend`` also every entry's
+    stored spend (a replay of the charges as recorded) and the account's stored composed state
+    (a replay under its relation), which must equal the replay and lie within the cap."""
     entries = list(session.scalars(select(LedgerEntry).where(LedgerEntry.account_id == account_id).order_by(LedgerEntry.seq)))
     prev = GENESIS_HASH
-    events: dict[tuple[str, int | None], dp_event.DpEvent] = {}  # ("run", run id) or ("local", seq)
+    recorded = ComposedState()
+    reserved: dict[int | None, tuple[dp_event.DpEvent, str | None]] = {}
     for expected_seq, entry in enumerate(entries, start=1):
         if entry.seq != expected_seq:
             return ChainCheck(False, len(entries), entry.seq, f"sequence gap: expected {expected_seq}")
@@ -763,14 +799,50 @@ def verify_chain(session: Session, account_id: int, *, recompute_spend: bool = F
         if compute_hash(entry_content(entry), prev) != entry.hash:
             return ChainCheck(False, len(entries), entry.seq, "hash does not match the entry's content")
         if recompute_spend and entry.kind in (*CHARGED_KINDS, "refund"):
-            if entry.kind == "reservation":
-                events[("run", entry.run_id)] = recorded_charge(entry)
-            elif entry.kind == "local":
-                events[("local", entry.seq)] = recorded_charge(entry)
-            else:
-                events.pop(("run", entry.run_id), None)
-            expected = _spend_of(list(events.values()), entry.delta).epsilon_rdp
-            if not math.isclose(expected, entry.spent_rdp, rel_tol=1e-9, abs_tol=1e-12):
+            if entry.kind in CHARGED_KINDS:
+                event, label = recorded_charge(entry), _label(entry)
+                if entry.kind == "reservation":
+                    reserved[entry.run_id] = (event, label)
+                recorded = recorded.add(event, label)
+            elif entry.run_id in reserved:
+                recorded = recorded.remove(*reserved.pop(entry.run_id))
+            if not math.isclose(recorded.epsilon_rdp(entry.delta), entry.spent_rdp, rel_tol=1e-9, abs_tol=1e-12):
                 return ChainCheck(False, len(entries), entry.seq, "stored spend differs from the composed events")
         prev = entry.hash
+    if recompute_spend:
+        acct = session.get(BudgetAccount, account_id)
+        if acct is None:
+            raise NoBudgetAccount(f"no budget account {account_id}")
+        relation = account_relation(acct)
+        # under the strongest relation nothing is converted: the charges as recorded are the replay
+        replayed = recorded if relation == Relation.ADD_OR_REMOVE_ONE_USER else replay(entries, relation)
+        problem = _state_problem(acct, replayed, acct.delta, acct.epsilon_cap)
+        if problem is not None:
+            return ChainCheck(False, len(entries), None, problem)
     return ChainCheck(True, len(entries))
+
+
+def verify_person_budget(session: Session, person_budget: PersonBudget) -> ChainCheck:
+    """Replay every charge of the person budget's data sets and check its stored composed state:
+    equal to the replay and within its cap."""
+    entries = _person_entries(session, person_budget)
+    replayed = replay(entries, parse_relation(person_budget.relation))
+    problem = _state_problem(person_budget, replayed, person_budget.delta, person_budget.epsilon_cap)
+    return ChainCheck(problem is None, len(entries), None, problem)
+
+
+def _state_problem(row: BudgetAccount | PersonBudget, replayed: ComposedState, delta: float,
+                   cap: float) -> str | None:
+    """Why ``row``'s stored state is wrong (differs from ``replayed``, or is over ``cap``), or None."""
+    stored = ComposedState.from_json(row.composed_state)
+    if stored is None:
+        return "no stored composed state (or one on another RDP order grid)"
+    differences = stored.differences(replayed)
+    if differences:
+        return f"stored composed state differs from the replay: {', '.join(differences)}"
+    cached = (row.composed_state or {}).get("epsilon_pld")
+    if cached is None or not math.isclose(float(cached), replayed.epsilon_pld(delta), rel_tol=1e-9, abs_tol=1e-12):
+        return "stored PLD epsilon differs from the replay"
+    if replayed.epsilon_rdp(delta) > cap:
+        return "the composed spend is above the cap"
+    return None

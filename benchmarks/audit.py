@@ -463,7 +463,7 @@ def run(quick: bool) -> list[dict]:
 
 
 def markdown_table(audits: dict[str, list[ReleaseAudit]]) -> str:
-    """The audit table of ``docs/benchmarks-audit.md``: release × claimed ε × lower bounds."""
+    """The audit table of ``docs/benchmarks.md``: release × claimed ε × lower bounds."""
     lines = ["| algorithm | release | claimed ε | lower bound, honest | lower bound, noise off | "
              "correct / guesses (noise off) | canaries |", "|---|---|---|---|---|---|---|"]
     for algorithm, results in audits.items():

@@ -63,6 +63,7 @@ SUITES: dict[str, str] = {
     "quality-defaults": "benchmarks.quality_defaults",
     "audit": "benchmarks.audit",
     "cli": "benchmarks.cli",
+    "ledger": "benchmarks.ledger",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -222,6 +222,9 @@ class PersonBudget(Base):
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user")
     # audited cap changes: [{"at", "actor", "old_cap", "new_cap", "reason"}]
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # the composition of every member's charged events (app.core.privacy.composition.ComposedState),
+    # updated in the transaction of each charge; ``privrec ledger verify`` replays it
+    composed_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
@@ -247,6 +250,9 @@ class BudgetAccount(Base):
                                           server_default="add_or_remove_one_user")
     # the per-person bound this data set's events also count against
     person_budget_id: Mapped[int] = mapped_column(ForeignKey("person_budgets.id", ondelete="RESTRICT"))
+    # the composition of its charged events (app.core.privacy.composition.ComposedState), updated in
+    # the transaction of each ledger entry that changes it; ``privrec ledger verify`` replays it
+    composed_state: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 

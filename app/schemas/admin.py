@@ -74,7 +74,15 @@ class BudgetOut(BaseModel):
     accountant: str
     spent_epsilon_rdp: float = Field(description="Composed spend by the RDP accountant (rounded up).")
     spent_epsilon_pld: float | None = Field(description="Composed spend by the PLD accountant (rounded up).")
-    remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
+    remaining_epsilon: float = Field(description=(
+        "Cap minus spend (rounded down, >= 0) for every cap that applies: the smaller of the data set's "
+        "and its person budget's (`person_budget.remaining_epsilon`); `binding_cap` names the one. "
+        "Composition is not additive: the projection says what a run actually costs."))
+    dataset_remaining_epsilon: float | None = Field(default=None, description=(
+        "The data set's own cap minus its own spend (rounded down, >= 0)."))
+    binding_cap: Literal["dataset", "person_budget"] | None = Field(default=None, description=(
+        "The cap with less room left: `dataset` (this data set's) or `person_budget` (the per-person "
+        "budget it counts against)."))
     runs: dict[str, int] = Field(description="Training runs by status (private admin view: exact counts).")
     n_entries: int = 0
     n_charged_runs: int = 0
@@ -291,10 +299,22 @@ class ProjectionOut(BaseModel):
     composed_epsilon_rdp: float = Field(description=(
         "A run at `epsilon` composes to this total (RDP, rounded up): not `spent + epsilon`."))
     composed_epsilon_pld: float = Field(description="The same total by the PLD accountant (reported beside).")
-    fits: bool = Field(description="Whether the composed total stays within the cap.")
+    fits: bool = Field(description="Whether the composed totals stay within every cap (data set and person budget).")
     affordable_runs: int | None = Field(description=(
-        "How many runs at `epsilon` the cap still allows (null: the run costs nothing)."))
+        "How many runs at `epsilon` every cap that applies still allows: the least over the data set's "
+        "cap and its person budget's (null: the run costs nothing)."))
     affordable_runs_capped: bool = Field(description="True when the count was cut at 10,000.")
+    binding_cap: Literal["dataset", "person_budget"] | None = Field(default=None, description=(
+        "The cap that limits `affordable_runs`: `dataset` (this data set's cap) or `person_budget` (the "
+        "per-person budget it counts against); on a tie, the one with less room after one more run. "
+        "Null when the run costs nothing."))
+    person_budget: str | None = Field(default=None, description="The per-person budget the data set counts against.")
+    person_epsilon_cap: float | None = Field(default=None, description="Its cap.")
+    person_delta: float | None = Field(default=None, description="The delta its epsilons are stated at.")
+    person_spent_epsilon_rdp: float | None = Field(default=None, description=(
+        "Its composed spend over all its data sets so far (RDP, rounded up)."))
+    person_composed_epsilon_rdp: float | None = Field(default=None, description=(
+        "Its composed spend with one more run at `epsilon` (RDP, rounded up), under its relation."))
 
 
 class LedgerCheckOut(BaseModel):

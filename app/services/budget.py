@@ -30,6 +30,7 @@ __all__ = [
     "list_ledger",
     "ledger_entry_out",
     "verify_ledger",
+    "verify_all",
 ]
 
 
@@ -50,7 +51,8 @@ class PersonBudgetView:
 
 @dataclass(frozen=True)
 class BudgetView:
-    """A data set's budget; epsilons rounded conservatively (spent up, remaining down)."""
+    """A data set's budget; epsilons rounded conservatively (spent up, remaining down).
+    ``remaining_epsilon`` is the least over every cap that applies; ``binding_cap`` names it."""
 
     dataset: str
     epsilon_cap: float
@@ -66,6 +68,8 @@ class BudgetView:
     neighbouring_relation: str = "add_or_remove_one_user"  # the account's: every number above holds under it
     neighbouring_relations: list[str] = field(default_factory=list)  # of the entries that cost budget
     person_budget: PersonBudgetView | None = None  # the per-person bound this data set counts against
+    dataset_remaining_epsilon: float | None = None  # the data set's own cap minus its own spend
+    binding_cap: str | None = None  # "dataset" or "person_budget": which remaining_epsilon is
 
 
 def ensure_dataset(
@@ -117,10 +121,11 @@ def _account(session: Session, ds: Dataset) -> BudgetAccount:
 
 
 def get_budget(session: Session, *, dataset: str) -> BudgetView:
-    """Cap, delta, spent (RDP and PLD), remaining and run counts of a data set."""
+    """Cap, delta, spent (RDP and PLD), remaining under every cap and run counts of a data set (read
+    from the stored composed states: no composition)."""
     ds = get_dataset(session, dataset)
     acct = _account(session, ds)
-    rep = ledger.spent(session, acct)  # recomputed for a weaker relation (see ledger.spent)
+    rep = ledger.spent(session, acct)
     counts = dict(
         session.execute(
             select(TrainingRun.status, func.count()).where(TrainingRun.dataset_id == ds.id).group_by(TrainingRun.status)
@@ -129,6 +134,9 @@ def get_budget(session: Session, *, dataset: str) -> BudgetView:
     n_entries = session.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.account_id == acct.id)) or 0
     n_local = session.scalar(select(func.count()).select_from(LedgerEntry).where(
         LedgerEntry.account_id == acct.id, LedgerEntry.kind == "local")) or 0
+    own_remaining = ledger.remaining(acct.epsilon_cap, rep.epsilon_rdp)
+    person = _person_view(session, acct.person_budget)
+    binding = "dataset" if own_remaining <= person.remaining_epsilon else "person_budget"
     return BudgetView(
         dataset=ds.name,
         epsilon_cap=acct.epsilon_cap,
@@ -136,14 +144,16 @@ def get_budget(session: Session, *, dataset: str) -> BudgetView:
         accountant=acct.accountant,
         spent_epsilon_rdp=ledger.round_up(rep.epsilon_rdp),
         spent_epsilon_pld=ledger.round_up(rep.epsilon_pld),
-        remaining_epsilon=ledger.remaining(acct.epsilon_cap, rep.epsilon_rdp),
+        remaining_epsilon=min(own_remaining, person.remaining_epsilon),
+        dataset_remaining_epsilon=own_remaining,
+        binding_cap=binding,
         runs={k: int(counts.get(k, 0)) for k in ("queued", "running", "succeeded", "failed")},
         n_entries=int(n_entries),
         n_charged_runs=rep.n_events - int(n_local),
         n_local_guarantees=int(n_local),
         neighbouring_relation=ledger.account_relation(acct).value,
         neighbouring_relations=ledger.charged_relations(session, acct.id),
-        person_budget=_person_view(session, acct.person_budget),
+        person_budget=person,
     )
 
 
@@ -240,3 +250,19 @@ def verify_ledger(session: Session, *, dataset: str, recompute_spend: bool = Fal
     ds = get_dataset(session, dataset)
     check = ledger.verify_chain(session, _account(session, ds).id, recompute_spend=recompute_spend)
     return {"dataset": ds.name, "ok": check.ok, "n_entries": check.n_entries, "bad_seq": check.bad_seq, "reason": check.reason}
+
+
+def verify_all(session: Session, *, dataset: str | None = None) -> list[dict[str, Any]]:
+    """Replay every ledger (or ``dataset``'s) and check its hash chain, every stored spend and its
+    stored composed state; then every person budget's (or ``dataset``'s) stored state. One result
+    per account and per person budget."""
+    names = [dataset] if dataset is not None else list(session.scalars(select(Dataset.name).order_by(Dataset.name)))
+    out = [verify_ledger(session, dataset=name, recompute_spend=True) for name in names]
+    if dataset is not None:
+        budgets = [_account(session, get_dataset(session, dataset)).person_budget]
+    else:
+        budgets = list(session.scalars(select(PersonBudget).order_by(PersonBudget.name)))
+    for pb in budgets:
+        check = ledger.verify_person_budget(session, pb)
+        out.append({"person_budget": pb.name, "ok": check.ok, "n_entries": check.n_entries, "reason": check.reason})
+    return out

@@ -60,3 +60,31 @@ def test_projection_on_a_weaker_account_is_the_converted_charge(env: Env) -> Non
     assert abs(budget["spent_epsilon_rdp"] - p["composed_epsilon_rdp"]) <= 1e-6
     run = c.get(f"/v1/admin/trainings/{r.json()['run_id']}", headers=h).json()
     assert abs(run["epsilon_charged"] - p["run_epsilon_rdp"]) <= 1e-6  # the run's ε names the account's relation
+
+
+def test_projection_names_the_person_budget_when_it_binds_and_the_ledger_honours_its_count(env: Env) -> None:
+    """A data set with a larger cap than its person budget: the projection, `remaining_epsilon` and
+    the affordable count compose both caps, name the person budget as binding, and the ledger then
+    accepts exactly that many runs."""
+    c, h = env.client, env.admin
+    assert c.put("/v1/admin/person-budgets/small", headers=h,
+                 json={"epsilon_cap": 3.0, "delta": 1e-6}).status_code == 200
+    r = c.post("/v1/admin/datasets", headers=h, json={
+        "name": "big", "rating_min": 1.0, "rating_max": 5.0, "epsilon_cap": 50.0, "delta": 1e-6,
+        "person_budget": "small"})
+    assert r.status_code == 201, r.text
+    add_items(env, 5, dataset="big")
+    p = c.get("/v1/admin/datasets/big/budget/projection?epsilon=1", headers=h).json()
+    assert p["binding_cap"] == "person_budget" and p["person_budget"] == "small"
+    assert p["person_epsilon_cap"] == 3.0 and p["epsilon_cap"] == 50.0
+    k = p["affordable_runs"]
+    assert k is not None and 1 <= k < 10 and not p["affordable_runs_capped"] and p["fits"]
+    b = c.get("/v1/admin/datasets/big/budget", headers=h).json()
+    assert b["binding_cap"] == "person_budget" and b["remaining_epsilon"] == b["person_budget"]["remaining_epsilon"]
+    assert b["dataset_remaining_epsilon"] == 50.0
+    statuses = [c.post("/v1/admin/datasets/big/trainings", headers=h, json={"epsilon": 1.0}).status_code
+                for _ in range(k + 1)]
+    assert statuses == [202] * k + [409]
+    after = c.get("/v1/admin/datasets/big/budget/projection?epsilon=1", headers=h).json()
+    assert after["affordable_runs"] == 0 and not after["fits"] and after["binding_cap"] == "person_budget"
+    assert after["composed_epsilon_rdp"] <= 50.0 < after["epsilon_cap"] + 1  # the data set's own cap still fits

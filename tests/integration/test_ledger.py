@@ -5,12 +5,16 @@ from __future__ import annotations
 import threading
 
 import pytest
+from alembic import command
 from sqlalchemy import select, text
 
-from app import ledger
-from app.core.privacy.accounting import compose, epsilon_rdp, gaussian
+from app import cli, ledger
+from app.config import reset_settings_cache
+from app.core.privacy.accounting import compose, epsilon_pld, epsilon_rdp, gaussian
+from app.core.privacy.composition import ComposedState
+from app.db.migrate import alembic_config, upgrade_head
 from app.db.models import LedgerEntry, TrainingRun
-from app.db.session import session_scope
+from app.db.session import dispose_engines, session_scope
 from app.errors import BudgetExceeded, CapChangeRefused, Conflict, InvalidRequest
 from app.services import budget
 from tests.integration.platform_helpers import create_dataset
@@ -286,3 +290,137 @@ def test_concurrent_processes_on_two_data_sets_never_overspend_the_person(db_url
     with session_scope(db_url) as s:
         pb = ledger.person_budget_named(s, "all")
         assert ledger.person_spent(s, pb).epsilon_rdp <= cap and ledger.person_spent(s, pb).n_events == k
+
+
+# ----------------------------------------------------------------------------- stored composed state
+def _states_match_replay(s, name: str = "default") -> None:
+    """The account's and its person budget's stored states equal a replay of the ledger, and
+    every check of ``ledger verify`` passes."""
+    acct = ledger.account_for(s, budget.get_dataset(s, name).id)
+    stored = ComposedState.from_json(acct.composed_state)
+    replayed = ledger.replay(s.scalars(select(LedgerEntry).where(LedgerEntry.account_id == acct.id)
+                                       .order_by(LedgerEntry.seq)), ledger.account_relation(acct))
+    assert stored is not None and stored.differences(replayed) == []
+    assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+    assert ledger.verify_person_budget(s, acct.person_budget).ok
+
+
+def test_stored_state_equals_a_full_replay_after_many_appends(db_url):
+    """Forty reservations of mixed events (and refunds between them): the stored state is what a
+    replay composes, and its epsilon is what the library's accountant gives for the whole history."""
+    create_dataset(db_url, cap=1000.0, delta=DELTA)
+    multipliers = [Z + (k % 7) for k in range(40)]
+    runs = [_reserve(db_url, z=z) for z in multipliers]
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        for run_id in runs[5:40:9]:
+            ledger.refund(s, dataset=ds, run_id=run_id, actor="tester", reason="failed before any read")
+    kept = [z for k, z in enumerate(multipliers) if k not in range(5, 40, 9)]
+    with session_scope(db_url) as s:
+        _states_match_replay(s)
+        acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
+        exact = epsilon_rdp(compose([gaussian(z) for z in kept]), DELTA)
+        stored = ledger.spent(s, acct)
+        assert stored.n_events == len(kept)
+        assert exact <= stored.epsilon_rdp <= exact * (1 + 1e-12)  # never below the composition
+        assert stored.epsilon_pld == pytest.approx(epsilon_pld(compose([gaussian(z) for z in kept]), DELTA), rel=1e-3)
+        person = ledger.person_spent(s, acct.person_budget)
+        assert exact <= person.epsilon_rdp <= exact * (1 + 1e-12)
+
+
+def test_stored_state_equals_a_replay_after_concurrent_reservations(db_url):
+    """Threads reserving on two data sets of one person budget at once: both accounts' states and
+    the person budget's equal their replays."""
+    create_dataset(db_url, "a", cap=100.0, delta=DELTA)
+    create_dataset(db_url, "b", cap=100.0, delta=DELTA)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def attempt(name: str, z: float) -> None:
+        barrier.wait()
+        try:
+            for _ in range(3):
+                _reserve(db_url, name, z=z)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=("ab"[i % 2], Z + i)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with session_scope(db_url) as s:
+        for name in ("a", "b"):
+            _states_match_replay(s, name)
+        assert ledger.person_spent(s, ledger.person_budget_named(s, "all")).n_events == 24
+
+
+def test_ledger_verify_catches_a_tampered_state_or_entry(db_url, monkeypatch, capsys):
+    create_dataset(db_url, cap=50.0, delta=DELTA)
+    for _ in range(3):
+        _reserve(db_url)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("SECRET_KEY", "a-test-secret-of-at-least-32-characters!")
+    reset_settings_cache()
+    assert cli.main(["ledger", "verify"]) == 0
+    with session_scope(db_url) as s:
+        acct = ledger.account_for(s, budget.get_dataset(s, "default").id)
+        state = dict(acct.composed_state)
+        acct.composed_state = {**state, "rdp": [x / 2 for x in state["rdp"]]}  # a state that would overspend
+    with session_scope(db_url) as s:
+        check = ledger.verify_chain(s, acct.id, recompute_spend=True)
+        assert not check.ok and "rdp curve" in check.reason
+    assert cli.main(["ledger", "verify"]) == 1
+    assert '"ok": false' in capsys.readouterr().out
+    with session_scope(db_url) as s:
+        s.get(type(acct), acct.id).composed_state = state  # restored
+        pb = ledger.person_budget_named(s, "all")
+        pb.composed_state = {**pb.composed_state, "n_events": 2}
+    with session_scope(db_url) as s:
+        assert ledger.verify_chain(s, acct.id, recompute_spend=True).ok
+        check = ledger.verify_person_budget(s, ledger.person_budget_named(s, "all"))
+        assert not check.ok and "n events" in check.reason
+    assert cli.main(["ledger", "verify", "--dataset", "default"]) == 1
+    with session_scope(db_url) as s:
+        pb = ledger.person_budget_named(s, "all")
+        pb.composed_state = {**pb.composed_state, "n_events": 3}
+        s.execute(text("UPDATE ledger_entries SET epsilon = 0.001 WHERE seq = 2 AND account_id = :a"), {"a": acct.id})
+    with session_scope(db_url) as s:
+        check = ledger.verify_chain(s, acct.id, recompute_spend=True)
+        assert not check.ok and check.bad_seq == 2
+    assert cli.main(["ledger", "verify"]) == 1
+    reset_settings_cache()
+
+
+def test_migration_0010_computes_the_state_of_an_existing_ledger(db_url):
+    """Down to 0009 (no stored state) with a ledger of reservations, a refund and a cap change on two
+    data sets; the upgrade computes every state, equal to a replay, and charges go on from it."""
+    create_dataset(db_url, "a", cap=60.0, delta=DELTA)
+    create_dataset(db_url, "b", cap=60.0, delta=DELTA)
+    runs = [_reserve(db_url, name, z=Z + k) for k, name in enumerate("aabab")]
+    with session_scope(db_url) as s:
+        ledger.refund(s, dataset=budget.get_dataset(s, "a"), run_id=runs[1], actor="tester", reason="test")
+        budget.change_cap(s, dataset="b", new_cap=70.0, reason="more runs", actor="tester")
+        before = {name: budget.get_budget(s, dataset=name) for name in "ab"}
+    dispose_engines()
+    command.downgrade(alembic_config(db_url), "0009")
+    upgrade_head(db_url)
+    with session_scope(db_url) as s:
+        for name in "ab":
+            _states_match_replay(s, name)
+            assert budget.get_budget(s, dataset=name) == before[name]
+        assert ledger.person_spent(s, ledger.person_budget_named(s, "all")).n_events == 4
+    _reserve(db_url, "a")
+    with session_scope(db_url) as s:
+        _states_match_replay(s, "a")
+
+
+def test_ledger_benchmark_quick_form_runs():
+    """The ledger benchmark's quick form (tiny histories) runs and writes its rows."""
+    from benchmarks import ledger as ledger_bench
+
+    rows = ledger_bench.run_sizes((2, 5), backends=("sqlite",))
+    metrics = {(r["dataset"], r["metric"]) for r in rows}
+    assert {("sqlite-2-runs", "reservation_seconds"), ("sqlite-5-runs", "projection_seconds")} <= metrics
+    assert all(r["value"] >= 0 for r in rows)

@@ -111,8 +111,10 @@ def test_a_person_in_two_data_sets_has_one_allowance(db_url):
     assert d["prior_spent_epsilon"] == ledger.round_up(one) and d["would_spend_epsilon"] >= two - 1e-6
     with session_scope(db_url) as s:
         view = budget.get_budget(s, dataset="b")
-        assert view.spent_epsilon_rdp == 0.0 and view.remaining_epsilon == 10.0  # its own cap is untouched
+        assert view.spent_epsilon_rdp == 0.0 and view.dataset_remaining_epsilon == 10.0  # its own cap is untouched
         person = view.person_budget
+        # what is left composes every cap: the person budget's binds
+        assert view.binding_cap == "person_budget" and view.remaining_epsilon == person.remaining_epsilon
         assert person.name == "all" and person.datasets == ["a", "b"]
         assert person.spent_epsilon_rdp == ledger.round_up(one)
         assert person.remaining_epsilon == ledger.remaining(person_cap, one)

@@ -10,6 +10,7 @@ from dp_accounting import dp_event
 
 from app.core.mf.dpals import DPALSConfig, dpals_event
 from app.core.privacy import accounting
+from app.core.privacy.composition import ComposedState, affordable_runs, charge
 
 
 def test_event_json_round_trip():
@@ -125,3 +126,74 @@ def test_no_conversion_without_a_sound_rule():
     with pytest.raises(ValueError, match="no sound group-privacy conversion"):
         event_under(sampled, ADD, REPLACE)
     assert event_under(dp_event.NoOpDpEvent(), ADD, REPLACE) == dp_event.NoOpDpEvent()
+
+
+# ----------------------------------------------------------------------------- composed state
+def _mixed_events() -> list[dp_event.DpEvent]:
+    """DPALS runs, pure-DP pairs, randomised response and a free run, as a ledger may hold them."""
+    return [dpals_event(DPALSConfig(reg_gravity=0.5, n_steps=4)), accounting.pure_dp(0.3),
+            accounting.randomized_response(1.0), dp_event.NoOpDpEvent(),
+            accounting.compose([accounting.gaussian(4.0), dp_event.SelfComposedDpEvent(accounting.pure_dp(0.1), 3)])]
+
+
+def test_composed_state_is_the_accountants_composition_never_below_it():
+    events = _mixed_events() * 7
+    state = ComposedState.of((e, None) for e in events)
+    exact_rdp = accounting.epsilon_rdp(accounting.compose(events), 1e-6)
+    assert exact_rdp <= state.epsilon_rdp(1e-6) <= exact_rdp * (1 + 1e-12)
+    library_curve = accounting.rdp_curve(accounting.compose(events))
+    assert all(s >= x * (1 - 1e-15) for s, x in zip(state.rdp, library_curve, strict=True))
+    assert state.epsilon_pld(1e-6) == pytest.approx(accounting.epsilon_pld(accounting.compose(events), 1e-6), rel=2e-3)
+    assert state.epsilon_pld(1e-6) <= state.epsilon_rdp(1e-6)
+    assert state.n_events == len(events)
+
+
+def test_removing_an_event_gives_the_state_without_it():
+    events = _mixed_events()
+    full = ComposedState.of((e, "x") for e in events)
+    without = ComposedState.of((e, "x") for k, e in enumerate(events) if k != 0)
+    removed = full.remove(events[0], "x")
+    assert removed.differences(without) == [] and removed.n_events == without.n_events
+    assert removed.epsilon_rdp(1e-6) >= without.epsilon_rdp(1e-6) * (1 - 1e-12)
+
+
+def test_composed_state_round_trips_and_refuses_another_grid():
+    state = ComposedState.of((e, "add_or_remove_one_user") for e in _mixed_events())
+    text = json.dumps(state.to_json(), allow_nan=False)
+    assert ComposedState.from_json(json.loads(text)) == state
+    assert ComposedState.from_json({**state.to_json(), "grid": "another"}) is None
+    assert ComposedState.from_json(None) is None
+
+
+def test_gaussian_exact_epsilon_matches_the_library_and_is_below_rdp():
+    for z in (0.3, 1.0, 3.0, 30.0):
+        exact = accounting.epsilon_gaussian_exact(z, 1e-6)
+        assert exact == pytest.approx(accounting.epsilon_pld(accounting.gaussian(z), 1e-6), rel=2e-3)
+        assert exact <= accounting.epsilon_rdp(accounting.gaussian(z), 1e-6)
+
+
+def test_rdp_conversion_equals_the_librarys():
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    for event in _mixed_events():
+        curve = accounting.rdp_curve(event)
+        for delta in (1e-3, 1e-6, 1e-9):
+            expected = rdp_privacy_accountant.compute_epsilon(accounting.RDP_ORDERS, curve, delta)[0]
+            assert accounting.epsilon_of_rdp_curve(curve, delta) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_charge_converts_checks_the_cap_and_counts_affordable_runs():
+    add_remove, replace = accounting.Relation.ADD_OR_REMOVE_ONE_USER, accounting.Relation.REPLACE_ONE_USER
+    run = accounting.gaussian(3.0)
+    state = ComposedState()
+    cap = accounting.epsilon_rdp(accounting.compose([run] * 5), 1e-6) * 1.0001
+    k, capped = affordable_runs(state, accounting.rdp_curve(run), delta=1e-6, cap=cap, limit=1000)
+    assert (k, capped) == (5, False)
+    accepted = 0
+    while (result := charge(state, run, guarantee=add_remove, account=add_remove, delta=1e-6, cap=cap)).fits:
+        state, accepted = result.state_after, accepted + 1
+    assert accepted == k and result.epsilon_before == pytest.approx(state.epsilon_rdp(1e-6))
+    converted = charge(ComposedState(), run, guarantee=add_remove, account=replace, delta=1e-6, cap=cap)
+    assert converted.converted and converted.event == accounting.gaussian(1.5)
+    with pytest.raises(ValueError):
+        charge(ComposedState(), run, guarantee=replace, account=add_remove, delta=1e-6, cap=cap)

@@ -23,6 +23,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import special
 
 __all__ = [
     "Relation",
@@ -36,6 +37,10 @@ __all__ = [
     "gaussian",
     "epsilon_rdp",
     "epsilon_pld",
+    "epsilon_gaussian_exact",
+    "RDP_ORDERS",
+    "rdp_curve",
+    "epsilon_of_rdp_curve",
     "calibrate_scale",
     "count_gaussian_releases",
     "pure_dp",
@@ -132,8 +137,8 @@ def _group_of_two(event: dp_event.DpEvent) -> dp_event.DpEvent:
 DP_ACCOUNTING_VERSION = _package_version("dp-accounting")
 
 # RDP orders: the library's defaults plus a denser low range and large orders, so that both
-# small and large epsilons (up to ~50) are computed tightly.
-_RDP_ORDERS: tuple[float, ...] = tuple(
+# small and large epsilons (up to ~50) are computed tightly. The grid of every stored RDP curve.
+RDP_ORDERS: tuple[float, ...] = tuple(
     sorted(
         set(
             [1.0 + x / 20.0 for x in range(1, 200)]
@@ -275,7 +280,7 @@ def _as_pure_pair(event: dp_event.DpEvent) -> dp_event.DpEvent:
 
 def _rdp_accountant() -> rdp_privacy_accountant.RdpAccountant:
     return _RdpAccountant(
-        orders=list(_RDP_ORDERS),
+        orders=list(RDP_ORDERS),
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     )
 
@@ -293,10 +298,58 @@ def epsilon_rdp(event: dp_event.DpEvent, delta: float) -> float:
     return float(_rdp_accountant().compose(event).get_epsilon(delta))
 
 
+def rdp_curve(event: dp_event.DpEvent) -> np.ndarray:
+    """The RDP of ``event`` at every order of :data:`RDP_ORDERS` (add/remove one user).
+
+    RDP composes by addition at each order (Mironov 2017, arXiv:1702.07476, Prop. 1), so the curve
+    of a composition is the sum of its parts' curves.
+    """
+    accountant = _rdp_accountant()
+    accountant.compose(event)
+    return np.array(accountant._rdp, dtype=float)  # pylint: disable=protected-access
+
+
+_ORDERS_ARRAY = np.array(RDP_ORDERS, dtype=float)
+
+
+def epsilon_of_rdp_curve(curve: Sequence[float] | np.ndarray, delta: float) -> float:
+    """Epsilon at ``delta`` of an RDP curve on :data:`RDP_ORDERS`: the conversion the library's RDP
+    accountant applies (``rdp_privacy_accountant.compute_epsilon``; Canonne-Kamath-Steinke 2020,
+    arXiv:2004.00010, Prop. 12, with its KL shortcut), vectorised over the orders."""
+    validate_privacy_target(1.0, delta)
+    rdp = np.asarray(curve, dtype=float)
+    a = _ORDERS_ARRAY
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bound = rdp + np.log1p(-1.0 / a) - np.log(delta * a) / (a - 1.0)
+        eps = np.where(rdp < 0, 0.0, np.where(delta**2 + np.expm1(-rdp) > 0, 0.0, np.where(a > 1.01, bound, np.inf)))
+    return float(max(0.0, float(np.min(eps))))
+
+
 def epsilon_pld(event: dp_event.DpEvent, delta: float) -> float:
     """Epsilon of ``event`` at ``delta`` by the PLD accountant (add/remove one user)."""
     validate_privacy_target(1.0, delta)
     return float(_pld_accountant().compose(event).get_epsilon(delta))
+
+
+def epsilon_gaussian_exact(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon (to 1e-12 relative, rounded up) at which one Gaussian release of multiplier
+    ``noise_multiplier`` (mu = 1/multiplier) is (epsilon, delta)-DP, from the exact privacy-loss
+    distribution of the Gaussian pair: delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)
+    (Balle & Wang 2018, arXiv:1805.06530, Thm 8), decreasing in eps, solved by bisection. No
+    discretisation, so at most :func:`epsilon_pld` of the same event, and at most :func:`epsilon_rdp`."""
+    validate_privacy_target(1.0, delta)
+    mu = 1.0 / float(noise_multiplier)
+
+    def delta_at(eps: float) -> float:
+        return float(special.ndtr(mu / 2 - eps / mu) - math.exp(eps + special.log_ndtr(-mu / 2 - eps / mu)))
+
+    if delta_at(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, epsilon_rdp(gaussian(noise_multiplier), delta)  # delta_at(lo) > target >= delta_at(hi)
+    while hi - lo > 1e-12 * max(hi, 1.0):
+        mid = (lo + hi) / 2.0
+        lo, hi = (lo, mid) if delta_at(mid) <= delta else (mid, hi)
+    return float(hi)
 
 
 def calibrate_scale(

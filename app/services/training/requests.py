@@ -212,14 +212,12 @@ def start_training(
     if free_run and _eps_rdp(event, acct.delta) != 0.0:
         raise InvalidEpsilon("give exactly one of epsilon or epsilon_fraction (only a run that costs "
                              "nothing, e.g. onebit on votes randomised at ingestion, may omit both)")
-    charged = ledger.event_as_charged(acct, ds, event, algo.event_parameters(config))  # account's relation
     run = TrainingRun(
         dataset_id=ds.id,
         algorithm=algorithm,
         config=algo.public_config(config),
         requested_epsilon=float(epsilon),
         delta=acct.delta,
-        epsilon_charged=_eps_rdp(charged, acct.delta),
         status="queued",
         progress=0.0,
         stage="queued",
@@ -231,7 +229,9 @@ def start_training(
     )
     session.add(run)
     session.flush()
-    ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor, run_id=run.id)
+    entry = ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor,
+                           run_id=run.id)
+    run.epsilon_charged = entry.epsilon  # the run alone as the ledger charged it (the account's relation)
     return run
 
 
