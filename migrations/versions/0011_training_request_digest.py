@@ -5,16 +5,16 @@ has another digest is 409 ``idempotency_key_reused``; a manual request without a
 the same actor's identical request of the last minute by a key derived from the digest. NULL for
 runs recorded before this revision (their replays are not compared).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-27
 """
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0010'
-down_revision = '0009'
+revision = '0011'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 
