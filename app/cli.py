@@ -19,7 +19,8 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -379,18 +380,33 @@ class _Input:
         return gzip.open(self.path, "rb") if self.path.suffix == ".gz" else open(self.path, "rb")
 
 
+_UNREADABLE = (OSError, EOFError, zlib.error)  # a truncated or corrupt gzip stream, an I/O error
+
+
+def _unreadable(src: _Input, exc: BaseException) -> str:
+    kind = "gzip file" if src.path.suffix == ".gz" else "file"
+    return f"{src.path}: not a readable {kind} ({type(exc).__name__}); nothing was written"
+
+
 def _csv_lines(src: _Input) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) of every non-empty data line of a (possibly gzipped) CSV."""
+    """(line number, fields) of every non-empty data line of a (possibly gzipped) CSV; a line
+    holding a NUL character, undecodable text or a corrupt gzip stream stops it with one line."""
     with io.TextIOWrapper(src.open_binary(), encoding=src.encoding, newline="") as fh:
         reader = csv.reader(fh, delimiter=src.delimiter)
         try:
             if src.header:
                 next(reader, None)
             for row in reader:
+                if any("\x00" in field for field in row):
+                    raise SystemExit(f"{src.path}:{reader.line_num}: a NUL character; nothing was written")
                 if row:
                     yield reader.line_num, row
         except csv.Error as exc:
-            raise SystemExit(f"{src.path}:{reader.line_num}: {exc}; nothing more was written") from None
+            raise SystemExit(f"{src.path}:{reader.line_num}: {exc}; nothing was written") from None
+        except UnicodeDecodeError:
+            raise SystemExit(_undecodable(src, reader.line_num + 1)) from None
+        except _UNREADABLE as exc:
+            raise SystemExit(_unreadable(src, exc)) from None
 
 
 def _rows(src: _Input, columns: str = "user,item,rating") -> Iterator[tuple[str, str, float]]:
@@ -411,14 +427,17 @@ def _count_data_lines(src: _Input) -> int:
     so that a wrong encoding stops the import before anything is written."""
     decoder = codecs.getincrementaldecoder(src.encoding)()
     lines, last = 0, b"\n"
-    with src.open_binary() as fh:
-        while block := fh.read(1 << 20):
-            try:
-                decoder.decode(block)
-            except UnicodeDecodeError as exc:
-                raise SystemExit(_undecodable(src, lines + block[:max(exc.start, 0)].count(b"\n") + 1)) from None
-            lines += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with src.open_binary() as fh:
+            while block := fh.read(1 << 20):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as exc:
+                    raise SystemExit(_undecodable(src, lines + block[:max(exc.start, 0)].count(b"\n") + 1)) from None
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except _UNREADABLE as exc:
+        raise SystemExit(_unreadable(src, exc)) from None
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
@@ -448,39 +467,62 @@ def _finish(bar) -> None:
         bar.refresh()
 
 
-def cmd_import_csv(args: argparse.Namespace) -> int:
-    """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar."""
-    from app.services import ingest
+def _import_chunks(args: argparse.Namespace, src: _Input, unit: str, chunks: Iterator[list[Any]],
+                   write: Callable[[Session, list[Any]], Any]) -> list[Any]:
+    """Write every chunk; return what each write returned. By default all chunks go in one
+    transaction, so a bad row anywhere (or any failure) writes nothing; with ``--partial`` each
+    chunk commits on its own and a failure says exactly how many rows were kept. Either way the
+    failure is one line."""
     from app.services.unit_of_work import commit
 
-    src = _Input.of(args)
-    maker = _maker(_settings())
-    total = 0
-    chunk: list[tuple[str, str, float]] = []
-    with _bar(src, "ratings", args.quiet) as bar:
-
-        def flush() -> None:
-            nonlocal total
-            with maker() as session:
-                try:
-                    result = ingest.import_ratings(session, dataset=args.dataset, rows=chunk)
-                except PrivrecError as exc:
-                    exc.message = (f"{exc.message} (this chunk of {len(chunk)} rows; the {total} rows "
-                                   f"before it were imported)")
-                    raise
+    outs: list[Any] = []
+    kept = 0
+    session = _maker(_settings())()
+    try:
+        with _bar(src, unit, args.quiet) as bar:
+            try:
+                for chunk in chunks:
+                    outs.append(write(session, chunk))
+                    if args.partial:
+                        commit(session)
+                        kept += len(chunk)
+                    bar.update(len(chunk))
                 commit(session)
-            total += result
-            bar.update(len(chunk))
-            chunk.clear()
+            except (SystemExit, Exception) as exc:
+                session.rollback()
+                message = str(exc.code) if isinstance(exc, SystemExit) else _expected_failure(exc)
+                if message is None:
+                    raise  # a bug: its traceback
+                if not isinstance(exc, SystemExit):
+                    message = f"privrec {args.command}: {message}"
+                raise SystemExit(_import_failure(message, kept if args.partial else None)) from None
+            _finish(bar)
+    finally:
+        session.close()
+    return outs
 
-        for row in _rows(src):
-            chunk.append(row)
-            if len(chunk) >= args.chunk:
-                flush()
-        if chunk:
-            flush()
-        _finish(bar)
-    print(json.dumps({"dataset": args.dataset, "rows": total}))
+
+def _import_failure(message: str, kept: int | None) -> str:
+    """The one line an import failure prints: what went wrong, and what was written (nothing, or
+    with ``--partial`` the first ``kept`` rows)."""
+    for said in ("; nothing was written", "; nothing more was written"):
+        message = message.replace(said, "")
+    if kept is None:
+        return f"{message}; nothing was written (the import is all or nothing)"
+    return f"{message}; the first {kept} rows were written and kept (--partial), nothing after them"
+
+
+def cmd_import_csv(args: argparse.Namespace) -> int:
+    """Upsert ratings from a CSV (user,item,rating[,...]) with a progress bar, all or nothing
+    (``--partial``: chunk by chunk, saying what was kept)."""
+    from app.services import ingest
+
+    src = _Input.of(args)
+    rows = _rows(src)
+    chunks = iter(lambda: list(itertools.islice(rows, args.chunk)), [])
+    outs = _import_chunks(args, src, "ratings", chunks,
+                          lambda session, chunk: ingest.import_ratings(session, dataset=args.dataset, rows=chunk))
+    print(json.dumps({"dataset": args.dataset, "rows": sum(outs)}))
     return 0
 
 
@@ -602,24 +644,17 @@ def _vote_rows(src: _Input) -> Iterator[tuple[str, str, int]]:
 
 
 def cmd_import_votes(args: argparse.Namespace) -> int:
-    """Store votes from a CSV (user,item,vote) through the ingestion path, with a progress bar: on
-    a data set that randomises at ingestion each vote is randomised once on arrival and only the
-    bit is kept."""
+    """Store votes from a CSV (user,item,vote) through the ingestion path, with a progress bar, all
+    or nothing (``--partial``: chunk by chunk): on a data set that randomises at ingestion each
+    vote is randomised once on arrival and only the bit is kept."""
     from app.services import votes
-    from app.services.unit_of_work import commit
 
     src = _Input.of(args)
-    maker = _maker(_settings())
-    totals = {"created": 0, "updated": 0, "unchanged": 0}
     rows = _vote_rows(src)
-    with _bar(src, "votes", args.quiet) as bar:
-        while chunk := list(itertools.islice(rows, args.chunk)):
-            with maker() as session:
-                out = votes.import_votes(session, dataset=args.dataset, rows=chunk)
-                commit(session)
-            totals = {key: totals[key] + out[key] for key in totals}
-            bar.update(len(chunk))
-        _finish(bar)
+    chunks = iter(lambda: list(itertools.islice(rows, args.chunk)), [])
+    outs = _import_chunks(args, src, "votes", chunks,
+                          lambda session, chunk: votes.import_votes(session, dataset=args.dataset, rows=chunk))
+    totals = {key: sum(out[key] for out in outs) for key in ("created", "updated", "unchanged")}
     print(json.dumps({"dataset": args.dataset, **totals}))
     return 0
 
@@ -846,15 +881,19 @@ def build_parser() -> argparse.ArgumentParser:
     _input_options(s)
     s.add_argument("--chunk", type=int, default=10_000)
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--partial", action="store_true", help="commit chunk by chunk (default: all or nothing); "
+                   "a failure then says how many rows were kept")
     s.set_defaults(func=cmd_import_csv)
 
     s = sub.add_parser("import-votes", help="store thumbs up/down votes from a CSV (user,item,vote with vote "
-                       "1 or -1), randomised on arrival where the data set says so; chunks are all or nothing")
+                       "1 or -1), randomised on arrival where the data set says so; all or nothing")
     s.add_argument("path")
     s.add_argument("--dataset", default="default")
     _input_options(s)
     s.add_argument("--chunk", type=int, default=10_000, choices=range(1, 10_001), metavar="1..10000")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--partial", action="store_true", help="commit chunk by chunk (default: all or nothing); "
+                   "a failure then says how many rows were kept")
     s.set_defaults(func=cmd_import_votes)
 
     s = sub.add_parser("import-similarities",

@@ -126,6 +126,12 @@ class InternalError(PrivrecError):
     code, where = "internal_error", "any route"
 
 
+class WriteConflict(ServiceUnavailable):
+    """Concurrent writes kept deadlocking with this one; nothing was written: retry."""
+
+    code = "write_conflict"
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     """The database is not reachable; retry later."""
 
@@ -322,6 +328,12 @@ class VoteCapExceeded(Conflict):
     """A user's vote allowance (votes_per_user_cap) is used up; nothing was written."""
 
     code = "vote_cap_exceeded"
+
+
+class IdempotencyKeyReused(Conflict):
+    """The idempotency key was used before for a different request body."""
+
+    code = "idempotency_key_reused"
 
 
 class ArtifactUnreadable(Conflict):

@@ -32,6 +32,7 @@ from app.errors import (
     DatasetExists,
     DeltaRequired,
     HttpError,
+    IdempotencyKeyReused,
     InvalidDatasetName,
     InvalidDelta,
     InvalidEpsilon,
@@ -79,6 +80,7 @@ from app.errors import (
     ValidationFailed,
     VoteCapExceeded,
     VotesExist,
+    WriteConflict,
     WrongSubject,
     meaning,
 )
@@ -101,10 +103,10 @@ _NEW_BUDGET: Errors = (InvalidEpsilonCap, InvalidDelta, InvalidRelation)
 
 ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     # ratings, users, items
-    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, RatingOutOfRange),
-    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, BatchTooLarge, InvalidRows),
-    ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating),
-    ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser),
+    ("PUT", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownItem, RatingOutOfRange, WriteConflict),
+    ("POST", f"{_DS}/ratings/batch"): (WrongSubject, BatchTooLarge, InvalidRows, WriteConflict),
+    ("DELETE", f"{_USER}/ratings/{{item_id}}"): (WrongSubject, UnknownRating, WriteConflict),
+    ("DELETE", "/v1/users/{user_id}"): (WrongSubject, UnknownUser, WriteConflict),
     ("PUT", f"{_DS}/items/{{item_id}}"): (ScopeRequired,),
     ("GET", f"{_DS}/items/{{item_id}}"): (UnknownItem,),
     ("GET", f"{_USER}/ratings"): (WrongSubject,),
@@ -139,7 +141,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("PUT", "/v1/admin/person-budgets/{name}"): (PersonBudgetFixed, PersonBudgetExists, CapChangeRefused,
                                                  *_NEW_BUDGET, InvalidPersonBudgetName, DeltaRequired,
                                                  ReasonRequired),
-    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey),
+    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
 }

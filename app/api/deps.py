@@ -15,16 +15,13 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth import Principal, RevocationList, TokenError, decode_token_cached
 from app.config import Settings
-from app.db.models import Dataset, LedgerEntry, TrainingRun
 from app.errors import (
     AdminRequired,
     BatchTooLarge,
-    InvalidHyperparameters,
     InvalidToken,
     MissingToken,
     ScopeRequired,
@@ -33,9 +30,7 @@ from app.errors import (
     WrongSubject,
 )
 from app.schemas.common import DEFAULT_PAGE_SIZE, MAX_OFFSET, MAX_PAGE_SIZE, PageRequest
-from app.schemas.hyperparameters import sampler_refusal
 from app.services.revocations import revoked_ids
-from app.services.training.requests import n_items_of
 from app.services.unit_of_work import commit
 
 __all__ = [
@@ -56,7 +51,6 @@ __all__ = [
     "require_user_access",
     "require_ingest_access",
     "require_item_writer",
-    "require_sampler_range",
 ]
 
 T = TypeVar("T")
@@ -209,24 +203,6 @@ def require_batch_within(n_rows: int, settings: Settings) -> None:
         raise BatchTooLarge(
             f"a batch holds at most {settings.max_batch_size} rows; got {n_rows}",
             details={"max_rows": settings.max_batch_size, "rows": n_rows})
-
-
-def require_sampler_range(session: Session, run_id: int) -> None:
-    """422 ``invalid_hyperparameters`` when a release of the run just recorded (not committed) is
-    beyond the exact noise sampler's range for the catalogue it was reserved with; the caller's
-    transaction is then rolled back, so nothing is reserved (a run that cannot be drawn is never
-    charged)."""
-    run = session.get(TrainingRun, run_id)
-    if run is None:
-        return
-    event = session.scalar(select(LedgerEntry.event).where(LedgerEntry.run_id == run_id)
-                           .order_by(LedgerEntry.seq.desc()).limit(1))
-    dataset = session.get(Dataset, run.dataset_id)
-    if event is None or dataset is None:
-        return
-    refusal = sampler_refusal(run.algorithm, event, run.config or {}, n_items_of(session, dataset))
-    if refusal is not None:
-        raise InvalidHyperparameters(f"invalid {run.algorithm} hyper-parameters: {refusal}")
 
 
 def require_ingest_access(principal: Principal, user_id: str) -> None:

@@ -364,6 +364,8 @@ class TrainingRun(Base):
     trigger: Mapped[str] = mapped_column(String(16), default="manual")  # manual | schedule | demo
     actor: Mapped[str] = mapped_column(String(128), default="system")
     idempotency_key: Mapped[str | None] = mapped_column(String(128), default=None)
+    # SHA-256 (hex) of the request's actor and body: a key replayed with another body is refused
+    request_digest: Mapped[str | None] = mapped_column(String(64), default=None)
     ratings_version: Mapped[int] = mapped_column(BigInteger, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(128), default=None)

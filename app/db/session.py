@@ -7,18 +7,22 @@ the serialising lock the privacy ledger relies on (PostgreSQL uses ``SELECT ... 
 
 from __future__ import annotations
 
+import logging
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
+from app.errors import WriteConflict
 
 __all__ = [
     "EngineOptions",
@@ -33,7 +37,15 @@ __all__ = [
     "dispose_engines",
     "is_sqlite",
     "is_postgres",
+    "is_lock_conflict",
+    "retry_lock_conflicts",
+    "LOCK_CONFLICT_ATTEMPTS",
+    "ride_out_outage",
 ]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 PING_AFTER_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
@@ -210,3 +222,54 @@ def is_sqlite(session_or_engine: Session | Engine) -> bool:
 def is_postgres(session_or_engine: Session | Engine) -> bool:
     bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
     return bind.dialect.name == "postgresql"
+
+
+# PostgreSQL's SQLSTATEs of a transaction chosen as a deadlock's victim or failing serialisation:
+# the transaction did nothing durable and may simply run again.
+_LOCK_CONFLICT_STATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
+LOCK_CONFLICT_ATTEMPTS = 5  # runs of one transaction before its caller gets 503 write_conflict
+_CONFLICT_BACKOFF_S = 0.02  # the first retry waits up to this long (full jitter), doubling after
+
+
+def is_lock_conflict(error: BaseException) -> bool:
+    """True for a deadlock victim or a serialisation failure (the transaction may run again)."""
+    state = getattr(getattr(error, "orig", None), "sqlstate", None)
+    return isinstance(error, exc.DBAPIError) and state in _LOCK_CONFLICT_STATES
+
+
+def retry_lock_conflicts(session: Session, work: Callable[[], T], *, attempts: int = LOCK_CONFLICT_ATTEMPTS) -> T:
+    """Run ``work`` (the whole unit of work on ``session``, nothing staged before it) and, when
+    PostgreSQL picks it as a deadlock's victim or fails it for serialisation, roll the session
+    back and run it again, at most ``attempts`` times with a jittered exponential pause. Then 503
+    ``write_conflict`` with ``Retry-After`` (never a raw 500, never "database not reachable")."""
+    for attempt in range(attempts):
+        try:
+            return work()
+        except exc.DBAPIError as error:
+            if not is_lock_conflict(error):
+                raise
+            session.rollback()
+            if attempt + 1 == attempts:
+                raise WriteConflict("concurrent writes kept conflicting with this one; nothing was written, "
+                                    "retry", headers={"Retry-After": "1"}) from None
+            time.sleep(random.uniform(0.0, _CONFLICT_BACKOFF_S * 2**attempt))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def ride_out_outage(work: Callable[[], T], *, within_s: float, first_pause_s: float = 0.5,
+                    max_pause_s: float = 5.0) -> T:
+    """Run ``work`` (which opens its own session) and, while the database is unreachable (a
+    restart, a network drop: ``OperationalError`` / ``InterfaceError``), pause and run it again,
+    the pauses doubling up to ``max_pause_s``, for at most ``within_s`` seconds; then the last
+    error is raised. For a long job (a training run) that must ride out a short outage."""
+    deadline = time.monotonic() + within_s
+    pause = first_pause_s
+    while True:
+        try:
+            return work()
+        except (exc.OperationalError, exc.InterfaceError) as error:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("database unreachable (%s); retrying in %.1f s", type(error).__name__, pause)
+            time.sleep(pause)
+            pause = min(2 * pause, max_pause_s)

@@ -151,6 +151,7 @@ def start_training(session: Session, *, dataset: str, body: TrainingIn, actor: s
         session, dataset=dataset, algorithm=body.algorithm, epsilon=body.epsilon,
         epsilon_fraction=body.epsilon_fraction, hyperparameters=body.hyperparameters or None,
         objective=body.objective, actor=actor, trigger="manual", idempotency_key=body.idempotency_key,
+        retry_window_s=training.RETRY_WINDOW_S,
     )
     return int(run.id)
 

@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from app.db.models import utcnow
+from app.db.session import retry_lock_conflicts
 from app.db.stores import DatasetRef, RatingsStore, catalogue_store, ratings_store
 from app.errors import InvalidRows, RatingOutOfRange, UnknownDataset, UnknownItem, UnknownItems, UnknownRating, UnknownUser
 from app.schemas.common import Page
@@ -123,11 +124,19 @@ def _require_in_range(ds: Any, rating: float) -> None:
                                details={"rating": rating, "range": [ds.rating_min, ds.rating_max]})
 
 
-def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
-                  rating: float) -> RatingWriteOut:
+def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str, rating: float) -> RatingWriteOut:
     """Insert or update one rating (404 unknown data set or item, 422 out of range). The store
     writes only a valid rating (:meth:`RatingsStore.upsert_one`); what it found says which
-    refusal, if any, applies."""
+    refusal, if any, applies.
+
+    Run again, whole, when PostgreSQL picks it as a deadlock's victim (:func:`retry_lock_conflicts`)."""
+    return retry_lock_conflicts(session, lambda: _upsert_rating(
+        session, dataset=dataset, user_id=user_id, item_id=item_id, rating=rating))
+
+
+def _upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
+                  rating: float) -> RatingWriteOut:
+    """One run of :func:`upsert_rating`."""
     outcome = ratings_store(session).upsert_one(dataset, user_id, item_id, float(rating), utcnow())
     if outcome is None:
         raise UnknownDataset(dataset)
@@ -142,7 +151,15 @@ def upsert_rating(session: Session, *, dataset: str, user_id: str, item_id: str,
 
 
 def upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
-    """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid)."""
+    """Upsert a batch all-or-nothing; per-row results (422 with per-row errors if any is invalid).
+
+    Run again, whole, when PostgreSQL picks it as a deadlock's victim (:func:`retry_lock_conflicts`)."""
+    return retry_lock_conflicts(session, lambda: _upsert_ratings_batch(
+        session, dataset=dataset, rows=rows))
+
+
+def _upsert_ratings_batch(session: Session, *, dataset: str, rows: Sequence[RatingRow]) -> RatingBatchResult:
+    """One run of :func:`upsert_ratings_batch`."""
     store = ratings_store(session)
     ds = store.start_rating_write(dataset)
     if isinstance(rows, RatingColumns):  # validated column-wise by the route's body model
@@ -195,7 +212,15 @@ def import_ratings(session: Session, *, dataset: str, rows: Sequence[tuple[str, 
 
 
 def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
-    """Delete one rating (404 when it does not exist)."""
+    """Delete one rating (404 when it does not exist).
+
+    Run again, whole, when PostgreSQL picks it as a deadlock's victim (:func:`retry_lock_conflicts`)."""
+    return retry_lock_conflicts(session, lambda: _delete_rating(
+        session, dataset=dataset, user_id=user_id, item_id=item_id))
+
+
+def _delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str) -> int:
+    """One run of :func:`delete_rating`."""
     ds = catalogue_store(session).get_dataset(dataset)
     n = ratings_store(session).delete_rating(ds.id, user_id, item_id)
     if n == 0:
@@ -206,7 +231,15 @@ def delete_rating(session: Session, *, dataset: str, user_id: str, item_id: str)
 def delete_user(session: Session, *, user_id: str) -> int:
     """Delete a user and every rating of theirs in every data set; return the ratings removed.
     Their votes go with the user row (foreign-key cascade); their randomised-vote allowance stays
-    (keyed by a hash of the data set and external id), so re-creating the user gives no fresh bits."""
+    (keyed by a hash of the data set and external id), so re-creating the user gives no fresh bits.
+
+    Run again, whole, when PostgreSQL picks it as a deadlock's victim (:func:`retry_lock_conflicts`)."""
+    return retry_lock_conflicts(session, lambda: _delete_user(
+        session, user_id=user_id))
+
+
+def _delete_user(session: Session, *, user_id: str) -> int:
+    """One run of :func:`delete_user`."""
     removed = ratings_store(session).delete_user(user_id)
     if removed is None:
         raise UnknownUser(f"unknown user {user_id!r}", details={"user_id": user_id})

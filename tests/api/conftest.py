@@ -177,8 +177,9 @@ def train_and_publish(env: Env, epsilon: float = 2.0, dataset: str = "default",
     """Start a run through the admin API and execute it in this process; return the version id."""
     from app.services.training.runner import run_training
 
-    r = env.client.post(f"/v1/admin/datasets/{dataset}/trainings", headers=env.admin,
-                        json={"epsilon": epsilon, "hyperparameters": hyper or SMALL_DPALS})
+    r = env.client.post(f"/v1/admin/datasets/{dataset}/trainings", headers=env.admin,  # a new run each call:
+                        json={"epsilon": epsilon, "hyperparameters": hyper or SMALL_DPALS,  # its own key
+                              "idempotency_key": uuid.uuid4().hex})
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
     assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"

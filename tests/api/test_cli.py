@@ -540,3 +540,54 @@ def test_train_follow_interrupted_says_the_run_goes_on(cli_env: Path) -> None:
     assert proc.returncode == 1 and "Traceback" not in err
     assert err.strip().splitlines() == [f"privrec train: stopped following run {run_id}; the run goes on "
                                         f"(GET /v1/admin/trainings/{run_id})"]
+
+
+def _ratings_count() -> int:
+    from sqlalchemy import text
+
+    from app.db.session import session_scope
+
+    with session_scope(get_settings().database_url) as s:
+        return int(s.execute(text("SELECT count(*) FROM ratings")).scalar_one())
+
+
+def _catalogue(cli_env: Path) -> None:
+    cli.main(["migrate"])
+    (cli_env / "items.csv").write_text("".join(f"i{k}\n" for k in range(5)))
+    assert cli.main(["import-items", str(cli_env / "items.csv"), "--no-header"]) == 0
+
+
+def test_import_csv_is_all_or_nothing_and_partial_says_what_it_kept(cli_env: Path) -> None:
+    """A bad row after two committed-size chunks: by default nothing is written; with --partial
+    the message names exactly the rows kept."""
+    _catalogue(cli_env)
+    path = cli_env / "r.csv"
+    lines = [f"u{k},i{k % 5},3" for k in range(24)]
+    lines[21] = "u21,i1,three"  # line 22 of the data
+    path.write_text("user,item,rating\n" + "\n".join(lines) + "\n")
+    with pytest.raises(SystemExit, match=r":23: rating is not a number; nothing was written \(the import is all"):
+        cli.main(["import-csv", str(path), "--chunk", "10", "--quiet"])
+    assert _ratings_count() == 0
+    with pytest.raises(SystemExit, match="the first 20 rows were written and kept"):
+        cli.main(["import-csv", str(path), "--chunk", "10", "--quiet", "--partial"])
+    assert _ratings_count() == 20
+
+
+@pytest.mark.parametrize("name, content", [
+    ("garbage.csv.gz", b"this is not gzip at all\n"),
+    ("truncated.csv.gz", (lambda z: z[:len(z) // 2])(gzip.compress(
+        b"user,item,rating\n" + b"".join(b"u%d,i%d,3\n" % (k * 7919 % 10007, k % 5) for k in range(5000))))),
+    ("latin1.csv", "user,item,rating\nJos\u00e9,i1,3\n".encode("latin-1")),
+    ("nul.csv", b"user,item,rating\nu\x001,i1,3\n"),
+])
+@pytest.mark.parametrize("command", ["import-csv", "import-votes"])
+def test_malformed_input_is_one_line_and_writes_nothing(cli_env: Path, name: str, content: bytes,
+                                                        command: str) -> None:
+    _catalogue(cli_env)
+    path = cli_env / name
+    path.write_bytes(content)
+    with pytest.raises(SystemExit) as raised:
+        cli.main([command, str(path), "--quiet"])
+    message = str(raised.value.code)
+    assert "\n" not in message and "nothing was written" in message and str(path) in message, message
+    assert _ratings_count() == 0

@@ -22,9 +22,9 @@ def test_projection_matches_what_the_ledger_then_charges(env: Env) -> None:
     k = p["affordable_runs"]
     assert k is not None and k >= 1 and p["fits"]
     statuses = []
-    for _ in range(k + 1):
+    for n in range(k + 1):  # each a new run (its own key: a keyless repeat would be a blind retry)
         r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,
-                            json={"epsilon": 2.0, "hyperparameters": p["hyperparameters"]})
+                            json={"epsilon": 2.0, "hyperparameters": p["hyperparameters"], "idempotency_key": f"run-{n}"})
         statuses.append(r.status_code)
         if len(statuses) == 1:
             budget = env.client.get("/v1/admin/datasets/default/budget", headers=env.admin).json()
@@ -82,8 +82,9 @@ def test_projection_names_the_person_budget_when_it_binds_and_the_ledger_honours
     b = c.get("/v1/admin/datasets/big/budget", headers=h).json()
     assert b["binding_cap"] == "person_budget" and b["remaining_epsilon"] == b["person_budget"]["remaining_epsilon"]
     assert b["dataset_remaining_epsilon"] == 50.0
-    statuses = [c.post("/v1/admin/datasets/big/trainings", headers=h, json={"epsilon": 1.0}).status_code
-                for _ in range(k + 1)]
+    statuses = [c.post("/v1/admin/datasets/big/trainings", headers=h,  # new runs: each its own key
+                       json={"epsilon": 1.0, "idempotency_key": f"run-{n}"}).status_code
+                for n in range(k + 1)]
     assert statuses == [202] * k + [409]
     after = c.get("/v1/admin/datasets/big/budget/projection?epsilon=1", headers=h).json()
     assert after["affordable_runs"] == 0 and not after["fits"] and after["binding_cap"] == "person_budget"

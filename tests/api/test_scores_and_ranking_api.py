@@ -3,6 +3,8 @@ the ε-aware defaults through the admin API, and personalised ranking of a given
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from app.core.mf.defaults import RULE_VERSION
@@ -21,7 +23,8 @@ def _scale(env: Env) -> tuple[float, float]:
 def _train(env: Env, epsilon: float, **body) -> dict:
     from app.services.training.runner import run_training
 
-    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin, json={"epsilon": epsilon, **body})
+    r = env.client.post("/v1/admin/datasets/default/trainings", headers=env.admin,  # a new run: its own key
+                        json={"epsilon": epsilon, "idempotency_key": uuid.uuid4().hex, **body})
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
     assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import secrets
 import time
+from datetime import timedelta
 
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.auth import issue_token
-from app.db.models import LedgerEntry, TrainingRun
+from app.db.models import LedgerEntry, TrainingRun, utcnow
 from app.db.session import session_scope
 from app.main import create_app
 from app.services.training import dispatch, runner
+from app.services.training import requests as train_requests
 from tests.integration.platform_helpers import create_dataset, make_settings, seed_ratings, synthetic_ratings
 
 CLOSED = "redis://127.0.0.1:9/0"
@@ -64,3 +66,47 @@ def test_broker_down_training_is_recorded_once_and_sent_when_the_broker_is_back(
     with session_scope(db_url) as s:
         kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id).order_by(LedgerEntry.seq)))
         assert kinds == ["reservation", "commit"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_run_lost_with_a_restarted_broker_is_sent_again_once(db_url, redis_url, tmp_path):
+    """A non-persistent Redis that restarts loses the queued messages: a queued run sent more than
+    REQUEUE_AFTER_S (a minute) ago whose message the broker no longer holds is sent again, once;
+    one whose message still waits in the queue is not (keyed by run)."""
+    settings = make_settings(tmp_path, db_url, redis_url=redis_url, secret_key=secrets.token_hex(24))
+    create_dataset(db_url, cap=10.0)
+    seed_ratings(db_url, "default", synthetic_ratings())
+    first, second = (train_requests.submit_training(settings=settings, url=db_url, dataset="default", epsilon=1.0,
+                                                    hyperparameters={**HYPER, "rank": rank}, actor="admin")
+                     for rank in (4, 5))
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        assert broker.llen(dispatch.QUEUE) == 2
+        assert dispatch.runs_with_broker(redis_url) == {first, second}
+        _sent_minutes_ago(db_url, 2)
+        assert dispatch.drain_outbox(url=db_url, settings=settings) == []  # both still with the broker
+        broker.rpop(dispatch.QUEUE)  # the oldest message (first's; kombu pushes left, pops right) lost
+        broker.delete("unacked")
+        assert dispatch.runs_with_broker(redis_url) == {second}
+        assert dispatch.drain_outbox(url=db_url, settings=settings) == [first]
+        broker.flushdb()  # the broker restarts empty
+        assert dispatch.drain_outbox(url=db_url, settings=settings) == [second]  # first was sent just now
+        _sent_minutes_ago(db_url, 2)
+        assert dispatch.drain_outbox(url=db_url, settings=settings) == [first]
+        assert broker.llen(dispatch.QUEUE) == 2  # one message per run
+        assert dispatch.REQUEUE_AFTER_S <= 60
+    finally:
+        broker.delete(dispatch.QUEUE)
+        broker.close()
+    assert runner.run_training(first, url=db_url, settings=settings) == "succeeded"
+    assert runner.run_training(first, url=db_url, settings=settings) == "succeeded"  # a duplicate: a no-op
+    with session_scope(db_url) as s:
+        kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == first)))
+        assert sorted(kinds) == ["commit", "reservation"]
+
+
+def _sent_minutes_ago(db_url: str, minutes: int) -> None:
+    with session_scope(db_url) as s:
+        s.execute(update(TrainingRun).where(TrainingRun.status == "queued")
+                  .values(enqueued_at=utcnow() - timedelta(minutes=minutes)))

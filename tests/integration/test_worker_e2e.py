@@ -253,3 +253,35 @@ def test_celery_beat_retrains_on_schedule_from_public_facts_within_budget(pg_url
     finally:
         _kill(beat)
         _kill(worker)
+
+
+@pytest.mark.integration
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_run_lost_with_a_restarted_redis_is_trained_by_a_real_worker(pg_url, redis_url, tmp_path):
+    """A run sent while no worker listened, then lost with the broker (a non-persistent Redis
+    restarting: the test flushes it): a real worker starting a minute later re-sends it (its
+    message is no longer with the broker) and trains it, charged once."""
+    import redis
+
+    settings = make_settings(tmp_path, pg_url, redis_url=redis_url, secret_key=secrets.token_hex(24),
+                             run_heartbeat_s=1.0, run_stale_after_s=30.0)
+    create_dataset(pg_url, cap=10.0)
+    seed_ratings(pg_url, "default", synthetic_ratings())
+    run_id = train_requests.submit_training(settings=settings, url=pg_url, dataset="default", epsilon=1.0,
+                                            hyperparameters=SMALL, actor="admin")
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        assert broker.llen(dispatch.QUEUE) == 1
+        broker.flushdb()  # the broker restarts empty
+    finally:
+        broker.close()
+    with session_scope(pg_url) as s:  # sent a minute and a half ago
+        s.get_one(TrainingRun, run_id).enqueued_at = TrainingRun.enqueued_at - func.make_interval(0, 0, 0, 0, 0, 0, 90)
+    worker = _start_worker(settings, tmp_path, "wl")
+    try:
+        run = _wait(pg_url, run_id, lambda r: r.status in ("succeeded", "failed"), timeout=180)
+        assert run.status == "succeeded", (tmp_path / "wl.log").read_text()[-3000:]
+        assert _kinds(pg_url, run_id) == ["reservation", "commit"]
+    finally:
+        _kill(worker)

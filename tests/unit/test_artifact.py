@@ -55,3 +55,25 @@ def test_wrong_version_is_refused(tmp_path, model):
 def test_missing_artifact(tmp_path):
     with pytest.raises(ArtifactError):
         load_model(tmp_path / "nothing")
+
+
+_FULL_DISK = """
+import resource, signal, sys
+import numpy as np
+from app.core.mf.artifact import write_sealed
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # a disk that fills up after 4 KiB
+try:
+    write_sealed(sys.argv[1], {"x": np.arange(100_000, dtype=np.float64)}, {"format_version": 2})
+except OSError:
+    sys.exit(3)
+"""
+
+
+def test_a_failed_artifact_write_leaves_no_temporary_file(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path / "model")], capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

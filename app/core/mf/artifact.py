@@ -129,10 +129,15 @@ def save_model(model: PublicModel, path: str | os.PathLike[str]) -> ArtifactInfo
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, then rename: readers never see a partial file."""
+    """Write to a temporary sibling, then rename: readers never see a partial file, and a failed
+    write (a full disk) leaves no temporary file behind."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_model(path: str | os.PathLike[str], *, expected_sha256: str | None = None) -> PublicModel:

@@ -170,8 +170,11 @@ class SqlRatings:
             select(Vote.dataset_id, func.count()).where(Vote.user_id == uid).group_by(Vote.dataset_id)).all()
         removed = rows_matched(self.session.execute(delete(Rating).where(Rating.user_id == uid)))
         self.session.execute(delete(User).where(User.id == uid))
+        changed: dict[int, int] = {}
         for ds_id, count in per_ds:
-            bump_ratings_version_sharded(self.session, ds_id, n=int(count))
+            changed[int(ds_id)] = changed.get(int(ds_id), 0) + int(count)
+        for ds_id in sorted(changed):  # the version shards last, in data-set order (LOCK ORDER)
+            bump_ratings_version_sharded(self.session, ds_id, n=changed[ds_id])
         return int(removed)
 
     def user_ratings(self, dataset_id: int, user_id: str) -> tuple[list[str], list[float]]:

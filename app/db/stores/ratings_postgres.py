@@ -10,6 +10,16 @@ would take it exclusively too). So a delete either committed before the writer's
 which then no longer sees the user (it is created again), or waits until the writer's ratings
 are committed and deletes them: no orphan either way. Deletes are rare and short; while one
 waits, new writers queue behind it (PostgreSQL grants lock requests in order).
+
+LOCK ORDER, shared by batches, single writes, imports, rating and user deletes and the version
+counters (so no two of them wait on each other in a cycle): (1) the references lock (shared by
+writers, exclusive by a user delete); (2) user rows, in external-id order; (3) rating rows, in
+(user, item) key order; (4) last, the data set's version shard rows (``ratings_version_shards``,
+keyed by the backend pid, so two connections can share one), in data-set id order, each bumped
+once after the rows it counts are written. The one-rating function of migration 0009 keeps the
+same order. A transaction that PostgreSQL nevertheless picks as a deadlock's victim (e.g. with a
+writer outside this store) is run again whole by the ingest use cases
+(:func:`app.db.session.retry_lock_conflicts`).
 """
 
 from __future__ import annotations
@@ -317,12 +327,11 @@ class PostgresRatingsStore(SqlRatings):
             result = self.session.execute(_UPSERT_ARRAYS, {
                 "ds": ds.id, "now": now, "u": pg_array(u.tolist()), "i": pg_array(i.tolist()),
                 "v": pg_array(v.tolist())})
-            bump_ratings_version_sharded(self.session, ds.id, n=len(order))
-            return set(map(tuple, result.all()))
+            created = set(map(tuple, result.all()))
+            bump_ratings_version_sharded(self.session, ds.id, n=len(order))  # the shard last (LOCK ORDER)
+            return created
         params = {"ds": ds.id, "now": now, "n": len(order)}
         with driver_connection(self.session).cursor() as cursor:
-            cursor.execute(_DRIVER_BUMP_BATCH, params)
-
             def copy_new() -> None:
                 # flushed: every row is with the server before while_copying takes the client's time
                 with pg_flushed_copy(cursor, _COPY_RATINGS) as copy:
@@ -332,12 +341,14 @@ class PostgresRatingsStore(SqlRatings):
 
             if PLAIN_INSERT_FIRST.worth_trying():
                 if pg_unless_unique_violation(cursor, copy_new):
+                    cursor.execute(_DRIVER_BUMP_BATCH, params)  # the version shard last (LOCK ORDER)
                     return None  # every row was new
                 PLAIN_INSERT_FIRST.missed()
             cursor.execute(_EMPTY_STAGE)
             with cursor.copy(_COPY_STAGE) as copy:
                 copy.write(pg_copy_triplets(u, i, v))
             row = cursor.execute(_DRIVER_UPSERT_STAGED, params).fetchone()
+            cursor.execute(_DRIVER_BUMP_BATCH, params)  # the version shard last (LOCK ORDER)
         created_users, created_items = row if row is not None else (None, None)
         return set(zip(created_users or [], created_items or [], strict=True))
 

@@ -69,7 +69,6 @@ class SqliteRatingsStore(SqlRatings):
                       now: datetime, while_copying: Callable[[], None] | None = None) -> set[tuple[int, int]] | None:
         """Multi-row upserts of :data:`~app.db.dialect.CHUNK` rows; a row whose ``created_at`` came
         back as ``now`` was created (each write has its own ``now``: the caller's clock)."""
-        bump_ratings_version_sharded(self.session, ds.id, n=len(user_ids))
         table = Rating.__table__
         created: set[tuple[int, int]] = set()
         now_key = _naive_utc(now)
@@ -84,6 +83,9 @@ class SqliteRatingsStore(SqlRatings):
             for uid, iid, created_at in self.session.execute(stmt):
                 if _naive_utc(created_at) == now_key:
                     created.add((uid, iid))
+        # the version counter last, as on PostgreSQL (LOCK ORDER in ratings_postgres); SQLite
+        # serialises writers anyway
+        bump_ratings_version_sharded(self.session, ds.id, n=len(user_ids))
         return created
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,

@@ -10,9 +10,11 @@ Calibration follows the algorithm's own accountant (``app.core.algorithms``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy.orm import Session
@@ -21,14 +23,16 @@ from app import ledger
 from app.config import Settings
 from app.core.algorithms import Algorithm, DatasetFacts, get_algorithm, resolve_hyperparameters
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
+from app.core.privacy.accounting import event_to_json
 from app.core.privacy.blocks import LEGACY
-from app.db.models import Dataset, RunStatus, TrainingRun
+from app.db.models import Dataset, RunStatus, TrainingRun, as_aware, utcnow
 from app.db.session import open_database, session_scope
 from app.db.stores.runs import runs_store
 from app.errors import (
     BudgetExceeded,
     CalibrationFailed,
     CatalogueTooSmall,
+    IdempotencyKeyReused,
     InvalidEpsilon,
     InvalidHyperparameters,
     InvalidIdempotencyKey,
@@ -38,11 +42,14 @@ from app.errors import (
 )
 from app.schemas.admin import TrainingRunOut
 from app.schemas.common import require_valid_page
+from app.schemas.hyperparameters import sampler_refusal
 from app.services.budget import get_dataset
 from app.services.training.dispatch import enqueue_run
 
 __all__ = [
     "MIN_EPSILON",
+    "RETRY_WINDOW_S",
+    "request_digest",
     "SECRET_CONFIG_KEYS",
     "base_config",
     "data_params",
@@ -59,6 +66,10 @@ __all__ = [
 
 SECRET_CONFIG_KEYS = ("seed",)  # never stored or published: it would let anyone strip the noise
 MIN_EPSILON = 1e-3  # smaller targets need absurd noise and are refused
+# A manual request without an idempotency key that repeats one of the last RETRY_WINDOW_S
+# seconds (same actor, same body) is a blind retry: it gets the earlier run, not a second charge.
+RETRY_WINDOW_S = 60.0
+_DERIVED_KEY_PREFIX = "auto:"
 
 
 def base_config(algo: Algorithm, ds: Dataset, hyperparameters: dict[str, Any] | None):
@@ -156,6 +167,7 @@ def start_training(
     trigger: str = "manual",
     idempotency_key: str | None = None,
     now: datetime | None = None,
+    retry_window_s: float = 0.0,
 ) -> TrainingRun:
     """Create a queued run and reserve its privacy cost (in the caller's transaction) on the privacy
     blocks that can pay for it at ``now`` (the clock; injectable), recorded on the run.
@@ -164,6 +176,9 @@ def start_training(
     budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
     ``onebit`` on votes randomised at ingestion, whose guarantee the ledger already holds); it
     is still reserved and committed, with a zero-cost event, so the ledger lists every run.
+    With ``retry_window_s`` (> 0, at most :data:`RETRY_WINDOW_S`) a request without a key is
+    matched to the same actor's identical request of that window (a blind retry gets the earlier
+    run); an idempotency key replayed with another body is 409 ``idempotency_key_reused``.
     Raises InvalidRequest / BudgetExceeded; does not commit. After committing, call
     :func:`enqueue_run` with the run id.
     """
@@ -184,12 +199,13 @@ def start_training(
         raise InvalidEpsilon("epsilon_fraction must lie in (0, 1]")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 128:
         raise InvalidIdempotencyKey("idempotency_key must have 1 to 128 characters")
+    digest = request_digest(actor=actor, algorithm=algorithm, epsilon=epsilon, epsilon_fraction=epsilon_fraction,
+                            hyperparameters=hyperparameters, objective=objective)
     ds = get_dataset(session, dataset)
     acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
-    if idempotency_key is not None:
-        existing = runs_store(session).run_by_idempotency_key(ds.id, idempotency_key)
-        if existing is not None:
-            return existing
+    existing, idempotency_key = _earlier_request(session, ds.id, idempotency_key, digest, retry_window_s)
+    if existing is not None:
+        return existing
     if epsilon is None and epsilon_fraction is not None:
         prior = ledger.current_block_spent(session, acct, now)  # the block users join now
         # a hair below the fraction: calibration tolerance must not push the total over the cap
@@ -220,6 +236,7 @@ def start_training(
             raise CalibrationFailed(f"cannot calibrate {algo.name} to epsilon {epsilon}: {exc}") from exc
     check_public_shape(algo, config, n_items)
     event = algo.event(config, n_items)
+    _check_sampler_range(algo, event, config, n_items)
     if free_run and _eps_rdp(event, acct.delta) != 0.0:
         raise InvalidEpsilon("give exactly one of epsilon or epsilon_fraction (only a run that costs "
                              "nothing, e.g. onebit on votes randomised at ingestion, may omit both)")
@@ -235,6 +252,7 @@ def start_training(
         trigger=trigger,
         actor=actor,
         idempotency_key=idempotency_key,
+        request_digest=digest,
         ratings_version=ds.ratings_version,
     )
     session.add(run)
@@ -245,6 +263,54 @@ def start_training(
     run.cohorts = list(entry.parameters.get("cohorts", []))  # the blocks it reads, chosen before any read
     return run
 
+
+
+def request_digest(*, actor: str, algorithm: str, epsilon: float | None, epsilon_fraction: float | None,
+                   hyperparameters: dict[str, Any] | None, objective: str | None) -> str:
+    """SHA-256 of who asked for what (actor and request body, canonical JSON): an idempotency
+    key replayed with another body is refused, and a keyless retry is recognised by it."""
+    body = {"actor": actor, "algorithm": algorithm, "epsilon": epsilon, "epsilon_fraction": epsilon_fraction,
+            "hyperparameters": hyperparameters or {}, "objective": objective}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=repr).encode()).hexdigest()
+
+
+def _derived_key(digest: str, window: int) -> str:
+    return f"{_DERIVED_KEY_PREFIX}{digest}:{window}"
+
+
+def _earlier_request(session: Session, dataset_id: int, key: str | None, digest: str,
+                     retry_window_s: float) -> tuple[TrainingRun | None, str | None]:
+    """(the run an earlier identical request created, the key the new run is stored with).
+
+    With a key: the run of that key (409 ``idempotency_key_reused`` when its body differed).
+    Without one and with ``retry_window_s`` > 0: the same actor's identical request of the last
+    ``retry_window_s`` seconds, found by a key derived from the digest and the index of the
+    :data:`RETRY_WINDOW_S`-long window (this window's, or the previous one's while young enough)."""
+    store = runs_store(session)
+    if key is not None:
+        existing = store.run_by_idempotency_key(dataset_id, key)
+        if existing is not None and existing.request_digest not in (None, digest):
+            raise IdempotencyKeyReused("this idempotency_key was used for a different request body; "
+                                       "use a new key for a new run")
+        return existing, key
+    if retry_window_s <= 0:
+        return None, None
+    now = utcnow()
+    window = int(now.timestamp() // RETRY_WINDOW_S)
+    cutoff = now - timedelta(seconds=min(retry_window_s, RETRY_WINDOW_S))
+    for index in (window, window - 1):
+        existing = store.run_by_idempotency_key(dataset_id, _derived_key(digest, index))
+        if existing is not None and (index == window or as_aware(existing.created_at) > cutoff):
+            return existing, None
+    return None, _derived_key(digest, window)
+
+
+def _check_sampler_range(algo: Algorithm, event: Any, config: Any, n_items: int) -> None:
+    """422 before anything is reserved when a release is beyond the exact noise sampler's range
+    for the catalogue the reservation uses (a run that cannot be drawn is never charged)."""
+    refusal = sampler_refusal(algo.name, event_to_json(event), algo.public_config(config), n_items)
+    if refusal is not None:
+        raise InvalidHyperparameters(f"invalid {algo.name} hyper-parameters: {refusal}")
 
 
 def submit_training(*, settings: Settings, url: str | None = None, **kwargs: Any) -> int:

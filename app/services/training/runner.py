@@ -40,7 +40,7 @@ from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
 from app.db.loaders import load_training_inputs
 from app.db.models import TrainingRun, as_aware, utcnow
-from app.db.session import open_database, session_scope
+from app.db.session import open_database, ride_out_outage, session_scope
 from app.db.stores.runs import runs_store
 from app.errors import RunNotRunning
 from app.services.budget import get_dataset
@@ -163,7 +163,10 @@ def _progress_writer(run_id: int, url: str) -> Callable[[float, str], None]:
         if fraction < 1.0 and now - last[0] < 0.5:
             return
         last[0] = now
-        _set_progress(run_id, url, 0.10 + 0.80 * min(max(float(fraction), 0.0), 1.0), f"training: {stage}"[:64])
+        try:
+            _set_progress(run_id, url, 0.10 + 0.80 * min(max(float(fraction), 0.0), 1.0), f"training: {stage}"[:64])
+        except Exception as exc:  # noqa: BLE001 - progress is best effort: a database outage must not fail training
+            log.warning("progress of run %s not written (%s)", run_id, type(exc).__name__)
 
     return write
 
@@ -209,28 +212,38 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
         log.info("training run %s not started: %s", run_id, outcome)
         return outcome
     assert info is not None
+    # a database outage shorter than the reaper's patience is ridden out, not a failed run
+    outage_s = s_.run_stale_after_s
     try:
         with _Heartbeat(run_id, url, s_.run_heartbeat_s):
-            model = _train(run_id, url, info)
-            _set_progress(run_id, url, 0.95, "publishing")
-            _publish(run_id, url, model, s_)
+            model = _train(run_id, url, info, outage_s)
+            ride_out_outage(lambda: _set_progress(run_id, url, 0.95, "publishing"), within_s=outage_s)
+            ride_out_outage(lambda: _publish(run_id, url, model, s_), within_s=outage_s)
         return "succeeded"
     except BaseException as exc:  # noqa: BLE001 - every failure must land in the run row
-        _record_failure(run_id, url, exc)
+        _record_failure(run_id, url, exc, outage_s)
         if not isinstance(exc, Exception):
             raise
         return "failed"
 
 
-def _record_failure(run_id: int, url: str, exc: BaseException) -> None:
-    """Fail the run (refund only before the private read); log nothing derived from the data."""
-    try:
+def _record_failure(run_id: int, url: str, exc: BaseException, outage_s: float = 0.0) -> None:
+    """Fail the run (refund only before the private read), riding out a database outage of up
+    to ``outage_s``; log nothing derived from the data."""
+
+    def fail() -> bool | None:
         with session_scope(url) as s:
             run = lock_run(s, run_id)
             if run is None or run.status != "running":
-                return
+                return None
             read = run.private_data_read
             _fail(s, run, exc, actor="worker")
+            return read
+
+    try:
+        read = ride_out_outage(fail, within_s=outage_s)
+        if read is None:
+            return
         if read:
             log.warning("training run %s failed after reading private data (category %s)", run_id, error_category(exc))
         else:
@@ -257,12 +270,11 @@ def _public_checks(run_id: int, url: str, info: dict[str, Any], algo: Algorithm,
 
 
 def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
-    """Commit ``private_data_read`` (the point of no refund), then read the training data.
+    """Read the training data (after ``private_data_read`` was committed: the point of no refund).
 
     A free pre-randomised run locks the data set's vote settings, re-checks them (public) and
     reads only the bits randomised with its ε0 (:func:`app.db.loaders.load_votes`), so which bits exist never
-    decides whether it fails."""
-    _mark_private_data_read(run_id, url)
+    decides whether it fails. (The caller commits ``private_data_read`` first.)"""
     with session_scope(url) as s:
         ds = get_dataset(s, info["dataset"])
         local_epsilon = algo.pre_randomised_epsilon(info["config"])
@@ -275,15 +287,18 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     return data, extra_inputs
 
 
-def _train(run_id: int, url: str, info: dict[str, Any]) -> Any:
+def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float) -> Any:
+    """Public checks, the private read and training; each database step rides out an outage of
+    up to ``outage_s`` (:func:`ride_out_outage`)."""
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
-    reserved_event = _public_checks(run_id, url, info, algo, config)
-    ratings, extra_inputs = _read_private(run_id, url, info, algo)
+    reserved_event = ride_out_outage(lambda: _public_checks(run_id, url, info, algo, config), within_s=outage_s)
+    ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s)
+    ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
     if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
         raise RuntimeError("the run's config no longer matches its privacy reservation")
-    _set_progress(run_id, url, 0.10, "training")
+    ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s)
     model = algo.train(ratings, config, progress=_progress_writer(run_id, url), **extra_inputs)
     del ratings
     if model.event is None or event_to_json(model.event) != reserved_event:
