@@ -43,6 +43,18 @@ if (login) {
 // ------------------------------------------------------------------ dashboard
 const base = () => `/dashboard/api/datasets/${encodeURIComponent(dataset())}`;
 
+// which cap binds, named: this data set's or the per-person budget it counts against
+function capName(kind, dataset, personBudget) {
+  if (kind === "dataset") return `data set cap (${dataset})`;
+  if (kind === "person_budget") return `person budget cap (${text(personBudget)})`;
+  return "no cap (the run costs nothing)";
+}
+
+function showCap(id, kind, dataset, personBudget) {
+  $(id).textContent = capName(kind, dataset, personBudget);
+  $(id).dataset.cap = text(kind);
+}
+
 async function loadSummary() {
   const eps = parseFloat($("proj-eps").value) || 1;
   const s = await api(`${base()}/summary?epsilon=${eps}`);
@@ -54,6 +66,10 @@ async function loadSummary() {
   $("relations").textContent = (b.neighbouring_relations || []).join(", ") || "none charged yet";
   $("account-relation").textContent = text(b.neighbouring_relation);
   const pb = b.person_budget;
+  $("remaining").textContent = b.remaining_epsilon;
+  showCap("binding-cap", b.binding_cap, b.dataset, pb && pb.name);
+  $("dataset-remaining").textContent = text(b.dataset_remaining_epsilon);
+  $("person-remaining").textContent = pb ? `${pb.remaining_epsilon} (${pb.name})` : "no person budget";
   $("person-budget").textContent = pb
     ? `${pb.name}: spent ${pb.spent_epsilon_rdp} (RDP; PLD ${text(pb.spent_epsilon_pld)}) of cap ${pb.epsilon_cap} at δ ${pb.delta}, ` +
       `${pb.neighbouring_relation}; data sets ${pb.datasets.join(", ")} (the unit is a user id)`
@@ -66,10 +82,14 @@ async function loadSummary() {
   $("chain").appendChild(mark);
   const p = s.projection;
   $("projection").textContent = p
-    ? `a ${p.algorithm} run at ε = ${p.epsilon} composes to ${p.composed_epsilon_rdp} (RDP; PLD ${p.composed_epsilon_pld}) of cap ${p.epsilon_cap}; ` +
-      (p.affordable_runs === null ? "such runs cost nothing" :
-        `runs of ε = ${p.epsilon} still affordable: ${p.affordable_runs}${p.affordable_runs_capped ? "+" : ""}`)
+    ? `a ${p.algorithm} run at ε = ${p.epsilon} composes to ${p.composed_epsilon_rdp} (RDP; PLD ${p.composed_epsilon_pld}) of cap ${p.epsilon_cap}` +
+      (p.person_budget ? `; person budget ${p.person_budget}: ${p.person_composed_epsilon_rdp} of cap ${p.person_epsilon_cap}` : "")
     : `no projection: ${text(s.projection_error)}`;
+  $("affordable").textContent = !p ? "unknown" :
+    p.affordable_runs === null ? "unlimited (such runs cost nothing)" :
+      `${p.affordable_runs}${p.affordable_runs_capped ? "+" : ""}`;
+  if (p) showCap("projection-binding", p.binding_cap, p.dataset, p.person_budget);
+  else { $("projection-binding").textContent = "unknown"; $("projection-binding").dataset.cap = ""; }
   $("chart").innerHTML = s.chart.svg;  // server-rendered SVG (numbers and fixed labels only)
   $("chart").dataset.points = s.chart.points;
 }

@@ -93,3 +93,29 @@ def test_dashboard_json_is_typed(sqlite_env: Env) -> None:
         page = Page[model].model_validate(body)  # type: ignore[valid-type]  # model is a class bound per case
         assert set(body) == {"items", "total", "offset", "limit", "next_offset"}, path
         assert page.next_offset == (1 if page.total > 1 else None), path
+
+
+def test_summary_shows_every_cap_like_the_admin_api(sqlite_env: Env) -> None:
+    """The page's budget and projection compose the data set's cap and its person budget's exactly
+    as the admin API does, and name the cap that binds (here the person budget, set below the data set's)."""
+    c = sqlite_env.client
+    admin = {"Authorization": f"Bearer {sqlite_env.token('root', 'admin')}"}
+    budget = c.get("/v1/admin/datasets/default/budget", headers=admin).json()
+    lowered = c.put("/v1/admin/person-budgets/all", headers=admin,
+                    json={"epsilon_cap": budget["epsilon_cap"] / 2})
+    assert lowered.status_code == 200, lowered.text
+    budget = c.get("/v1/admin/datasets/default/budget", headers=admin).json()
+    projection = c.get("/v1/admin/datasets/default/budget/projection", headers=admin, params={"epsilon": 1.0}).json()
+    assert budget["binding_cap"] == projection["binding_cap"] == "person_budget"
+    _sign_in(sqlite_env)
+    summary = c.get("/dashboard/api/datasets/default/summary", params={"epsilon": 1.0}).json()
+    shown, planned = summary["budget"], summary["projection"]
+    for key in ("remaining_epsilon", "dataset_remaining_epsilon", "binding_cap", "person_budget"):
+        assert shown[key] == budget[key], key
+    for key in ("affordable_runs", "affordable_runs_capped", "binding_cap", "person_budget",
+                "person_epsilon_cap", "person_spent_epsilon_rdp", "person_composed_epsilon_rdp"):
+        assert planned[key] == projection[key], key
+    page = c.get("/dashboard", params={"dataset": "default"}).text
+    for element in ("remaining", "binding-cap", "dataset-remaining", "person-remaining", "affordable",
+                    "projection-binding"):
+        assert f'id="{element}"' in page, element

@@ -1,5 +1,6 @@
 """The dashboard in a real browser (Debian chromium + chromedriver via Selenium) against
-`privrec serve`: sign in, the chart has one point per ledger entry, start a training and watch it
+`privrec serve`: sign in, the chart has one point per ledger entry, the remaining ε, the binding
+cap (data set's or person budget's) and the affordable runs are the admin API's, start a training and watch it
 reach "published" without reloading, activate the older version and see the served model change;
 the page runs under its Content-Security-Policy without a single violation; after sign-out the
 session cookie copied before it opens nothing. Screenshots go to tests/artifacts/screenshots
@@ -73,6 +74,33 @@ def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
     raise AssertionError(f"timed out waiting for {what}: {last!r}")
 
 
+CAP_NAMES = {"dataset": "data set cap (default)", "person_budget": "person budget cap (all)"}
+
+
+def _caps_shown(driver, client: httpx.Client, admin: dict[str, str]) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the page shows what the admin API returns now: the binding remaining ε, the cap that
+    binds (named), each cap's remaining ε and the affordable runs at the page's ε = 1."""
+    from selenium.webdriver.common.by import By
+
+    def shown(element: str) -> str:
+        return str(driver.find_element(By.ID, element).text)
+
+    def cap(element: str) -> str:
+        return str(driver.find_element(By.ID, element).get_attribute("data-cap"))
+
+    budget = client.get("/v1/admin/datasets/default/budget", headers=admin).json()
+    plan = client.get("/v1/admin/datasets/default/budget/projection", headers=admin, params={"epsilon": 1}).json()
+    affordable = f"{plan['affordable_runs']}{'+' if plan['affordable_runs_capped'] else ''}"
+    return (float(shown("remaining")) == budget["remaining_epsilon"]
+            and cap("binding-cap") == budget["binding_cap"] and shown("binding-cap") == CAP_NAMES[budget["binding_cap"]]
+            and float(shown("dataset-remaining")) == budget["dataset_remaining_epsilon"]
+            and shown("person-remaining").endswith(" (all)")
+            and float(shown("person-remaining").split()[0]) == budget["person_budget"]["remaining_epsilon"]
+            and shown("affordable") == affordable
+            and cap("projection-binding") == plan["binding_cap"]
+            and shown("projection-binding") == CAP_NAMES[plan["binding_cap"]])
+
+
 def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
     _require_browser()
     from selenium.webdriver.common.by import By
@@ -110,6 +138,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert driver.find_element(By.ID, "account-relation").text == "add_or_remove_one_user"
             assert driver.find_element(By.ID, "person-budget").text.startswith("all: spent ")
             _wait(lambda: "composes to" in driver.find_element(By.ID, "projection").text, 30, "the projection")
+            _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps the API returns")
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
             # start a training from the page and watch it without reloading
@@ -136,6 +165,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert new_version != first_version
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) ==
                   client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"], 30, "chart update")
+            _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps after the run")
             driver.save_screenshot(str(SHOTS / "02-trained.png"))
 
             # roll back to the demo's version
@@ -144,6 +174,14 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
                   30, "the served model to change")
             assert client.get("/v1/datasets/default/model").json()["version"] == first_version
             driver.save_screenshot(str(SHOTS / "03-rolled-back.png"))
+
+            # with the person budget's cap below the data set's, the page names it as the binding cap
+            lowered = client.put("/v1/admin/person-budgets/all", headers=admin, json={"epsilon_cap": 5})
+            assert lowered.status_code == 200, lowered.text
+            driver.refresh()
+            _wait(lambda: driver.find_element(By.ID, "binding-cap").get_attribute("data-cap") == "person_budget",
+                  30, "the person budget to bind")
+            _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps under the person budget")
 
             # a write without the CSRF header is refused even with the cookie
             refused = driver.execute_script(
