@@ -147,17 +147,21 @@ def test_api_servers_keep_slow_starting_workers_and_log_no_raw_paths(monkeypatch
     import uvicorn
 
     from app import api_workers
-    from app.config import Settings
 
     seen: dict = {}
-    monkeypatch.setattr(cli, "_settings", lambda: Settings(redis_url=None, database_url="sqlite:///:memory:"))
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///:memory:")  # the settings come from the environment
+    monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: seen.update(options))
     monkeypatch.setattr(api_workers, "Supervisor",
                         lambda config, sockets: seen.update(config=config, sockets=sockets) or _NoRun())
     monkeypatch.setattr(api_workers, "reuse_port_listeners", lambda host, port, count: [None] * count)
-    cli.main(["api", "--port", "8123"])
-    assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
-    cli.main(["api", "--port", "8123", "--workers", "2"])
+    reset_settings_cache()
+    try:
+        cli.main(["api", "--port", "8123"])
+        assert seen["access_log"] is False and seen["timeout_worker_healthcheck"] == cli.WORKER_HEALTHCHECK_S >= 30
+        cli.main(["api", "--port", "8123", "--workers", "2"])
+    finally:
+        reset_settings_cache()
     config = seen["config"]
     assert config.workers == 2 and config.access_log is False and len(seen["sockets"]) == 2
     assert config.timeout_worker_healthcheck == cli.WORKER_HEALTHCHECK_S

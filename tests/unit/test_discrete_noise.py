@@ -199,29 +199,24 @@ def test_numpy_log_is_within_the_assumed_error():
     assert abs(discrete_noise._LN_CELLS - 53 * math.log(2)) <= 2.0**-48
 
 
-@pytest.fixture()
-def exact_path_only(monkeypatch: pytest.MonkeyPatch):
-    """A margin so wide that the float fast path decides nothing: every draw takes the exact path."""
-    monkeypatch.setattr(discrete_noise, "_MARGIN", 1.0)
-    monkeypatch.setattr(discrete_noise, "_BLOCK", 1 << 10)
+EXACT_PATH_ONLY = {"margin": 1.0, "block": 1 << 10}  # the float fast path decides nothing: all exact
 
 
 @pytest.mark.parametrize("sigma", [1, 3])
-def test_exact_path_alone_samples_the_discrete_gaussian(sigma: int, exact_path_only):
-    draws = discrete_gaussian(np.random.default_rng(11), sigma, 20_000)
+def test_exact_path_alone_samples_the_discrete_gaussian(sigma: int):
+    draws = discrete_gaussian(np.random.default_rng(11), sigma, 20_000, **EXACT_PATH_ONLY)
     assert _chi_square_p(draws, lambda x: discrete_gaussian_pmf(sigma, x)) > 1e-3
 
 
-def test_exact_path_alone_samples_the_discrete_laplace(exact_path_only):
-    draws = discrete_laplace_exact(np.random.default_rng(12), 2, 3, 20_000)
+def test_exact_path_alone_samples_the_discrete_laplace():
+    draws = discrete_laplace_exact(np.random.default_rng(12), 2, 3, 20_000, **EXACT_PATH_ONLY)
     assert _chi_square_p(draws, lambda x: math.tanh(1 / 3) * np.exp(-(2 / 3) * np.abs(x))) > 1e-3
 
 
-def test_a_wider_margin_does_not_change_the_law_at_large_sigma(monkeypatch: pytest.MonkeyPatch):
+def test_a_wider_margin_does_not_change_the_law_at_large_sigma():
     """With a margin of 2^-16 a few percent of the comparisons take the exact path: same moments."""
-    monkeypatch.setattr(discrete_noise, "_MARGIN", 2.0**-16)
     sigma = 2**12
-    draws = discrete_gaussian(np.random.default_rng(13), sigma, 40_000).astype(np.float64)
+    draws = discrete_gaussian(np.random.default_rng(13), sigma, 40_000, margin=2.0**-16).astype(np.float64)
     assert abs(draws.mean()) < 5 * sigma / math.sqrt(len(draws))
     assert draws.var() / sigma**2 == pytest.approx(1.0, abs=0.04)
     assert stats.kurtosis(draws) == pytest.approx(0.0, abs=0.12)
@@ -238,18 +233,19 @@ def test_draws_are_int64_and_shaped_and_sigma_is_bounded():
         discrete_gaussian(rng, 2.5, 3)
 
 
-def _vectorised_gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
+def _vectorised_gaussian_block(rng: np.random.Generator, sigma: int, n: int,
+                               margin: float = discrete_noise._MARGIN) -> np.ndarray:
     """The fast path as numpy array operations (the sampler before it was compiled): the reference."""
     first = discrete_noise._uniform_cells(rng, n)
     second = discrete_noise._uniform_cells(rng, n, extra_bits=1)
     y1, slack1 = discrete_noise._minus_log_uniform(first)
     x = sigma * y1
-    magnitude, sure = discrete_noise._floor_is_certain(x, sigma * slack1 + (x + 64.0 * sigma) * discrete_noise._MARGIN)
+    magnitude, sure = discrete_noise._floor_is_certain(x, sigma * slack1 + (x + 64.0 * sigma) * margin)
     scaled_gap = (magnitude - sigma) * (1.0 / (sigma * math.sqrt(2.0)))
     gamma = scaled_gap * scaled_gap
     y2, slack2 = discrete_noise._minus_log_uniform(second >> 1)
     gap = y2 - gamma
-    sure &= np.abs(gap) > slack2 + (y2 + gamma + 64.0) * discrete_noise._MARGIN
+    sure &= np.abs(gap) > slack2 + (y2 + gamma + 64.0) * margin
     accept = gap > 0
     negative = (second & 1).astype(bool)
     for i in np.flatnonzero(~sure):
@@ -262,32 +258,30 @@ def _vectorised_gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> 
 
 @pytest.mark.parametrize(("sigma", "margin"), [(1, None), (3, None), (2**10, None), (2**20, None), (2**40 - 1, None),
                                                (2**12, 2.0**-16), (5, 1.0)])
-def test_compiled_path_draws_as_numpy_did(sigma: int, margin: float | None, monkeypatch: pytest.MonkeyPatch):
+def test_compiled_path_draws_as_numpy_did(sigma: int, margin: float | None):
     """The compiled fast path takes the same decisions as the vectorised float64 form, bit for bit,
     the exact path included (a wide margin sends a few percent, or all, of the draws there)."""
-    if margin is not None:
-        monkeypatch.setattr(discrete_noise, "_MARGIN", margin)
-    compiled = discrete_gaussian(np.random.default_rng(21), sigma, 60_000)
+    margin = discrete_noise._MARGIN if margin is None else margin
+    compiled = discrete_gaussian(np.random.default_rng(21), sigma, 60_000, margin=margin)
     rng = np.random.default_rng(21)  # the sampler before the compiled pass: vectorised blocks, collected
-    reference = discrete_noise._collect(lambda m: _vectorised_gaussian_block(rng, sigma, m), 60_000, 0.7)
+    reference = discrete_noise._collect(lambda m: _vectorised_gaussian_block(rng, sigma, m, margin), 60_000, 0.7)
     assert np.array_equal(compiled, reference)
     rng = np.random.default_rng(21)  # the compiled pass returning arrays, collected (the previous sampler)
-    blocks = discrete_noise._collect(lambda m: discrete_noise._gaussian_block(rng, sigma, m), 60_000, 0.7)
+    blocks = discrete_noise._collect(lambda m: discrete_noise._gaussian_block(rng, sigma, m, margin), 60_000, 0.7)
     assert np.array_equal(compiled, blocks)
 
 
 @pytest.mark.parametrize("margin", [None, 2.0**-36, 1.0])  # none, some (~1 in 6), every block settled exactly
-def test_blocks_written_in_place_leave_the_stream_as_it_was(margin: float | None, monkeypatch: pytest.MonkeyPatch):
+def test_blocks_written_in_place_leave_the_stream_as_it_was(margin: float | None):
     """Draws written straight into the output (the compiled compaction, and its fallback where the
     exact path settles a block) continue the generator's stream exactly as collected blocks did:
     later draws from the same generator are equal too."""
-    if margin is not None:
-        monkeypatch.setattr(discrete_noise, "_MARGIN", margin)
+    margin = discrete_noise._MARGIN if margin is None else margin
     sigma, sizes = 2**12 + 3, (1, 17, 20_000, 50_001)
     fast, slow = np.random.default_rng(5), np.random.default_rng(5)
     for size in sizes:
-        written = discrete_gaussian(fast, sigma, size)
-        collected = discrete_noise._collect(lambda m: _vectorised_gaussian_block(slow, sigma, m), size, 0.7)
+        written = discrete_gaussian(fast, sigma, size, margin=margin)
+        collected = discrete_noise._collect(lambda m: _vectorised_gaussian_block(slow, sigma, m, margin), size, 0.7)
         assert np.array_equal(written, collected)
     assert fast.integers(0, 2**62) == slow.integers(0, 2**62)
 

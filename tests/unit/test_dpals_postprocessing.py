@@ -13,8 +13,16 @@ import pytest
 
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
-from app.core.mf.dpals import DPALSConfig, average_releases, pool_item_grams, pooled_gram, train_dpals
-from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian
+from app.core.mf.dpals import (
+    DPALSConfig,
+    average_releases,
+    fit_dpals,
+    pool_item_grams,
+    pooled_gram,
+    train_dpals,
+)
+from app.core.privacy.discrete_noise import grid_gaussian
+from app.core.privacy.releaser import audit_tap
 from app.core.privacy.sampling import clip_rows
 
 
@@ -75,83 +83,46 @@ def test_pooled_gram_is_the_weight_normalised_sum():
     assert none == 0.0
 
 
-def test_pooled_item_step_is_a_function_of_the_releases(monkeypatch: pytest.MonkeyPatch):
+def test_pooled_item_step_is_a_function_of_the_releases():
     """Rebuild the pooled solve from the released Ã_j, b̃_j and recounts alone."""
-    released: list[np.ndarray] = []
-    original, original_symmetric = GridGaussian.release, GridGaussian.release_symmetric
-
-    def recording(self, rng, value):
-        out = original(self, rng, value)
-        released.append(out)
-        return out
-
-    def recording_symmetric(self, rng, value, out=None, mirror=True):
-        assert mirror  # pooling reads whole matrices
-        out = original_symmetric(self, rng, value, out=out, mirror=mirror)
-        released.append(out.copy())  # the released Ã_j of the chunk, whole matrices
-        return out
-
-    monkeypatch.setattr(GridGaussian, "release", recording)
-    monkeypatch.setattr(GridGaussian, "release_symmetric", recording_symmetric)
-    monkeypatch.setenv("PRIVREC_THREADS", "1")  # chunks released in order
     config = _config(n_steps=1, gram_pooling=3.0, reg_gravity=0.0)
-    items: list[tuple] = []
-    original_step = dpals._item_step
-
-    def capture(prep, padded, cfg, releaser, public=None):
-        released.clear()
-        factors = original_step(prep, padded, cfg, releaser, public)
-        items.append((prep, factors, list(released)))
-        return factors
-
-    monkeypatch.setattr(dpals, "_item_step", capture)
-    train_dpals(_ratings(), config)
-    prep, factors, draws = items[0]
+    with audit_tap() as tap:
+        fit = fit_dpals(_ratings(), config)
+    prep, factors = fit.prep, fit.item_factors  # one step: the published V is that step's
     rank, n = config.rank, len(prep.frequent)
     upper = rank * (rank + 1) // 2
-    # chunk by chunk: the Gram release (whole symmetric matrices), then the linear one
-    grams, rhs, order = [], [], []
-    position = 0
-    for chunk in dpals._item_chunks(prep.item_plan):
-        rows = chunk.rows if isinstance(chunk, dpals.Bucket) else chunk
-        full, lin = draws[position], draws[position + 1]
-        position += 2
+    # chunk by chunk (in any order: chunks are released in parallel), the Gram release (whole
+    # symmetric matrices: pooling mirrors them) and the linear one, each row at its item's position
+    grams, rhs = np.full((n, rank, rank), np.nan), np.full((n, rank), np.nan)
+    for rows, full in tap.rows["item_grams"]:
         assert full.shape == (len(rows), rank, rank) and np.array_equal(full, full.transpose(0, 2, 1))
-        grams.append(full)
-        rhs.append(lin.reshape(len(rows), rank))
-        order.append(rows)
-    assert position == len(draws)
+        grams[rows] = full
+    for rows, lin in tap.rows["item_linear"]:
+        rhs[rows] = lin.reshape(len(rows), rank)
+    assert not np.isnan(grams).any() and not np.isnan(rhs).any()  # every trained item released
+    assert sum(len(rows) for rows, _ in tap.rows["item_grams"]) == n  # once
     gram_std = grid_gaussian(np.sqrt(config.contribution_bound) * config.clip_user**2,
                              config.noise_multipliers()["gram"], n * upper).std
-    mean_gram, scale = pooled_gram(grams, prep.recounts, gram_std)
+    mean_gram, scale = pooled_gram([grams], prep.recounts, gram_std)
     shift = dpals.PSD_SHIFT * dpals.noise_edge(gram_std, rank)
     ridge = config.reg_item * dpals.item_ridge_weights(prep.recounts, config.item_reg_exponent)
-    rebuilt = np.empty((n, rank))
-    for rows, gram, b in zip(order, grams, rhs, strict=True):
-        pooled, weights = pool_item_grams(gram, prep.recounts[rows], mean_gram, scale, config.gram_pooling)
-        rebuilt[rows] = dpals._solve_projected(pooled, b, ridge[rows], None, None, 0.0, shift * weights[:, None])
+    pooled, weights = pool_item_grams(grams, prep.recounts, mean_gram, scale, config.gram_pooling)
+    rebuilt = dpals._solve_projected(pooled, rhs, ridge, None, None, 0.0, shift * weights[:, None])
     assert np.allclose(rebuilt, factors)
 
 
-def test_average_last_publishes_the_mean_of_the_last_released_factors(monkeypatch: pytest.MonkeyPatch):
-    steps: list[np.ndarray] = []
-    original_step = dpals._item_step
-
-    def capture(*args, **kwargs):
-        factors = original_step(*args, **kwargs)
-        steps.append(factors.copy())
-        return factors
-
-    monkeypatch.setattr(dpals, "_item_step", capture)
-    config = _config(n_steps=4, average_last=3)
-    model = train_dpals(_ratings(), config)
-    expected = np.mean(steps[-3:], axis=0)
+def test_average_last_publishes_the_mean_of_the_last_released_factors():
+    """V_t of a T-step run is the published V of the same run stopped after t steps (the noise of
+    each step is drawn from its own streams), so the average is the mean of those."""
+    ratings, config = _ratings(), _config(n_steps=4, average_last=3)
+    model = train_dpals(ratings, config)
+    steps = [train_dpals(ratings, replace(config, n_steps=t, average_last=1)) for t in (2, 3, 4)]
+    expected = np.mean([step.item_factors[step.trained_mask] for step in steps], axis=0)
+    assert np.array_equal(model.trained_mask, steps[-1].trained_mask)
     assert np.allclose(model.item_factors[model.trained_mask], expected)
-    # training itself is unchanged: the steps' releases match a run publishing the last V only
-    steps.clear()
-    last = train_dpals(_ratings(), replace(config, average_last=1))
-    assert np.allclose(last.item_factors[last.trained_mask], steps[-1])
-    assert np.array_equal(average_releases([steps[-1]]), steps[-1])
+    assert not np.allclose(model.item_factors, steps[-1].item_factors)  # averaging changed the published V
+    last = steps[-1].item_factors[steps[-1].trained_mask]
+    assert np.array_equal(average_releases([last]), last)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +154,9 @@ def test_each_cg_user_step_starts_from_the_last_unclipped_solutions(monkeypatch)
         gathered.append(padded.copy())
         return real_item_step(prep, padded, config, releaser, public)
 
+    # no public seam: the unclipped user solutions and the CG warm start are never released
     monkeypatch.setattr(dpals, "_user_step", user_step)
+    # no public seam: the clipped U the item step gathers is private (only its noisy statistics are released)
     monkeypatch.setattr(dpals, "_item_step", item_step)
     config = _config(n_steps=4, user_cg_steps=3, clip_user=0.05)  # a clip small enough to bind
     train_dpals(_ratings(), config)

@@ -424,7 +424,7 @@ def test_cg_user_step_converges_to_the_exact_solves_and_warm_starts(gravity: flo
     assert not np.allclose(dpals._user_step(prep, item_factors, one, user_reg), exact, atol=1e-2 * scale)
 
 
-def test_per_row_selection_by_chunks_is_the_selection_in_one_pass(monkeypatch: pytest.MonkeyPatch):
+def test_per_row_selection_by_chunks_is_the_selection_in_one_pass():
     """Chunks of whole rows (sorted rows), keys drawn per chunk: the same mask as one global pass
     with one draw of all keys, rows longer than a chunk included."""
     from app.core.privacy import sampling
@@ -433,21 +433,20 @@ def test_per_row_selection_by_chunks_is_the_selection_in_one_pass(monkeypatch: p
     rows = np.sort(np.concatenate([rng.integers(0, 300, 6000), np.full(700, 150)]))
     keys = np.random.default_rng(2).random(len(rows))
     reference = sampling._lowest_k_in_chunk(rows, keys, 5)
-    monkeypatch.setattr(sampling, "_CHUNK", 64)
-    assert np.array_equal(lowest_k_per_row(rows, keys, 5), reference)
+    assert np.array_equal(lowest_k_per_row(rows, keys, 5, chunk=64), reference)
     draw = np.random.default_rng(2)
-    assert np.array_equal(lowest_k_per_row(rows, lambda start, stop: draw.random(stop - start), 5), reference)
+    assert np.array_equal(lowest_k_per_row(rows, lambda start, stop: draw.random(stop - start), 5, chunk=64),
+                          reference)
     shuffled = rng.permutation(len(rows))  # unsorted rows: one pass
-    assert np.array_equal(lowest_k_per_row(rows[shuffled], keys[shuffled], 5), reference[shuffled])
+    assert np.array_equal(lowest_k_per_row(rows[shuffled], keys[shuffled], 5, chunk=64), reference[shuffled])
 
 
-def test_per_user_sample_by_chunks_draws_one_key_per_rating_in_csr_order(monkeypatch: pytest.MonkeyPatch):
+def test_per_user_sample_by_chunks_draws_one_key_per_rating_in_csr_order():
     from app.core.privacy import sampling
 
     users, items, values = _base_ratings()
     data = Ratings.from_arrays(users, items, values)
     rows, _, _ = data.coo()
     reference = sampling._lowest_k_in_chunk(rows, np.random.default_rng(4).random(len(rows)), K)
-    monkeypatch.setattr(sampling, "_CHUNK", 7)
-    assert np.array_equal(per_user_sample(data, K, np.random.default_rng(4)), reference)
+    assert np.array_equal(per_user_sample(data, K, np.random.default_rng(4), chunk=7), reference)
     assert np.all(np.bincount(rows[reference]) <= K)

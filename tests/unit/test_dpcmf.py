@@ -27,6 +27,7 @@ from app.core.mf.dpcmf import (
 )
 from app.core.mf.foldin import fold_in_users, recommend
 from app.core.privacy import accounting
+from app.core.privacy.releaser import AuditTap, audit_tap
 
 N_USERS, N_ITEMS, N_GENRES = 90, 40, 4
 
@@ -173,27 +174,21 @@ def test_public_terms_change_the_model_not_the_noise():
 
 
 # ---------------------------------------------------------------------------- public users
-def _spy_statistics(monkeypatch) -> list:
-    """Record every (items, Σ c u uᵀ, Σ c M u) the private item step forms, before its noise."""
-    seen: list = []
-    original = dpals._chunk_statistics
+def _released_statistics(tap: AuditTap) -> tuple[np.ndarray, np.ndarray]:
+    """The released item statistics (Ã_j upper triangles, b̃_j) of a one-step run, in item order
+    (chunks are released in parallel, in any order); with the same seed the noise is the same, so
+    they are equal iff the statistics are (up to the release grid)."""
 
-    def spy(*args):
-        items, gram, b = original(*args)
-        seen.append((np.array(items), np.triu(gram), b.copy()))  # the upper triangles: all the release reads
-        return items, gram, b
+    def in_item_order(chunks: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        items = np.concatenate([positions for positions, _ in chunks])
+        assert np.array_equal(np.sort(items), np.arange(len(items)))  # every trained item, once
+        return np.concatenate([values for _, values in chunks])[np.argsort(items)]
 
-    monkeypatch.setattr(dpals, "_chunk_statistics", spy)
-    return seen
-
-
-def _sorted_stats(seen: list) -> tuple[np.ndarray, np.ndarray]:
-    items = np.concatenate([s[0] for s in seen])
-    order = np.argsort(items)
-    return np.concatenate([s[1] for s in seen])[order], np.concatenate([s[2] for s in seen])[order]
+    grams = [(items, np.triu(gram)) for items, gram in tap.rows["item_grams"]]  # all the release reads
+    return in_item_order(grams), in_item_order(tap.rows["item_linear"])
 
 
-def test_public_users_never_enter_a_private_statistic(monkeypatch):
+def test_public_users_never_enter_a_private_statistic():
     ratings = _ratings()
     public_ids = [0, 5, 11, 20, 33]
     rng = np.random.default_rng(9)
@@ -205,10 +200,9 @@ def test_public_users_never_enter_a_private_statistic(monkeypatch):
     runs = []
     for data in (ratings, changed):
         private, source = split_public_users(data, public_ids)
-        seen = _spy_statistics(monkeypatch)
-        model = train_dpcmf(private, config, public=PublicData((source,)))
-        runs.append((private, source, model, _sorted_stats(seen)))
-        monkeypatch.undo()
+        with audit_tap() as tap:
+            model = train_dpcmf(private, config, public=PublicData((source,)))
+        runs.append((private, source, model, _released_statistics(tap)))
     (p0, s0, m0, (g0, b0)), (p1, s1, m1, (g1, b1)) = runs
     assert not np.array_equal(s0.matrix.toarray(), s1.matrix.toarray())
     assert np.array_equal(p0.csr.toarray(), p1.csr.toarray()) and np.array_equal(p0.user_ids, p1.user_ids)

@@ -7,7 +7,6 @@ product. And what quality needs: the quantised Grams are close to the float64 on
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -156,27 +155,22 @@ def test_an_unweighted_bucket_needs_the_quantised_table():
         gram_quantum(0.0)
 
 
-def test_kernels_built_from_many_threads_at_once_are_built_once(monkeypatch: pytest.MonkeyPatch):
+def test_kernels_built_from_many_threads_at_once_are_built_once():
     """The solver threads of a fresh process ask for the compiled kernels together; their helpers
     are rebound to compiled functions while the first thread builds them (a second build used to
-    compile a compiled function and fail)."""
+    compile a compiled function and fail). Every thread gets the one build (a second build would
+    hand its caller another tuple) and the same quantised rows as a single thread."""
     from concurrent.futures import ThreadPoolExecutor
 
     from app.core.mf import linalg
 
-    linalg._build_quantised_gram_kernels.cache_clear()
-    built = []
-    original = linalg._build_quantised_gram_kernels.__wrapped__
-
-    def counting_build():
-        built.append(1)
-        return original()
-
-    rebuilt = functools.cache(counting_build)
-    monkeypatch.setattr(linalg, "_build_quantised_gram_kernels", rebuilt)
+    table = _factors(np.random.default_rng(0), 10, 4, 1.0)
+    expected = quantise_table(table, 1.0)
+    linalg._build_quantised_gram_kernels.cache_clear()  # a fresh process: nothing built yet
     with ThreadPoolExecutor(max_workers=8) as pool:
         kernels = list(pool.map(lambda _: linalg._quantised_gram_kernels(), range(16)))
-    assert len(built) == 1 and all(k is kernels[0] for k in kernels)
-    assert len(original()) == 3  # building again over the compiled helpers works too
-    table = _factors(np.random.default_rng(0), 10, 4, 1.0)
-    assert quantise_table(table, 1.0).shape == table.shape  # the rebuilt kernels work
+    assert all(k is kernels[0] for k in kernels)
+    linalg._build_quantised_gram_kernels.cache_clear()  # building again over the compiled helpers works too
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        quantised = list(pool.map(lambda _: quantise_table(table, 1.0), range(16)))
+    assert all(np.array_equal(q, expected) for q in quantised)

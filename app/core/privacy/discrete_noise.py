@@ -256,7 +256,7 @@ def _floor_is_certain(x: np.ndarray, slack: np.ndarray) -> tuple[np.ndarray, np.
     return floor, (x - floor > slack) & (floor + 1.0 - x > slack)
 
 
-def _geometric(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
+def _geometric(rng: np.random.Generator, s: int, t: int, n: int, margin: float = _MARGIN) -> np.ndarray:
     """n int64 draws M with P(M >= m) = e^{−m·s/t} (geometric), by exact inversion.
 
     M = max{m : U < e^{−ms/t}} = ⌊λ·(−ln U)⌋ (λ = t/s, up to a null set); the floor is taken in
@@ -267,7 +267,7 @@ def _geometric(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
     cells = _uniform_cells(rng, n)
     y, cell_slack = _minus_log_uniform(cells)
     x = scale * y
-    magnitude, sure = _floor_is_certain(x, scale * cell_slack + (x + 64.0 * scale) * _MARGIN)
+    magnitude, sure = _floor_is_certain(x, scale * cell_slack + (x + 64.0 * scale) * margin)
     sure &= magnitude < _INT_LIMIT
     out = magnitude.astype(np.int64)
     for i in np.flatnonzero(~sure):
@@ -306,27 +306,28 @@ def _shape(size: int | tuple[int, ...]) -> tuple[int, ...]:
     return (size,) if isinstance(size, (int, np.integer)) else tuple(size)
 
 
-def _signed_laplace_block(rng: np.random.Generator, s: int, t: int, n: int) -> np.ndarray:
+def _signed_laplace_block(rng: np.random.Generator, s: int, t: int, n: int, margin: float = _MARGIN) -> np.ndarray:
     """Accepted draws of ±M (M geometric, uniform sign, −0 rejected) from n proposals."""
-    magnitude = _geometric(rng, s, t, n)
+    magnitude = _geometric(rng, s, t, n, margin)
     negative = rng.integers(0, 2, size=n, dtype=np.int64).astype(bool)
     keep: BoolArray = ~(negative & (magnitude == 0))
     signed: np.ndarray = np.where(negative, -magnitude, magnitude)
     return signed[keep]
 
 
-def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float) -> np.ndarray:
+def _collect(draw_block: Callable[[int], np.ndarray], n: int, acceptance: float, block: int = _BLOCK) -> np.ndarray:
     """n i.i.d. accepted draws, filled from blocks of proposals (block sizes depend on n only)."""
     out = np.empty(n, dtype=np.int64)
     have = 0
     while have < n:
-        block = draw_block(int(min(_BLOCK, n - have) / acceptance) + 16)[: n - have]
-        out[have: have + block.size] = block
-        have += block.size
+        drawn = draw_block(int(min(block, n - have) / acceptance) + 16)[: n - have]
+        out[have: have + drawn.size] = drawn
+        have += drawn.size
     return out
 
 
-def _collect_into(fill_block: Callable[[int, np.ndarray, int], int], n: int, acceptance: float) -> np.ndarray:
+def _collect_into(fill_block: Callable[[int, np.ndarray, int], int], n: int, acceptance: float,
+                  block: int = _BLOCK) -> np.ndarray:
     """:func:`_collect` with blocks that write their accepted draws straight into the output:
     ``fill_block(m, out, have)`` draws m proposals and writes the first ``min(accepted, n − have)``
     of them to ``out[have:n]``, returning how many (``out`` has n + 1 slots, the last a spare the
@@ -334,15 +335,18 @@ def _collect_into(fill_block: Callable[[int, np.ndarray, int], int], n: int, acc
     out = np.empty(n + 1, dtype=np.int64)
     have = 0
     while have < n:
-        have += fill_block(int(min(_BLOCK, n - have) / acceptance) + 16, out, have)
+        have += fill_block(int(min(block, n - have) / acceptance) + 16, out, have)
     return out[:n]
 
 
-def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int | tuple[int, ...]) -> np.ndarray:
+def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int | tuple[int, ...], *,
+                           margin: float = _MARGIN, block: int = _BLOCK) -> np.ndarray:
     """int64 draws with pmf ∝ exp(−|x|·s/t) (exact; the construction of CKS 2020 Algorithm 2).
 
     |X| is geometric with P(|X| >= m) = e^{−ms/t} (exact inversion, :func:`_geometric`), a uniform
     sign, and −0 rejected: P(X = 0) ∝ 1/2·P(M = 0), P(X = ±m) ∝ 1/2·P(M = m) ∝ e^{−ms/t}.
+
+    ``margin`` and ``block`` exist for tests and tuning only (see :func:`discrete_gaussian`).
     """
     _check_scale(s, t)
     shape = _shape(size)
@@ -350,7 +354,7 @@ def discrete_laplace_exact(rng: np.random.Generator, s: int, t: int, size: int |
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
     keep = 1.0 - 0.5 * -math.expm1(-s / t)  # 1 − P(M = 0)/2 (a block size only)
-    return _collect(lambda m: _signed_laplace_block(rng, s, t, m), n, max(keep, 0.5)).reshape(shape)
+    return _collect(lambda m: _signed_laplace_block(rng, s, t, m, margin), n, max(keep, 0.5), block).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- discrete Gaussian
@@ -420,17 +424,18 @@ def _log_cell_centres(cells: np.ndarray) -> np.ndarray:
     return centres
 
 
-def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray, start: int) -> int:
+def _gaussian_fill(rng: np.random.Generator, sigma: int, n: int, out: np.ndarray, start: int,
+                   margin: float = _MARGIN) -> int:
     """:func:`_gaussian_block` writing its accepted draws to ``out[start:-1]`` (as many as fit; the
     last slot is :func:`_compact`'s spare); returns how many. A block whose float decisions all
     hold (all but ~10^-7 of the proposals do) is compacted by a compiled pass instead of numpy's
     boolean indexing; any other takes :func:`_gaussian_block`'s route from the same proposals (it
     draws the exact path's extra bits), so the draws and the stream are the same either way."""
     first, log_first, second, log_second = _proposal_cells(rng, n)
-    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), margin, _LN_CELLS)
     written, unsure = _compact(signed, accept, sure, out, start)
     if unsure:
-        accepted = _settle(rng, sigma, first, log_first, second, log_second)[: len(out) - 1 - start]
+        accepted = _settle(rng, sigma, first, log_first, second, log_second, margin)[: len(out) - 1 - start]
         out[start : start + len(accepted)] = accepted
         written = len(accepted)
     return int(written)
@@ -468,19 +473,19 @@ def _split_cells(raw: np.ndarray, n: int, bits: int, centres: np.ndarray) -> Non
         centres[i] = np.float64(np.int64(raw[i] >> one)) + 0.5
 
 
-def _gaussian_block(rng: np.random.Generator, sigma: int, n: int) -> np.ndarray:
+def _gaussian_block(rng: np.random.Generator, sigma: int, n: int, margin: float = _MARGIN) -> np.ndarray:
     """Accepted draws of N_Z(0, σ²) from n proposals (CKS 2020 Algorithm 3, t = σ), fused:
     magnitude M = ⌊σ·(−ln U₁)⌋, sign from a bit, accepted iff −ln U₂ > (M − σ)²/(2σ²) and not −0."""
     first = _uniform_cells(rng, n)
     second = _uniform_cells(rng, n, extra_bits=1)  # low bit: sign; the other 53: U₂'s cell
-    return _settle(rng, sigma, first, _log_cell_centres(first), second, _log_cell_centres(second >> 1))
+    return _settle(rng, sigma, first, _log_cell_centres(first), second, _log_cell_centres(second >> 1), margin)
 
 
 def _settle(rng: np.random.Generator, sigma: int, first: np.ndarray, log_first: np.ndarray, second: np.ndarray,
-            log_second: np.ndarray) -> np.ndarray:
+            log_second: np.ndarray, margin: float = _MARGIN) -> np.ndarray:
     """The accepted draws of one block of proposals: the compiled fast path, then the exact path
     for the decisions it leaves open (drawing more bits of their U's from ``rng``, in order)."""
-    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), _MARGIN, _LN_CELLS)
+    signed, accept, sure = _gaussian_fast_path(first, log_first, second, log_second, float(sigma), margin, _LN_CELLS)
     for i in np.flatnonzero(~sure):  # exact path: same U₁, U₂ (their cells), more bits as needed
         m = _exact_geometric(rng, int(first[i]), 1, sigma, sigma * (_LN_CELLS - math.log(float(first[i]) + 0.5)))
         negative = bool(second[i] & 1)
@@ -491,13 +496,19 @@ def _settle(rng: np.random.Generator, sigma: int, first: np.ndarray, log_first: 
     return accepted
 
 
-def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[int, ...]) -> np.ndarray:
+def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[int, ...], *,
+                      margin: float = _MARGIN, block: int = _BLOCK) -> np.ndarray:
     """int64 draws from N_Z(0, σ²), P(x) ∝ exp(−x²/(2σ²)), for an integer σ >= 1 (exact).
 
     CKS 2020 Algorithm 3 with t = σ (correct for every t > 0; σ²/t = σ is then an integer): a
     discrete Laplace proposal Y (pmf ∝ e^{−|y|/σ}: geometric magnitude, uniform sign, −0 rejected)
     accepted w.p. exp(−(|Y| − σ)²/(2σ²)); every comparison exact (module comment above
     :func:`_below_exp`). Acceptance ≈ 0.76; ~15-18 ns a draw (σ <= 2^20).
+
+    For tests and tuning only: ``margin``, the relative float error the fast path leaves to the
+    exact path (the default, 2^-46, is what the exactness argument needs; a wider one sends more
+    comparisons, 1.0 all of them, to the exact path: the same law), and ``block``, the proposals
+    per pass (the draws depend on it). Releases use the defaults.
     """
     if not isinstance(sigma, (int, np.integer)) or sigma < 1 or sigma >= _SIGMA_LIMIT:
         raise ValueError(f"sigma must be an integer in [1, 2^40), got {sigma!r}")
@@ -506,7 +517,8 @@ def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[in
     n = int(np.prod(shape))
     if noise_is_off():
         return np.zeros(shape, dtype=np.int64)
-    return _collect_into(lambda m, out, start: _gaussian_fill(rng, sigma, m, out, start), n, 0.7).reshape(shape)
+    return _collect_into(lambda m, out, start: _gaussian_fill(rng, sigma, m, out, start, margin), n, 0.7,
+                         block).reshape(shape)
 
 
 # ----------------------------------------------------------------------------- grid releases

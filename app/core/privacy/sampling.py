@@ -23,28 +23,30 @@ _CHUNK = 1 << 20  # ratings per pass of the per-row selection: its temporaries s
 KeysOf = Callable[[int, int], FloatArray]
 
 
-def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator) -> BoolArray:
+def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator, *, chunk: int = _CHUNK) -> BoolArray:
     """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user.
 
     The keys are ``rng.random`` drawn chunk by chunk of whole users, in CSR order: the same
-    stream as one draw for all ratings, at O(chunk) memory.
+    stream as one draw for all ratings, at O(chunk) memory. ``chunk`` (ratings per pass) exists
+    for tests and tuning; the mask does not depend on it.
     """
     indptr = ratings.csr.indptr
     keep = np.ones(int(indptr[-1]), dtype=bool)
-    for first, last in _row_chunks(indptr):
+    for first, last in _row_chunks(indptr, chunk):
         start, stop = int(indptr[first]), int(indptr[last])
         rows = np.repeat(np.arange(last - first), np.diff(indptr[first : last + 1]))
         keep[start:stop] = _lowest_k_in_chunk(rows, rng.random(stop - start), k)
     return keep
 
 
-def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int) -> BoolArray:
+def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int, *, chunk: int = _CHUNK) -> BoolArray:
     """Mask keeping, within each row, the k entries with the smallest keys.
 
     ``keys``: an array, or ``keys(start, stop)`` giving those of ``rows[start:stop]``, called
     once per chunk in increasing order (a caller that draws random keys draws them as it would
     in one go, without an O(nnz) key array). Sorted ``rows`` (CSR order) are handled a chunk of
     whole rows at a time; rows with at most k entries are kept whole, only the longer are sorted.
+    ``chunk`` (entries per pass) exists for tests and tuning; the mask does not depend on it.
     """
     n = len(rows)
     if n and not bool(np.all(rows[1:] >= rows[:-1])):
@@ -53,20 +55,20 @@ def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int) -> BoolA
     keep = np.ones(n, dtype=bool)
     ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1 if n else np.zeros(0, dtype=np.int64)
     bounds = np.concatenate([[0], ends, [n]])
-    for first, last in _row_chunks(bounds):
+    for first, last in _row_chunks(bounds, chunk):
         start, stop = int(bounds[first]), int(bounds[last])
         values = keys(start, stop) if callable(keys) else keys[start:stop]
         keep[start:stop] = _lowest_k_in_chunk(rows[start:stop] - rows[start], values, k)
     return keep
 
 
-def _row_chunks(indptr: IntArray) -> Iterator[tuple[int, int]]:
-    """(first row, end row) of consecutive whole rows holding about :data:`_CHUNK` entries each
+def _row_chunks(indptr: IntArray, chunk: int) -> Iterator[tuple[int, int]]:
+    """(first row, end row) of consecutive whole rows holding about ``chunk`` entries each
     (``indptr``: the rows' start offsets and the total, CSR style); a longer row is a chunk alone."""
     n_rows = len(indptr) - 1
     first = 0
     while first < n_rows:
-        last = int(np.searchsorted(indptr, indptr[first] + _CHUNK, side="right")) - 1
+        last = int(np.searchsorted(indptr, indptr[first] + chunk, side="right")) - 1
         last = min(max(last, first + 1), n_rows)
         yield first, last
         first = last
