@@ -138,6 +138,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("GET", f"{_ADMIN_DS}/budget/projection"): (RelationRefused, *_RUN_CHOICE),
     ("PATCH", f"{_ADMIN_DS}/budget"): (CapChangeRefused, InvalidEpsilonCap, ReasonRequired),
     ("GET", "/v1/admin/person-budgets/{name}"): (UnknownPersonBudget,),
+    ("GET", "/v1/admin/person-budgets/{name}/blocks"): (UnknownPersonBudget,),
     ("PUT", "/v1/admin/person-budgets/{name}"): (PersonBudgetFixed, PersonBudgetExists, CapChangeRefused,
                                                  *_NEW_BUDGET, InvalidPersonBudgetName, DeltaRequired,
                                                  ReasonRequired),
