@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +222,19 @@ def is_sqlite(session_or_engine: Session | Engine) -> bool:
 def is_postgres(session_or_engine: Session | Engine) -> bool:
     bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
     return bind.dialect.name == "postgresql"
+
+
+StoreT = TypeVar("StoreT")
+
+
+def store_for(session: Session, stores: Mapping[str, Callable[[Session], StoreT]]) -> StoreT:
+    """The store of ``session``'s database, picked from ``stores`` (dialect name -> implementation)
+    once, when a use case asks for it."""
+    name = session.get_bind().dialect.name
+    make = stores.get(name)
+    if make is None:
+        raise RuntimeError(f"unsupported database dialect {name!r}")
+    return make(session)
 
 
 # PostgreSQL's SQLSTATEs of a transaction chosen as a deadlock's victim or failing serialisation:

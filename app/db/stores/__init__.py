@@ -16,8 +16,11 @@ engine's dialect.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy.orm import Session
 
+from app.db.session import store_for
 from app.db.stores.catalogue import CatalogueStore, DatasetRef, catalogue_store
 from app.db.stores.ratings import OneRating, RatingsStore, Triplets
 from app.db.stores.ratings_postgres import PostgresRatingsStore
@@ -25,14 +28,10 @@ from app.db.stores.ratings_sqlite import SqliteRatingsStore
 
 __all__ = ["CatalogueStore", "DatasetRef", "catalogue_store", "OneRating", "RatingsStore", "Triplets", "ratings_store"]
 
-_RATINGS: dict[str, type[PostgresRatingsStore] | type[SqliteRatingsStore]] = {
+_RATINGS: dict[str, Callable[[Session], RatingsStore]] = {
     "postgresql": PostgresRatingsStore, "sqlite": SqliteRatingsStore}
 
 
 def ratings_store(session: Session) -> RatingsStore:
     """The ratings store of ``session``'s database (chosen by its dialect)."""
-    name = session.get_bind().dialect.name
-    store = _RATINGS.get(name)
-    if store is None:
-        raise RuntimeError(f"unsupported database dialect {name!r}")
-    return store(session)
+    return store_for(session, _RATINGS)

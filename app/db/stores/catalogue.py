@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.db.dialect import CHUNK, chunks, driver_connection, driver_sql, insert_for, pg_array
 from app.db.models import Dataset, Item, bump_ratings_version
+from app.db.session import store_for
 from app.errors import UnknownDataset
 
 __all__ = ["CatalogueStore", "DatasetRef", "DatasetLock", "ItemFacts", "catalogue_store",
@@ -209,8 +210,4 @@ _STORES: dict[str, type[_SqlCatalogue]] = {"postgresql": PostgresCatalogueStore,
 
 def catalogue_store(session: Session) -> CatalogueStore:
     """The catalogue store of ``session``'s database (chosen by its dialect)."""
-    name = session.get_bind().dialect.name
-    store = _STORES.get(name)
-    if store is None:
-        raise RuntimeError(f"unsupported database dialect {name!r}")
-    return store(session)
+    return store_for(session, _STORES)

@@ -16,6 +16,7 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Dataset, Item, ModelVersion, TrainingRun, utcnow
+from app.db.session import store_for
 
 __all__ = ["PostgresRunsStore", "RunsStore", "SqliteRunsStore", "runs_store"]
 
@@ -165,8 +166,4 @@ _STORES: dict[str, type[RunsStore]] = {"postgresql": PostgresRunsStore, "sqlite"
 
 def runs_store(session: Session) -> RunsStore:
     """The runs store of ``session``'s database (chosen by its dialect)."""
-    name = session.get_bind().dialect.name
-    store = _STORES.get(name)
-    if store is None:
-        raise RuntimeError(f"unsupported database dialect {name!r}")
-    return store(session)
+    return store_for(session, _STORES)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.db.dialect import insert_for
 from app.db.models import Item, LedgerEntry, User, Vote, VoteAllowance, table_of
+from app.db.session import store_for
 
 __all__ = ["PostgresVotesStore", "SqliteVotesStore", "VotesStore", "votes_store"]
 
@@ -126,8 +127,4 @@ _STORES: dict[str, type[VotesStore]] = {"postgresql": PostgresVotesStore, "sqlit
 
 def votes_store(session: Session) -> VotesStore:
     """The votes store of ``session``'s database (chosen by its dialect)."""
-    name = session.get_bind().dialect.name
-    store = _STORES.get(name)
-    if store is None:
-        raise RuntimeError(f"unsupported database dialect {name!r}")
-    return store(session)
+    return store_for(session, _STORES)
