@@ -233,9 +233,13 @@ def _self_calibrated_users(
 
 def predict_ratings(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:
     """offset + b̃_j + u·v_j for every item (offset defaults to m̃). Untrained items have v_j = 0,
-    so they get the baseline m̃ + b_u + b̃_j."""
+    so they get the baseline m̃ + b_u + b̃_j; the product runs over the trained block only, the
+    array the serving path multiplies, so both round every score alike."""
     base = model.global_mean if offset is None else offset
-    return np.asarray(base + model.item_biases + model.item_factors @ user_vector)
+    scores = np.asarray(base + model.item_biases, dtype=np.float64)
+    rows = model.trained_rows
+    scores[rows] = base + model.item_biases[rows] + model.trained_factors @ user_vector
+    return scores
 
 
 def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | None = None) -> np.ndarray:

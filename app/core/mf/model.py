@@ -9,6 +9,7 @@ embedding or a rating.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,27 @@ class PublicModel:
             raise ValueError("trained_mask and item_counts must have one entry per item")
         if not np.all(np.isfinite(self.item_factors)):
             raise ValueError("item factors contain NaN or infinite values")
+        if np.any(self.item_factors[~np.asarray(self.trained_mask, dtype=bool)]):
+            raise ValueError("untrained items must have zero factor rows")
+
+    @cached_property
+    def trained_rows(self) -> np.ndarray:
+        """Indices of the trained items (read-only)."""
+        rows = np.flatnonzero(self.trained_mask)
+        rows.setflags(write=False)
+        return rows
+
+    @cached_property
+    def trained_factors(self) -> np.ndarray:
+        """The trained items' factor rows as one contiguous read-only block.
+
+        Every score product runs on this one array (same shape, same memory), so the full
+        scoring path and the serving path's trained-rows path round every dot product alike:
+        BLAS rounds a row differently depending on its position in the matrix it multiplies.
+        """
+        block = np.ascontiguousarray(self.item_factors[self.trained_rows])
+        block.setflags(write=False)
+        return block
 
     @property
     def rank(self) -> int:

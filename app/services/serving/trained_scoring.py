@@ -58,8 +58,8 @@ def applies(algorithm: Any, kind: str) -> bool:
 
 def trained_rows(model: Any) -> TrainedRows:
     """Contiguous trained rows of ``model`` (build once per version; read-only)."""
-    rows = np.flatnonzero(model.trained_mask)
-    factors = np.ascontiguousarray(model.item_factors[rows])
+    rows = model.trained_rows
+    factors = model.trained_factors  # the very array foldin.predict_ratings multiplies
     with np.errstate(over="ignore"):
         factors32 = factors.astype(np.float32)
     view = TrainedRows(rows=rows, factors=factors, biases=np.ascontiguousarray(model.item_biases[rows]),
