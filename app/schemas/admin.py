@@ -290,6 +290,19 @@ class TrainingRunOut(BaseModel):
     finished_at: str | None = Field(default=None, description="ISO 8601 time.")
 
 
+class UtilityOut(BaseModel):
+    """How much of a model stands clear of its noise (post-processing of its released counts)."""
+
+    count_noise_std: float = Field(description="Std of the count release's noise (sensitivity x noise multiplier).")
+    margin: float = Field(description="A count clears its noise when it exceeds margin x count_noise_std.")
+    considered_items: int = Field(description="Items the model learnt factors for (its trained set).")
+    clearing_items: int = Field(description="Considered items whose released count clears the margin.")
+    clearing_share: float = Field(description="clearing_items / considered_items.")
+    noise_dominated: bool = Field(description=(
+        "Too few items clear their noise: the model ranks like DP popularity (predicts like the user mean)."))
+    message: str | None = Field(default=None, description="What to do when noise-dominated.")
+
+
 class ModelVersionOut(BaseModel):
     """A published model version: its release (epsilons rounded up), public metrics and metadata."""
 
@@ -305,6 +318,9 @@ class ModelVersionOut(BaseModel):
     rank: int
     metrics: dict[str, Any] = Field(default_factory=dict, description="Public (DP) metrics only.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Public model metadata.")
+    utility: UtilityOut | None = Field(default=None, description=(
+        "Utility indicator computed at publish time from the released counts and public constants only "
+        "(post-processing); null for models that release no counts or were published before it existed."))
     active: bool
     created_at: str | None = Field(default=None, description="ISO 8601 time.")
     activated_at: str | None = Field(default=None, description="ISO 8601 time.")

@@ -179,7 +179,7 @@ def version_out(row: ModelVersion) -> ModelVersionOut:
         id=row.id, version=row.version, run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
         epsilon=round_up(row.epsilon), epsilon_pld=None if row.epsilon_pld is None else round_up(row.epsilon_pld),
         delta=row.delta, n_items=row.n_items, rank=row.rank, metrics=row.metrics, metadata=row.model_metadata,
-        active=row.active, created_at=row.created_at.isoformat(),
+        utility=(row.metrics or {}).get("utility"), active=row.active, created_at=row.created_at.isoformat(),
         activated_at=row.activated_at.isoformat() if row.activated_at else None,
     )
 
