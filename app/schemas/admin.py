@@ -306,8 +306,13 @@ class UtilityOut(BaseModel):
 class ModelVersionOut(BaseModel):
     """A published model version: its release (epsilons rounded up), public metrics and metadata."""
 
-    id: int = Field(description="Global id (used in paths).")
-    version: int = Field(description="Version number within the data set: 1, 2, ...")
+    id: int = Field(description="Global id (used in paths): the same value as `model_version`.")
+    model_version: int = Field(description=(
+        "Global id, named as in every serving response (`model_version`) and in `GET /model`."))
+    dataset_version: int = Field(description="Version number within the data set: 1, 2, ...")
+    version: int = Field(deprecated=True, description=(
+        "Deprecated: the same value as `dataset_version` (the name was ambiguous: serving responses call "
+        "the global id `model_version`). Read `dataset_version`; this field goes in API v2."))
     run_id: int = Field(description="The training run that published it.")
     algorithm: str
     sha256: str = Field(description="SHA-256 of the sealed artifact.")

@@ -176,7 +176,8 @@ def runs_page(session: Session, *, dataset: str, offset: int, limit: int) -> Pag
 def version_out(row: ModelVersion) -> ModelVersionOut:
     """The public view of a model version (its release: epsilons rounded up, metrics, metadata)."""
     return ModelVersionOut(
-        id=row.id, version=row.version, run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
+        id=row.id, model_version=row.id, dataset_version=row.version, version=row.version,
+        run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
         epsilon=round_up(row.epsilon), epsilon_pld=None if row.epsilon_pld is None else round_up(row.epsilon_pld),
         delta=row.delta, n_items=row.n_items, rank=row.rank, metrics=row.metrics, metadata=row.model_metadata,
         utility=(row.metrics or {}).get("utility"), active=row.active, created_at=row.created_at.isoformat(),

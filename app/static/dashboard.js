@@ -129,14 +129,14 @@ async function loadModels() {
         await loadModels();
       });
     }
-    const tr = row([m.version, m.id, m.algorithm, m.epsilon, m.epsilon_pld, m.delta, m.n_items, m.rank, m.created_at, action]);
-    tr.dataset.version = m.id;
+    const tr = row([m.dataset_version, m.model_version, m.algorithm, m.epsilon, m.epsilon_pld, m.delta, m.n_items, m.rank, m.created_at, action]);
+    tr.dataset.version = m.model_version;
     body.appendChild(tr);
   }
   try {
     const served = await fetch(`/v1/datasets/${encodeURIComponent(dataset())}/model`).then((r) => (r.ok ? r.json() : null));
-    $("served").textContent = served ? `${served.algorithm}, id ${served.version}` : "none";
-    $("served").dataset.version = served ? served.version : "";
+    $("served").textContent = served ? `${served.algorithm}, id ${served.model_version}` : "none";
+    $("served").dataset.version = served ? served.model_version : "";
   } catch (e) { $("served").textContent = "unknown"; }
 }
 

@@ -117,7 +117,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
     with httpx.Client(base_url=base, timeout=30) as client:
         demo = client.get("/v1/admin/datasets/default/trainings", headers=admin).json()["items"][0]
         assert wait_run(client, demo["id"], admin, [proc])["status"] == "succeeded"
-        first_version = client.get("/v1/datasets/default/model").json()["version"]
+        first_version = client.get("/v1/datasets/default/model").json()["model_version"]
         driver = _driver()
         try:
             driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_PROBE})
@@ -161,7 +161,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert driver.execute_script("return window.__noReload") == marker  # same page, no reload
             assert len(stages) >= 2, stages
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#versions tr")) == 2, 30, "two versions")
-            new_version = client.get("/v1/datasets/default/model").json()["version"]
+            new_version = client.get("/v1/datasets/default/model").json()["model_version"]
             assert new_version != first_version
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) ==
                   client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"], 30, "chart update")
@@ -172,7 +172,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             driver.find_element(By.CSS_SELECTOR, f'#versions tr[data-version="{first_version}"] button.activate').click()
             _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(first_version),
                   30, "the served model to change")
-            assert client.get("/v1/datasets/default/model").json()["version"] == first_version
+            assert client.get("/v1/datasets/default/model").json()["model_version"] == first_version
             driver.save_screenshot(str(SHOTS / "03-rolled-back.png"))
 
             # with the person budget's cap below the data set's, the page names it as the binding cap
