@@ -145,6 +145,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
+    ("POST", f"{_ADMIN_DS}/models/unpin"): (NoActiveModel, ArtifactMissing),
 }
 """The domain conditions of each route (method, path template) beyond those its shape implies."""
 

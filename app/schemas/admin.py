@@ -327,6 +327,9 @@ class ModelVersionOut(BaseModel):
         "Utility indicator computed at publish time from the released counts and public constants only "
         "(post-processing); null for models that release no counts or were published before it existed."))
     active: bool
+    pinned: bool = Field(default=False, description=(
+        "True for the active version an admin activated (a rollback): it stays active until unpinned "
+        "(`POST .../models/unpin`); versions published meanwhile wait, inactive."))
     created_at: str | None = Field(default=None, description="ISO 8601 time.")
     activated_at: str | None = Field(default=None, description="ISO 8601 time.")
 

@@ -118,8 +118,22 @@ async function loadModels() {
   const page = await api(`${base()}/models?limit=20`);
   const body = $("versions");
   body.innerHTML = "";
+  const active = page.items.find((m) => m.active);
+  const waiting = active && active.pinned ? page.items.filter((m) => m.dataset_version > active.dataset_version) : [];
+  const pin = $("pin");
+  pin.innerHTML = "";
+  if (active && active.pinned) {
+    pin.textContent = waiting.length
+      ? `pinned to version ${active.dataset_version}; a newer version waits (${waiting[0].dataset_version}) `
+      : `pinned to version ${active.dataset_version} `;
+    const unpin = document.createElement("button");
+    unpin.textContent = "Unpin";
+    unpin.id = "unpin";
+    unpin.addEventListener("click", async () => { await api(`${base()}/models/unpin`, { method: "POST" }); await loadModels(); });
+    pin.appendChild(unpin);
+  }
   for (const m of page.items) {
-    let action = "active";
+    let action = m.pinned ? "active (pinned)" : "active";
     if (!m.active) {
       action = document.createElement("button");
       action.textContent = "Activate";

@@ -173,7 +173,14 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(first_version),
                   30, "the served model to change")
             assert client.get("/v1/datasets/default/model").json()["model_version"] == first_version
+            _wait(lambda: "newer version waits" in driver.find_element(By.ID, "pin").text, 30, "the pin banner")
             driver.save_screenshot(str(SHOTS / "03-rolled-back.png"))
+
+            # the rollback sticks until unpinned; unpinning serves the newest version again
+            driver.find_element(By.ID, "unpin").click()
+            _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(new_version),
+                  30, "the newest version to be served again")
+            assert driver.find_element(By.ID, "pin").text == ""
 
             # with the person budget's cap below the data set's, the page names it as the binding cap
             lowered = client.put("/v1/admin/person-budgets/all", headers=admin, json={"epsilon_cap": 5})
