@@ -94,6 +94,12 @@ async function loadSummary() {
   $("chart").dataset.points = s.chart.points;
 }
 
+function duration(started, finished) {
+  if (!started || !finished) return "";
+  const s = Math.max(0, (Date.parse(finished) - Date.parse(started)) / 1000);
+  return s < 120 ? `${s.toFixed(1)} s` : `${(s / 60).toFixed(1)} min`;
+}
+
 let polling = null;
 async function loadRuns() {
   const page = await api(`${base()}/trainings?limit=10`);
@@ -103,7 +109,9 @@ async function loadRuns() {
   for (const r of page.items) {
     const bar = document.createElement("progress");
     bar.max = 1; bar.value = r.progress;
-    const tr = row([r.id, r.algorithm + (r.objective ? ` (${r.objective})` : ""), r.requested_epsilon, r.status, bar, r.stage, r.created_at]);
+    const objective = r.config && r.config.objective;
+    const tr = row([r.id, r.algorithm + (objective ? ` (${objective})` : ""), r.requested_epsilon, r.status, bar, r.stage,
+                    r.trigger, r.actor, r.created_at, duration(r.started_at, r.finished_at), r.error]);
     tr.dataset.run = r.id; tr.dataset.status = r.status; tr.dataset.stage = text(r.stage);
     body.appendChild(tr);
     if (r.status === "queued" || r.status === "running") live = true;

@@ -139,6 +139,8 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert driver.find_element(By.ID, "person-budget").text.startswith("all: spent ")
             _wait(lambda: "composes to" in driver.find_element(By.ID, "projection").text, 30, "the projection")
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps the API returns")
+            cells = [td.text for td in driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{demo["id"]}"] td')]
+            assert cells[6:8] == [demo["trigger"], demo["actor"]] and cells[9].endswith(("s", "min")), cells
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
             # start a training from the page and watch it without reloading
