@@ -57,6 +57,9 @@ from app.errors import (
     PersonBudgetExists,
     PersonBudgetFixed,
     PersonBudgetMissing,
+    PrivacyUnitFixed,
+    PrivacyUnitMismatch,
+    PrivacyUnitNotSupported,
     PrivrecError,
     ProvenanceRequired,
     RandomisedNotAccepted,
@@ -123,7 +126,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("POST", f"{_DS}/votes/batch"): (*_VOTE_ROW, BatchTooLarge, InvalidRows),
     ("DELETE", f"{_USER}/votes/{{item_id}}"): (WrongSubject, UnknownVote),
     ("GET", f"{_USER}/votes"): (WrongSubject,),
-    ("PUT", f"{_ADMIN_DS}/vote-settings"): (VotesExist, *_BUDGET_REFUSALS, CapRequired),
+    ("PUT", f"{_ADMIN_DS}/vote-settings"): (VotesExist, *_BUDGET_REFUSALS, CapRequired, PrivacyUnitNotSupported),
     # public data
     ("PUT", f"{_USER}/public-ratings"): (OwnUserRequired, WrongSubject),
     ("GET", f"{_USER}/public-ratings"): (WrongSubject,),
@@ -134,7 +137,8 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("GET", f"{_SOURCE}/neighbours/{{item_id}}"): (UnknownSimilaritySource, UnknownItem),
     # admin: data sets, budgets, trainings, models
     ("POST", "/v1/admin/datasets"): (DatasetExists, RelationRefused, InvalidDatasetName, InvalidRatingRange,
-                                     *_NEW_BUDGET, PersonBudgetMissing),
+                                     *_NEW_BUDGET, PersonBudgetMissing, PrivacyUnitMismatch, PrivacyUnitNotSupported),
+    ("PATCH", _ADMIN_DS): (PrivacyUnitFixed, PrivacyUnitNotSupported),
     ("GET", f"{_ADMIN_DS}/budget/projection"): (RelationRefused, *_RUN_CHOICE),
     ("PATCH", f"{_ADMIN_DS}/budget"): (CapChangeRefused, InvalidEpsilonCap, ReasonRequired),
     ("GET", "/v1/admin/person-budgets/{name}"): (UnknownPersonBudget,),
@@ -142,7 +146,8 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("PUT", "/v1/admin/person-budgets/{name}"): (PersonBudgetFixed, PersonBudgetExists, CapChangeRefused,
                                                  *_NEW_BUDGET, InvalidPersonBudgetName, DeltaRequired,
                                                  ReasonRequired),
-    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused),
+    ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused,
+                                         PrivacyUnitNotSupported),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
 }
