@@ -35,8 +35,8 @@ from sqlalchemy.orm import Session
 from app.core.algorithms import Algorithm, DataKind
 from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
 from app.core.data.ratings import Ratings
-from app.core.privacy.blocks import USER_PERIOD, period_ranges
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
+from app.core.privacy.blocks import USER_PERIOD, period_ranges
 from app.db.models import BlockCalendar, Dataset
 from app.db.stores import blocks as block_store
 from app.db.stores import public_inputs, ratings_store
@@ -63,9 +63,12 @@ def _triplets(session: Session, ds: Dataset, table: str, cohorts: Cohorts, local
 def _period_keys(created_us: np.ndarray, cal: BlockCalendar) -> np.ndarray:
     """The calendar period of each creation time (µs since 1970 UTC) as an integer (months or days
     since 1970); creations before the calendar's first period count in that period."""
-    unit = "M" if cal.period == "month" else "D"
-    first = np.datetime64(cal.start, unit).astype(np.int64)
-    return np.maximum(created_us.astype("datetime64[us]").astype(f"datetime64[{unit}]").astype(np.int64), first)
+    first = np.array(cal.start, dtype=_period_dtype(cal)).astype(np.int64)
+    return np.maximum(created_us.astype("datetime64[us]").astype(_period_dtype(cal)).astype(np.int64), first)
+
+
+def _period_dtype(cal: BlockCalendar) -> str:
+    return "datetime64[M]" if cal.period == "month" else "datetime64[D]"
 
 
 def unit_ratings(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np.ndarray, v: np.ndarray,
@@ -78,8 +81,7 @@ def unit_ratings(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np
     if len(offset) and (int(offset.max()) >= 1 << 20 or int(u.max()) >= 1 << 42):
         raise RuntimeError("user or period ids out of the unit key's range")
     keys, rows = np.unique((u << 20) | offset, return_inverse=True)
-    unit = "M" if cal.period == "month" else "D"
-    names = np.datetime_as_string(((keys & ((1 << 20) - 1)) + base).astype(f"datetime64[{unit}]"), unit=unit)
+    names = ((keys & ((1 << 20) - 1)) + base).astype(_period_dtype(cal)).astype(str)  # the calendar's labels
     labels = np.array([f"{user}@{name}" for user, name in zip((keys >> 20).tolist(), names.tolist(), strict=True)],
                       dtype=object)
     by_row = ratings_from_triplets(item_db, item_ext, rows.astype(np.int64), i, v)  # rows 0..n-1, all present

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
+from app.core.privacy.blocks import USER_PERIOD
 from app.db.models import Dataset, Item, utcnow
 from app.db.stores import catalogue_store
-from app.core.privacy.blocks import USER_PERIOD
 from app.errors import InvalidItemId, PrivacyUnitNotSupported, UnknownItem
 from app.schemas.common import Page
 from app.schemas.ingest import ItemIn, ItemOut

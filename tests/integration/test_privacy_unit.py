@@ -128,10 +128,11 @@ def test_a_ratings_period_is_fixed_at_its_creation(db_url):
     _rate(db_url, "ann", [0, 1], 2.0, _day(0))
     _rate(db_url, "ann", [0], 5.0, _day(3))  # an update: it stays in day 0's block
     with session_scope(db_url) as s:  # the batch path keeps it too
-        ref = ratings_store(s).start_rating_write("p")
-        uid = ratings_store(s).ensure_users(["ann"], _day(4))["ann"]
-        items = ratings_store(s).item_ids(ref, ["i1", "i2"])
-        ratings_store(s).write_ratings(ref, [uid, uid], items, np.array([4.0, 3.0]), _day(4))
+        store = ratings_store(s)
+        ref = store.start_rating_write("p")
+        uid = store.user_ids(["ann"], _day(4), lambda: None)[0]
+        items = store.item_ids(ref, ["i1", "i2"])
+        store.write_ratings(ref, [uid, uid], items, np.array([4.0, 3.0]), _day(4))
     day0 = _rows(_load(db_url, ["2031-01-01"]))
     assert day0 == {f"{uid}@2031-01-01": {0: 5.0, 1: 4.0}}
     assert _rows(_load(db_url, ["2031-01-04"])) == {}

@@ -12,8 +12,8 @@ import numpy as np
 from psycopg.copy import LibpqWriter
 from psycopg.errors import UniqueViolation
 
-__all__ = ["PG_COPY_TRIPLET", "PG_COPY_DATED", "PG_EPOCH_US", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "pg_unless_unique_violation",
-           "pg_returning_unless_unique_violation", "pg_flushed_copy"]
+__all__ = ["PG_COPY_TRIPLET", "PG_COPY_DATED", "PG_EPOCH_US", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings",
+           "pg_unless_unique_violation", "pg_returning_unless_unique_violation", "pg_flushed_copy"]
 
 # PostgreSQL binary COPY of (bigint, bigint, float8) rows: a field count, then length + value per field
 PG_COPY_TRIPLET = np.dtype(

@@ -20,8 +20,8 @@ from dp_accounting import dp_event
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.core.privacy.blocks import UNIT_LABELS, USER
 from app.core.algorithms import get_algorithm
+from app.core.privacy.blocks import UNIT_LABELS, USER
 from app.core.privacy.composition import Charge, ComposedState, affordable_runs
 from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
