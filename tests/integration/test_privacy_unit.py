@@ -214,3 +214,22 @@ def test_the_migration_declares_every_existing_budget_user_level(db_url):
     _periodic(db_url)  # and the new unit can be declared after it
     with session_scope(db_url) as s:
         assert budget.get_dataset(s, "p").privacy_unit == "user_period"
+
+
+def test_dpcmf_reads_public_users_whole_and_private_units_by_period(db_url):
+    from app.db.models import PublicRatingConsent
+
+    _periodic(db_url)
+    _rate(db_url, "ann", [0], 4.0, _day(1))
+    _rate(db_url, "pub", [1, 2], 3.0, _day(0))
+    _rate(db_url, "pub", [3], 5.0, _day(2))  # a period the run does not read: public all the same
+    ann, pub = _uid(db_url, "ann"), _uid(db_url, "pub")
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "p")
+        s.add(PublicRatingConsent(dataset_id=ds.id, user_id=pub, public=True))
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "p")
+        private, extra = loaders.load_training_inputs(s, ds, get_algorithm("dpcmf"), cohorts=["2031-01-01", "2031-01-02"])
+    assert _rows(private) == {f"{ann}@2031-01-02": {0: 4.0}}
+    public = {src.name: src for src in extra["public"].sources}["public_users"]
+    assert public.row_labels == (str(pub),) and public.matrix.nnz == 3
