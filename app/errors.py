@@ -301,7 +301,7 @@ class PersonBudgetExists(Conflict):
 
 
 class PersonBudgetFixed(Conflict):
-    """A per-person budget's delta and relation are fixed at creation."""
+    """A per-person budget's delta, relation and privacy unit are fixed at creation."""
 
     code = "person_budget_fixed"
 
@@ -316,6 +316,18 @@ class RelationRefused(Conflict):
     """An event's neighbouring relation does not imply the budget account's relation."""
 
     code = "relation_not_implied"
+
+
+class PrivacyUnitMismatch(Conflict):
+    """A per-person budget holds data sets of one privacy unit; this data set declares the other."""
+
+    code = "privacy_unit_mismatch"
+
+
+class PrivacyUnitFixed(Conflict):
+    """A data set's privacy unit is declared at creation and never changes."""
+
+    code = "privacy_unit_fixed"
 
 
 class VotesExist(Conflict):
@@ -482,6 +494,12 @@ class LocalEpsilonMismatch(Unprocessable):
     """A client-randomised vote used another epsilon0 than the data set's."""
 
     code = "local_epsilon_mismatch"
+
+
+class PrivacyUnitNotSupported(Unprocessable):
+    """Votes are accounted per user (allowance, local guarantee): no user_period unit for them."""
+
+    code = "privacy_unit_not_supported"
 
 
 class InvalidSourceName(Unprocessable):

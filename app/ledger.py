@@ -61,7 +61,7 @@ from app.core.privacy.accounting import (
     parse_relation,
     relation_implies,
 )
-from app.core.privacy.blocks import LEGACY, cohort_order, cohorts_until
+from app.core.privacy.blocks import LEGACY, PRIVACY_UNITS, USER, cohort_order, cohorts_until
 from app.core.privacy.composition import Charge, ComposedState, charge
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PersonBudgetEntry, PrivacyBlock, utcnow
 from app.db.session import is_postgres
@@ -78,6 +78,7 @@ from app.errors import (
     PersonBudgetExceeded,
     PersonBudgetExists,
     PersonBudgetMissing,
+    PrivacyUnitMismatch,
     ReasonRequired,
     RelationRefused,
     ReservationMismatch,
@@ -273,6 +274,13 @@ def open_account(
             f"person budget {pb.name!r} accounts under {pb.relation}; a data set under {relation.value} "
             "does not imply it (name a person budget with a relation its data sets imply)",
             dataset=dataset.name, person_budget=pb.name, account_relation=pb.relation, event_relation=relation.value)
+    unit = dataset.privacy_unit or USER
+    if pb.privacy_unit != unit:
+        raise PrivacyUnitMismatch(
+            f"person budget {pb.name!r} holds data sets whose privacy unit is {pb.privacy_unit!r}; a data set of "
+            f"unit {unit!r} needs a person budget of that unit (PUT /v1/admin/person-budgets/{{name}} with "
+            f"privacy_unit {unit!r})", dataset=dataset.name, person_budget=pb.name,
+            person_budget_unit=pb.privacy_unit, privacy_unit=unit)
     acct = BudgetAccount(dataset_id=dataset.id, epsilon_cap=float(epsilon_cap), delta=float(delta), accountant=accountant,
                          relation=relation.value, person_budget_id=pb.id,
                          composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
@@ -283,7 +291,7 @@ def open_account(
         acct,
         kind="open",
         actor=actor,
-        parameters={"neighbouring_relation": relation.value, "person_budget": pb.name},
+        parameters={"neighbouring_relation": relation.value, "person_budget": pb.name, "privacy_unit": unit},
         spent_rdp=0.0,
         spent_pld=0.0,
         reason="budget account opened",
@@ -312,10 +320,13 @@ def person_budget_named(session: Session, name: str = DEFAULT_PERSON_BUDGET) -> 
 
 def open_person_budget(
     session: Session, name: str, *, epsilon_cap: float, delta: float, relation: Relation | str, actor: str,
-    reason: str | None = None,
+    reason: str | None = None, privacy_unit: str = USER,
 ) -> PersonBudget:
-    """Create a per-person budget (``PersonBudgetExists`` when ``name`` exists). Does not commit."""
+    """Create a per-person budget of ``privacy_unit`` (its data sets declare the same;
+    ``PersonBudgetExists`` when ``name`` exists). Does not commit."""
     relation = _parse_or_invalid(relation)
+    if privacy_unit not in PRIVACY_UNITS:
+        raise ValueError(f"unknown privacy unit {privacy_unit!r}")
     if not name or len(name) > 64:
         raise InvalidPersonBudgetName("a person budget name must have 1 to 64 characters")
     if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
@@ -325,7 +336,7 @@ def open_person_budget(
     if session.scalar(select(PersonBudget.id).where(PersonBudget.name == name)) is not None:
         raise PersonBudgetExists(f"person budget {name!r} exists", person_budget=name)
     pb = PersonBudget(name=name, epsilon_cap=float(epsilon_cap), delta=float(delta), relation=relation.value,
-                      history=[], composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
+                      privacy_unit=privacy_unit, history=[], composed_state={**ComposedState().to_json(), "epsilon_pld": 0.0})
     session.add(pb)
     session.flush()
     _append_person_entry(session, pb, kind="open", actor=actor, old_cap=None, new_cap=float(epsilon_cap),
@@ -758,6 +769,17 @@ def select_cohorts(
     ledger states takes delta at the order that attains the minimum). Hence every user's loss over
     the service's whole life is at most her block's cap (under that caveat on delta), for the data
     set's account and for her person budget alike.
+
+    **The ``user_period`` unit** (declared at creation by a data set and by its person budget, never
+    mixed with ``user``). The relation is add/remove one unit (u, P): user u's ratings created in
+    period P. A rating's period is the period of its creation time, written when it is first inserted
+    and kept by every update (a deletion removes it from that period), so one unit's data lies in
+    block P alone, and a run that reads periods C loads only ratings created in C
+    (:mod:`app.db.loaders`). Inside the run each (u, P) is its own row (its own offset, sample,
+    contribution bound, clip and solve), so every release's sensitivity is that of one row of the
+    user-level analysis. The argument above then holds word for word with "cohort" read as "period
+    of creation": each unit loses at most its block's cap. A person's whole history is the
+    composition over the periods she rated in, which no cap bounds: that is the unit's stated limit.
 
     A reservation takes every block (data set's and person's for one cohort) that can pay, in
     cohort order; a local guarantee (``every``) takes all of them and is refused unless each can.

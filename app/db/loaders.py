@@ -13,12 +13,19 @@ loader from the algorithm's declared kind (:func:`load_training_inputs`), never 
 A run reads only the privacy blocks its reservation charged (``cohorts``, chosen by
 :func:`app.ledger.select_cohorts` before any private read): every query below filters on the
 users' cohort, so ratings of any other block are never loaded.
+
+A ``user_period`` data set (:data:`app.core.privacy.blocks.USER_PERIOD`) keys its blocks by the
+period of each rating's creation instead: the query keeps the ratings created in the chosen periods,
+and each (user, period) becomes its own training row (:func:`unit_ratings`), so every per-user step
+of training (centring offset, sample or weights, contribution bound, clip, solve) is per unit and
+removing one unit changes one row of one block. The rows are labelled ``"<user id>@<period>"``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,12 +36,13 @@ from app.core.algorithms import Algorithm, DataKind
 from app.core.data.item_tokens import MIN_TOKEN_ITEMS, item_tokens
 from app.core.data.ratings import Ratings
 from app.core.mf.dpcmf import PublicData, PublicSource, metadata_source, similarity_source, split_public_users
-from app.db.models import Dataset
+from app.core.privacy.blocks import USER_PERIOD, period_ranges
+from app.db.models import BlockCalendar, Dataset
 from app.db.stores import blocks as block_store
 from app.db.stores import public_inputs, ratings_store
 from app.services.bulk_read import item_index, ratings_from_triplets
 
-__all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes"]
+__all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes", "unit_ratings"]
 
 Cohorts = Sequence[str] | None
 Loader = Callable[[Session, Dataset, Cohorts], tuple[Ratings, dict[str, Any]]]
@@ -52,15 +60,61 @@ def _triplets(session: Session, ds: Dataset, table: str, cohorts: Cohorts, local
     return ratings_store(session).triplets(table, ds.id, local_epsilon, cohorts, public_too)
 
 
+def _period_keys(created_us: np.ndarray, cal: BlockCalendar) -> np.ndarray:
+    """The calendar period of each creation time (µs since 1970 UTC) as an integer (months or days
+    since 1970); creations before the calendar's first period count in that period."""
+    first = np.array(cal.start, dtype=_period_dtype(cal)).astype(np.int64)
+    return np.maximum(created_us.astype("datetime64[us]").astype(_period_dtype(cal)).astype(np.int64), first)
+
+
+def _period_dtype(cal: BlockCalendar) -> str:
+    return "datetime64[M]" if cal.period == "month" else "datetime64[D]"
+
+
+def unit_ratings(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np.ndarray, v: np.ndarray,
+                 created_us: np.ndarray, cal: BlockCalendar) -> Ratings:
+    """A :class:`Ratings` with one row per (user, period of creation): the training rows of a
+    ``user_period`` data set, labelled ``"<user id>@<period>"``, sorted by user then period."""
+    periods = _period_keys(created_us, cal)
+    base = int(periods.min()) if len(periods) else 0
+    offset = periods - base
+    if len(offset) and (int(offset.max()) >= 1 << 20 or int(u.max()) >= 1 << 42):
+        raise RuntimeError("user or period ids out of the unit key's range")
+    keys, rows = np.unique((u << 20) | offset, return_inverse=True)
+    names = ((keys & ((1 << 20) - 1)) + base).astype(_period_dtype(cal)).astype(str)  # the calendar's labels
+    labels = np.array([f"{user}@{name}" for user, name in zip((keys >> 20).tolist(), names.tolist(), strict=True)],
+                      dtype=object)
+    by_row = ratings_from_triplets(item_db, item_ext, rows.astype(np.int64), i, v)  # rows 0..n-1, all present
+    return replace(by_row, user_ids=labels, _user_pos={})
+
+
+def _dated(session: Session, ds: Dataset, cohorts: Cohorts,
+           public_too: bool = False) -> tuple[BlockCalendar, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(the calendar, the ratings of a ``user_period`` data set created in the periods ``cohorts``
+    with their creation times; with ``public_too`` also every rating of users whose ratings are public)."""
+    cal = block_store.calendar(session)
+    if cal is None or cohorts is None:
+        raise RuntimeError("a user_period run reads the periods its reservation chose from the calendar")
+    ranges = period_ranges(list(cohorts), cal.start, cal.period)
+    return cal, ratings_store(session).dated_triplets(ds.id, ranges, public_too)
+
+
 def load_ratings_only(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
-    """Every rating of ``ds`` by a user in ``cohorts`` (items = the whole catalogue); no extra inputs."""
+    """Every rating of ``ds`` by a user in ``cohorts`` (``user_period``: created in the periods
+    ``cohorts``, one row per (user, period)); items = the whole catalogue; no extra inputs."""
+    if ds.privacy_unit == USER_PERIOD:
+        cal, dated = _dated(session, ds, cohorts)
+        return unit_ratings(*item_index(session, ds), *dated, cal), {}
     return ratings_from_triplets(*item_index(session, ds), *_triplets(session, ds, "ratings", cohorts)), {}
 
 
 def load_votes(session: Session, ds: Dataset, cohorts: Cohorts = None, *,
                local_epsilon: float | None = None) -> tuple[Ratings, dict[str, Any]]:
     """Every stored bit of ``ds`` by a user in ``cohorts`` as a :class:`Ratings` of ±1 (items = the
-    whole catalogue); with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0."""
+    whole catalogue); with ``local_epsilon`` only the bits randomised at ingestion with exactly that ε0.
+    Votes have no ``user_period`` unit (a training request refuses it before any reservation)."""
+    if ds.privacy_unit == USER_PERIOD:
+        raise RuntimeError("votes are accounted per user: a user_period data set trains on none")
     triplets = _triplets(session, ds, "votes", cohorts, local_epsilon)
     return ratings_from_triplets(*item_index(session, ds), *triplets), {}
 
@@ -116,6 +170,20 @@ def _split_public_users(session: Session, ds: Dataset, ratings: Ratings) -> tupl
     return split_public_users(ratings, public_ids)
 
 
+def _split_public_units(session: Session, ds: Dataset, cohorts: Cohorts, item_db: np.ndarray,
+                        item_ext: np.ndarray) -> tuple[Ratings, PublicSource | None]:
+    """``user_period``: (the private ratings of the periods ``cohorts``, one row per (user, period), the
+    public users' ratings of every period as one row per user, or None)."""
+    cal, (u, i, v, created) = _dated(session, ds, cohorts, public_too=True)
+    public_ids = np.intersect1d(public_inputs.public_user_ids(session, ds.id), u)
+    public = np.isin(u, public_ids)
+    private = unit_ratings(item_db, item_ext, u[~public], i[~public], v[~public], created[~public], cal)
+    if len(public_ids) == 0:
+        return private, None
+    return private, split_public_users(ratings_from_triplets(item_db, item_ext, u[public], i[public], v[public]),
+                                       public_ids)[1]
+
+
 def load_ratings_and_public(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
     """DP-CMF's inputs: (private ratings, {"public": PublicData}).
 
@@ -124,9 +192,12 @@ def load_ratings_and_public(session: Session, ds: Dataset, cohorts: Cohorts = No
     public sources' columns follow it. Sources with no entries are left out.
     """
     item_db, item_ext = item_index(session, ds)
-    # public users are read whatever their block: their rows leave the private ratings below
-    ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts, public_too=True))
-    private, users = _split_public_users(session, ds, ratings)
+    if ds.privacy_unit == USER_PERIOD:
+        private, users = _split_public_units(session, ds, cohorts, item_db, item_ext)
+    else:
+        # public users are read whatever their block: their rows leave the private ratings below
+        ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts, public_too=True))
+        private, users = _split_public_users(session, ds, ratings)
     sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
     kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
     return private, {"public": PublicData(kept)}

@@ -73,6 +73,8 @@ NAMING = {
 RunStatus = Literal["queued", "running", "succeeded", "failed"]
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)  # the training_runs.status check constraint
 DATASET_KINDS = ("ratings", "votes")  # the public, declared kind of a data set's private data
+# the privacy unit a data set (and a person budget) declares once, at creation (app.core.privacy.blocks)
+PRIVACY_UNITS_CHECK = "privacy_unit IN ('user', 'user_period')"
 LEDGER_KINDS = ("open", "reservation", "commit", "refund", "cap_change", "local")
 VOTE_RANDOMISERS = ("server", "client")  # who applied randomised response to a stored vote
 
@@ -128,6 +130,10 @@ class Dataset(Base):
     # admin-declared public bound on the users one cohort (privacy block) of this data set can hold;
     # a run's user bound is it times the non-legacy blocks it may read, plus max_users for legacy
     max_users_per_period: Mapped[int | None] = mapped_column(Integer, default=None)
+    # the privacy unit, declared at creation and never changed: ``user`` (a user with all of her data;
+    # blocks by her cohort) or ``user_period`` (a user's ratings created in one calendar period;
+    # blocks by the period of each rating's creation, ``ratings.created_at``)
+    privacy_unit: Mapped[str] = mapped_column(String(16), default="user", server_default="user")
     # Bumped in the same transaction as any rating insert/update/delete (bump_ratings_version).
     # Private: nothing public (scheduling included) may depend on it.
     # ``ratings_version`` (mapped below) = this column + the data set's RatingsVersionShard counts.
@@ -150,6 +156,7 @@ class Dataset(Base):
         CheckConstraint("votes_per_user_cap IS NULL OR votes_per_user_cap > 0", name="votes_per_user_cap_positive"),
         CheckConstraint("kind IN ('ratings', 'votes')", name="kind_kind"),
         CheckConstraint("max_users IS NULL OR max_users > 0", name="max_users_positive"),
+        CheckConstraint(PRIVACY_UNITS_CHECK, name="privacy_unit_kind"),
     )
 
 
@@ -274,6 +281,8 @@ class PersonBudget(Base):
     delta: Mapped[float] = mapped_column(Float)
     # the one relation its numbers hold under; every member data set's relation implies it
     relation: Mapped[str] = mapped_column(String(32), default="add_or_remove_one_user")
+    # its one privacy unit (fixed at creation): every member data set declares the same
+    privacy_unit: Mapped[str] = mapped_column(String(16), default="user", server_default="user")
     # no longer written: cap changes are hash-chained PersonBudgetEntry rows (migration 0012 moved
     # the rows written before into them)
     history: Mapped[list[Any]] = mapped_column(JSON, default=list)
@@ -285,6 +294,7 @@ class PersonBudget(Base):
 
     __table_args__ = (
         CheckConstraint(RELATIONS_CHECK, name="relation_kind"),
+        CheckConstraint(PRIVACY_UNITS_CHECK, name="privacy_unit_kind"),
         CheckConstraint("epsilon_cap > 0", name="cap_positive"),
         CheckConstraint("delta > 0 AND delta < 1", name="delta_range"),
     )

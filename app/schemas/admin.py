@@ -40,6 +40,15 @@ __all__ = [
 
 PERSON_BUDGET_NAME = r"^[A-Za-z0-9_\-]+$"
 
+PrivacyUnit = Literal["user", "user_period"]
+PRIVACY_UNIT_DOC = (
+    "The privacy unit every epsilon of this budget is stated per, declared when it was created and "
+    "never changed: `user` (a user with all of her data: her whole history is protected) or "
+    "`user_period` (a user's ratings created in one calendar period of the block calendar: each "
+    "period's data is protected, a user's whole history is not; blocks are keyed by the period of "
+    "each rating's creation).")
+UNIT_LABEL_DOC = "How to read every epsilon shown here: `per user` or `per user per period`."
+
 
 class PersonBudgetOut(BaseModel):
     name: str
@@ -55,6 +64,8 @@ class PersonBudgetOut(BaseModel):
     remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
     datasets: list[str] = Field(default_factory=list, description="The data sets counting against it.")
     history: list[dict[str, Any]] = Field(default_factory=list, description="Audited creation and cap changes.")
+    privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC + " Its data sets declare the same.")
+    privacy_unit_label: str = Field(default="per user", description=UNIT_LABEL_DOC)
 
 
 class PersonBudgetIn(StrictModel):
@@ -65,6 +76,9 @@ class PersonBudgetIn(StrictModel):
     neighbouring_relation: Relation | None = Field(default=None, description=(
         "Its relation (on creation; default `add_or_remove_one_user`; fixed afterwards). Data sets "
         "whose relation does not imply it cannot join it."))
+    privacy_unit: PrivacyUnit | None = Field(default=None, description=(
+        "Its privacy unit (on creation; default `user`; fixed afterwards: 409 `person_budget_fixed`). Only "
+        "data sets of the same unit can join it (409 `privacy_unit_mismatch`)."))
     reason: Text | None = Field(default=None, max_length=1000, description="Stored in its history.")
 
 
@@ -104,6 +118,8 @@ class BudgetOut(BaseModel):
         "Opened privacy blocks (one per cohort: the calendar period of a user's creation, and `legacy`). "
         "Each has the cap; spent and remaining above are the most spent block's."))
     current_block: str | None = Field(default=None, description="The cohort users joining now belong to.")
+    privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC)
+    privacy_unit_label: str = Field(default="per user", description=UNIT_LABEL_DOC)
 
 
 class BlockOut(BaseModel):
@@ -114,6 +130,8 @@ class BlockOut(BaseModel):
     spent_epsilon_pld: float | None = Field(description="The same by the PLD accountant (rounded up).")
     remaining_epsilon: float = Field(description="Cap minus spend (rounded down, >= 0).")
     n_runs: int = Field(description="Runs charged to the block (local guarantees are charged to every block).")
+    privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC)
+    privacy_unit_label: str = Field(default="per user", description=UNIT_LABEL_DOC)
 
 
 MAX_USERS_PER_PERIOD_DOC = (
@@ -154,6 +172,9 @@ class DatasetIn(StrictModel):
         "The per-person budget (fixed at creation) composing this data set's events with those of "
         "every other data set that can hold the same person; `all` (every data set) by default. Its "
         "relation must be implied by `neighbouring_relation` (409 `relation_not_implied`)."))
+    privacy_unit: PrivacyUnit = Field(default="user", description=(
+        PRIVACY_UNIT_DOC + " Its person budget must be of the same unit (409 `privacy_unit_mismatch`); "
+        "a `votes` data set is accounted per user (422 `privacy_unit_not_supported`)."))
 
     @model_validator(mode="after")
     def _range(self) -> DatasetIn:
@@ -170,6 +191,7 @@ class DatasetOut(BaseModel):
     kind: str = Field(description="Declared kind: `ratings` or `votes` (public).")
     max_users: int | None = Field(description=MAX_USERS_DOC)
     max_users_per_period: int | None = Field(default=None, description=MAX_USERS_PER_PERIOD_DOC)
+    privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC)
     warnings: list[str] = Field(default_factory=list, description=(
         "Configuration warnings from public facts (e.g. delta above 1/(10 max_users))."))
     budget: BudgetOut
@@ -182,6 +204,8 @@ class DatasetPatchIn(StrictModel):
     max_users_per_period: int | None = Field(default=None, ge=1, le=INT32_MAX, description=(
         "New declared bound on the users of one privacy block; an explicit null removes it. "
         + MAX_USERS_PER_PERIOD_DOC))
+    privacy_unit: PrivacyUnit | None = Field(default=None, description=(
+        "Fixed at creation: the current unit is accepted, another is refused (409 `privacy_unit_fixed`)."))
 
 
 class CapChangeIn(StrictModel):
@@ -364,6 +388,8 @@ class ProjectionOut(BaseModel):
         "Its composed spend over all its data sets so far (RDP, rounded up)."))
     person_composed_epsilon_rdp: float | None = Field(default=None, description=(
         "Its composed spend with one more run at `epsilon` (RDP, rounded up), under its relation."))
+    privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC)
+    privacy_unit_label: str = Field(default="per user", description=UNIT_LABEL_DOC)
 
 
 class LedgerCheckOut(BaseModel):

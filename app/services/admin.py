@@ -11,7 +11,7 @@ from app import model_store
 from app.config import Settings
 from app.db.models import ModelVersion
 from app.db.stores import admin as admin_store
-from app.errors import DatasetExists
+from app.errors import DatasetExists, PrivacyUnitFixed
 from app.ledger import round_up
 from app.schemas.admin import (
     BlockOut,
@@ -28,7 +28,7 @@ from app.schemas.admin import (
     TrainingRunOut,
 )
 from app.schemas.common import Page
-from app.services import budget
+from app.services import budget, catalog
 from app.services.training import dispatch
 from app.services.training import projection as proj
 from app.services.training import requests as training
@@ -70,7 +70,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
     budget_out = budget_view(session, dataset=ds.name)
     return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
                       rating_max=ds.rating_max, kind=ds.kind, max_users=ds.max_users,
-                      max_users_per_period=ds.max_users_per_period,
+                      max_users_per_period=ds.max_users_per_period, privacy_unit=ds.privacy_unit,
                       warnings=dataset_warnings(ds, budget_out.delta), budget=budget_out)
 
 
@@ -78,10 +78,11 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
     """Create a data set with its budget account (409 when the name is taken)."""
     if admin_store.dataset_exists(session, body.name):
         raise DatasetExists(f"data set {body.name!r} exists", details={"dataset": body.name})
+    _check_unit_fits_kind(body.privacy_unit, body.kind, body.name)
     ds = budget.ensure_dataset(session, body.name, rating_min=body.rating_min, rating_max=body.rating_max,
                                epsilon_cap=body.epsilon_cap, delta=body.delta, description=body.description,
                                actor=actor, relation=body.neighbouring_relation.value,
-                               person_budget=body.person_budget)
+                               person_budget=body.person_budget, privacy_unit=body.privacy_unit)
     ds.kind, ds.max_users, ds.max_users_per_period = body.kind, body.max_users, body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
@@ -90,7 +91,12 @@ def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetO
 def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> DatasetOut:
     """Change the declared kind and/or the public bound ``max_users`` (null clears it)."""
     ds = budget.get_dataset(session, dataset)
+    if body.privacy_unit is not None and body.privacy_unit != ds.privacy_unit:
+        raise PrivacyUnitFixed(f"data set {ds.name!r} declared the privacy unit {ds.privacy_unit!r} at creation; "
+                               "it never changes (create another data set for another unit)",
+                               dataset=ds.name, privacy_unit=ds.privacy_unit)
     if "kind" in body.model_fields_set and body.kind is not None:
+        _check_unit_fits_kind(ds.privacy_unit, body.kind, ds.name)
         ds.kind = body.kind
     if "max_users" in body.model_fields_set:
         ds.max_users = body.max_users
@@ -98,6 +104,11 @@ def update_dataset(session: Session, *, dataset: str, body: DatasetPatchIn) -> D
         ds.max_users_per_period = body.max_users_per_period
     session.flush()
     return _dataset_out(session, ds)
+
+
+def _check_unit_fits_kind(unit: str, kind: str, name: str) -> None:
+    if kind == "votes":
+        catalog.refuse_votes_per_period(name, unit)
 
 
 def datasets_page(session: Session, *, offset: int, limit: int) -> Page[DatasetOut]:
@@ -129,7 +140,7 @@ def put_person_budget(session: Session, *, name: str, body: PersonBudgetIn, acto
     """Create a per-person budget or change its cap (audited)."""
     relation = None if body.neighbouring_relation is None else body.neighbouring_relation.value
     view = budget.put_person_budget(session, name=name, epsilon_cap=body.epsilon_cap, delta=body.delta, relation=relation,
-                                    reason=body.reason, actor=actor)
+                                    reason=body.reason, actor=actor, privacy_unit=body.privacy_unit)
     return PersonBudgetOut.model_validate(view, from_attributes=True)
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.config import Settings
 from app.core.privacy.accounting import event_from_json
+from app.core.privacy.blocks import UNIT_LABELS, USER
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PrivacyBlock, utcnow
 from app.db.stores import blocks as block_store
 from app.db.stores import budget as budget_store
@@ -53,6 +54,8 @@ class PersonBudgetView:
     remaining_epsilon: float
     datasets: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    privacy_unit: str = USER  # every epsilon above is per this unit (UNIT_LABELS)
+    privacy_unit_label: str = UNIT_LABELS[USER]
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class BlockView:
     spent_epsilon_pld: float | None
     remaining_epsilon: float
     n_runs: int
+    privacy_unit: str = USER
+    privacy_unit_label: str = UNIT_LABELS[USER]
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class BudgetView:
     binding_cap: str | None = None  # "dataset" or "person_budget": which remaining_epsilon is
     n_blocks: int = 0  # opened privacy blocks of the data set (legacy included)
     current_block: str | None = None  # the cohort users joining now belong to
+    privacy_unit: str = USER  # the data set's unit, declared at creation: every epsilon above is per unit
+    privacy_unit_label: str = UNIT_LABELS[USER]  # "per user" / "per user per period"
 
 
 def ensure_dataset(
@@ -108,9 +115,10 @@ def ensure_dataset(
     actor: str = "system",
     relation: str = "add_or_remove_one_user",
     person_budget: str = ledger.DEFAULT_PERSON_BUDGET,
+    privacy_unit: str = USER,
 ) -> Dataset:
     """Return the data set ``name``, creating it with its budget account (under ``relation``, counting
-    against the per-person budget ``person_budget``) if missing."""
+    against the per-person budget ``person_budget``, whose unit must be ``privacy_unit``) if missing."""
     ds = budget_store.find_dataset(session, name)
     if ds is not None:
         return ds
@@ -119,7 +127,8 @@ def ensure_dataset(
     if not rating_min < rating_max:
         raise InvalidRatingRange("rating_min must be below rating_max")
     ds = budget_store.add_dataset(session, Dataset(name=name, rating_min=float(rating_min),
-                                                   rating_max=float(rating_max), description=description))
+                                                   rating_max=float(rating_max), description=description,
+                                                   privacy_unit=privacy_unit))
     ledger.open_account(session, ds, epsilon_cap=epsilon_cap, delta=delta, actor=actor, relation=relation,
                         person_budget=person_budget)
     return ds
@@ -177,6 +186,8 @@ def get_budget(session: Session, *, dataset: str) -> BudgetView:
         person_budget=person,
         n_blocks=len(block_store.blocks_of(session, ledger.block_owner(acct))),
         current_block=ledger.block_calendar(session, utcnow())[-1] if cal is not None else None,
+        privacy_unit=ds.privacy_unit,
+        privacy_unit_label=UNIT_LABELS[ds.privacy_unit],
     )
 
 
@@ -214,6 +225,8 @@ def _person_view(session: Session, pb: PersonBudget) -> PersonBudgetView:
         history=[{"at": e.created_at, "actor": e.actor, "old_cap": e.old_cap, "new_cap": e.new_cap,
                   "reason": e.reason, "seq": e.seq, "hash": e.hash}
                  for e in ledger.person_budget_entries(session, pb.id)],
+        privacy_unit=pb.privacy_unit,
+        privacy_unit_label=UNIT_LABELS[pb.privacy_unit],
     )
 
 
@@ -233,7 +246,12 @@ def _block_view(block: PrivacyBlock, row: BudgetAccount | PersonBudget) -> Block
     return BlockView(cohort=block.cohort, epsilon_cap=row.epsilon_cap, delta=row.delta,
                      spent_epsilon_rdp=ledger.round_up(rep.epsilon_rdp),
                      spent_epsilon_pld=None if not math.isfinite(rep.epsilon_pld) else ledger.round_up(rep.epsilon_pld),
-                     remaining_epsilon=ledger.remaining(row.epsilon_cap, rep.epsilon_rdp), n_runs=block.n_runs)
+                     remaining_epsilon=ledger.remaining(row.epsilon_cap, rep.epsilon_rdp), n_runs=block.n_runs,
+                     privacy_unit=_unit_of(row), privacy_unit_label=UNIT_LABELS[_unit_of(row)])
+
+
+def _unit_of(row: BudgetAccount | PersonBudget) -> str:
+    return row.privacy_unit if isinstance(row, PersonBudget) else row.dataset.privacy_unit
 
 
 def get_person_budget(session: Session, *, name: str) -> PersonBudgetView:
@@ -243,18 +261,20 @@ def get_person_budget(session: Session, *, name: str) -> PersonBudgetView:
 
 def put_person_budget(
     session: Session, *, name: str, epsilon_cap: float, delta: float | None, relation: str | None,
-    reason: str | None, actor: str,
+    reason: str | None, actor: str, privacy_unit: str | None = None,
 ) -> PersonBudgetView:
-    """Create the per-person budget ``name`` or change its cap (audited; delta and relation are fixed
-    at creation: a different value is refused with 409). Does not commit."""
+    """Create the per-person budget ``name`` or change its cap (audited; delta, relation and privacy
+    unit are fixed at creation: a different value is refused with 409). Does not commit."""
     pb = budget_store.find_person_budget(session, name)
     if pb is None:
         if delta is None:
             raise DeltaRequired("a new person budget needs a delta")
         pb = ledger.open_person_budget(session, name, epsilon_cap=epsilon_cap, delta=delta,
-                                       relation=relation or ledger.NEIGHBOURING_RELATION, actor=actor, reason=reason)
+                                       relation=relation or ledger.NEIGHBOURING_RELATION, actor=actor, reason=reason,
+                                       privacy_unit=privacy_unit or USER)
         return _person_view(session, pb)
-    fixed = {"delta": (delta, pb.delta), "neighbouring_relation": (relation, pb.relation)}
+    fixed = {"delta": (delta, pb.delta), "neighbouring_relation": (relation, pb.relation),
+             "privacy_unit": (privacy_unit, pb.privacy_unit)}
     changed = {k: v for k, v in fixed.items() if v[0] is not None and v[0] != v[1]}
     if changed:
         raise PersonBudgetFixed(f"person budget {name!r} exists; its {', '.join(changed)} cannot change "

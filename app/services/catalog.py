@@ -14,13 +14,15 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
+from app.core.privacy.blocks import USER_PERIOD
 from app.db.models import Dataset, Item, utcnow
 from app.db.stores import catalogue_store
-from app.errors import InvalidItemId, UnknownItem
+from app.errors import InvalidItemId, PrivacyUnitNotSupported, UnknownItem
 from app.schemas.common import Page
 from app.schemas.ingest import ItemIn, ItemOut
 
 __all__ = [
+    "refuse_votes_per_period",
     "get_dataset",
     "item_row_ids",
     "import_items",
@@ -104,3 +106,15 @@ def list_items(session: Session, *, dataset: str, offset: int, limit: int) -> Pa
     store = catalogue_store(session)
     total, rows = store.items_page(store.get_dataset(dataset).id, offset, limit)
     return Page[ItemOut].build([_item_out(r) for r in rows], total=total, offset=offset, limit=limit)
+
+
+def refuse_votes_per_period(ds_name: str, privacy_unit: str) -> None:
+    """422 ``privacy_unit_not_supported`` for votes (a votes kind, vote settings, a run on votes) on a
+    ``user_period`` data set. Votes are accounted per user: their allowance (``votes_per_user_cap``)
+    and the guarantee given at ingestion cover a user's whole life, and what a later period stores
+    depends on how much of the allowance earlier periods used, so one (user, period) is not a unit
+    of vote data."""
+    if privacy_unit == USER_PERIOD:
+        raise PrivacyUnitNotSupported(
+            f"data set {ds_name!r}: votes are accounted per user (a lifetime allowance and a local guarantee "
+            "per user); the user_period unit applies to ratings only", dataset=ds_name, privacy_unit=privacy_unit)

@@ -51,7 +51,7 @@ from app.errors import (
 )
 from app.schemas.common import Page
 from app.schemas.votes import Status, VoteBatchOut, VoteIn, VoteOut, VoteRow, VoteRowResult, VoteSettingsOut, VoteWriteOut
-from app.services.catalog import item_row_ids
+from app.services.catalog import item_row_ids, refuse_votes_per_period
 from app.services.ingest import ensure_user_rows
 
 __all__ = [
@@ -162,6 +162,7 @@ def set_vote_settings(session: Session, *, dataset: str, local_epsilon: float | 
     if local_epsilon is not None and votes_per_user_cap is None:
         raise CapRequired("randomisation at ingestion needs votes_per_user_cap")
     ds = _dataset(session, dataset, lock="update")
+    refuse_votes_per_period(ds.name, ds.privacy_unit)
     ledger.lock_account(session, ds.id)  # settings and budget changes serialise
     if (ds.vote_local_epsilon, ds.votes_per_user_cap) == (local_epsilon, votes_per_user_cap):
         return _settings_out(session, ds)

@@ -55,6 +55,9 @@ def test_migrate_import_budget(cli_env: Path, capsys: pytest.CaptureFixture[str]
     assert cli.main(["budget"]) == 0
     budget = json.loads(capsys.readouterr().out)
     assert budget["dataset"] == "default" and budget["spent_epsilon_rdp"] == 0
+    assert (budget["privacy_unit"], budget["privacy_unit_label"]) == ("user", "per user")  # every number names its unit
+    assert cli.main(["budget", "--blocks"]) == 0
+    assert all(b["privacy_unit_label"] == "per user" for b in json.loads(capsys.readouterr().out)["items"])
 
 
 def test_import_refuses_out_of_range(cli_env: Path) -> None:

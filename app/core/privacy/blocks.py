@@ -5,16 +5,27 @@ deployments and simulations) in which her user row was first created. Block acco
 every period from the deployment's first one up to the current one, plus :data:`LEGACY` (the users
 who existed before blocks did): the set of blocks is a function of the calendar and the clock
 only, never of the data. Pure functions; the clock is always passed in.
+
+The *privacy unit* a data set declares at creation says what a block holds. :data:`USER` (the
+default): a user with all of her data, in the block of her cohort. :data:`USER_PERIOD`: one user's
+ratings created in one period (user-time privacy), in the block of that period, whatever her cohort;
+:func:`period_ranges` gives the creation times a block's ratings lie in.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 
-__all__ = ["LEGACY", "PERIODS", "cohort_of", "cohorts_until", "cohort_order", "check_period"]
+__all__ = ["LEGACY", "PERIODS", "USER", "USER_PERIOD", "PRIVACY_UNITS", "UNIT_LABELS", "cohort_of", "cohorts_until",
+           "cohort_order", "check_period", "period_ranges"]
 
 LEGACY = "legacy"
 PERIODS = ("month", "day")
+USER = "user"
+USER_PERIOD = "user_period"
+PRIVACY_UNITS = (USER, USER_PERIOD)
+UNIT_LABELS = {USER: "per user", USER_PERIOD: "per user per period"}
+"""How every number of a budget of each unit is read (the budget views show it)."""
 
 
 def check_period(period: str) -> str:
@@ -58,3 +69,27 @@ def cohorts_until(start: str, now: datetime, period: str) -> list[str]:
 def cohort_order(label: str) -> tuple[int, str]:
     """Sort key of a cohort: :data:`LEGACY` first, then chronologically (the lock and charge order)."""
     return (0, "") if label == LEGACY else (1, label)
+
+
+def _start_of(label: str) -> datetime:
+    year, month = int(label[:4]), int(label[5:7])
+    day = int(label[8:10]) if len(label) > 7 else 1
+    return datetime(year, month, day, tzinfo=UTC)
+
+
+def period_ranges(labels: list[str] | tuple[str, ...], start: str, period: str) -> list[tuple[datetime | None, datetime]]:
+    """The creation times ``[lo, hi)`` (UTC) of the ratings in the blocks ``labels`` of a
+    :data:`USER_PERIOD` data set, adjacent ranges merged, in order. The calendar's first period
+    ``start`` also holds every earlier creation (``lo`` None), as the first cohort holds the users
+    created before it; :data:`LEGACY` holds no rating (such a data set has nothing from before
+    blocks)."""
+    check_period(period)
+    out: list[tuple[datetime | None, datetime]] = []
+    for label in sorted({label for label in labels if label != LEGACY}):
+        lo: datetime | None = None if label <= start else _start_of(label)
+        hi = _start_of(_next(label, period))
+        if out and lo is not None and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out

@@ -12,13 +12,19 @@ import numpy as np
 from psycopg.copy import LibpqWriter
 from psycopg.errors import UniqueViolation
 
-__all__ = ["PG_COPY_TRIPLET", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings", "pg_unless_unique_violation",
-           "pg_returning_unless_unique_violation", "pg_flushed_copy"]
+__all__ = ["PG_COPY_TRIPLET", "PG_COPY_DATED", "PG_EPOCH_US", "PG_COPY_HEADER", "pg_copy_triplets", "pg_copy_ratings",
+           "pg_unless_unique_violation", "pg_returning_unless_unique_violation", "pg_flushed_copy"]
 
 # PostgreSQL binary COPY of (bigint, bigint, float8) rows: a field count, then length + value per field
 PG_COPY_TRIPLET = np.dtype(
     [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8")]
 )
+# the same with a fourth field, a timestamptz (int8 microseconds since 2000-01-01 UTC)
+PG_COPY_DATED = np.dtype(
+    [("n", ">i2"), ("l1", ">i4"), ("u", ">i8"), ("l2", ">i4"), ("i", ">i8"), ("l3", ">i4"), ("v", ">f8"),
+     ("l4", ">i4"), ("t", ">i8")]
+)
+PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 UTC in microseconds since 1970-01-01 UTC
 PG_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature (11), flags (4), extension length (4)
 _PG_COPY_TRAILER = b"\xff\xff"  # field count -1
 

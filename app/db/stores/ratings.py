@@ -26,9 +26,13 @@ from app.db.models import Item, Rating, User, Vote, bump_ratings_version_sharded
 from app.db.stores.blocks import calendar, settle_cohorts
 from app.db.stores.catalogue import DatasetRef, catalogue_store
 
-__all__ = ["RatingsStore", "OneRating", "Triplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter", "cohort_filter"]
+__all__ = ["RatingsStore", "OneRating", "Triplets", "DatedTriplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter",
+           "cohort_filter", "created_filter", "CreatedRanges"]
 
 Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]  # (user row id, item row id, value as float64)
+# (user row id, item row id, value, created at as int64 microseconds since 1970-01-01 UTC)
+DatedTriplets = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+CreatedRanges = Sequence[tuple[datetime | None, datetime]]  # [lo, hi) creation times (lo None: unbounded)
 TRIPLET_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables
 
 
@@ -95,6 +99,11 @@ class RatingsStore(Protocol):
         users in those cohorts, and with ``public_too`` those of users whose ratings are public,
         filtered in the query)."""
 
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+        """Every rating of the data set created in one of the ``[lo, hi)`` ranges ``created_in``
+        (and with ``public_too`` every rating of users whose ratings are public), with its creation
+        time (filtered in the query: no other rating is read)."""
+
 
 def randomised_filter(local_epsilon: float | None) -> str:
     """SQL condition keeping only votes randomised with exactly ``local_epsilon`` (none: all rows)."""
@@ -124,6 +133,19 @@ def cohort_filter(cohorts: Sequence[str] | None, public_of: int | None = None) -
         return f" AND {members}"
     return (f" AND ({members} OR user_id IN (SELECT user_id FROM public_rating_consents "
             f"WHERE dataset_id = {int(public_of)} AND public))")
+
+
+def created_filter(created_in: CreatedRanges, literal: Callable[[datetime], str], public_of: int | None = None) -> str:
+    """The SQL condition keeping only ratings created in one of the ranges (``literal``: the dialect's
+    timestamp literal of a datetime the caller computed from calendar labels), and with ``public_of``
+    also the ratings of users whose ratings of that data set are public."""
+    parts = [" AND ".join(([f"created_at >= {literal(lo)}"] if lo is not None else []) + [f"created_at < {literal(hi)}"])
+             for lo, hi in created_in]
+    keep = " OR ".join(f"({p})" for p in parts) or "1 = 0"
+    if public_of is not None:
+        keep += (f" OR user_id IN (SELECT user_id FROM public_rating_consents WHERE dataset_id = {int(public_of)} "
+                 "AND public)")
+    return f" AND ({keep})"
 
 
 class SqlRatings:

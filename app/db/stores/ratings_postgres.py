@@ -36,15 +36,26 @@ from app.db.models import RATINGS_VERSION_SHARDS, bump_ratings_version_sharded
 from app.db.reference_ids import READ_EPOCH, ReferenceIds, reference_ids_at, remember_on_commit
 from app.db.stores.catalogue import DatasetRef, PostgresCatalogueStore
 from app.db.stores.postgres_copy import (
+    PG_COPY_DATED,
     PG_COPY_HEADER,
     PG_COPY_TRIPLET,
+    PG_EPOCH_US,
     pg_copy_ratings,
     pg_copy_triplets,
     pg_flushed_copy,
     pg_returning_unless_unique_violation,
     pg_unless_unique_violation,
 )
-from app.db.stores.ratings import OneRating, SqlRatings, Triplets, cohort_filter, randomised_filter
+from app.db.stores.ratings import (
+    CreatedRanges,
+    DatedTriplets,
+    OneRating,
+    SqlRatings,
+    Triplets,
+    cohort_filter,
+    created_filter,
+    randomised_filter,
+)
 from app.errors import UnknownDataset
 
 __all__ = ["PostgresRatingsStore", "REFERENCES_LOCK_KEY", "PlainInsertFirst", "PLAIN_INSERT_FIRST", "NEW_USERS_FIRST",
@@ -355,23 +366,44 @@ class PostgresRatingsStore(SqlRatings):
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
                  cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
         """Binary COPY (fixed-width columns, no NULLs)."""
-        cursor = driver_connection(self.session).cursor()
-        buf = bytearray()
         sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
                + randomised_filter(local_epsilon).replace("%", "%%")
                + cohort_filter(cohorts, int(dataset_id) if public_too else None) + ") TO STDOUT (FORMAT BINARY)")
-        with cursor.copy(sql.format(table, int(dataset_id))) as copy:
+        rows = self._copy_rows(sql.format(table, int(dataset_id)), PG_COPY_TRIPLET)
+        return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
+
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+        """Binary COPY with the creation time as a fourth fixed-width column."""
+        sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION), created_at FROM ratings "
+               f"WHERE dataset_id = {int(dataset_id)}"
+               + created_filter(created_in, _literal, int(dataset_id) if public_too else None)
+               + ") TO STDOUT (FORMAT BINARY)")
+        rows = self._copy_rows(sql, PG_COPY_DATED)
+        return (rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64),
+                rows["t"].astype(np.int64) + PG_EPOCH_US)
+
+    def _copy_rows(self, sql: str, dtype: np.dtype) -> np.ndarray:
+        """The rows of a binary ``COPY ... TO STDOUT`` of fixed-width 8-byte columns, as ``dtype``."""
+        cursor = driver_connection(self.session).cursor()
+        buf = bytearray()
+        with cursor.copy(sql) as copy:
             for chunk in copy:
                 buf += chunk
         cursor.close()
         body = memoryview(buf)[len(PG_COPY_HEADER) : len(buf) - 2]  # strip the header and the -1 trailer
-        if len(body) % PG_COPY_TRIPLET.itemsize:
+        if len(body) % dtype.itemsize:
             raise RuntimeError("unexpected binary COPY layout for ratings")
-        rows = np.frombuffer(body, dtype=PG_COPY_TRIPLET)
-        fixed_width = all(np.all(rows[field] == width) for field, width in (("n", 3), ("l1", 8), ("l2", 8), ("l3", 8)))
+        rows = np.frombuffer(body, dtype=dtype)
+        widths = [name for name in dtype.names or () if name.startswith("l")]
+        fixed_width = np.all(rows["n"] == len(widths)) and all(np.all(rows[name] == 8) for name in widths)
         if len(rows) and not fixed_width:
             raise RuntimeError("unexpected binary COPY layout for ratings")
-        return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
+        return rows
+
+
+def _literal(moment: datetime) -> str:
+    """A timestamptz literal of ``moment`` (timezone-aware; computed from calendar labels, never from input)."""
+    return f"TIMESTAMPTZ '{moment.isoformat(sep=' ')}'"
 
 
 def _read_or_create_users(cursor: Any, missing: list[str], now: datetime,

@@ -12,9 +12,23 @@ from sqlalchemy import select
 from app.db.dialect import CHUNK, chunks, driver_connection, insert_for
 from app.db.models import Rating, User, bump_ratings_version_sharded
 from app.db.stores.catalogue import DatasetRef, SqliteCatalogueStore
-from app.db.stores.ratings import OneRating, SqlRatings, Triplets, cohort_filter, randomised_filter
+from app.db.stores.ratings import (
+    CreatedRanges,
+    DatedTriplets,
+    OneRating,
+    SqlRatings,
+    Triplets,
+    cohort_filter,
+    created_filter,
+    randomised_filter,
+)
 
 __all__ = ["SqliteRatingsStore"]
+
+
+def _literal(moment: datetime) -> str:
+    """A timestamp literal comparable with the stored text (naive UTC, microseconds, as SQLAlchemy writes it)."""
+    return f"'{_naive_utc(moment).strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
 
 def _naive_utc(value: datetime) -> datetime:
@@ -104,3 +118,16 @@ class SqliteRatingsStore(SqlRatings):
         cursor.close()
         arr = np.concatenate(parts) if parts else np.empty((0, 3))
         return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
+
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+        cursor = driver_connection(self.session).cursor()
+        cursor.execute("SELECT user_id, item_id, value, created_at FROM ratings WHERE dataset_id = ?"
+                       + created_filter(created_in, _literal, int(dataset_id) if public_too else None),
+                       (int(dataset_id),))
+        rows = cursor.fetchall()
+        cursor.close()
+        if not rows:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64)
+        u, i, v, t = zip(*rows, strict=True)
+        created = np.array([str(x) for x in t], dtype="datetime64[us]").astype(np.int64)
+        return np.array(u, dtype=np.int64), np.array(i, dtype=np.int64), np.array(v, dtype=np.float64), created

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.core.algorithms import get_algorithm
+from app.core.privacy.blocks import UNIT_LABELS, USER
 from app.core.privacy.composition import Charge, ComposedState, affordable_runs
 from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
@@ -55,6 +56,8 @@ class Projection:
     person_delta: float
     person_spent_epsilon_rdp: float
     person_composed_epsilon_rdp: float
+    privacy_unit: str = USER  # every epsilon above is per this unit
+    privacy_unit_label: str = UNIT_LABELS[USER]
 
 
 def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict[str, Any], str | None]:
@@ -125,4 +128,5 @@ def project_run(session: Session, *, dataset: str, epsilon: float, algorithm: st
         binding_cap=binding, person_budget=pb.name, person_epsilon_cap=pb.epsilon_cap, person_delta=pb.delta,
         person_spent_epsilon_rdp=ledger.round_up(person.epsilon_before),
         person_composed_epsilon_rdp=ledger.round_up(person.epsilon_after),
+        privacy_unit=ds.privacy_unit, privacy_unit_label=UNIT_LABELS[ds.privacy_unit],
     )

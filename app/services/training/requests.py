@@ -24,7 +24,7 @@ from app.config import Settings
 from app.core.algorithms import Algorithm, DatasetFacts, get_algorithm, resolve_hyperparameters
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
-from app.core.privacy.blocks import LEGACY
+from app.core.privacy.blocks import LEGACY, USER_PERIOD
 from app.db.models import Dataset, RunStatus, TrainingRun, as_aware, utcnow
 from app.db.session import open_database, session_scope
 from app.db.stores.runs import runs_store
@@ -44,6 +44,7 @@ from app.schemas.admin import TrainingRunOut
 from app.schemas.common import require_valid_page
 from app.schemas.hyperparameters import sampler_refusal
 from app.services.budget import get_dataset
+from app.services.catalog import refuse_votes_per_period
 from app.services.training.dispatch import enqueue_run
 
 __all__ = [
@@ -91,7 +92,10 @@ def run_user_bound(ds: Dataset, cohorts: Sequence[str]) -> int | None:
     """The public bound on the users a run reading ``cohorts`` can meet: the declared per-period
     bound times its non-legacy blocks, plus ``max_users`` for ``legacy`` (every user before blocks
     existed), never above ``max_users`` (the data set's whole life); ``max_users`` alone when no
-    per-period bound is declared; None when a block it reads has no declared bound."""
+    per-period bound is declared; None when a block it reads has no declared bound. A ``user_period``
+    data set counts (user, period) units instead (:func:`_unit_bound`)."""
+    if ds.privacy_unit == USER_PERIOD:
+        return _unit_bound(ds, cohorts)
     if ds.max_users_per_period is None:
         return ds.max_users
     reads_legacy = LEGACY in cohorts
@@ -99,6 +103,17 @@ def run_user_bound(ds: Dataset, cohorts: Sequence[str]) -> int | None:
         return None
     bound = ds.max_users_per_period * sum(1 for c in cohorts if c != LEGACY) + (ds.max_users or 0) * reads_legacy
     return max(1, min(bound, ds.max_users) if ds.max_users is not None else bound)
+
+
+def _unit_bound(ds: Dataset, cohorts: Sequence[str]) -> int | None:
+    """``user_period``: a run's rows are (user, period) units, at most one per user in each period it
+    reads (``legacy`` holds none): the per-period bound, else ``max_users``, times those periods."""
+    per_period = ds.max_users_per_period if ds.max_users_per_period is not None else ds.max_users
+    if per_period is None:
+        return None
+    if ds.max_users is not None:
+        per_period = min(per_period, ds.max_users)
+    return max(1, per_period * sum(1 for c in cohorts if c != LEGACY))
 
 
 def dataset_facts(ds: Dataset, n_items: int, max_users: int | None = _UNSET) -> DatasetFacts:
@@ -202,6 +217,8 @@ def start_training(
     digest = request_digest(actor=actor, algorithm=algorithm, epsilon=epsilon, epsilon_fraction=epsilon_fraction,
                             hyperparameters=hyperparameters, objective=objective)
     ds = get_dataset(session, dataset)
+    if algo.data == "votes":
+        refuse_votes_per_period(ds.name, ds.privacy_unit)
     acct = ledger.lock_account(session, ds.id)  # serialises requests on this budget
     existing, idempotency_key = _earlier_request(session, ds.id, idempotency_key, digest, retry_window_s)
     if existing is not None:
