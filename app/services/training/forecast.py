@@ -76,6 +76,7 @@ class Forecast:
     legacy_retires_at: datetime | None
     warnings: list[str] = field(default_factory=list)
     blocks: dict[str, BlockForecast] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)  # of the warnings: "shortfall", "legacy"
 
 
 def due_slack(interval_s: int) -> float:
@@ -175,15 +176,17 @@ def _with_warnings(f: Forecast, now: datetime, interval: timedelta) -> Forecast:
     """``f`` with its warnings: a shortfall or ``legacy``'s retirement within :data:`WARN_INTERVALS`
     intervals of ``now``."""
     horizon = now + WARN_INTERVALS * interval
-    warnings = []
+    warnings, reasons = [], []
     if f.shortfall_at is not None and f.shortfall_at <= horizon:
+        reasons.append("shortfall")
         warnings.append(
             f"privacy blocks of {f.dataset!r} run short: from the scheduled run of {f.shortfall_at:%Y-%m-%d %H:%M} UTC "
             f"fewer than {f.policy.min_payable_blocks} blocks can pay a run at epsilon {f.policy.epsilon:g} "
             "(the retrain policy's epsilon or interval decides how fast blocks are spent)")
     if f.legacy_retires_at is not None and f.legacy_retires_at <= horizon:
+        reasons.append("legacy")
         warnings.append(
             f"the legacy block of {f.dataset!r} retires at the scheduled run of {f.legacy_retires_at:%Y-%m-%d %H:%M} "
             "UTC: users from before privacy blocks then shape no new model (their recommendations go on)")
     return Forecast(f.dataset, f.policy, f.next_run_at, f.run_epsilon_rdp, f.payable_blocks, f.shortfall_at,
-                    f.legacy_retires_at, warnings, f.blocks)
+                    f.legacy_retires_at, warnings, f.blocks, reasons)
