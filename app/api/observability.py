@@ -29,8 +29,8 @@ from sqlalchemy import func, select
 
 from app.api.deps import AdminPrincipal
 from app.db.models import Dataset, TrainingRun
-from app.logging_setup import REQUEST_ID, JsonFormatter, configure_logging
 from app.errors import PrivrecError
+from app.logging_setup import REQUEST_ID, JsonFormatter, configure_logging
 from app.services import budget
 from app.services.training import forecast as ahead
 from app.services.training.dispatch import QUEUE

@@ -429,6 +429,8 @@ class DashboardSummaryOut(BaseModel):
     projection: ProjectionOut | None
     projection_error: str | None = Field(description="Why no projection could be made (e.g. no algorithm applies).")
     chart: ChartOut
+    forecast: ForecastOut | None = Field(default=None, description="When the blocks retire at the retrain policy.")
+    forecast_error: str | None = Field(default=None, description="Why no forecast could be made.")
 
 
 class DashboardTrainingOut(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -38,7 +39,7 @@ class RetrainPolicy:
     defaults: list[str] = field(default_factory=list)
 
 
-def _deployment(settings: Settings) -> dict[str, object]:
+def _deployment(settings: Settings) -> dict[str, Any]:
     return {"interval_s": settings.retrain_interval_s, "epsilon": settings.retrain_epsilon,
             "min_payable_blocks": settings.retrain_min_payable_blocks,
             "read_current_block": settings.retrain_read_current_block}
@@ -47,11 +48,10 @@ def _deployment(settings: Settings) -> dict[str, object]:
 def policy_of(ds: Dataset, settings: Settings) -> RetrainPolicy:
     """The policy in force for ``ds``: its own values, the deployment's where it has none."""
     deployment = _deployment(settings)
-    own = {name: getattr(ds, column) for name, column in POLICY_FIELDS.items()}
+    own: dict[str, Any] = {name: getattr(ds, column) for name, column in POLICY_FIELDS.items()}
     values = {name: deployment[name] if own[name] is None else own[name] for name in POLICY_FIELDS}
-    return RetrainPolicy(dataset=ds.name, interval_s=int(values["interval_s"]),  # type: ignore[call-overload]
-                         epsilon=float(values["epsilon"]),  # type: ignore[arg-type]
-                         min_payable_blocks=int(values["min_payable_blocks"]),  # type: ignore[call-overload]
+    return RetrainPolicy(dataset=ds.name, interval_s=int(values["interval_s"]), epsilon=float(values["epsilon"]),
+                         min_payable_blocks=int(values["min_payable_blocks"]),
                          read_current_block=bool(values["read_current_block"]),
                          defaults=[name for name in POLICY_FIELDS if own[name] is None])
 

@@ -24,8 +24,8 @@ from app.core.algorithms import get_algorithm
 from app.core.privacy.composition import Charge, ComposedState, affordable_runs
 from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
-from app.services.training.requests import MIN_EPSILON, base_config, data_params, n_items_of, resolved_hyperparameters
 from app.services.training.choice import retrain_choice
+from app.services.training.requests import MIN_EPSILON, base_config, data_params, n_items_of, resolved_hyperparameters
 
 __all__ = ["Projection", "MAX_AFFORDABLE", "project_run", "run_event", "DATASET_CAP", "PERSON_CAP"]
 
