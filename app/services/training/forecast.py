@@ -129,7 +129,7 @@ def forecast(session: Session, *, dataset: str, settings: Settings, now: datetim
     """The data set's block forecast at ``now`` (the clock; injectable). Raises the training request's
     4xx error when its next scheduled run cannot be built (e.g. the active model's hyper-parameters
     no longer apply)."""
-    now = now or utcnow()
+    now = now or utcnow().replace(microsecond=0)
     ds = get_dataset(session, dataset)
     policy = policy_of(ds, settings)
     start = next_run_at(session, ds, policy, now)
