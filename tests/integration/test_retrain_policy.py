@@ -248,3 +248,22 @@ def test_every_tick_skipped_for_the_budget_warns_with_the_day_the_next_block_ope
     feb = _tick(db_url, settings, datetime(2031, 2, 1, 0, 30, tzinfo=UTC))
     with session_scope(db_url) as s:
         assert s.get(TrainingRun, _run_id(feb)).cohorts == ["2031-02"]
+
+
+def test_the_forecast_reads_no_private_data(db_url, settings):
+    """More users and ratings in a block change nothing the forecast says (ledger, calendar, policy)."""
+    _setup(db_url, "day")
+    _set(db_url, settings, interval_s=86400, epsilon=0.5)
+    _run_id(_tick(db_url, settings, DAY0))
+    with session_scope(db_url) as s:
+        before = ahead.forecast(s, dataset="default", settings=settings, now=DAY0 + HOUR)
+    with session_scope(db_url) as s:
+        ds = budget.get_dataset(s, "default")
+        s.execute(insert(User), [{"external_id": f"late{k}", "created_at": DAY0, "updated_at": DAY0} for k in range(30)])
+        late = s.scalars(select(User.id).where(User.external_id.like("late%"))).all()
+        items = s.scalars(select(Item.id).where(Item.dataset_id == ds.id)).all()
+        s.execute(insert(Rating), [{"dataset_id": ds.id, "user_id": u, "item_id": i, "value": 5.0, "created_at": DAY0,
+                                    "updated_at": DAY0} for u in late for i in items])
+    with session_scope(db_url) as s:
+        assert ahead.forecast(s, dataset="default", settings=settings, now=DAY0 + HOUR) == before
+    assert settings.retrain_tick == min(settings.retrain_tick_s, settings.retrain_interval_s)
