@@ -1,5 +1,5 @@
 """The ``privrec`` command line: serve, migrate, train, api, worker, beat, import-items, import-csv,
-import-votes, import-similarities, issue-token, revoke-token, budget, openapi, healthcheck.
+import-votes, import-similarities, issue-token, revoke-token, budget, retrain-policy, openapi, healthcheck.
 
 Each command imports what it uses when it runs, so that ``--help`` and ``issue-token`` start at
 once (no web app, database, migration or numeric library)."""
@@ -746,8 +746,37 @@ def cmd_budget(args: argparse.Namespace) -> int:
     maker = _maker(settings)
     with maker() as session:
         name = args.dataset or settings.default_dataset
-        out = (admin.blocks_page(session, dataset=name, offset=args.offset, limit=args.limit) if args.blocks
-               else admin.budget_view(session, dataset=name))
+        if args.blocks:
+            out: Any = admin.blocks_page(session, dataset=name, offset=args.offset, limit=args.limit, settings=settings)
+        elif args.forecast:
+            out = admin.forecast_view(session, dataset=name, settings=settings)
+        else:
+            out = admin.budget_view(session, dataset=name)
+    print(json.dumps(out.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def cmd_retrain_policy(args: argparse.Namespace) -> int:
+    """Print a data set's retrain policy as JSON; with any option (or ``--reset``), set it first."""
+    from app.schemas.admin import RetrainPolicyIn
+    from app.services import admin
+    from app.services.unit_of_work import commit
+
+    settings = _settings()
+    name = args.dataset or settings.default_dataset
+    values = {"interval_s": args.interval_s, "epsilon": args.epsilon, "min_payable_blocks": args.min_payable_blocks,
+              "read_current_block": args.read_current_block}
+    with _maker(settings)() as session:
+        if args.reset or any(v is not None for v in values.values()):
+            current = admin.retrain_policy(session, dataset=name, settings=settings)
+            own = {} if args.reset else {k: getattr(current, k) for k in values if k not in current.defaults}
+            given = {k: v for k, v in values.items() if v is not None}
+            # validated by the service (422 invalid_retrain_policy, a one-line error here)
+            body = RetrainPolicyIn.model_construct(**{**dict.fromkeys(values), **own, **given})
+            out = admin.set_retrain_policy(session, dataset=name, body=body, settings=settings, actor=_actor())
+            commit(session)
+        else:
+            out = admin.retrain_policy(session, dataset=name, settings=settings)
     print(json.dumps(out.model_dump(mode="json"), indent=2))
     return 0
 
@@ -927,10 +956,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("budget", help="print a data set's privacy budget (or, with --blocks, its privacy blocks)")
     s.add_argument("--dataset")
-    s.add_argument("--blocks", action="store_true", help="list the privacy blocks, current period first (paged)")
+    s.add_argument("--blocks", action="store_true", help="list the privacy blocks, current period first (paged), "
+                   "each with its retirement forecast at the retrain policy")
+    s.add_argument("--forecast", action="store_true", help="when the blocks retire at the retrain policy, and the "
+                   "warnings ahead")
     s.add_argument("--offset", type=int, default=0)
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_budget)
+
+    s = sub.add_parser("retrain-policy", help="print a data set's retrain policy; with an option, change that "
+                       "field (the others are kept); --reset: every field back to the deployment's setting")
+    s.add_argument("--dataset")
+    s.add_argument("--interval-s", type=int, help="seconds between scheduled runs")
+    s.add_argument("--epsilon", type=float, help="each scheduled run's epsilon")
+    s.add_argument("--min-payable-blocks", type=int, help="payable blocks worth training on (warned below)")
+    s.add_argument("--read-current-block", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether scheduled runs read the still-open current block")
+    s.add_argument("--reset", action="store_true", help="start from the deployment's settings")
+    s.set_defaults(func=cmd_retrain_policy)
 
     s = sub.add_parser("ledger", help="privacy ledger tools")
     ledger_sub = s.add_subparsers(dest="ledger_command", required=True)

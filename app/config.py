@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # scheduled retraining warns (WARNING log, /metrics privrec_payable_blocks) once fewer privacy
     # blocks than this could pay one more retrain
     retrain_min_payable_blocks: int = Field(2, ge=1)
+    # whether scheduled runs read the still-open current block (users still join it)
+    retrain_read_current_block: bool = True
+    # how often beat (and the embedded worker) looks for data sets whose retrain interval has
+    # elapsed; the tick is the smaller of this and RETRAIN_INTERVAL_S
+    retrain_tick_s: int = Field(3600, ge=1)
     run_heartbeat_s: float = Field(10.0, gt=0)
     run_stale_after_s: float = Field(120.0, gt=0)
     embedded_worker: bool = True
@@ -91,6 +96,11 @@ class Settings(BaseSettings):
             return self.beat_schedule_path
         digest = hashlib.sha256(self.database_url.encode()).hexdigest()[:16]
         return Path(tempfile.gettempdir()) / f"privrec-celerybeat-{digest}"
+
+    @property
+    def retrain_tick(self) -> int:
+        """Seconds between the scheduler's looks at the data sets' retrain policies."""
+        return min(self.retrain_tick_s, self.retrain_interval_s)
 
     @property
     def is_sqlite(self) -> bool:

@@ -592,6 +592,12 @@ class InvalidEpsilonCap(InvalidRequest):
     code = "invalid_epsilon_cap"
 
 
+class InvalidRetrainPolicy(InvalidRequest):
+    """A retrain policy value is out of its bounds."""
+
+    code = "invalid_retrain_policy"
+
+
 class InvalidDelta(InvalidRequest):
     """delta must lie strictly between 0 and 1."""
 

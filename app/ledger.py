@@ -62,7 +62,7 @@ from app.core.privacy.accounting import (
     relation_implies,
 )
 from app.core.privacy.blocks import LEGACY, PRIVACY_UNITS, USER, cohort_order, cohorts_until
-from app.core.privacy.composition import Charge, ComposedState, charge
+from app.core.privacy.composition import Charge, ComposedState, affordable_runs, charge
 from app.db.models import BudgetAccount, Dataset, LedgerEntry, PersonBudget, PersonBudgetEntry, PrivacyBlock, utcnow
 from app.db.session import is_postgres
 from app.db.stores import blocks as block_store
@@ -134,6 +134,8 @@ __all__ = [
     "block_owner",
     "current_block_spent",
     "payable_cohorts",
+    "BlockRoom",
+    "block_room",
     "cohorts_with_room",
     "verify_blocks",
     "person_budget_entries",
@@ -586,9 +588,11 @@ def reserve(
     actor: str,
     run_id: int,
     now: datetime | None = None,
+    read_current: bool = True,
 ) -> LedgerEntry:
     """Reserve ``event`` for training run ``run_id`` against the data set's budget, on the blocks
-    that can pay for it (:func:`select_cohorts`; ``now``: the clock, injectable).
+    that can pay for it (:func:`select_cohorts`; ``now``: the clock, injectable; without
+    ``read_current`` the still-open current period's block is not among them).
 
     Locks the account, composes its stored state with ``event`` (RDP at the account's delta; then
     the person budget's, locked after it) and appends a ``reservation`` entry, or raises
@@ -606,7 +610,7 @@ def reserve(
             raise ReservationMismatch(f"training run {run_id} already holds a reservation for a different event")
         return existing
     return _charge(session, acct, dataset, event, kind="reservation", run_id=run_id, actor=actor,
-                   event_json=event_json, parameters=parameters, now=now)
+                   event_json=event_json, parameters=parameters, now=now, read_current=read_current)
 
 
 def _charge(
@@ -622,6 +626,7 @@ def _charge(
     run_id: int | None = None,
     reason: str | None = None,
     now: datetime | None = None,
+    read_current: bool = True,
 ) -> LedgerEntry:
     """Charge ``event`` to the blocks it reads (a reservation: the payable cohorts, chosen by
     :func:`select_cohorts`; a local guarantee: every block) of the account (locked by the caller)
@@ -635,6 +640,8 @@ def _charge(
     account = account_relation(acct)
     person = lock_person_budget(session, acct.person_budget_id)
     own, personal = open_blocks(session, acct, person, now or utcnow())
+    if not read_current and kind == "reservation":
+        own, personal = _closed_only(own), _closed_only(personal)
     chosen = select_cohorts(acct, person, own, personal, event, guarantee, dataset=dataset.name,
                             every=(kind == "local"))
     result = _whole_charge(account_state(session, acct), event, guarantee, account, acct, dataset)
@@ -923,8 +930,16 @@ def _calendar_blocks(session: Session, row: BudgetAccount | PersonBudget, labels
     return {label: found[label] for label in labels}
 
 
+def _closed_only(blocks: Mapping[str, PrivacyBlock]) -> dict[str, PrivacyBlock]:
+    """``blocks`` (a calendar's, in cohort order) less the still-open current period's: the last
+    label, unless it is ``legacy`` (calendar facts only)."""
+    labels = sorted(blocks, key=cohort_order)
+    current = labels[-1] if labels and labels[-1] != LEGACY else None
+    return {label: blocks[label] for label in labels if label != current}
+
+
 def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any],
-                    now: datetime | None = None) -> tuple[list[str], int]:
+                    now: datetime | None = None, read_current: bool = True) -> tuple[list[str], int]:
     """(the cohorts a reservation of ``event`` at ``now`` would read, the calendar's block count),
     from the stored block states (an unopened block: the state it would open with); nothing is
     locked or written, and like :func:`select_cohorts` nothing but the ledger and the calendar is read."""
@@ -935,19 +950,61 @@ def payable_cohorts(session: Session, dataset: Dataset, event: dp_event.DpEvent,
         return [], 0
     labels = cohorts_until(cal.start, now or utcnow(), cal.period)
     pb = acct.person_budget
+    own, personal = _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels)
+    if not read_current:
+        own, personal = _closed_only(own), _closed_only(personal)
     try:
-        chosen = select_cohorts(acct, pb, _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels),
-                                event, guarantee, dataset=dataset.name)
+        chosen = select_cohorts(acct, pb, own, personal, event, guarantee, dataset=dataset.name)
     except BudgetExceeded:
         chosen = []
     return [label for label, _, _ in chosen], len(labels)
 
 
-def cohorts_with_room(session: Session, acct: BudgetAccount, now: datetime | None = None) -> list[str]:
+@dataclass(frozen=True)
+class BlockRoom:
+    """How many more runs of one event a cohort's blocks (data set's and person budget's) can both pay."""
+
+    runs: int
+    capped: bool  # the count reached the limit
+
+
+def block_room(session: Session, dataset: Dataset, event: dp_event.DpEvent, parameters: Mapping[str, Any],
+               labels: Sequence[str], *, limit: int) -> tuple[dict[str, BlockRoom], float]:
+    """For each cohort of ``labels`` (opened or not: an unopened block counts with the state it would
+    open with), the runs of ``event`` its data-set block and its person-budget block can both still
+    pay (:func:`app.core.privacy.composition.affordable_runs`, at most ``limit``), and the epsilon of
+    one such run alone as charged to the data set. Ledger and calendar facts only; nothing written."""
+    acct = account_for(session, dataset.id)
+    guarantee = _guarantee(acct, dataset, parameters)
+    pb = acct.person_budget
+    own, personal = _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels)
+    try:
+        own_run = charge(ComposedState(), event, guarantee=guarantee, account=account_relation(acct),
+                         delta=acct.delta, cap=acct.epsilon_cap)
+        person_run = charge(ComposedState(), event, guarantee=guarantee, account=parse_relation(pb.relation),
+                            delta=pb.delta, cap=pb.epsilon_cap)
+    except ValueError as exc:
+        raise RelationRefused(str(exc), dataset=dataset.name, account_relation=acct.relation,
+                              event_relation=guarantee.value) from exc
+    out = {}
+    for label in labels:
+        mine = affordable_runs(_block_state(own[label]), own_run.curve, delta=acct.delta, cap=acct.epsilon_cap,
+                               limit=limit)
+        theirs = affordable_runs(_block_state(personal[label]), person_run.curve, delta=pb.delta, cap=pb.epsilon_cap,
+                                 limit=limit)
+        runs, capped = min(mine, theirs, key=lambda pair: pair[0])
+        out[label] = BlockRoom(runs, capped and mine[1] and theirs[1])
+    return out, own_run.epsilon_alone
+
+
+def cohorts_with_room(session: Session, acct: BudgetAccount, now: datetime | None = None,
+                      read_current: bool = True) -> list[str]:
     """The calendar's cohorts whose data-set block and person-budget block are both below their caps:
     every block a run at ``now`` could read, whatever its event (ledger and calendar facts only)."""
     cal = block_store.calendar(session)
     labels = cohorts_until(cal.start, now or utcnow(), cal.period) if cal is not None else [LEGACY]
+    if not read_current and labels[-1] != LEGACY:
+        labels = labels[:-1]
     pb = acct.person_budget
     own, personal = _calendar_blocks(session, acct, labels), _calendar_blocks(session, pb, labels)
     return [label for label in labels

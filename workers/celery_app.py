@@ -57,7 +57,7 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "privrec-scheduled-retrain": {
                 "task": "privrec.scheduled_retrain",
-                "schedule": float(s.retrain_interval_s),
+                "schedule": float(s.retrain_tick),  # each data set is retrained at its policy's interval
                 "options": {"queue": QUEUE},
             },
             "privrec-reap-stale-runs": {

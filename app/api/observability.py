@@ -29,8 +29,10 @@ from sqlalchemy import func, select
 
 from app.api.deps import AdminPrincipal
 from app.db.models import Dataset, TrainingRun
+from app.errors import PrivrecError
 from app.logging_setup import REQUEST_ID, JsonFormatter, configure_logging
 from app.services import budget
+from app.services.training import forecast as ahead
 from app.services.training.dispatch import QUEUE
 
 __all__ = ["REQUEST_ID", "REQUESTS", "LATENCY", "access_log", "JsonFormatter", "configure_logging", "router",
@@ -63,6 +65,13 @@ class _StateCollector:
         cap = GaugeMetricFamily("privrec_budget_cap_epsilon", "Epsilon cap", labels=["dataset"])
         payable = GaugeMetricFamily("privrec_payable_blocks", "Privacy blocks that could pay one more run like "
                                     "the data set's latest", labels=["dataset"])
+        warning = GaugeMetricFamily("privrec_block_forecast_warning", "1 when the block forecast warns, at least 14 "
+                                    "retrain intervals ahead: fewer payable blocks than the retrain policy's "
+                                    "minimum (shortfall), or the legacy block retiring (legacy)",
+                                    labels=["dataset", "reason"])
+        short = GaugeMetricFamily("privrec_block_shortfall_runs", "Scheduled runs until fewer blocks than the retrain "
+                                  "policy's minimum could pay one (0: the next; absent: not within the forecast)",
+                                  labels=["dataset"])
         with self.request.app.state.sessionmaker() as session:
             rows = session.execute(
                 select(Dataset.name, TrainingRun.algorithm, TrainingRun.status, func.count())
@@ -75,15 +84,31 @@ class _StateCollector:
                 spent.add_metric([name], view.spent_epsilon_rdp)
                 cap.add_metric([name], view.epsilon_cap)
                 payable.add_metric([name], float(budget.payable_blocks(session, dataset=name)[0]))
+                _forecast_metrics(session, name, self.request.app.state.settings, warning, short)
         yield runs
         yield spent
         yield cap
         yield payable
+        yield warning
+        yield short
         depth = _queue_depth(self.request.app.state.settings)
         if depth is not None:
             q = GaugeMetricFamily("privrec_broker_queue_depth", "Training tasks waiting in the broker", labels=["queue"])
             q.add_metric(["privrec"], float(depth))
             yield q
+
+
+def _forecast_metrics(session: Any, name: str, settings: Any, warning: GaugeMetricFamily,
+                      short: GaugeMetricFamily) -> None:
+    """The data set's block forecast as gauges (nothing when its next run cannot be built)."""
+    try:
+        f = ahead.forecast(session, dataset=name, settings=settings)
+    except PrivrecError:
+        return
+    for reason in ("shortfall", "legacy"):
+        warning.add_metric([name, reason], 1.0 if reason in f.reasons else 0.0)
+    if f.shortfall_at is not None:
+        short.add_metric([name], round((f.shortfall_at - f.next_run_at).total_seconds() / f.policy.interval_s))
 
 
 def _queue_depth(settings: Any) -> int | None:

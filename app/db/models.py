@@ -148,10 +148,22 @@ class Dataset(Base):
     votes_per_user_cap: Mapped[int | None] = mapped_column(Integer, default=None)
     # An admin's activation pins the active version: publications stop activating until unpinned.
     model_pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # The data set's retrain policy (public, set by the admin; NULL: the deployment's setting):
+    # the interval between scheduled runs, their epsilon, the payable blocks below which the
+    # scheduler warns, and whether scheduled runs read the still-open current block
+    # (app.services.policy).
+    retrain_interval_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    retrain_epsilon: Mapped[float | None] = mapped_column(Float, default=None)
+    retrain_min_payable_blocks: Mapped[int | None] = mapped_column(Integer, default=None)
+    retrain_read_current_block: Mapped[bool | None] = mapped_column(Boolean, default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     __table_args__ = (
         CheckConstraint("rating_min < rating_max", name="rating_range"),
+        CheckConstraint("retrain_interval_s IS NULL OR retrain_interval_s > 0", name="retrain_interval_positive"),
+        CheckConstraint("retrain_epsilon IS NULL OR retrain_epsilon > 0", name="retrain_epsilon_positive"),
+        CheckConstraint("retrain_min_payable_blocks IS NULL OR retrain_min_payable_blocks > 0",
+                        name="retrain_min_payable_blocks_positive"),
         CheckConstraint("vote_local_epsilon IS NULL OR vote_local_epsilon > 0", name="vote_local_epsilon_positive"),
         CheckConstraint("votes_per_user_cap IS NULL OR votes_per_user_cap > 0", name="votes_per_user_cap_positive"),
         CheckConstraint("kind IN ('ratings', 'votes')", name="kind_kind"),

@@ -18,8 +18,21 @@ MAX_RATING_MAGNITUDE = 1e6
 """Rating bounds lie in [-10^6, 10^6]: every sensitivity scales with the range's width, and a
 width near the float limit overflows (10^6 is far beyond any rating scale in use)."""
 
+RETRAIN_INTERVAL_BOUNDS = (60, 366 * 24 * 3600)
+"""A retrain policy's interval lies in [1 minute, 366 days] (seconds)."""
+RETRAIN_EPSILON_BOUNDS = (1e-3, MAX_EPSILON_CAP)
+"""A retrain policy's epsilon per run lies in [0.001, MAX_EPSILON_CAP] (as a training request's)."""
+RETRAIN_MIN_BLOCKS_BOUNDS = (1, 10_000)
+"""A retrain policy's minimum of payable blocks lies in [1, 10,000]."""
+
 __all__ = [
     "MAX_EPSILON_CAP",
+    "RETRAIN_INTERVAL_BOUNDS",
+    "RETRAIN_EPSILON_BOUNDS",
+    "RETRAIN_MIN_BLOCKS_BOUNDS",
+    "RetrainPolicyIn",
+    "RetrainPolicyOut",
+    "ForecastOut",
     "MAX_RATING_MAGNITUDE",
     "BudgetOut",
     "BlockOut",
@@ -132,6 +145,55 @@ class BlockOut(BaseModel):
     n_runs: int = Field(description="Runs charged to the block (local guarantees are charged to every block).")
     privacy_unit: PrivacyUnit = Field(default="user", description=PRIVACY_UNIT_DOC)
     privacy_unit_label: str = Field(default="per user", description=UNIT_LABEL_DOC)
+    runs_left: int | None = Field(default=None, description=(
+        "Forecast: scheduled runs at the retrain policy's epsilon the block can still pay (its data set's block "
+        "and its person-budget block alike; 0: retired); null: such runs cost nothing, or no forecast (a "
+        "person budget's blocks, charged by several data sets' policies)."))
+    runs_left_capped: bool = Field(default=False, description="True when `runs_left` was cut at 10,000.")
+    retires_at: datetime | None = Field(default=None, description=(
+        "Forecast: the scheduled run (UTC) the block can no longer pay, at the policy's interval; null when "
+        "retired, never, beyond the count's cut, or not forecast."))
+    retired: bool = Field(default=False, description="The block cannot pay one more scheduled run.")
+
+
+class RetrainPolicyIn(StrictModel):
+    """A data set's retrain policy. A field left out or null takes the deployment's setting."""
+
+    interval_s: int | None = Field(default=None, ge=RETRAIN_INTERVAL_BOUNDS[0], le=RETRAIN_INTERVAL_BOUNDS[1],
+                                   description="Seconds between scheduled runs (RETRAIN_INTERVAL_S).")
+    epsilon: FiniteFloat | None = Field(default=None, ge=RETRAIN_EPSILON_BOUNDS[0], le=RETRAIN_EPSILON_BOUNDS[1],
+                                        description="Each scheduled run's epsilon (RETRAIN_EPSILON).")
+    min_payable_blocks: int | None = Field(
+        default=None, ge=RETRAIN_MIN_BLOCKS_BOUNDS[0], le=RETRAIN_MIN_BLOCKS_BOUNDS[1], description=(
+            "Payable blocks worth training on: the scheduler warns when fewer could pay one more run, and 14 "
+            "intervals before the forecast says so (RETRAIN_MIN_PAYABLE_BLOCKS)."))
+    read_current_block: bool | None = Field(default=None, description=(
+        "Whether scheduled runs read the still-open current block (RETRAIN_READ_CURRENT_BLOCK)."))
+
+
+class RetrainPolicyOut(BaseModel):
+    dataset: str
+    interval_s: int
+    epsilon: float
+    min_payable_blocks: int
+    read_current_block: bool
+    defaults: list[str] = Field(description="The fields that take the deployment's setting.")
+
+
+class ForecastOut(BaseModel):
+    """When the data set's blocks retire at its retrain policy (ledger, calendar and policy only)."""
+
+    dataset: str
+    policy: RetrainPolicyOut
+    next_run_at: datetime = Field(description="When the next scheduled run is due (UTC).")
+    run_epsilon_rdp: float = Field(description="One scheduled run alone, as charged (RDP, rounded up).")
+    payable_blocks: int = Field(description="Blocks that could pay the next scheduled run.")
+    shortfall_at: datetime | None = Field(description=(
+        "The first scheduled run at which fewer than `min_payable_blocks` blocks could pay (null: not within "
+        "the forecast's horizon)."))
+    legacy_retires_at: datetime | None = Field(description="The scheduled run `legacy` can no longer pay.")
+    warnings: list[str] = Field(description=(
+        "Shown at least 14 intervals ahead: fewer than the minimum of payable blocks, or `legacy` retiring."))
 
 
 MAX_USERS_PER_PERIOD_DOC = (
@@ -417,6 +479,8 @@ class DashboardSummaryOut(BaseModel):
     projection: ProjectionOut | None
     projection_error: str | None = Field(description="Why no projection could be made (e.g. no algorithm applies).")
     chart: ChartOut
+    forecast: ForecastOut | None = Field(default=None, description="When the blocks retire at the retrain policy.")
+    forecast_error: str | None = Field(default=None, description="Why no forecast could be made.")
 
 
 class DashboardTrainingOut(BaseModel):

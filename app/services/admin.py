@@ -11,7 +11,7 @@ from app import model_store
 from app.config import Settings
 from app.db.models import ModelVersion
 from app.db.stores import admin as admin_store
-from app.errors import DatasetExists, PrivacyUnitFixed
+from app.errors import DatasetExists, PrivacyUnitFixed, PrivrecError
 from app.ledger import round_up
 from app.schemas.admin import (
     BlockOut,
@@ -19,17 +19,21 @@ from app.schemas.admin import (
     DatasetIn,
     DatasetOut,
     DatasetPatchIn,
+    ForecastOut,
     LedgerEntryOut,
     ModelVersionOut,
     PersonBudgetIn,
     PersonBudgetOut,
     ProjectionOut,
+    RetrainPolicyIn,
+    RetrainPolicyOut,
     TrainingIn,
     TrainingRunOut,
 )
 from app.schemas.common import Page
-from app.services import budget, catalog
+from app.services import budget, catalog, policy
 from app.services.training import dispatch
+from app.services.training import forecast as ahead
 from app.services.training import projection as proj
 from app.services.training import requests as training
 
@@ -40,6 +44,9 @@ __all__ = [
     "datasets_page",
     "budget_view",
     "blocks_page",
+    "retrain_policy",
+    "set_retrain_policy",
+    "forecast_view",
     "person_budget_view",
     "put_person_budget",
     "change_cap",
@@ -124,11 +131,55 @@ def budget_view(session: Session, *, dataset: str) -> BudgetOut:
 
 
 def blocks_page(session: Session, *, dataset: str | None = None, person_budget: str | None = None, offset: int,
-                limit: int) -> Page[BlockOut]:
-    """One page of a data set's (or a person budget's) privacy blocks, the current period first."""
+                limit: int, settings: Settings | None = None) -> Page[BlockOut]:
+    """One page of a data set's (or a person budget's) privacy blocks, the current period first; a
+    data set's with each block's retirement forecast at its retrain policy (given ``settings``)."""
     rows, total = budget.list_blocks(session, dataset=dataset, person_budget=person_budget, offset=offset, limit=limit)
-    return Page[BlockOut].build([BlockOut.model_validate(r, from_attributes=True) for r in rows], total=total,
-                                offset=offset, limit=limit)
+    items = [BlockOut.model_validate(r, from_attributes=True) for r in rows]
+    if dataset is not None and settings is not None:
+        blocks = _forecast_blocks(session, dataset, settings)
+        items = [_with_forecast(item, blocks.get(item.cohort)) for item in items]
+    return Page[BlockOut].build(items, total=total, offset=offset, limit=limit)
+
+
+def _forecast_blocks(session: Session, dataset: str, settings: Settings) -> dict[str, ahead.BlockForecast]:
+    try:
+        return ahead.forecast(session, dataset=dataset, settings=settings).blocks
+    except PrivrecError:  # no next run can be built (the forecast route says why)
+        return {}
+
+
+def _with_forecast(item: BlockOut, f: ahead.BlockForecast | None) -> BlockOut:
+    if f is None:
+        return item
+    return item.model_copy(update={"runs_left": f.runs_left, "runs_left_capped": f.capped, "retires_at": f.retires_at,
+                                   "retired": f.retired})
+
+
+def _policy_out(p: policy.RetrainPolicy) -> RetrainPolicyOut:
+    return RetrainPolicyOut.model_validate(p, from_attributes=True)
+
+
+def retrain_policy(session: Session, *, dataset: str, settings: Settings) -> RetrainPolicyOut:
+    """The data set's retrain policy in force (its own values, the deployment's where it has none)."""
+    return _policy_out(policy.get_policy(session, dataset=dataset, settings=settings))
+
+
+def set_retrain_policy(session: Session, *, dataset: str, body: RetrainPolicyIn, settings: Settings,
+                       actor: str) -> RetrainPolicyOut:
+    """Replace the data set's retrain policy (a field left out: the deployment's setting)."""
+    return _policy_out(policy.set_policy(session, dataset=dataset, settings=settings, actor=actor,
+                                         interval_s=body.interval_s, epsilon=body.epsilon,
+                                         min_payable_blocks=body.min_payable_blocks,
+                                         read_current_block=body.read_current_block))
+
+
+def forecast_view(session: Session, *, dataset: str, settings: Settings) -> ForecastOut:
+    """When the data set's blocks retire at its retrain policy, and the warnings ahead of it."""
+    f = ahead.forecast(session, dataset=dataset, settings=settings)
+    return ForecastOut(dataset=f.dataset, policy=_policy_out(f.policy), next_run_at=f.next_run_at,
+                       run_epsilon_rdp=f.run_epsilon_rdp, payable_blocks=f.payable_blocks,
+                       shortfall_at=f.shortfall_at, legacy_retires_at=f.legacy_retires_at, warnings=f.warnings)
 
 
 def person_budget_view(session: Session, *, name: str) -> PersonBudgetOut:

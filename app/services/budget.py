@@ -198,16 +198,19 @@ def _most_spent(session: Session, row: BudgetAccount | PersonBudget) -> tuple[fl
     return (0.0, 0.0) if worst is None else (worst.epsilon_rdp, worst.epsilon_pld)
 
 
-def payable_blocks(session: Session, *, dataset: str, now: datetime | None = None) -> tuple[int, int]:
+def payable_blocks(session: Session, *, dataset: str, now: datetime | None = None,
+                   read_current: bool = True) -> tuple[int, int]:
     """(blocks that could pay one more run like the data set's latest, blocks in the calendar): from
-    the ledger and the calendar only. With no run yet, every block counts as payable."""
+    the ledger and the calendar only. With no run yet, every block counts as payable; without
+    ``read_current`` the still-open current block is not counted as payable."""
     ds = get_dataset(session, dataset)
     last = budget_store.last_reservation(session, _account(session, ds).id)
     if last is None or last.event is None:
         cal = block_store.calendar(session)
         n = len(ledger.block_calendar(session, now or utcnow())) if cal is not None else 0
         return n, n
-    payable, n_blocks = ledger.payable_cohorts(session, ds, event_from_json(last.event), last.parameters, now)
+    payable, n_blocks = ledger.payable_cohorts(session, ds, event_from_json(last.event), last.parameters, now,
+                                               read_current)
     return len(payable), n_blocks
 
 

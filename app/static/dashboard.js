@@ -92,6 +92,53 @@ async function loadSummary() {
   else { $("projection-binding").textContent = "unknown"; $("projection-binding").dataset.cap = ""; }
   $("chart").innerHTML = s.chart.svg;  // server-rendered SVG (numbers and fixed labels only)
   $("chart").dataset.points = s.chart.points;
+  showForecast(s.forecast, s.forecast_error);
+  showCapChanges(pb ? pb.history : []);
+}
+
+// the block forecast's warnings (at least 14 retrain intervals ahead) as a banner, and its summary
+function showForecast(f, error) {
+  const banner = $("block-warning");
+  banner.innerHTML = "";
+  const warnings = f ? f.warnings : [];
+  for (const w of warnings) {
+    const p = document.createElement("p");
+    p.textContent = w;
+    banner.appendChild(p);
+  }
+  banner.hidden = warnings.length === 0;
+  banner.dataset.count = warnings.length;
+  $("forecast").textContent = !f ? `no forecast: ${text(error)}` :
+    `retrain policy: every ${f.policy.interval_s} s at ε = ${f.policy.epsilon} (one run alone ${f.run_epsilon_rdp}), ` +
+    `at least ${f.policy.min_payable_blocks} payable block(s), ` +
+    `${f.policy.read_current_block ? "reading" : "not reading"} the open block; next run ${f.next_run_at}; ` +
+    `${f.payable_blocks} block(s) can pay it; ` +
+    (f.shortfall_at ? `fewer than the minimum from ${f.shortfall_at}` : "no shortfall in sight") +
+    (f.legacy_retires_at ? `; legacy retires ${f.legacy_retires_at}` : "");
+}
+
+function showCapChanges(history) {
+  const body = $("cap-changes");
+  body.innerHTML = "";
+  for (const h of [...history].reverse()) body.appendChild(row([h.seq, h.at, h.actor, h.old_cap, h.new_cap, h.reason]));
+}
+
+let blocksOffset = 0;
+async function loadBlocks() {
+  const page = await api(`${base()}/blocks?offset=${blocksOffset}&limit=10`);
+  const body = $("block-rows");
+  body.innerHTML = "";
+  for (const b of page.items) {
+    const left = b.runs_left === null ? "" : `${b.runs_left}${b.runs_left_capped ? "+" : ""}`;
+    const tr = row([b.cohort, b.epsilon_cap, b.spent_epsilon_rdp, b.spent_epsilon_pld, b.remaining_epsilon, b.n_runs,
+      left, b.retired ? "retired" : text(b.retires_at)]);
+    tr.dataset.cohort = b.cohort;
+    if (b.retired) tr.className = "retired";
+    body.appendChild(tr);
+  }
+  $("blocks-page").textContent = `${page.total ? blocksOffset + 1 : 0}–${blocksOffset + page.items.length} of ${page.total} (current first)`;
+  $("blocks-newer").disabled = blocksOffset === 0;
+  $("blocks-older").disabled = blocksOffset + page.items.length >= page.total;
 }
 
 function duration(started, finished) {
@@ -117,7 +164,7 @@ async function loadRuns() {
     if (r.status === "queued" || r.status === "running") live = true;
   }
   if (live && !polling) polling = setInterval(refreshLive, 1000);
-  if (!live && polling) { clearInterval(polling); polling = null; loadSummary(); loadModels(); loadLedger(); }
+  if (!live && polling) { clearInterval(polling); polling = null; loadSummary(); loadModels(); loadLedger(); loadBlocks(); }
 }
 
 async function refreshLive() { try { await loadRuns(); } catch (e) { /* next tick */ } }
@@ -188,6 +235,8 @@ if (dataset()) {
   $("proj-eps").addEventListener("change", loadSummary);
   $("newer").addEventListener("click", () => { ledgerOffset = Math.max(0, ledgerOffset - 20); loadLedger(); });
   $("older").addEventListener("click", () => { ledgerOffset += 20; loadLedger(); });
+  $("blocks-newer").addEventListener("click", () => { blocksOffset = Math.max(0, blocksOffset - 10); loadBlocks(); });
+  $("blocks-older").addEventListener("click", () => { blocksOffset += 10; loadBlocks(); });
   $("train").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     $("train-msg").textContent = "";
@@ -198,5 +247,5 @@ if (dataset()) {
       await loadRuns(); loadSummary(); loadLedger();
     } catch (e) { $("train-msg").textContent = e.message; }
   });
-  loadSummary(); loadRuns(); loadModels(); loadLedger();
+  loadSummary(); loadRuns(); loadModels(); loadLedger(); loadBlocks();
 }

@@ -5,7 +5,7 @@ the admin unpins it; runs still publish their versions, inactive. False for ever
 (today's behaviour: each publication activates its version).
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0015
 Create Date: 2026-11-27
 """
 import sqlalchemy as sa
@@ -13,7 +13,7 @@ from alembic import op
 
 
 revision = '0017'
-down_revision = '0014'
+down_revision = '0015'
 branch_labels = None
 depends_on = None
 

@@ -23,6 +23,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/datasets/{dataset}/votes/batch"): {"votes": [{"user_id": "u1", "item_id": "i1", "vote": 1}]},
     ("put", "/v1/datasets/{dataset}/users/{user_id}/public-ratings"): {"public": True},
     ("put", "/v1/admin/datasets/{dataset}/vote-settings"): {"local_epsilon": None, "votes_per_user_cap": None},
+    ("put", "/v1/admin/datasets/{dataset}/retrain-policy"): {"epsilon": 0.5},
     ("put", "/v1/admin/datasets/{dataset}/similarity-sources/{source}"): {"provenance": "https://example.org",
                                                                           "declared_public": True},
     ("post", "/v1/admin/datasets/{dataset}/similarity-sources/{source}/neighbours"): {

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -101,6 +102,51 @@ def _caps_shown(driver, client: httpx.Client, admin: dict[str, str]) -> bool:  #
             and shown("projection-binding") == CAP_NAMES[plan["binding_cap"]])
 
 
+def _blocks_shown(driver, client: httpx.Client, admin: dict[str, str]) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the block table shows the admin API's first page of blocks (current period first, with
+    cap, spend by RDP and PLD, runs, runs left and retirement), and the banner its forecast's warnings."""
+    from selenium.webdriver.common.by import By
+
+    page = client.get("/v1/admin/datasets/default/budget/blocks", headers=admin, params={"limit": 10}).json()
+    rows = driver.find_elements(By.CSS_SELECTOR, "#block-rows tr")
+    expected = [[b["cohort"], str(b["epsilon_cap"]), str(b["spent_epsilon_rdp"]), str(b["spent_epsilon_pld"]),
+                 str(b["remaining_epsilon"]), str(b["n_runs"]),
+                 "" if b["runs_left"] is None else f"{b['runs_left']}{'+' if b['runs_left_capped'] else ''}",
+                 "retired" if b["retired"] else (b["retires_at"] or "")] for b in page["items"]]
+    shown = [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows]
+    warnings = client.get("/v1/admin/datasets/default/budget/forecast", headers=admin).json()["warnings"]
+    banner = driver.find_element(By.ID, "block-warning")
+    ok = (_same_cells(shown, expected) and f"of {page['total']} (current first)" in
+          driver.find_element(By.ID, "blocks-page").text
+          and banner.is_displayed() == bool(warnings)
+          and [p.text for p in banner.find_elements(By.TAG_NAME, "p")] == warnings)
+    return ok or _Mismatch(f"shown {shown} expected {expected}; banner {banner.text!r} warnings {warnings}")
+
+
+class _Mismatch(str):
+    """A falsy answer of a wait's predicate that says what differed (in the timeout's message)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _same_cells(shown: list[list[str]], expected: list[list[str]]) -> bool:
+    """Cell by cell; numbers compared as numbers (the page prints JavaScript's form, e.g. 10 for 10.0),
+    forecast times within a minute (before the first scheduled run the next one is "now", so each
+    request's forecast moves with the clock)."""
+    def same(a: str, b: str) -> bool:
+        try:
+            return float(a) == float(b)
+        except ValueError:
+            pass
+        try:
+            return abs(datetime.fromisoformat(a) - datetime.fromisoformat(b)) <= timedelta(minutes=1)
+        except ValueError:
+            return a == b
+    return len(shown) == len(expected) and all(
+        len(r) == len(e) and all(map(same, r, e)) for r, e in zip(shown, expected, strict=True))
+
+
 def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
     _require_browser()
     from selenium.webdriver.common.by import By
@@ -141,6 +187,11 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps the API returns")
             cells = [td.text for td in driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{demo["id"]}"] td')]
             assert cells[6:8] == [demo["trigger"], demo["actor"]] and cells[9].endswith(("s", "min")), cells
+            # the privacy blocks, current period first, with their forecast; no warning at the defaults
+            _wait(lambda: _blocks_shown(driver, client, admin), 30, "the blocks the API returns")
+            cohorts = [r.get_attribute("data-cohort") for r in driver.find_elements(By.CSS_SELECTOR, "#block-rows tr")]
+            assert cohorts[0] != "legacy" and cohorts[-1] == "legacy"
+            assert not driver.find_element(By.ID, "block-warning").is_displayed()
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
             # start a training from the page and watch it without reloading
@@ -191,6 +242,19 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             _wait(lambda: driver.find_element(By.ID, "binding-cap").get_attribute("data-cap") == "person_budget",
                   30, "the person budget to bind")
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps under the person budget")
+            # the cap change, from the person budget's hash-chained entries, newest first
+            _wait(lambda: [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#cap-changes tr:first-child td")][3:5]
+                  == ["10", "5"], 30, "the person budget's cap change")
+
+            # a retrain policy that spends the blocks within 14 intervals: the banner says so
+            policy = client.put("/v1/admin/datasets/default/retrain-policy", headers=admin, json={"epsilon": 4})
+            assert policy.status_code == 200, policy.text
+            warnings = client.get("/v1/admin/datasets/default/budget/forecast", headers=admin).json()["warnings"]
+            assert any("legacy block" in w for w in warnings), warnings
+            driver.refresh()
+            _wait(lambda: driver.find_element(By.ID, "block-warning").is_displayed(), 30, "the block warning banner")
+            _wait(lambda: _blocks_shown(driver, client, admin), 30, "the blocks and the banner the API returns")
+            driver.save_screenshot(str(SHOTS / "04-block-warning.png"))
 
             # a write without the CSRF header is refused even with the cookie
             refused = driver.execute_script(
@@ -215,7 +279,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             stale = httpx.get(f"{base}/dashboard/api/datasets/default/summary",
                               cookies={"privrec_session": copied["value"]})
             assert stale.status_code == 401 and stale.json()["error"]["code"] == "no_session"
-            driver.save_screenshot(str(SHOTS / "04-signed-out.png"))
+            driver.save_screenshot(str(SHOTS / "05-signed-out.png"))
             assert driver.execute_script("return window.__cspViolations") == []
             assert _csp_violations(driver) == []
         finally:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,15 @@ def make_settings(tmp_path: Path, url: str, **overrides) -> Settings:
     )
     values.update(overrides)
     return Settings(**values)
+
+
+def schedule_clock(settings: Settings) -> Callable[[], datetime]:
+    """Successive scheduler ticks, one retrain interval apart, from the start of the current UTC month
+    (so that no privacy block opens between them in a short test)."""
+    now = datetime.now(UTC)
+    ticks = itertools.count()
+    start = datetime(now.year, now.month, 1, tzinfo=UTC)
+    return lambda: start + next(ticks) * timedelta(seconds=settings.retrain_interval_s)
 
 
 def create_dataset(url: str, name: str = "default", *, cap: float = 10.0, delta: float = 1e-6, lo: float = 1.0,

@@ -280,14 +280,14 @@ def test_the_scheduler_goes_on_with_new_blocks_and_warns_when_they_run_out(db_ur
 
     _daily(db_url, cap=settings.retrain_epsilon * 1.2)
     _add_users(db_url, "default", "u", 4, _day(0), n_items=8)
-    sched = lambda day: schedule.scheduled_retrain(url=db_url, settings=settings, enqueue=False,  # noqa: E731
-                                                   now=_day(day))["default"]
+    sched = lambda day, hours=0: schedule.scheduled_retrain(  # noqa: E731
+        url=db_url, settings=settings, enqueue=False, now=_day(day) + timedelta(hours=hours))["default"]
     first = sched(0)
     assert first.startswith("started:")
     assert runner.run_training(int(first.split(":")[1]), url=db_url, settings=settings) == "succeeded"
     caplog.clear()
     with caplog.at_level("WARNING", logger="app.services.training.schedule"):
-        assert sched(0) == "skipped:budget"
+        assert sched(0, hours=1) == "skipped:budget"  # due again an interval (1 h) later, the same day
     assert any(r.levelname == "WARNING" and "skipped" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level("WARNING", logger="app.services.training.schedule"):

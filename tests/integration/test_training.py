@@ -18,7 +18,7 @@ from app.services import admin, budget, bulk_read
 from app.services.training import dispatch, runner, schedule
 from app.services.training import requests as train_requests
 from app.services.training.embedded_worker import start_embedded_worker
-from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
+from tests.integration.platform_helpers import create_dataset, schedule_clock, seed_ratings, synthetic_ratings
 
 HYPER = {"rank": 4, "n_steps": 2, "contribution_bound": 20}
 
@@ -288,7 +288,8 @@ def test_scheduled_retrain_decides_from_public_facts_only(db_url, settings):
     url = db_url
     create_dataset(url, cap=3.0)
     _items_only(url)
-    sched = lambda: schedule.scheduled_retrain(url=url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    clock = schedule_clock(settings)  # one retrain interval between ticks: each is due
+    sched = lambda: schedule.scheduled_retrain(url=url, settings=settings, enqueue=False, now=clock())["default"]  # noqa: E731
     out = sched()  # no ratings at all: still a run (noise-only model)
     assert out.startswith("started:")
     run_id = int(out.split(":")[1])

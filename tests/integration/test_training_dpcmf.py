@@ -24,7 +24,7 @@ from app.services.serving import active as serving_active
 from app.services.serving import published, recommend
 from app.services.training import requests as train_requests
 from app.services.training import runner, schedule
-from tests.integration.platform_helpers import create_dataset, seed_ratings, synthetic_ratings
+from tests.integration.platform_helpers import create_dataset, schedule_clock, seed_ratings, synthetic_ratings
 
 # Half the items are trained privately: at epsilon 10 the count noise (std ~11) is far below the
 # ~70 ratings of the median item, so the unrated items stay outside the DP frequent set.
@@ -176,7 +176,8 @@ def test_dpals_on_the_same_data_cannot_recommend_cold_items(seeded, settings):
 def test_scheduled_retraining_keeps_the_active_algorithm_and_its_public_hyperparameters(seeded, settings):
     """A DP-CMF model is retrained as DP-CMF (same α), re-calibrated to the retrain epsilon,
     not replaced by a DPALS model; without an active model the default is DPALS."""
-    sched = lambda: schedule.scheduled_retrain(url=seeded, settings=settings, enqueue=False)["default"]  # noqa: E731
+    clock = schedule_clock(settings)  # one retrain interval between ticks: each is due
+    sched = lambda: schedule.scheduled_retrain(url=seeded, settings=settings, enqueue=False, now=clock())["default"]  # noqa: E731
     assert runner.run_training(_start(seeded, "dpcmf", CMF_HYPER), url=seeded, settings=settings) == "succeeded"
     with session_scope(seeded) as s:
         from app.db.models import bump_ratings_version

@@ -24,7 +24,7 @@ from app.services import budget, votes
 from app.services.serving import popular, published, recommend, similar
 from app.services.training import requests as train_requests
 from app.services.training import runner, schedule
-from tests.integration.platform_helpers import create_dataset
+from tests.integration.platform_helpers import create_dataset, schedule_clock
 
 N_USERS, N_ITEMS, PER_USER = 120, 24, 12
 HYPER = {"rank": 2, "n_steps": 30}
@@ -251,7 +251,8 @@ def test_scheduled_retraining_follows_the_declared_kind(db_url, settings):
     create_dataset(db_url, cap=30.0, relation="replace_vote_values")
     with session_scope(db_url) as s:
         get_dataset(s, "default").kind = "votes"
-    sched = lambda: schedule.scheduled_retrain(url=db_url, settings=settings, enqueue=False)["default"]  # noqa: E731
+    clock = schedule_clock(settings)  # one retrain interval between ticks: each is due
+    sched = lambda: schedule.scheduled_retrain(url=db_url, settings=settings, enqueue=False, now=clock())["default"]  # noqa: E731
     _seed(db_url, eps0=2.0)
     outcome = sched()
     assert outcome.startswith("started:")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import AdminPrincipal, PageQ, SessionDep, WriteSessionDep
+from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep
 from app.api.params import DatasetP
 from app.schemas.admin import (
     MAX_EPSILON_CAP,
@@ -15,10 +15,13 @@ from app.schemas.admin import (
     BlockOut,
     BudgetOut,
     CapChangeIn,
+    ForecastOut,
     LedgerEntryOut,
     PersonBudgetIn,
     PersonBudgetOut,
     ProjectionOut,
+    RetrainPolicyIn,
+    RetrainPolicyOut,
 )
 from app.schemas.common import Page
 from app.services import admin as admin_svc
@@ -38,9 +41,38 @@ def get_budget(dataset: DatasetP, _: AdminPrincipal, session: SessionDep) -> Bud
             summary="The data set's privacy blocks, current period first",
             description=("One block per cohort (the UTC calendar period in which a user was created, and "
                          "`legacy`), each with the data set's cap; a run reads and is charged to the blocks "
-                         "that can pay for it."))
-def get_blocks(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[BlockOut]:
-    return admin_svc.blocks_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
+                         "that can pay for it. Each block carries its retirement forecast at the data set's "
+                         "retrain policy (`runs_left`, `retires_at`)."))
+def get_blocks(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ,
+               settings: SettingsDep) -> Page[BlockOut]:
+    return admin_svc.blocks_page(session, dataset=dataset, offset=page.offset, limit=page.limit, settings=settings)
+
+
+@router.get("/admin/datasets/{dataset}/budget/forecast", tags=["admin"], response_model=ForecastOut,
+            summary="When the data set's privacy blocks retire at its retrain policy",
+            description=("From the ledger, the calendar and the retrain policy only: the next scheduled run, "
+                         "when fewer than the policy's minimum of blocks could pay one, when `legacy` retires, "
+                         "and the warnings shown at least 14 retrain intervals ahead."))
+def get_forecast(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, settings: SettingsDep) -> ForecastOut:
+    return admin_svc.forecast_view(session, dataset=dataset, settings=settings)
+
+
+@router.get("/admin/datasets/{dataset}/retrain-policy", tags=["admin"], response_model=RetrainPolicyOut,
+            summary="The data set's retrain policy")
+def get_retrain_policy(dataset: DatasetP, _: AdminPrincipal, session: SessionDep,
+                       settings: SettingsDep) -> RetrainPolicyOut:
+    return admin_svc.retrain_policy(session, dataset=dataset, settings=settings)
+
+
+@router.put("/admin/datasets/{dataset}/retrain-policy", tags=["admin"], response_model=RetrainPolicyOut,
+            summary="Set the data set's retrain policy",
+            description=("Interval, epsilon per scheduled run, the minimum of payable blocks worth training on "
+                         "and whether scheduled runs read the still-open current block; a field left out or "
+                         "null takes the deployment's setting. Out-of-bounds values are refused (422)."))
+def put_retrain_policy(dataset: DatasetP, body: RetrainPolicyIn, admin: AdminPrincipal, session: WriteSessionDep,
+                       settings: SettingsDep) -> RetrainPolicyOut:
+    return admin_svc.set_retrain_policy(session, dataset=dataset, body=body, settings=settings,
+                                        actor=f"admin:{admin.subject}")
 
 
 @router.get("/admin/person-budgets/{name}/blocks", tags=["admin"], response_model=Page[BlockOut],

@@ -42,9 +42,11 @@ from app.config import Settings
 from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession, TokenRevoked, Unauthorized
 from app.schemas.admin import (
     MAX_EPSILON_CAP,
+    BlockOut,
     ChartOut,
     DashboardSummaryOut,
     DashboardTrainingOut,
+    ForecastOut,
     LedgerCheckOut,
     LedgerEntryOut,
     ModelVersionOut,
@@ -237,9 +239,9 @@ def chart_svg(entries: list[dict[str, Any]], width: int = 720, height: int = 240
 
 # ----------------------------------------------------------------------------- JSON for the page
 @router.get("/dashboard/api/datasets/{dataset}/summary", response_model=DashboardSummaryOut)
-def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
+def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep, settings: SettingsDep,
             epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP)] = 1.0) -> DashboardSummaryOut:
-    """Budget, chain status, projection at ``epsilon`` and the spend chart."""
+    """Budget, chain status, projection at ``epsilon``, the spend chart and the block forecast."""
     page = svc.ledger_page(session, dataset=dataset, offset=0, limit=1)
     start = max(0, page.total - CHART_POINTS)
     entries = [e.model_dump(mode="json") for e in
@@ -250,11 +252,24 @@ def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep,
         projection = svc.projection(session, dataset=dataset, epsilon=epsilon)
     except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. no algorithm applies yet)
         projection_error = getattr(exc, "message", type(exc).__name__)
+    forecast: ForecastOut | None = None
+    forecast_error = None
+    try:
+        forecast = svc.forecast_view(session, dataset=dataset, settings=settings)
+    except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. the next run cannot be built)
+        forecast_error = getattr(exc, "message", type(exc).__name__)
     return DashboardSummaryOut(
         budget=svc.budget_view(session, dataset=dataset),
         chain=LedgerCheckOut.model_validate(svc.chain_status(session, dataset=dataset)),
         projection=projection, projection_error=projection_error,
-        chart=ChartOut(points=len(entries), svg=chart_svg(entries)))
+        chart=ChartOut(points=len(entries), svg=chart_svg(entries)), forecast=forecast, forecast_error=forecast_error)
+
+
+@router.get("/dashboard/api/datasets/{dataset}/blocks", response_model=Page[BlockOut])
+def blocks(dataset: DatasetP, _: SessionAdmin, session: SessionDep, settings: SettingsDep,
+           page: DashboardPageQ) -> Page[BlockOut]:
+    """The data set's privacy blocks, the current period first, with their forecast (paged)."""
+    return svc.blocks_page(session, dataset=dataset, offset=page.offset, limit=page.limit, settings=settings)
 
 
 @router.get("/dashboard/api/datasets/{dataset}/trainings", response_model=Page[TrainingRunOut])

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 
 __all__ = ["LEGACY", "PERIODS", "USER", "USER_PERIOD", "PRIVACY_UNITS", "UNIT_LABELS", "cohort_of", "cohorts_until",
-           "cohort_order", "check_period", "period_ranges"]
+           "cohort_order", "check_period", "period_ranges", "period_start", "next_period_start"]
 
 LEGACY = "legacy"
 PERIODS = ("month", "day")
@@ -53,6 +53,20 @@ def _next(label: str, period: str) -> str:
         year, month = int(label[:4]), int(label[5:7])
         return f"{year + month // 12:04d}-{month % 12 + 1:02d}"
     return (date.fromisoformat(label) + timedelta(days=1)).isoformat()
+
+
+def period_start(label: str, period: str) -> datetime:
+    """The UTC moment the period ``label`` (not :data:`LEGACY`) begins."""
+    check_period(period)
+    day = date(int(label[:4]), int(label[5:7]), 1) if period == "month" else date.fromisoformat(label)
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def next_period_start(now: datetime, period: str) -> tuple[str, datetime]:
+    """(the label of the period after the one holding ``now``, the UTC moment it begins): when the
+    next block opens."""
+    label = _next(cohort_of(now, period), period)
+    return label, period_start(label, period)
 
 
 def cohorts_until(start: str, now: datetime, period: str) -> list[str]:

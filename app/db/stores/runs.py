@@ -55,6 +55,11 @@ class RunsStore:
         return int(self.session.scalar(select(func.count()).select_from(TrainingRun).where(
             TrainingRun.dataset_id == dataset_id, TrainingRun.status.in_(("queued", "running")))) or 0)
 
+    def last_scheduled_at(self, dataset_id: int) -> datetime | None:
+        """When the data set's latest scheduled run was created (None: never)."""
+        return self.session.scalar(select(func.max(TrainingRun.created_at)).where(
+            TrainingRun.dataset_id == dataset_id, TrainingRun.trigger == "schedule"))
+
     def running_run_ids(self) -> list[int]:
         """Every run marked running (a worker holds it, or held it before vanishing)."""
         return list(self.session.scalars(select(TrainingRun.id).where(TrainingRun.status == "running")))

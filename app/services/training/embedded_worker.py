@@ -34,7 +34,7 @@ class EmbeddedWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="privrec-embedded-worker", daemon=True)
-        self._next_retrain = time.monotonic() + self.settings.retrain_interval_s
+        self._next_retrain = time.monotonic() + self.settings.retrain_tick
         self._next_reap = 0.0
         self.completed: list[tuple[int, str]] = []
 
@@ -68,7 +68,7 @@ class EmbeddedWorker:
             reap_stale_runs(url=self.url, settings=self.settings)
             self._next_reap = now + self.settings.run_heartbeat_s
         if self.schedule and now >= self._next_retrain:
-            self._next_retrain = now + self.settings.retrain_interval_s
+            self._next_retrain = now + self.settings.retrain_tick
             scheduled_retrain(url=self.url, settings=self.settings, enqueue=False)
         run_id = self._next_queued()
         if run_id is None:

@@ -25,10 +25,10 @@ from app.core.privacy.blocks import UNIT_LABELS, USER
 from app.core.privacy.composition import Charge, ComposedState, affordable_runs
 from app.errors import CalibrationFailed, InvalidEpsilon, UnknownAlgorithm
 from app.services.budget import get_dataset
+from app.services.training.choice import retrain_choice
 from app.services.training.requests import MIN_EPSILON, base_config, data_params, n_items_of, resolved_hyperparameters
-from app.services.training.schedule import retrain_choice
 
-__all__ = ["Projection", "MAX_AFFORDABLE", "project_run", "DATASET_CAP", "PERSON_CAP"]
+__all__ = ["Projection", "MAX_AFFORDABLE", "project_run", "run_event", "DATASET_CAP", "PERSON_CAP"]
 
 MAX_AFFORDABLE = 10_000  # counts above this are reported as "at least MAX_AFFORDABLE"
 DATASET_CAP = "dataset"  # names of the caps a projection may report as binding
@@ -71,7 +71,7 @@ def _choice(session: Session, ds: Any, algorithm: str | None) -> tuple[str, dict
     return algorithm, {}, None
 
 
-def _event(session: Session, ds: Any, delta: float, algorithm: str, params: dict[str, Any],
+def run_event(session: Session, ds: Any, delta: float, algorithm: str, params: dict[str, Any],
            objective: str | None, epsilon: float) -> tuple[dp_event.DpEvent, dict[str, Any], dict[str, Any]]:
     """The run's released event, its guarantee's parameters and the hyper-parameters, built as
     :func:`app.services.training.requests.start_training` builds them (ε-aware defaults when none)."""
@@ -108,7 +108,7 @@ def project_run(session: Session, *, dataset: str, epsilon: float, algorithm: st
     ds = get_dataset(session, dataset)
     acct = ledger.account_for(session, ds.id)
     name, params, objective = _choice(session, ds, algorithm)
-    event, event_parameters, params = _event(session, ds, acct.delta, name, params, objective, epsilon)
+    event, event_parameters, params = run_event(session, ds, acct.delta, name, params, objective, epsilon)
     preview = ledger.preview_charge(session, ds, event, event_parameters)
     own, person = preview.account, preview.person
     affordable: int | None = None

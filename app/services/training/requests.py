@@ -183,9 +183,12 @@ def start_training(
     idempotency_key: str | None = None,
     now: datetime | None = None,
     retry_window_s: float = 0.0,
+    read_current_block: bool = True,
 ) -> TrainingRun:
     """Create a queued run and reserve its privacy cost (in the caller's transaction) on the privacy
-    blocks that can pay for it at ``now`` (the clock; injectable), recorded on the run.
+    blocks that can pay for it at ``now`` (the clock, injectable: the run is created at it), recorded
+    on the run; without ``read_current_block`` (a retrain policy's choice) the still-open current
+    period's block is not read.
 
     Exactly one of ``epsilon`` (this run's target) or ``epsilon_fraction`` (of the remaining
     budget, in (0, 1]) is given, or neither for a run whose event costs nothing (post-processing:
@@ -238,7 +241,7 @@ def start_training(
             )
     n_items = n_items_of(session, ds)
     # the blocks it may read (ledger and calendar only): the public bound on the users it can meet
-    users = run_user_bound(ds, ledger.cohorts_with_room(session, acct, now))
+    users = run_user_bound(ds, ledger.cohorts_with_room(session, acct, now, read_current_block))
     if epsilon is None:  # a free run: no target to calibrate to
         if objective is not None:
             raise InvalidHyperparameters(f"{algo.name} has no objective choice")
@@ -271,11 +274,12 @@ def start_training(
         idempotency_key=idempotency_key,
         request_digest=digest,
         ratings_version=ds.ratings_version,
+        created_at=now or utcnow(),
     )
     session.add(run)
     session.flush()
     entry = ledger.reserve(session, dataset=ds, event=event, parameters=algo.event_parameters(config), actor=actor,
-                           run_id=run.id, now=now)
+                           run_id=run.id, now=now, read_current=read_current_block)
     run.epsilon_charged = entry.epsilon  # the run alone as the ledger charged it (the account's relation)
     run.cohorts = list(entry.parameters.get("cohorts", []))  # the blocks it reads, chosen before any read
     return run
