@@ -151,7 +151,6 @@ def _scale(s: ActiveModel, kind: str) -> tuple[float, float] | None:
     return s.cache.rating_range if kind == "predicted_rating" else None
 
 
-
 def _baseline_scores(s: ActiveModel, kind: str) -> np.ndarray | None:
     """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
     baseline = get_algorithm(s.cache.algorithm).baseline_scores(s.model)
