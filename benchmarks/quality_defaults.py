@@ -23,6 +23,13 @@ steps, user ridge and Wiener filter of the ranking objective).
 
 Splits: ML-1M canonical (80/10/10 and held-out users); ML-100K and Jester-1 seeded 80/10/10 and
 held-out users (positives: ratings at or above lo + 0.75 (hi − lo)).
+
+Sparsified variants (issue 27: the shapes real products have, where most users rate little):
+``<set>-m<T>`` is the set with each user's training ratings subsampled to a median of T a user
+(ML-1M and ML-100K at 10, 20 and 35; Jester-1 at 10) by :mod:`app.core.data.sparsify` with its fixed
+public seed: validation ratings and held-out users' queries are thinned by each user's same ratio,
+test ratings and ranking targets are untouched, every user and item is kept (so ``max_users`` is the
+source's). Without ``../shared/data`` the suite stops with a message naming the missing path.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ from typing import Any
 import numpy as np
 
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
-from app.core.data.datasets import load_dataset
+from app.core.data.datasets import DatasetUnavailable, load_dataset
 from app.core.data.ratings import Ratings
+from app.core.data.sparsify import sparsify_ranking_split, sparsify_rating_split
 from app.core.data.splits import (
     HeldoutSplit,
     heldout_users_split,
@@ -51,13 +59,16 @@ from app.core.mf.dpcmf import PublicData
 from app.core.mf.model import PublicModel
 from benchmarks.cmf import _genres
 from benchmarks.evaluation import model_ranking, model_rmse
-from benchmarks.harness import limit_threads, make_row, mean_std
+from benchmarks.harness import SuiteUnavailable, limit_threads, make_row, mean_std
 
 SUITE = "quality-defaults"
 DELTA = 1e-6
 EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 SEEDS = (0, 1, 2)
-DATASETS = ("ml-1m", "ml-100k", "jester-1")
+SOURCES = ("ml-1m", "ml-100k", "jester-1")
+#: the sparsified variants: (source, target median of each user's training ratings)
+SPARSIFIED = tuple((source, t) for source in ("ml-1m", "ml-100k") for t in (10, 20, 35)) + (("jester-1", 10),)
+DATASETS = SOURCES + tuple(f"{source}-m{t}" for source, t in SPARSIFIED)
 BLAS_THREADS = 2
 
 # one-factor variations around the default: 24 configurations spanning the named knobs
@@ -99,6 +110,7 @@ class _Data:
     ranking: HeldoutSplit
     max_users: int | None = None  # the admin-declared public bound on the number of users
     public: Callable[[Ratings], PublicData] | None = None  # the public item data DP-CMF gets (ML-1M: genres)
+    ratings: Ratings | None = None  # every rating the splits were drawn from (the sparsifier's user counts)
 
 
 def _genre_data(train: Ratings) -> PublicData:
@@ -111,17 +123,37 @@ def _declared_bound(n_users: int) -> int:
 
 
 def _load(name: str) -> _Data:
+    """A data set of :data:`DATASETS` with its splits (``SuiteUnavailable`` without the data)."""
+    try:
+        for source, target in SPARSIFIED:
+            if name == f"{source}-m{target}":
+                return _sparsified(_load_source(source), name, target)
+        return _load_source(name)
+    except DatasetUnavailable as exc:
+        raise SuiteUnavailable(f"quality-defaults reads the public rating data from ../shared/data: {exc}") from exc
+
+
+def _load_source(name: str) -> _Data:
     if name == "ml-1m":
         train, valid, test = load_ml1m_rating_split()
         ranking = load_ml1m_ranking_split()
         return _Data(name, (1.0, 5.0), train, valid, test, ranking, _declared_bound(merge(train, valid).n_users),
-                     public=_genre_data)
+                     public=_genre_data, ratings=merge(train, valid, test))
     data = load_dataset(name)
     lo, hi = data.rating_range
     train, valid, test = random_split(data.ratings, (0.8, 0.1, 0.1), seed=0)
     n_held = max(20, data.ratings.n_users // 10)
     ranking = heldout_users_split(data.ratings, n_held, n_held, seed=0, positive_threshold=lo + 0.75 * (hi - lo))
-    return _Data(name, data.rating_range, train, valid, test, ranking, _declared_bound(data.ratings.n_users))
+    return _Data(name, data.rating_range, train, valid, test, ranking, _declared_bound(data.ratings.n_users),
+                 ratings=data.ratings)
+
+
+def _sparsified(source: _Data, name: str, target: int) -> _Data:
+    """``source`` with each user's training ratings subsampled to median ``target`` (same tests)."""
+    assert source.ratings is not None
+    train, valid, test = sparsify_rating_split(source.train, source.valid, source.test, target)
+    return replace(source, name=name, train=train, valid=valid, test=test,
+                   ranking=sparsify_ranking_split(source.ranking, source.ratings, target))
 
 
 def _train(train: Ratings, params: dict[str, Any], eps: float, rating_range: tuple[float, float], seed: int,
@@ -143,15 +175,28 @@ def _defaults(objective: str, eps: float, data: _Data, train: Ratings, name: str
     return params
 
 
-def _candidates(objective: str, eps: float, data: _Data, train: Ratings, grid: list[dict[str, Any]],
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures: ε grid, seeds, the tuning grid (empty: no ``dpals-tuned`` row) and
+    whether DP-CMF's default runs where the data set has public item data."""
+
+    epsilons: tuple[float, ...] = EPSILONS
+    seeds: tuple[int, ...] = SEEDS
+    grid: tuple[dict[str, Any], ...] = tuple(_GRID)
+    cmf: bool = True
+
+
+def _candidates(objective: str, eps: float, data: _Data, train: Ratings, plan: Plan,
                 valid_score: Callable[[PublicModel], float], higher_is_better: bool, extra: dict[str, Any]):
     """(row name, params, fit) of the default, the tuned grid's winner (chosen on validation) and,
     where the data set has public item data, DP-CMF's default with it."""
     base = {**_defaults(objective, eps, data, train), **extra}
     rating_range = data.rating_range if objective == "rating" else (0.0, 1.0)
     fit = lambda p, seed: _train(train, p, eps, rating_range, seed)  # noqa: E731
-    out = [("dpals-default", base, fit), ("dpals-tuned", _tuned(grid, base, fit, valid_score, higher_is_better), fit)]
-    if data.public is not None:
+    out = [("dpals-default", base, fit)]
+    if plan.grid:
+        out.append(("dpals-tuned", _tuned(list(plan.grid), base, fit, valid_score, higher_is_better), fit))
+    if data.public is not None and plan.cmf:
         public = data.public(train)
         cmf = {**_defaults(objective, eps, data, train, "dpcmf"), **extra}
         out.append(("dpcmf-default", cmf, lambda p, seed: _train(train, p, eps, rating_range, seed, "dpcmf", public)))
@@ -168,7 +213,7 @@ def _tuned(grid: list[dict[str, Any]], base: dict[str, Any], fit: Callable[[dict
     return max(scored, key=lambda t: (t[0], -t[1]))[2]
 
 
-def _rating_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
+def _rating_rows(data: _Data, plan: Plan) -> list[dict]:
     history = merge(data.train, data.valid)
     lo, hi = data.rating_range
     empty = np.zeros(data.test.n_items, dtype=bool)
@@ -176,8 +221,9 @@ def _rating_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
     train_mean = rating_rmse(data.test, np.full(data.test.nnz, history.csr.data.mean()), train=history)
     rows = [make_row(SUITE, f"{data.name}-rating", "training-mean", "rmse", train_mean),
             make_row(SUITE, f"{data.name}-rating", "user-mean", "rmse", user_mean)]
-    for eps in epsilons:
-        candidates = _candidates("rating", eps, data, data.train, grid,
+    seeds = plan.seeds
+    for eps in plan.epsilons:
+        candidates = _candidates("rating", eps, data, data.train, plan,
                                  lambda m: model_rmse(m, data.train, data.valid, clip=(lo, hi)), False, {})
         for name, params, fit in candidates:
             clipped, unclipped, seconds = [], [], 0.0
@@ -201,12 +247,12 @@ def _popularity_model(model: PublicModel) -> PublicModel:
                    config={**model.config, "objective": "ranking"})
 
 
-def _ranking_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
-    split = data.ranking
+def _ranking_rows(data: _Data, plan: Plan) -> list[dict]:
+    split, seeds = data.ranking, plan.seeds
     rows = []
     # the split's train holds positives with value 1: the ranking objective's threshold is 1 there
-    for eps in epsilons:
-        candidates = _candidates("ranking", eps, data, split.train, grid,
+    for eps in plan.epsilons:
+        candidates = _candidates("ranking", eps, data, split.train, plan,
                                  lambda m: model_ranking(m, split.valid, 20)["recall@20"], True,
                                  {"positive_threshold": 1.0})
         popularity = []
@@ -228,14 +274,22 @@ def _ranking_rows(data: _Data, epsilons, seeds, grid) -> list[dict]:
     return rows
 
 
-def run(quick: bool) -> list[dict]:
-    epsilons = (1.0, 20.0) if quick else EPSILONS
-    seeds = SEEDS[:1] if quick else SEEDS
-    grid = _GRID[:4] if quick else _GRID
-    names = DATASETS[:2] if quick else DATASETS  # quick: ML-1M for the DP-CMF rows, ML-100K
+def measure(names: tuple[str, ...], plan: Plan, *, threads: int = BLAS_THREADS,
+            sink: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """The rows of ``plan`` on the data sets ``names``, one data set at a time (``sink`` gets each
+    data set's rows as they are done)."""
     rows: list[dict] = []
-    with limit_threads(BLAS_THREADS):
+    with limit_threads(threads):
         for name in names:
             data = _load(name)
-            rows += _rating_rows(data, epsilons, seeds, grid) + _ranking_rows(data, epsilons, seeds, grid)
+            done = _rating_rows(data, plan) + _ranking_rows(data, plan)
+            if sink is not None:
+                sink(done)
+            rows += done
     return rows
+
+
+def run(quick: bool) -> list[dict]:
+    if quick:  # ML-1M for the DP-CMF rows, ML-100K
+        return measure(DATASETS[:2], Plan(epsilons=(1.0, 20.0), seeds=SEEDS[:1], grid=tuple(_GRID[:4])))
+    return measure(DATASETS, Plan())

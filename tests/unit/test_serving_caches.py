@@ -46,15 +46,19 @@ def test_trained_rows_top_n_is_the_full_paths_top_n_bit_for_bit(seed: int) -> No
     assert np.array_equal(got_idx, want_idx) and np.array_equal(got_top, want_top)
 
 def _reference_top_n(model: PublicModel, view, vector, offset, n, allowed, scale):
+    """Ranked by the unclipped float64 score over every trained row, shown clipped."""
     scores = trained_scoring.trained_scores(model, view, vector, offset)
-    return trained_scoring.trained_top_n(view, scores if scale is None else np.clip(scores, *scale), n, allowed)
+    rows, top = trained_scoring.trained_top_n(view, scores, n, allowed)
+    return rows, top if scale is None else np.clip(top, *scale)
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("case", ["plain", "clipped-top", "clipped-bottom", "few-allowed", "duplicate-rows", "near-ties"])
 def test_preselected_top_n_is_the_float64_top_n(seed: int, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """top_n_scores (float32 preselection, float64 scores for the candidates) chooses exactly the
-    items, order and ties of the float64 product over every trained row. Its scores are float64
+    items, order and ties of the float64 product over every trained row, ranked by the unclipped
+    score whatever the scale (clipped-top: many items above it; clipped-bottom: the scale's bottom
+    above nearly every score) and shown clipped. Its scores are float64
     dot products of the same rows, equal to the full product's up to the last bits: BLAS rounds a
     row differently depending on where it falls in the matrix (OpenBLAS: the last rows beyond a
     multiple of 4), so not even the full and the trained-rows products agree bit for bit in general."""
@@ -84,10 +88,10 @@ def test_preselected_top_n_is_the_float64_top_n(seed: int, case: str, monkeypatc
         monkeypatch.undo()
         assert np.array_equal(got_idx, want_idx)
         np.testing.assert_array_max_ulp(got_top, want_top, maxulp=4)
-    if case in ("clipped-bottom", "few-allowed"):  # ties at the bottom of the scale, or < n allowed
+    if case == "few-allowed":  # fewer than n allowed
         assert 200 in full_products
     else:
-        assert not full_products  # the float32 preselection decided
+        assert not full_products  # the float32 preselection decided, clipped scores or not
 
 
 def test_preselection_scores_every_row_when_float32_cannot_hold_the_factors() -> None:
@@ -140,3 +144,62 @@ def test_ratings_digest_names_the_ratings_as_read() -> None:
     assert digest != trained_scoring.ratings_digest(["a", "b"], [4.0, 2.5])
     assert digest != trained_scoring.ratings_digest(["b", "a"], [2.0, 4.0])  # order changes the solve's sums
     assert digest != trained_scoring.ratings_digest(["a"], [4.0])
+
+
+def _above_the_scale(n_items: int = 3_000) -> tuple[PublicModel, np.ndarray, np.ndarray]:
+    """A model whose predicted ratings for four trained items lie above the top of the scale
+    (1, 5), the higher the later the row: clipped, all four would tie at 5 and rank by row."""
+    model = _model(n_items=n_items, rank=8, seed=7)
+    trained = np.flatnonzero(model.trained_mask)
+    model.item_factors[trained] *= 1e-3  # every other item's rating ~ m̃ + b̃_j, well inside the scale
+    model.item_biases[trained] = np.clip(model.item_biases[trained], -0.4, 0.4)
+    high = trained[[10, 200, 400, 600]]
+    model.item_biases[high] = [1.75, 2.0, 2.5, 3.5]  # with m̃ = 3.5: 5.25, 5.5, 6.0, 7.0
+    return model, high, np.zeros(model.rank)
+
+
+def test_items_above_the_scale_rank_by_their_unclipped_ratings_in_both_paths() -> None:
+    """Ties at the top of the scale (issue 27 item 4): the full path (foldin.top_n / recommend with
+    the scale) and the trained fast path rank by the unclipped rating, show the clipped one, and
+    agree exactly."""
+    model, high, vector = _above_the_scale()
+    scale = (1.0, 5.0)
+    allowed = np.ones(model.n_items, dtype=bool)
+    full = foldin.predict_ratings(model, vector, None)
+    want = high[::-1]  # 7.0, 6.0, 5.5, 5.25
+    full_idx, full_top = foldin.top_n(full, 4, np.flatnonzero(model.trained_mask), scale)
+    view = trained_scoring.trained_rows(model)
+    fast_idx, fast_top = trained_scoring.top_n_scores(model, view, vector, None, 4, allowed, scale)
+    assert np.array_equal(full_idx, want) and np.array_equal(fast_idx, want)
+    assert np.array_equal(full_top, np.full(4, 5.0)) and np.array_equal(fast_top, full_top)
+    mask_idx, mask_top = foldin.top_n_allowed(full, 4, model.trained_mask, scale)
+    assert np.array_equal(mask_idx, want) and np.array_equal(mask_top, full_top)
+    order, shown = foldin.ranked(full[high], scale)  # a given list of items, ranked
+    assert np.array_equal(high[order], want) and np.array_equal(shown, full_top)
+    # more than the items above the scale: the rest follow, unclipped and unchanged
+    full_idx, full_top = foldin.top_n(full, 10, np.flatnonzero(model.trained_mask), scale)
+    fast_idx, fast_top = trained_scoring.top_n_scores(model, view, vector, None, 10, allowed, scale)
+    assert np.array_equal(fast_idx, full_idx) and np.array_equal(full_idx[:4], want)
+    assert np.all(full_top[4:] < 5.0) and np.array_equal(full_top[4:], full[full_idx[4:]])
+    np.testing.assert_array_max_ulp(fast_top, full_top, maxulp=4)
+
+
+def test_recommend_ranks_a_users_items_above_the_scale_by_unclipped_rating() -> None:
+    """foldin.recommend with the scale: a user's fold-in puts items above the top; the highest
+    unclipped rating comes first, equal unclipped ratings still by row."""
+    model, high, _ = _above_the_scale()
+    twin = np.flatnonzero(model.trained_mask)[800]  # a copy of the best item, later row: tied with it
+    model.item_factors[[high[-1], twin]] = 0.0  # both ratings exactly m̃ + b_u + b̃_j, on any BLAS
+    model.item_biases[twin] = model.item_biases[high[-1]]
+    rated = np.flatnonzero(model.trained_mask)[1:9]
+    idx, top = foldin.recommend(model, rated, np.full(8, 3.5), 5, scale=(1.0, 5.0))
+    raw = foldin.user_scores(model, rated, np.full(8, 3.5))
+    assert np.all(raw[idx] > 5.0) and np.array_equal(top, np.full(5, 5.0))
+    assert list(idx) == sorted(idx, key=lambda j: (-raw[j], j))
+    assert list(idx[:2]) == [high[-1], twin]
+    view = trained_scoring.trained_rows(model)
+    vector, offset = trained_scoring.user_state(model, ("tie", 1), rated, np.full(8, 3.5))
+    allowed = np.ones(model.n_items, dtype=bool)
+    allowed[rated] = False
+    fast_idx, fast_top = trained_scoring.top_n_scores(model, view, vector, offset, 5, allowed, (1.0, 5.0))
+    assert np.array_equal(fast_idx, idx) and np.array_equal(fast_top, top)

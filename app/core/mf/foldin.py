@@ -24,6 +24,7 @@ from app.core.mf.model import PublicModel
 __all__ = [
     "candidate_items", "fold_in", "fold_in_state", "fold_in_users", "user_offset", "user_offsets", "predict_ratings",
     "score_items", "user_scores", "objective_view", "is_ranking", "recommend", "top_n", "top_n_allowed", "best_positions",
+    "on_scale", "ranked",
     "similar_items", "popular_items",
     "self_calibrated_solve", "self_calibrated_batch", "self_calibrating", "leave_one_out_press",
 ]
@@ -249,23 +250,41 @@ def score_items(model: PublicModel, user_vector: np.ndarray, offset: float | Non
     return scores if is_ranking(model) else np.where(model.trained_mask, scores, -np.inf)
 
 
-def top_n(scores: np.ndarray, n: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n`` best finite-scored candidates, best first (fewer when fewer remain); equal
-    scores in the order of ``candidates`` (ascending item index for every caller)."""
+Scale = tuple[float, float] | None
+
+
+def on_scale(scores: np.ndarray, scale: Scale) -> np.ndarray:
+    """``scores`` clipped to the rating ``scale`` (unchanged without one): what is shown, never
+    what is ranked (items predicted above the top of the scale would tie there)."""
+    return scores if scale is None else np.clip(scores, scale[0], scale[1])
+
+
+def top_n(scores: np.ndarray, n: int, candidates: np.ndarray, scale: Scale = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` best finite-scored candidates, best first (fewer when fewer remain), and their
+    scores clipped to ``scale``; chosen and ordered by the unclipped scores, equal ones in the
+    order of ``candidates`` (ascending item index for every caller)."""
     if n < 1:
         raise ValueError("n must be >= 1")
     candidates = np.asarray(candidates)
     chosen = candidates[best_positions(scores[candidates], n)]
-    return chosen, scores[chosen]
+    return chosen, on_scale(scores[chosen], scale)
 
 
-def top_n_allowed(scores: np.ndarray, n: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def top_n_allowed(scores: np.ndarray, n: int, allowed: np.ndarray,
+                  scale: Scale = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`top_n` over the candidates ``np.flatnonzero(allowed)`` (a boolean mask), the same
     choice without building the candidate list."""
     if n < 1:
         raise ValueError("n must be >= 1")
     chosen = best_positions(np.where(allowed, scores, np.nan), n)
-    return chosen, scores[chosen]
+    return chosen, on_scale(scores[chosen], scale)
+
+
+def ranked(scores: np.ndarray, scale: Scale = None) -> tuple[np.ndarray, np.ndarray]:
+    """(positions of ``scores`` best first, their scores clipped to ``scale``): every position
+    ranked by the unclipped score, equal scores by position (a caller's given list)."""
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    return order, on_scale(scores[order], scale)
 
 
 SAMPLE_STRIDE = 16  # top-n preselection: every 16th value bounds the n-th best from below
@@ -311,16 +330,18 @@ def recommend(
     *,
     exclude_idx: np.ndarray | None = None,
     allowed_idx: np.ndarray | None = None,
+    scale: Scale = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``n`` items for one user, excluding their rated items and ``exclude_idx``.
 
     ``allowed_idx`` (e.g. a category filter) restricts the candidates. Returns item indices
-    and predicted ratings, best first; fewer than ``n`` when filtering leaves fewer.
+    and predicted ratings, best first; fewer than ``n`` when filtering leaves fewer. With the
+    rating ``scale`` the ratings are shown clipped to it but ranked unclipped (:func:`top_n`).
     """
     item_idx, values = objective_view(model, item_idx, values)
     user_vector, offset = fold_in_state(model, item_idx, values)
     scores = score_items(model, user_vector, offset)
-    return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx))
+    return top_n(scores, n, candidate_items(model.n_items, item_idx, exclude_idx, allowed_idx), scale)
 
 
 def objective_view(model: PublicModel, item_idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -106,10 +106,10 @@ def _recommend(cache: ServedModel, cat: Catalog, user: _UserData, query: Recomme
                      trained_scoring.ratings_digest(item_ids, values))
         idx, top = _trained_top_n(s, kind, state_key, rated_idx, rated_vals, query.n, allowed)
         return out(fallback=False, fallback_reason=None, items=scored_rows(s, idx, top))
-    scores = _on_scale(s, kind, algorithm.score(model, rated_idx, rated_vals))
+    scores = algorithm.score(model, rated_idx, rated_vals)
     if kind != "ranking_score":
         allowed &= model.trained_mask  # untrained items carry no personal signal: never in a top-N
-    idx, top = foldin.top_n_allowed(scores, query.n, allowed)
+    idx, top = foldin.top_n_allowed(scores, query.n, allowed, _scale(s, kind))  # ranked unclipped, shown clipped
     return out(fallback=False, fallback_reason=None, items=scored_rows(s, idx, top))
 
 
@@ -119,8 +119,7 @@ def _trained_top_n(s: ActiveModel, kind: str, state_key: tuple, rated_idx: np.nd
     if s.cache.trained is None:
         s.cache.trained = trained_scoring.trained_rows(s.model)
     vector, offset = trained_scoring.user_state(s.model, state_key, rated_idx, rated_vals)
-    scale = s.cache.rating_range if kind == "predicted_rating" else None  # as _on_scale
-    return trained_scoring.top_n_scores(s.model, s.cache.trained, vector, offset, n, allowed, scale)
+    return trained_scoring.top_n_scores(s.model, s.cache.trained, vector, offset, n, allowed, _scale(s, kind))
 
 
 def _allowed(cat: Catalog, s: ActiveModel, query: RecommendationQuery) -> np.ndarray:
@@ -145,19 +144,17 @@ def _category_notes(cat: Catalog, query: RecommendationQuery) -> list[str]:
     return [f"no item carries category {c!r}" for c in query.categories if c not in known]
 
 
-def _on_scale(s: ActiveModel, kind: str, scores: np.ndarray) -> np.ndarray:
-    """Predicted ratings clipped into the data set's range (a safety net: the model's own
-    shrinkage keeps them on the scale, see quality-defaults' rmse_unclipped)."""
-    if kind != "predicted_rating" or s.cache.rating_range is None:
-        return scores
-    lo, hi = s.cache.rating_range
-    return np.clip(scores, lo, hi)
+def _scale(s: ActiveModel, kind: str) -> tuple[float, float] | None:
+    """The range shown predicted ratings are clipped to (a safety net: the model's own shrinkage
+    keeps most on the scale, see quality-defaults' rmse_unclipped). Lists are ranked by the
+    unclipped score, so items predicted above the top of the scale do not tie there."""
+    return s.cache.rating_range if kind == "predicted_rating" else None
 
 
 def _baseline_scores(s: ActiveModel, kind: str) -> np.ndarray | None:
     """Scores of a user with no data: m̃ + b̃_j (or the ranking prior) for the fold-in family."""
     baseline = get_algorithm(s.cache.algorithm).baseline_scores(s.model)
-    return None if baseline is None else _on_scale(s, kind, baseline)
+    return None if baseline is None else foldin.on_scale(baseline, _scale(s, kind))
 
 
 def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarray, rated_vals: np.ndarray,
@@ -168,8 +165,7 @@ def _ranked_list(s: ActiveModel, algorithm: Any, kind: str, rated_idx: np.ndarra
         raise ItemsNotInModel(f"{len(unknown)} item id(s) are not in the active model",
                               details={"unknown_items": unknown[:100]})
     idx = np.asarray([s.positions[i] for i in items], dtype=np.int64)
-    scores = _on_scale(s, kind, algorithm.score(s.model, rated_idx, rated_vals))[idx]
-    order = np.argsort(-scores, kind="stable")
+    order, shown = foldin.ranked(algorithm.score(s.model, rated_idx, rated_vals)[idx], _scale(s, kind))
     trained = s.model.trained_mask
-    return [ScoredItem(item_id=items[k], score=float(scores[k]), rank=r + 1, baseline=not bool(trained[idx[k]]))
-            for r, k in enumerate(order)]
+    return [ScoredItem(item_id=items[k], score=float(score), rank=r + 1, baseline=not bool(trained[idx[k]]))
+            for r, (k, score) in enumerate(zip(order, shown, strict=True))]

@@ -7,7 +7,8 @@ is needed on the trained rows only: a contiguous copy of those rows per publishe
 the per-request matrix-vector product (memory bound) to the trained fraction. Each score is the
 same sum in the same order as on the full matrix (tests pin the choice). :func:`top_n_scores`
 goes further: a float32 product with a rigorous error bound preselects the few items that can be
-in the top n, and only those are scored in float64 (same choice, order and ties; the scores
+in the top n, and only those are scored in float64 (same choice, order and ties, ranked by the
+unclipped rating and shown clipped to the scale; the scores
 are float64 dot products of the same rows, equal up to BLAS's row-position-dependent rounding
 of the last bits, which the full and trained-rows products do not share either).
 
@@ -121,37 +122,34 @@ def trained_top_n(view: TrainedRows, scores: np.ndarray, n: int, allowed: np.nda
 
 def top_n_scores(model: Any, view: TrainedRows, vector: np.ndarray, offset: float | None, n: int,
                  allowed: np.ndarray, scale: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n`` best allowed trained items (global rows, best first) by predicted rating clipped
-    to ``scale``, and those scores: :func:`trained_top_n` of the clipped :func:`trained_scores`.
+    """The ``n`` best allowed trained items (global rows, best first) by predicted rating, and
+    those ratings clipped to ``scale``: :func:`trained_top_n` of :func:`trained_scores`, ranked by
+    the unclipped rating (items predicted above the top of the scale keep their order; equal
+    ratings by row) and shown clipped, as :func:`foldin.top_n` with a scale.
 
     The float64 matrix-vector product over every trained row (memory bound: 4 MiB at 8,000 rows
     and r = 64) is replaced by a float32 one (half the bytes) that only preselects. Each float32
-    score is within a rigorous bound E of the float64 one, so every item of the exact top n
-    (ties included) has an approximate score >= L - E, where L is the n-th best approximate
-    score less E, clipped to the scale. Of those candidates, the ones whose approximate score is
-    E or more above the top of the scale score exactly that top (clipped); the others are scored
-    in float64, and all are ranked as :func:`foldin.top_n` ranks (equal scores by row). Where
-    the bound cannot exclude items tied at the bottom of the scale, or fewer than ``n`` items are
-    allowed, the full float64 product runs.
+    score a_j is within e of the float64 one x_j, a rigorous bound (:func:`_error_bound` returns
+    E = 2e). Let a_n be the n-th best approximate score of the allowed rows: the n rows with
+    a_j >= a_n have x_j >= a_n - e, so the n-th best exact score x_n >= a_n - e, and every row of
+    the exact top n, ties with the n-th included, has a_j >= x_j - e >= x_n - e >= a_n - E. The
+    rows with a_j >= a_n - 2E (a further E covers the rounding of the threshold itself) are
+    scored in float64 and ranked as :func:`foldin.top_n` ranks. Where fewer than ``n`` items are
+    allowed, or float32 cannot hold the factors, the full float64 product runs.
     """
     base = model.global_mean if offset is None else offset
-    preselected = _candidates(view, base, vector, n, allowed[view.rows], scale)
-    if preselected is None:
-        return trained_top_n(view, _clip(trained_scores(model, view, vector, offset), scale), n, allowed)
-    candidates, at_top = preselected
-    exact = np.empty(len(candidates))
-    if scale is not None:
-        exact[at_top] = scale[1]
-    rest = candidates[~at_top]
-    exact[~at_top] = _clip(base + view.biases[rest] + view.factors[rest] @ vector, scale)
+    candidates = _candidates(view, base, vector, n, allowed[view.rows])
+    if candidates is None:
+        rows, top = trained_top_n(view, trained_scores(model, view, vector, offset), n, allowed)
+        return rows, foldin.on_scale(top, scale)
+    exact = base + view.biases[candidates] + view.factors[candidates] @ vector
     local = foldin.best_positions(exact, n)
-    return view.rows[candidates[local]], exact[local]
+    return view.rows[candidates[local]], foldin.on_scale(exact[local], scale)
 
 
-def _candidates(view: TrainedRows, base: float, vector: np.ndarray, n: int, allowed: np.ndarray,
-                scale: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(rows that may be in the exact top n, ascending; which of them surely score the top of the
-    scale), from the float32 scores; None: score every row in float64."""
+def _candidates(view: TrainedRows, base: float, vector: np.ndarray, n: int, allowed: np.ndarray) -> np.ndarray | None:
+    """Rows that may be in the exact top n (ascending), from the float32 scores; None: score every
+    row in float64."""
     norm = float(np.sqrt(vector @ vector))
     if view.factors32 is None or not np.isfinite(norm) or norm * view.max_row_norm > 1e30:
         return None
@@ -160,14 +158,7 @@ def _candidates(view: TrainedRows, base: float, vector: np.ndarray, n: int, allo
     if len(best) < n:
         return None
     bound = _error_bound(vector.shape[0], norm * view.max_row_norm, abs(base) + view.max_abs_bias)
-    low = float(approx[best[-1]]) - bound
-    if scale is not None:
-        if low <= scale[0]:
-            return None  # items tied at the bottom of the scale could be in the top n
-        low = min(low, scale[1])
-    candidates = np.flatnonzero(allowed & (approx >= low - bound))
-    at_top = np.zeros(len(candidates), dtype=bool) if scale is None else approx[candidates] - bound >= scale[1]
-    return candidates, at_top
+    return np.flatnonzero(allowed & (approx >= float(approx[best[-1]]) - 2 * bound))
 
 
 def _error_bound(rank: int, dot_bound: float, sum_bound: float) -> float:
@@ -177,7 +168,3 @@ def _error_bound(rank: int, dot_bound: float, sum_bound: float) -> float:
     of Numerical Algorithms, §3.1, any summation order); the float64 sums and product add a
     few 2^-53 of the magnitudes."""
     return 2.0 * ((rank + 4) * 2.0**-24 * dot_bound + 8 * 2.0**-53 * (sum_bound + dot_bound))
-
-
-def _clip(scores: np.ndarray, scale: tuple[float, float] | None) -> np.ndarray:
-    return scores if scale is None else np.clip(scores, scale[0], scale[1])
