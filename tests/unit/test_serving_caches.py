@@ -131,8 +131,9 @@ def test_cached_token_verification_refuses_what_decode_refuses() -> None:
     with pytest.raises(TokenError):
         decode_token_cached(good, secret=SECRET + "-rotated")
     head, body, sig = good.split(".")
+    tampered = sig[:4] + ("B" if sig[4] == "A" else "A") + sig[5:]  # a changed leading char always changes a byte
     with pytest.raises(TokenError):
-        decode_token_cached(f"{head}.{body}.{sig[:-2]}AA", secret=SECRET)
+        decode_token_cached(f"{head}.{body}.{tampered}", secret=SECRET)
     time.sleep(2.1)  # past exp: the cached entry may not outlive the token
     with pytest.raises(TokenError, match="expired"):
         decode_token_cached(good, secret=SECRET)
