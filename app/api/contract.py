@@ -63,6 +63,7 @@ from app.errors import (
     RatingOutOfRange,
     ReasonRequired,
     RelationRefused,
+    RunFinished,
     ScopeRequired,
     SecretHyperparameter,
     TokenExpired,
@@ -144,6 +145,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
                                                  ReasonRequired),
     ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
+    ("POST", "/v1/admin/trainings/{run_id}/cancel"): (UnknownTrainingRun, RunFinished),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
 }
 """The domain conditions of each route (method, path template) beyond those its shape implies."""
