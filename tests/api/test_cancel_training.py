@@ -113,8 +113,8 @@ def test_unknown_and_finished_runs_are_404_and_409(env: Env) -> None:
 
 
 def test_a_shutting_down_process_stops_its_run(env: Env) -> None:
-    """SIGTERM's path (``request_shutdown``): the run stops at its next progress point; having read
-    private data, it is failed and charged (category ``interrupted``)."""
+    """SIGTERM's path in a Celery pool process (``request_shutdown``): the run stops at its next
+    progress point; having read private data, it is failed and charged (category ``interrupted``)."""
     seed_ratings(env)
     run_id = _start(env, LONG)
     worker, outcome = _in_background(env, run_id)
@@ -124,7 +124,22 @@ def test_a_shutting_down_process_stops_its_run(env: Env) -> None:
         worker.join(120)
     finally:
         clear_shutdown()
-    assert not worker.is_alive() and outcome == ["failed"]
+    assert not worker.is_alive() and outcome == ["interrupted"]
     run = _run(env, run_id)
     assert run["status"] == "failed" and not run["refunded"] and "interrupted" in run["error"]
     assert not run["cancelled"] and _ledger_kinds(env, run_id) == ["reservation"]
+
+
+def test_a_run_stopped_before_its_private_read_goes_back_to_the_queue(env: Env) -> None:
+    """A worker already stopping claims nothing it cannot finish: the run it took is queued again,
+    unsent (the outbox sends it to the next worker), its reservation kept, nothing refunded."""
+    seed_ratings(env)
+    run_id = _start(env)
+    stopping = threading.Event()
+    stopping.set()
+    outcome = run_training(run_id, url=env.settings.database_url, settings=env.settings, stop=stopping)
+    assert outcome == "interrupted"
+    run = _run(env, run_id)
+    assert (run["status"], run["stage"], run["enqueued"], run["refunded"]) == ("queued", "queued", False, False)
+    assert not run["private_data_read"] and run["attempts"] == 1 and _ledger_kinds(env, run_id) == ["reservation"]
+    assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"

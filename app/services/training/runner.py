@@ -19,7 +19,8 @@ The released outputs of a run are those its algorithm names (``app.core.algorith
 **Stopping.** Every progress point and the heartbeat check that the run is still ``running``
 (an admin may cancel it: ``app.services.training.cancel``) and that the process is not shutting
 down (:func:`request_shutdown`, on SIGTERM); either stops the training, which then publishes
-nothing. A cancelled run's row already says what it costs; a shut-down one is failed as above.
+nothing. A cancelled run's row already says what it costs; a run stopped by a shutdown goes back
+to the queue if it read nothing, and is failed (charged) otherwise.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ _SHUTDOWN = threading.Event()
 
 
 def request_shutdown() -> None:
-    """Make every run of this process stop at its next progress or heartbeat point (it is failed:
-    refunded before the private read, charged after it)."""
+    """Make every run of this process stop at its next progress or heartbeat point (queued again
+    before its private read, failed and charged after it)."""
     _SHUTDOWN.set()
 
 
@@ -150,6 +151,12 @@ def _fail(session: Session, run: TrainingRun, exc: BaseException, *, actor: str)
     session.flush()
 
 
+def _requeue(run: TrainingRun) -> None:
+    """Put a run that read nothing back in the outbox (queued, never sent)."""
+    run.status, run.stage, run.progress = "queued", "queued", 0.0
+    run.worker = run.started_at = run.heartbeat_at = run.enqueued_at = None
+
+
 def fail_vanished(session: Session, run: TrainingRun) -> None:
     """A worker died mid-run: fail closed, the reservation stays spent."""
     run.status = "failed"
@@ -169,14 +176,14 @@ class _Guard:
     in the database (cancelled, or failed by the reaper) or the process is shutting down. Checked
     at every progress point; the heartbeat and the progress writes notice the first."""
 
-    def __init__(self, run_id: int) -> None:
-        self.run_id = run_id
+    def __init__(self, run_id: int, stop: threading.Event) -> None:
+        self.run_id, self.stop = run_id, stop
         self.gone = threading.Event()
 
     def check(self) -> None:
         if self.gone.is_set():
             raise RunNotRunning(f"run {self.run_id} is no longer running (cancelled or reaped); not publishing")
-        if _SHUTDOWN.is_set():
+        if self.stop.is_set():
             raise WorkerShutdown(f"the worker is stopping; run {self.run_id} stops")
 
     def running(self, still_running: bool) -> None:
@@ -267,10 +274,13 @@ def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[st
                         "cohorts": run.cohorts}
 
 
-def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None) -> str:
+def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None,
+                 stop: threading.Event | None = None) -> str:
     """Execute training run ``run_id`` end to end. Returns the run's outcome:
     'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing' | 'cancelled'
-    (cancelled while it ran: stopped at a progress or heartbeat point, nothing published)."""
+    (cancelled while it ran: stopped at a progress or heartbeat point, nothing published) |
+    'interrupted' (``stop``, by default the process's :func:`request_shutdown`, was set: stopped
+    the same way; queued again before the private read, failed and charged after it)."""
     s_ = settings
     url = open_database(s_, url)
     outcome, info = _claim(run_id, url, worker or _worker_name(), s_.run_stale_after_s)
@@ -280,7 +290,7 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
     assert info is not None
     # a database outage shorter than the reaper's patience is ridden out, not a failed run
     outage_s = s_.run_stale_after_s
-    guard = _Guard(run_id)
+    guard = _Guard(run_id, stop if stop is not None else _SHUTDOWN)
     try:
         with _Heartbeat(run_id, url, s_.run_heartbeat_s, guard):
             model = _train(run_id, url, info, outage_s, guard)
@@ -294,12 +304,13 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
         _record_failure(run_id, url, exc, outage_s)
         if not isinstance(exc, Exception):
             raise
-        return "failed"
+        return "interrupted" if isinstance(exc, WorkerShutdown) else "failed"
 
 
 def _record_failure(run_id: int, url: str, exc: BaseException, outage_s: float = 0.0) -> None:
     """Fail the run (refund only before the private read), riding out a database outage of up
-    to ``outage_s``; log nothing derived from the data."""
+    to ``outage_s``; log nothing derived from the data. A run stopped by its worker's shutdown
+    before its private read goes back to the queue instead (reservation kept; the outbox sends it)."""
 
     def fail() -> bool | None:
         with session_scope(url) as s:
@@ -307,6 +318,10 @@ def _record_failure(run_id: int, url: str, exc: BaseException, outage_s: float =
             if run is None or run.status != "running":
                 return None
             read = run.private_data_read
+            if isinstance(exc, WorkerShutdown) and not read:
+                _requeue(run)
+                log.info("training run %s goes back to the queue: its worker stopped before reading data", run_id)
+                return None
             _fail(s, run, exc, actor="worker")
             return read
 
