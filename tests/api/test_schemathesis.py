@@ -1,6 +1,9 @@
-"""Schemathesis against the served schema, with admin and user tokens, on SQLite and PostgreSQL
-(at most 25 examples per operation): no 5xx, responses conform to the schema, status codes and
-error codes are documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
+"""Schemathesis against the served schema on SQLite and PostgreSQL: every operation alone with admin
+and user tokens (100 examples each), then workflows that follow the document's OpenAPI links (its
+own and those Schemathesis infers: create a data set, train on it, follow and cancel the run, rate
+an item and delete the rating, ...) with admin and service tokens. No 5xx, responses conform to
+the schema, status codes and error codes are documented. Marked ``fuzz``; ``PRIVREC_FUZZ_EXAMPLES``
+and ``PRIVREC_FUZZ_SCENARIOS`` scale it (the defaults are the CI run's)."""
 
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ def error_code_documented(ctx: object, response: schemathesis.Response, case: sc
 
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.response_schema_conformance,
           checks.content_type_conformance, error_code_documented]
-MAX_EXAMPLES = int(os.environ.get("PRIVREC_FUZZ_EXAMPLES", "25"))
+MAX_EXAMPLES = int(os.environ.get("PRIVREC_FUZZ_EXAMPLES", "100"))
+SCENARIOS = int(os.environ.get("PRIVREC_FUZZ_SCENARIOS", "100"))  # link-following workflows
+STEPS = 10  # calls per workflow at most
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
@@ -80,3 +85,24 @@ def test_api_contract(fuzz_env: Env) -> None:
             failures.append(f"{operation.label}: {str(exc)[:1500]}")
     assert n_operations >= 40
     assert not failures, "\n\n".join(failures)
+
+
+def test_api_workflows_follow_links(fuzz_env: Env) -> None:
+    """Stateful: sequences of calls chained by the document's links, so later calls reach real
+    resources (a created data set, a queued run, a stored rating) instead of 404s."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_env.client.app)
+    admin = {"Authorization": f"Bearer {fuzz_env.token('root', 'admin', ttl=3600)}"}
+    service = {"Authorization": "Bearer " + fuzz_env.token("frontend", "service", ("ingest", "act_for_users"),
+                                                           ttl=3600)}
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict:
+            return {"headers": admin if case.path.startswith("/v1/admin/") else service}
+
+        def validate_response(self, response: schemathesis.Response, case: schemathesis.Case,
+                              additional_checks: object = None, **kwargs: object) -> None:
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None)
+
+    assert len(Workflow.bundles) >= 10  # links to follow (the document's and the inferred ones)
+    Workflow.run(settings=settings(max_examples=SCENARIOS, stateful_step_count=STEPS, deadline=None,
+                                   suppress_health_check=list(HealthCheck), derandomize=True, database=None))
