@@ -15,7 +15,7 @@ from app.services.training.runner import clear_shutdown, request_shutdown, run_t
 from tests.api.conftest import SMALL_DPALS, Env, seed_ratings, train_and_publish
 
 A = "/v1/admin/datasets/default"
-LONG = {**SMALL_DPALS, "n_steps": 1_000}  # the largest step count: long enough to be cancelled mid-run
+LONG = {**SMALL_DPALS, "rank": 32, "n_steps": 1_000}  # the largest step count: seconds of training, cancelled mid-run
 
 
 def _start(env: Env, hyper: dict[str, Any] | None = None) -> int:
