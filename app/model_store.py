@@ -163,12 +163,17 @@ def publish_version(
     )
     session.add(row)
     session.flush()
-    runs_store(session).swap_active_version(dataset.id, row)
+    if dataset.model_pinned:  # an admin's rollback sticks: the new version waits, inactive
+        log.info("model version %s of data set %r published inactive: the active version is pinned",
+                 row.id, dataset.name)
+    else:
+        runs_store(session).swap_active_version(dataset.id, row)
     return row
 
 
 def activate_version(session: Session, dataset: str, version_id: int, *, actor: str) -> ModelVersion:
-    """Make an existing version the active one (rollback). Does not commit."""
+    """Make an existing version the active one and pin it (a rollback that sticks: later
+    publications stay inactive until :func:`unpin`). Does not commit."""
     row = get_version(session, dataset, version_id)
     if not Path(row.artifact_path).is_file():
         raise ArtifactMissing(f"artifact of model version {version_id} is missing; it cannot be activated")
@@ -176,5 +181,23 @@ def activate_version(session: Session, dataset: str, version_id: int, *, actor: 
     lock_account(session, row.dataset_id)
     if not row.active:
         runs_store(session).swap_active_version(row.dataset_id, row)
-    log.info("model version %s of data set %r activated by %s", row.id, dataset, actor)
+    catalogue_store(session).get_dataset(dataset).model_pinned = True
+    log.info("model version %s of data set %r activated and pinned by %s", row.id, dataset, actor)
     return row
+
+
+def unpin(session: Session, dataset: str, *, actor: str) -> ModelVersion:
+    """Unpin the data set's active version and activate its newest one (publications activate
+    again). Idempotent. ``NoActiveModel`` when nothing is published. Does not commit."""
+    ds = catalogue_store(session).get_dataset(dataset)
+    lock_account(session, ds.id)
+    newest = runs_store(session).newest_version(ds.id)
+    if newest is None:
+        raise NoActiveModel(f"data set {dataset!r} has no published model version to activate")
+    if not Path(newest.artifact_path).is_file():
+        raise ArtifactMissing(f"artifact of model version {newest.id} is missing; it cannot be activated")
+    ds.model_pinned = False
+    if not newest.active:
+        runs_store(session).swap_active_version(ds.id, newest)
+    log.info("model versions of data set %r unpinned by %s; version %s active", dataset, actor, newest.id)
+    return newest

@@ -147,6 +147,7 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
     ("POST", "/v1/admin/trainings/{run_id}/cancel"): (UnknownTrainingRun, RunFinished),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
+    ("POST", f"{_ADMIN_DS}/models/unpin"): (NoActiveModel, ArtifactMissing),
 }
 """The domain conditions of each route (method, path template) beyond those its shape implies."""
 

@@ -26,6 +26,7 @@ from app.core.data.ratings import Ratings
 from app.core.mf import defaults, dpals, dpcmf, dpfw, foldin
 from app.core.mf.artifact import load_model, save_model
 from app.core.mf.model import PublicModel
+from app.core.utility import CountRelease
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "DataKind", "DatasetFacts", "PopularityKind", "PublicInput", "PublishedModel",
@@ -196,6 +197,11 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
         """Every item's score for a user with no data, or None when the model has no such prior."""
         return None
 
+    def count_release(self, model: ModelT) -> CountRelease | None:
+        """The model's released item counts with their noise std and trained items, for the
+        utility indicator (:mod:`app.core.utility`); None when it releases no counts."""
+        return None
+
 
 def _with_fixed_range(params: dict[str, Any], rating_range: tuple[float, float]) -> dict[str, Any]:
     if "rating_range" in params and [float(x) for x in params["rating_range"]] != list(rating_range):
@@ -203,6 +209,8 @@ def _with_fixed_range(params: dict[str, Any], rating_range: tuple[float, float])
     return {**params, "rating_range": list(rating_range)}
 
 
+_DPALS_FIELDS = frozenset(f for f in dpals.DPALSConfig.__dataclass_fields__ if f != "seed")
+_DPFW_FIELDS = frozenset(f for f in dpfw.DPFWConfig.__dataclass_fields__ if f != "seed")
 _FACTOR_OUTPUTS = ("item_factors", "item_biases", "item_counts", "trained_mask", "global_mean", "user_reg")
 
 
@@ -233,6 +241,12 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     def baseline_scores(self, model: PublicModel) -> FloatArray | None:
         """m̃ + b̃_j (or the ranking prior): the fold-in of a user with no ratings."""
         return foldin.predict_ratings(model, np.zeros(model.rank))
+
+    def count_release(self, model: PublicModel) -> CountRelease | None:
+        """The first count release (sensitivity √k, Algorithm 3 step 1) over the trained set."""
+        config = dpals.DPALSConfig.from_dict({k: v for k, v in model.config.items() if k in _DPALS_FIELDS})
+        return CountRelease(counts=model.item_counts, noise_std=dpals.count_noise_std(config),
+                            considered=model.trained_mask)
 
 
 # ---------------------------------------------------------------------------- DPALS
@@ -360,6 +374,12 @@ class DPFWAlgorithm(Algorithm[dpfw.DPFWConfig, dpfw.FrankWolfeModel]):
 
     def popularity(self, model: dpfw.FrankWolfeModel) -> FloatArray:
         return np.asarray(model.item_counts, dtype=np.float64)
+
+    def count_release(self, model: dpfw.FrankWolfeModel) -> CountRelease | None:
+        """The item counts (sensitivity √max_ratings_per_user); every item gets a direction."""
+        config = dpfw.DPFWConfig.from_dict({k: v for k, v in model.config.items() if k in _DPFW_FIELDS})
+        return CountRelease(counts=model.item_counts, noise_std=dpfw.count_noise_std(config),
+                            considered=np.ones(len(model.item_counts), dtype=bool))
 
 
 # ---------------------------------------------------------------------------- one-bit (votes)

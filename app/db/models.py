@@ -140,6 +140,8 @@ class Dataset(Base):
     # ``votes_per_user_cap`` bounds each user's votes (the user-level guarantee is cap x epsilon0).
     vote_local_epsilon: Mapped[float | None] = mapped_column(Float, default=None)
     votes_per_user_cap: Mapped[int | None] = mapped_column(Integer, default=None)
+    # An admin's activation pins the active version: publications stop activating until unpinned.
+    model_pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     __table_args__ = (
@@ -418,6 +420,7 @@ class ModelVersion(Base):
     activated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
 
     run: Mapped[TrainingRun] = relationship()
+    dataset: Mapped[Dataset] = relationship()
 
     __table_args__ = (
         UniqueConstraint("dataset_id", "version", name="uq_model_versions_dataset_id_version"),

@@ -293,11 +293,29 @@ class TrainingRunOut(BaseModel):
     finished_at: str | None = Field(default=None, description="ISO 8601 time.")
 
 
+class UtilityOut(BaseModel):
+    """How much of a model stands clear of its noise (post-processing of its released counts)."""
+
+    count_noise_std: float = Field(description="Std of the count release's noise (sensitivity x noise multiplier).")
+    margin: float = Field(description="A count clears its noise when it exceeds margin x count_noise_std.")
+    considered_items: int = Field(description="Items the model learnt factors for (its trained set).")
+    clearing_items: int = Field(description="Considered items whose released count clears the margin.")
+    clearing_share: float = Field(description="clearing_items / considered_items.")
+    noise_dominated: bool = Field(description=(
+        "Too few items clear their noise: the model ranks like DP popularity (predicts like the user mean)."))
+    message: str | None = Field(default=None, description="What to do when noise-dominated.")
+
+
 class ModelVersionOut(BaseModel):
     """A published model version: its release (epsilons rounded up), public metrics and metadata."""
 
-    id: int = Field(description="Global id (used in paths).")
-    version: int = Field(description="Version number within the data set: 1, 2, ...")
+    id: int = Field(description="Global id (used in paths): the same value as `model_version`.")
+    model_version: int = Field(description=(
+        "Global id, named as in every serving response (`model_version`) and in `GET /model`."))
+    dataset_version: int = Field(description="Version number within the data set: 1, 2, ...")
+    version: int = Field(deprecated=True, description=(
+        "Deprecated: the same value as `dataset_version` (the name was ambiguous: serving responses call "
+        "the global id `model_version`). Read `dataset_version`; this field goes in API v2."))
     run_id: int = Field(description="The training run that published it.")
     algorithm: str
     sha256: str = Field(description="SHA-256 of the sealed artifact.")
@@ -308,7 +326,13 @@ class ModelVersionOut(BaseModel):
     rank: int
     metrics: dict[str, Any] = Field(default_factory=dict, description="Public (DP) metrics only.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Public model metadata.")
+    utility: UtilityOut | None = Field(default=None, description=(
+        "Utility indicator computed at publish time from the released counts and public constants only "
+        "(post-processing); null for models that release no counts or were published before it existed."))
     active: bool
+    pinned: bool = Field(default=False, description=(
+        "True for the active version an admin activated (a rollback): it stays active until unpinned "
+        "(`POST .../models/unpin`); versions published meanwhile wait, inactive."))
     created_at: str | None = Field(default=None, description="ISO 8601 time.")
     activated_at: str | None = Field(default=None, description="ISO 8601 time.")
 

@@ -77,8 +77,13 @@ class RecommendationsOut(BaseModel):
 
 
 class ModelInfoOut(BaseModel):
-    version: int = Field(description="The model version's global id (used in admin paths).")
+    model_version: int = Field(description=(
+        "The model version's global id: the `model_version` of every serving response and the "
+        "`{version_id}` of admin paths."))
     dataset_version: int = Field(description="The version number within this data set: 1, 2, ...")
+    version: int = Field(deprecated=True, description=(
+        "Deprecated: the same value as `model_version` (the name was ambiguous: admin version lists "
+        "called the data set's number `version`). Read `model_version`; this field goes in API v2."))
     dataset: str
     algorithm: str
     epsilon: float | None = Field(description="Epsilon charged for this model (conservative, rounded up).")

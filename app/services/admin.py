@@ -51,6 +51,7 @@ __all__ = [
     "version_out",
     "versions_page",
     "activate",
+    "unpin",
     "projection",
     "chain_status",
 ]
@@ -181,10 +182,12 @@ def runs_page(session: Session, *, dataset: str, offset: int, limit: int) -> Pag
 def version_out(row: ModelVersion) -> ModelVersionOut:
     """The public view of a model version (its release: epsilons rounded up, metrics, metadata)."""
     return ModelVersionOut(
-        id=row.id, version=row.version, run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
+        id=row.id, model_version=row.id, dataset_version=row.version, version=row.version,
+        run_id=row.run_id, algorithm=row.algorithm, sha256=row.sha256,
         epsilon=round_up(row.epsilon), epsilon_pld=None if row.epsilon_pld is None else round_up(row.epsilon_pld),
         delta=row.delta, n_items=row.n_items, rank=row.rank, metrics=row.metrics, metadata=row.model_metadata,
-        active=row.active, created_at=row.created_at.isoformat(),
+        utility=(row.metrics or {}).get("utility"), active=row.active,
+        pinned=row.active and row.dataset.model_pinned, created_at=row.created_at.isoformat(),
         activated_at=row.activated_at.isoformat() if row.activated_at else None,
     )
 
@@ -196,8 +199,13 @@ def versions_page(session: Session, *, dataset: str, offset: int, limit: int) ->
 
 
 def activate(session: Session, *, dataset: str, version_id: int, actor: str) -> ModelVersionOut:
-    """Make an older (or newer) version active: a rollback in one transaction."""
+    """Make an older (or newer) version active and pin it: a rollback that sticks, in one transaction."""
     return version_out(model_store.activate_version(session, dataset, version_id, actor=actor))
+
+
+def unpin(session: Session, *, dataset: str, actor: str) -> ModelVersionOut:
+    """Unpin the data set's model and activate its newest version."""
+    return version_out(model_store.unpin(session, dataset, actor=actor))
 
 
 def projection(session: Session, *, dataset: str, epsilon: float, algorithm: str | None = None) -> ProjectionOut:

@@ -94,6 +94,12 @@ async function loadSummary() {
   $("chart").dataset.points = s.chart.points;
 }
 
+function duration(started, finished) {
+  if (!started || !finished) return "";
+  const s = Math.max(0, (Date.parse(finished) - Date.parse(started)) / 1000);
+  return s < 120 ? `${s.toFixed(1)} s` : `${(s / 60).toFixed(1)} min`;
+}
+
 let polling = null;
 async function loadRuns() {
   const page = await api(`${base()}/trainings?limit=10`);
@@ -103,7 +109,9 @@ async function loadRuns() {
   for (const r of page.items) {
     const bar = document.createElement("progress");
     bar.max = 1; bar.value = r.progress;
-    const tr = row([r.id, r.algorithm + (r.objective ? ` (${r.objective})` : ""), r.requested_epsilon, r.status, bar, r.stage, r.created_at]);
+    const objective = r.config && r.config.objective;
+    const tr = row([r.id, r.algorithm + (objective ? ` (${objective})` : ""), r.requested_epsilon, r.status, bar, r.stage,
+                    r.trigger, r.actor, r.created_at, duration(r.started_at, r.finished_at), r.error]);
     tr.dataset.run = r.id; tr.dataset.status = r.status; tr.dataset.stage = text(r.stage);
     body.appendChild(tr);
     if (r.status === "queued" || r.status === "running") live = true;
@@ -118,8 +126,22 @@ async function loadModels() {
   const page = await api(`${base()}/models?limit=20`);
   const body = $("versions");
   body.innerHTML = "";
+  const active = page.items.find((m) => m.active);
+  const waiting = active && active.pinned ? page.items.filter((m) => m.dataset_version > active.dataset_version) : [];
+  const pin = $("pin");
+  pin.innerHTML = "";
+  if (active && active.pinned) {
+    pin.textContent = waiting.length
+      ? `pinned to version ${active.dataset_version}; a newer version waits (${waiting[0].dataset_version}) `
+      : `pinned to version ${active.dataset_version} `;
+    const unpin = document.createElement("button");
+    unpin.textContent = "Unpin";
+    unpin.id = "unpin";
+    unpin.addEventListener("click", async () => { await api(`${base()}/models/unpin`, { method: "POST" }); await loadModels(); });
+    pin.appendChild(unpin);
+  }
   for (const m of page.items) {
-    let action = "active";
+    let action = m.pinned ? "active (pinned)" : "active";
     if (!m.active) {
       action = document.createElement("button");
       action.textContent = "Activate";
@@ -129,14 +151,14 @@ async function loadModels() {
         await loadModels();
       });
     }
-    const tr = row([m.version, m.id, m.algorithm, m.epsilon, m.epsilon_pld, m.delta, m.n_items, m.rank, m.created_at, action]);
-    tr.dataset.version = m.id;
+    const tr = row([m.dataset_version, m.model_version, m.algorithm, m.epsilon, m.epsilon_pld, m.delta, m.n_items, m.rank, m.created_at, action]);
+    tr.dataset.version = m.model_version;
     body.appendChild(tr);
   }
   try {
     const served = await fetch(`/v1/datasets/${encodeURIComponent(dataset())}/model`).then((r) => (r.ok ? r.json() : null));
-    $("served").textContent = served ? `${served.algorithm}, id ${served.version}` : "none";
-    $("served").dataset.version = served ? served.version : "";
+    $("served").textContent = served ? `${served.algorithm}, id ${served.model_version}` : "none";
+    $("served").dataset.version = served ? served.model_version : "";
   } catch (e) { $("served").textContent = "unknown"; }
 }
 

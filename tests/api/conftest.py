@@ -185,4 +185,4 @@ def train_and_publish(env: Env, epsilon: float = 2.0, dataset: str = "default",
     assert run_training(run_id, url=env.settings.database_url, settings=env.settings) == "succeeded"
     status = env.client.get(f"/v1/admin/trainings/{run_id}", headers=env.admin).json()
     assert status["status"] == "succeeded" and status["progress"] == 1.0
-    return int(env.client.get(f"/v1/datasets/{dataset}/model").json()["version"])
+    return int(env.client.get(f"/v1/datasets/{dataset}/model").json()["model_version"])

@@ -82,8 +82,8 @@ def test_model_versions_are_numbered_per_data_set(env: Env) -> None:
     train_and_publish(env, epsilon=1.0)
     mine = env.client.get("/v1/admin/datasets/default/models", headers=env.admin).json()["items"]
     other = env.client.get("/v1/admin/datasets/other/models", headers=env.admin).json()["items"]
-    assert sorted(m["version"] for m in mine) == [1, 2]
-    assert [m["version"] for m in other] == [1]
+    assert sorted(m["dataset_version"] for m in mine) == [1, 2]
+    assert [m["dataset_version"] for m in other] == [1]
     assert len({m["id"] for m in mine + other}) == 3
 
 
@@ -109,3 +109,21 @@ def test_links_name_real_operations_and_their_parameters() -> None:
                 assert all(v.startswith(("$request.path.", "$response.body#/")) for v in link["parameters"].values())
                 followed.add(target_path)
     assert "/v1/admin/trainings/{run_id}/cancel" in followed
+
+
+def test_one_version_naming_across_the_api(env: Env) -> None:
+    """`model_version` is the global id everywhere, `dataset_version` the data set's number; the
+    deprecated `version` fields keep their old values until API v2."""
+    seed_ratings(env)
+    train_and_publish(env, epsilon=1.0)
+    train_and_publish(env, epsilon=1.0)
+    info = env.client.get("/v1/datasets/default/model").json()
+    (listed,) = [m for m in env.client.get("/v1/admin/datasets/default/models", headers=env.admin).json()["items"]
+                 if m["active"]]
+    recs = env.client.get("/v1/datasets/default/popular").json()
+    assert info["model_version"] == listed["model_version"] == listed["id"] == recs["model_version"]
+    assert info["dataset_version"] == listed["dataset_version"] == 2
+    assert info["version"] == info["model_version"] and listed["version"] == listed["dataset_version"]
+    schema = env.client.get("/openapi.json").json()["components"]["schemas"]
+    assert schema["ModelInfoOut"]["properties"]["version"]["deprecated"] is True
+    assert schema["ModelVersionOut"]["properties"]["version"]["deprecated"] is True

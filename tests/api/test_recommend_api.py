@@ -29,7 +29,7 @@ def test_recommendations_exclude_rated_and_name_the_version(published: Env) -> N
     env = published
     info = env.client.get(f"{R}/model").json()
     body = _reco(env, "u0", n=5).json()
-    assert body["model_version"] == info["version"] and body["algorithm"] == "dpals"
+    assert body["model_version"] == info["model_version"] and body["algorithm"] == "dpals"
     assert body["fallback"] is False and len(body["items"]) == 5
     rated = {r["item_id"] for r in env.client.get(f"{R}/users/u0/ratings", headers=env.auth("u0")).json()["items"]}
     got = [x["item_id"] for x in body["items"]]
@@ -80,7 +80,7 @@ def test_public_model_routes(published: Env) -> None:
     assert page["total"] == 24 and len(page["items"]) == 4 and page["next_offset"] is None
     assert all(len(row["vector"]) == 4 for row in page["items"])
     r = env.client.get(f"{R}/model/embeddings.npy")
-    assert r.status_code == 200 and r.headers["x-model-version"] == str(info["version"])
+    assert r.status_code == 200 and r.headers["x-model-version"] == str(info["model_version"])
     v = np.load(io.BytesIO(r.content), allow_pickle=False)
     assert v.shape == (24, 4) and v.dtype == np.float32
     assert np.allclose(v[20], page["items"][0]["vector"], atol=1e-6)
@@ -199,13 +199,13 @@ def test_joint_dp_boundary(published: Env) -> None:
 
 def test_rollback_to_older_version(published: Env) -> None:
     env = published
-    v1 = env.client.get(f"{R}/model").json()["version"]
+    v1 = env.client.get(f"{R}/model").json()["model_version"]
     v2 = train_and_publish(env)
     versions = env.client.get("/v1/admin/datasets/default/models", headers=env.admin).json()
     assert versions["total"] == 2 and {v["id"] for v in versions["items"]} == {v1, v2}
     assert [v["active"] for v in versions["items"] if v["id"] == v2] == [True]
     r = env.client.post(f"/v1/admin/datasets/default/models/{v1}/activate", headers=env.admin)
     assert r.status_code == 200 and r.json()["active"] is True
-    assert env.client.get(f"{R}/model").json()["version"] == v1
+    assert env.client.get(f"{R}/model").json()["model_version"] == v1
     assert _reco(env, "u0").json()["model_version"] == v1
     assert env.client.post("/v1/admin/datasets/default/models/999999/activate", headers=env.admin).status_code == 404

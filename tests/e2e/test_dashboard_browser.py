@@ -117,7 +117,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
     with httpx.Client(base_url=base, timeout=30) as client:
         demo = client.get("/v1/admin/datasets/default/trainings", headers=admin).json()["items"][0]
         assert wait_run(client, demo["id"], admin, [proc])["status"] == "succeeded"
-        first_version = client.get("/v1/datasets/default/model").json()["version"]
+        first_version = client.get("/v1/datasets/default/model").json()["model_version"]
         driver = _driver()
         try:
             driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_PROBE})
@@ -139,6 +139,8 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert driver.find_element(By.ID, "person-budget").text.startswith("all: spent ")
             _wait(lambda: "composes to" in driver.find_element(By.ID, "projection").text, 30, "the projection")
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps the API returns")
+            cells = [td.text for td in driver.find_elements(By.CSS_SELECTOR, f'#runs tr[data-run="{demo["id"]}"] td')]
+            assert cells[6:8] == [demo["trigger"], demo["actor"]] and cells[9].endswith(("s", "min")), cells
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
             # start a training from the page and watch it without reloading
@@ -161,7 +163,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert driver.execute_script("return window.__noReload") == marker  # same page, no reload
             assert len(stages) >= 2, stages
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#versions tr")) == 2, 30, "two versions")
-            new_version = client.get("/v1/datasets/default/model").json()["version"]
+            new_version = client.get("/v1/datasets/default/model").json()["model_version"]
             assert new_version != first_version
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) ==
                   client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"], 30, "chart update")
@@ -172,8 +174,15 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             driver.find_element(By.CSS_SELECTOR, f'#versions tr[data-version="{first_version}"] button.activate').click()
             _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(first_version),
                   30, "the served model to change")
-            assert client.get("/v1/datasets/default/model").json()["version"] == first_version
+            assert client.get("/v1/datasets/default/model").json()["model_version"] == first_version
+            _wait(lambda: "newer version waits" in driver.find_element(By.ID, "pin").text, 30, "the pin banner")
             driver.save_screenshot(str(SHOTS / "03-rolled-back.png"))
+
+            # the rollback sticks until unpinned; unpinning serves the newest version again
+            driver.find_element(By.ID, "unpin").click()
+            _wait(lambda: driver.find_element(By.ID, "served").get_attribute("data-version") == str(new_version),
+                  30, "the newest version to be served again")
+            assert driver.find_element(By.ID, "pin").text == ""
 
             # with the person budget's cap below the data set's, the page names it as the binding cap
             lowered = client.put("/v1/admin/person-budgets/all", headers=admin, json={"epsilon_cap": 5})

@@ -322,3 +322,8 @@ def start_training(dataset: DatasetP, body: TrainingIn, claims: CsrfAdmin, sessi
 def activate(dataset: DatasetP, version_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)], claims: CsrfAdmin,
              session: WriteSessionDep) -> ModelVersionOut:
     return svc.activate(session, dataset=dataset, version_id=int(version_id), actor=f"admin:{claims['sub']}")
+
+
+@router.post("/dashboard/api/datasets/{dataset}/models/unpin", response_model=ModelVersionOut)
+def unpin(dataset: DatasetP, claims: CsrfAdmin, session: WriteSessionDep) -> ModelVersionOut:
+    return svc.unpin(session, dataset=dataset, actor=f"admin:{claims['sub']}")

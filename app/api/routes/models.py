@@ -55,6 +55,16 @@ def list_models(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page:
 
 
 @router.post("/admin/datasets/{dataset}/models/{version_id}/activate", tags=["admin"], response_model=ModelVersionOut,
-             summary="Activate a model version (rollback)")
+             summary="Activate a model version and pin it (a rollback that sticks)",
+             description="The version stays active until `POST .../models/unpin`: runs (scheduled or manual) "
+                         "still publish their versions, inactive, while it is pinned.")
 def activate_model(dataset: DatasetP, version_id: IdP, admin: AdminPrincipal, session: WriteSessionDep) -> ModelVersionOut:
     return admin_svc.activate(session, dataset=dataset, version_id=version_id, actor=f"admin:{admin.subject}")
+
+
+@router.post("/admin/datasets/{dataset}/models/unpin", tags=["admin"], response_model=ModelVersionOut,
+             summary="Unpin the active model version and activate the newest one",
+             description="Publications activate their versions again. Idempotent; 404 `no_active_model` "
+                         "when nothing is published.")
+def unpin_model(dataset: DatasetP, admin: AdminPrincipal, session: WriteSessionDep) -> ModelVersionOut:
+    return admin_svc.unpin(session, dataset=dataset, actor=f"admin:{admin.subject}")

@@ -74,6 +74,8 @@ __all__ = [
     "PublicState",
     "BoundedData",
     "public_preprocessing",
+    "count_sensitivity",
+    "count_noise_std",
     "bound_contributions",
     "dpals_event",
     "public_config",
@@ -334,6 +336,16 @@ class BoundedData:
     recount_statistic: np.ndarray  # Σ_i c_ij per frequent item, before noise
 
 
+def count_sensitivity(k: int) -> float:
+    """L2 sensitivity of the item counts: one user adds 1 to at most k distinct items."""
+    return math.sqrt(k)
+
+
+def count_noise_std(config: DPALSConfig) -> float:
+    """The std of the first count release's noise: sensitivity √k times its multiplier."""
+    return count_sensitivity(config.contribution_bound) * config.noise_multipliers()["counts"]
+
+
 def public_preprocessing(
     ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator
 ) -> PublicState:
@@ -342,7 +354,7 @@ def public_preprocessing(
     sample = per_user_sample(ratings, k, rng)
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
     counts = releaser.vector(
-        "item_counts", count_statistic(cols[sample], None, ratings.n_items), math.sqrt(k),
+        "item_counts", count_statistic(cols[sample], None, ratings.n_items), count_sensitivity(k),
         config.noise_multipliers()["counts"],
     )
     counts = np.maximum(counts, 1.0)

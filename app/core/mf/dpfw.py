@@ -77,6 +77,7 @@ __all__ = [
     "PrivateRows",
     "calibrate",
     "dpfw_event",
+    "count_noise_std",
     "gram_sensitivity",
     "paper_sigma",
     "prepare_rows",
@@ -164,6 +165,11 @@ class DPFWConfig:
         if unknown:
             raise ValueError(f"unknown DPFW parameters: {sorted(unknown)}")
         return cls(**data)
+
+
+def count_noise_std(config: DPFWConfig) -> float:
+    """The std of the item-count release's noise: sensitivity √(max ratings a user) times its multiplier."""
+    return math.sqrt(config.max_ratings_per_user) * config.noise_multiplier * config.count_noise_ratio
 
 
 def public_config(config: DPFWConfig) -> dict[str, Any]:

@@ -139,6 +139,11 @@ class RunsStore:
         page = select(ModelVersion).where(where).order_by(ModelVersion.id.desc()).offset(offset).limit(limit)
         return list(self.session.scalars(page)), int(total)
 
+    def newest_version(self, dataset_id: int) -> ModelVersion | None:
+        """The data set's most recently published version, if any."""
+        return self.session.scalar(select(ModelVersion).where(ModelVersion.dataset_id == dataset_id)
+                                   .order_by(ModelVersion.version.desc()).limit(1))
+
     def max_version(self, dataset_id: int) -> int:
         """The highest version number the data set has published (0 before the first)."""
         return int(self.session.scalar(select(func.max(ModelVersion.version))

@@ -24,7 +24,8 @@ def model_info(session: Session, *, dataset: str) -> ModelInfoOut:
     meta = dict(row.model_metadata or {})
     eps_pld = None if row.epsilon_pld is None else round_up(row.epsilon_pld)
     return ModelInfoOut(
-        version=row.id, dataset_version=row.version, dataset=dataset, algorithm=row.algorithm, epsilon=round_up(row.epsilon),
+        model_version=row.id, version=row.id, dataset_version=row.version,
+        dataset=dataset, algorithm=row.algorithm, epsilon=round_up(row.epsilon),
         delta=row.delta, epsilon_rdp=round_up(row.epsilon), epsilon_pld=eps_pld, trained_at=row.created_at, n_items=model.n_items,
         n_trained_items=int(np.count_nonzero(model.trained_mask)), rank=model.rank,
         sha256=row.sha256, active=bool(row.active), metrics=dict(row.metrics or {}), privacy=meta,

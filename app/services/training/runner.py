@@ -44,6 +44,7 @@ from app.core.algorithms import Algorithm, get_algorithm
 from app.core.privacy.accounting import epsilon_pld as _eps_pld
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
+from app.core.utility import utility_indicator
 from app.db.loaders import load_training_inputs
 from app.db.models import TrainingRun, as_aware, utcnow
 from app.db.session import open_database, ride_out_outage, session_scope
@@ -420,6 +421,7 @@ def _publish(run_id: int, url: str, model, settings: Settings) -> None:
         "epsilon_rdp": eps,
         "epsilon_pld": eps_pld,
         "delta": delta,
+        **_utility(model),
     }
     with session_scope(url) as s:
         run = lock_run(s, run_id)
@@ -438,6 +440,12 @@ def _publish(run_id: int, url: str, model, settings: Settings) -> None:
         run.status, run.progress, run.stage, run.finished_at = "succeeded", 1.0, "published", utcnow()
         log.info("run %s published model version %s of %r", run_id, version.id, ds.name)
 
+
+
+def _utility(model: Any) -> dict[str, Any]:
+    """The utility indicator of ``model`` (post-processing of its released counts), as a metric."""
+    release = get_algorithm(model.algorithm).count_release(model)
+    return {} if release is None else {"utility": utility_indicator(release).to_dict()}
 
 
 def reap_stale_runs(*, settings: Settings, url: str | None = None,
