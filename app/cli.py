@@ -738,6 +738,20 @@ def cmd_revoke_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cancel_run(args: argparse.Namespace) -> int:
+    """Cancel a queued or running training run as the admin API does and print it as JSON (a
+    run that had read private data stays charged)."""
+    from app.services import admin
+    from app.services.unit_of_work import commit
+
+    with _maker(_settings())() as session:
+        run = admin.cancel_training(session, run_id=args.run_id, actor=_actor())
+        commit(session)
+    print(json.dumps({key: getattr(run, key) for key in ("id", "status", "stage", "cancelled", "refunded",
+                                                           "private_data_read", "epsilon_charged")}))
+    return 0
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
     """Print the privacy budget of a data set as JSON."""
     from app.services import admin
@@ -882,6 +896,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("cancel-run", help="cancel a queued or running training run (charged if it had read "
+                                          "private data)")
+    s.add_argument("run_id", type=int)
+    s.set_defaults(func=cmd_cancel_run)
 
     s = sub.add_parser("migrate", help="apply database migrations")
     s.set_defaults(func=cmd_migrate)

@@ -360,6 +360,12 @@ class ArtifactMissing(Conflict):
     code = "artifact_missing"
 
 
+class RunFinished(Conflict):
+    """The training run has already finished (published or failed): it cannot be cancelled."""
+
+    code = "run_finished"
+
+
 class RunNotRunning(Conflict):
     """The training run is no longer running; its output is not published."""
 

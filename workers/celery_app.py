@@ -2,16 +2,21 @@
 
 Run: ``celery -A workers.celery_app worker -Q privrec -c 1`` and ``celery -A workers.celery_app beat``.
 Both log in the service's one format (:func:`app.logging_setup.configure_logging`, at the level
-``--loglevel`` gives); a task's lines carry the id of the API request that sent it.
+``--loglevel`` gives); a task's lines carry the id of the API request that sent it. On SIGTERM the
+worker stops within seconds: a run in progress stops at its next progress point.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import os
+import signal
 import threading
 from typing import Any
 
+import billiard.process
 from celery import Celery
 from celery.signals import (
     celeryd_init,
@@ -21,13 +26,14 @@ from celery.signals import (
     worker_process_init,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 
 from app.config import Settings, get_settings
 from app.db.session import dispose_engines
 from app.logging_setup import REQUEST_ID, configure_logging, redact_task_logs, request_id_from_headers
 from app.services.training.dispatch import QUEUE, drain_outbox
-from app.services.training.runner import reap_stale_runs
+from app.services.training.runner import reap_stale_runs, request_shutdown
 from app.services.training.schedule import worker_startup
 
 __all__ = ["make_celery", "celery_app", "worker_prefix", "start_maintenance", "log_in_service_format"]
@@ -112,8 +118,28 @@ def _unbind_request_id(task_id: str | None = None, **_: object) -> None:
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
-    """Forked pool processes must not reuse the parent's database connections."""
+    """Forked pool processes must not reuse the parent's database connections; SIGTERM (Celery
+    resets it to the default, an instant death, in its pool processes) stops the run in progress
+    at its next progress point instead."""
     dispose_engines()
+    signal.signal(signal.SIGTERM, _stop_runs)
+
+
+def _stop_runs(_signum: int = signal.SIGTERM, _frame: object = None) -> None:
+    request_shutdown()
+
+
+@worker_shutting_down.connect
+def _stop_pool_runs(**_: object) -> None:
+    """On SIGTERM (or SIGINT / SIGQUIT) the main process stops taking tasks and waits for the pool
+    (a warm shutdown): tell each pool process, so a run in progress stops at its next progress
+    point (queued again before its private read, failed and charged after) instead of training
+    on for as long as it takes. In a solo pool the run is in this process."""
+    request_shutdown()
+    for child in billiard.process.active_children():
+        if child.pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(child.pid, signal.SIGTERM)
 
 
 def worker_prefix(hostname: str) -> str:

@@ -67,6 +67,7 @@ from app.errors import (
     RatingOutOfRange,
     ReasonRequired,
     RelationRefused,
+    RunFinished,
     ScopeRequired,
     SecretHyperparameter,
     TokenExpired,
@@ -89,8 +90,8 @@ from app.errors import (
     meaning,
 )
 
-__all__ = ["ROUTE_ERRORS", "document_errors", "install_error_docs", "operation_errors", "shape_errors",
-           "error_table_markdown"]
+__all__ = ["LINKS", "ROUTE_ERRORS", "document_errors", "document_links", "install_error_docs", "operation_errors",
+           "shape_errors", "error_table_markdown"]
 
 Errors = tuple[type[PrivrecError], ...]
 
@@ -153,10 +154,43 @@ ROUTE_ERRORS: dict[tuple[str, str], Errors] = {
     ("POST", f"{_ADMIN_DS}/trainings"): (*_BUDGET_REFUSALS, *_RUN_CHOICE, InvalidIdempotencyKey, IdempotencyKeyReused,
                                          PrivacyUnitNotSupported),
     ("GET", "/v1/admin/trainings/{run_id}"): (UnknownTrainingRun,),
+    ("POST", "/v1/admin/trainings/{run_id}/cancel"): (UnknownTrainingRun, RunFinished),
     ("POST", f"{_ADMIN_DS}/models/{{version_id}}/activate"): (UnknownModelVersion, ArtifactMissing),
     ("POST", f"{_ADMIN_DS}/models/unpin"): (NoActiveModel, ArtifactMissing),
 }
 """The domain conditions of each route (method, path template) beyond those its shape implies."""
+
+_SAME_RATING = {"dataset": "$request.path.dataset", "user_id": "$request.path.user_id",
+                "item_id": "$request.path.item_id"}
+_NEW_DATASET = {"dataset": "$response.body#/name"}
+_NEW_RUN = {"run_id": "$response.body#/run_id"}
+LINKS: dict[tuple[str, str], dict[str, tuple[str, str, dict[str, str]]]] = {
+    # source operation -> link name -> (method, path, parameters): what a client can do next with
+    # what an operation's success answer names (OpenAPI links; Schemathesis's stateful phase follows them)
+    ("POST", "/v1/admin/datasets"): {
+        "GetBudget": ("GET", f"{_ADMIN_DS}/budget", _NEW_DATASET),
+        "StartTraining": ("POST", f"{_ADMIN_DS}/trainings", _NEW_DATASET),
+        "PutItem": ("PUT", f"{_DS}/items/{{item_id}}", _NEW_DATASET),
+    },
+    ("POST", f"{_ADMIN_DS}/trainings"): {
+        "GetTraining": ("GET", "/v1/admin/trainings/{run_id}", _NEW_RUN),
+        "CancelTraining": ("POST", "/v1/admin/trainings/{run_id}/cancel", _NEW_RUN),
+    },
+    ("PUT", f"{_DS}/items/{{item_id}}"): {
+        "RateItem": ("PUT", f"{_USER}/ratings/{{item_id}}",
+                     {"dataset": "$request.path.dataset", "item_id": "$request.path.item_id"}),
+    },
+    ("PUT", f"{_USER}/ratings/{{item_id}}"): {
+        "DeleteRating": ("DELETE", f"{_USER}/ratings/{{item_id}}", _SAME_RATING),
+        "GetUserRatings": ("GET", f"{_USER}/ratings",
+                           {"dataset": "$request.path.dataset", "user_id": "$request.path.user_id"}),
+        "DeleteUser": ("DELETE", "/v1/users/{user_id}", {"user_id": "$request.path.user_id"}),
+    },
+    ("PUT", f"{_USER}/votes/{{item_id}}"): {
+        "DeleteVote": ("DELETE", f"{_USER}/votes/{{item_id}}", _SAME_RATING),
+    },
+}
+"""OpenAPI links from each operation's success answers (:func:`document_links`)."""
 
 STATUS_TEXT = {400: "Malformed request.", 401: "Missing, expired or tampered bearer token.",
                403: "The token is valid but may not act on this resource.", 404: "Unknown resource.",
@@ -237,13 +271,27 @@ def error_table_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def document_links(schema: dict[str, Any]) -> dict[str, Any]:
+    """Add :data:`LINKS` to every 2xx response of their source operations (by ``operationId``)."""
+    paths = schema.get("paths", {})
+    for (method, path), links in LINKS.items():
+        responses = paths[path][method.lower()]["responses"]
+        out = {name: {"operationId": paths[target][verb.lower()]["operationId"], "parameters": dict(params)}
+               for name, (verb, target, params) in links.items()}
+        for status, response in responses.items():
+            if status.startswith("2"):
+                response["links"] = out
+    return schema
+
+
 def install_error_docs(app: FastAPI) -> None:
-    """Make ``app.openapi()`` document each operation's error codes (:func:`document_errors`)."""
+    """Make ``app.openapi()`` document each operation's error codes (:func:`document_errors`) and
+    its links (:func:`document_links`)."""
     default = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = document_errors(default())
+            app.openapi_schema = document_links(document_errors(default()))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented hook: replace app.openapi

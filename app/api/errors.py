@@ -150,7 +150,14 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+# FastAPI's 400 for a body it could not read at all (bytes that are not UTF-8 JSON text): the
+# documented ``malformed_json`` of every route that takes a body, like invalid JSON.
+_UNPARSABLE_BODY = "There was an error parsing the body"
+
+
 async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
+        return render_error(MalformedJson("request body is not valid JSON (it could not be decoded)"))
     condition = {404: RouteNotFound, 405: MethodNotAllowed}.get(exc.status_code, HttpError)
     message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
     headers = dict(getattr(exc, "headers", None) or {})

@@ -365,6 +365,9 @@ class TrainingRunOut(BaseModel):
     actor: str = Field(description="Who started it, e.g. `admin:root` or `scheduler`.")
     refunded: bool = Field(default=False, description=(
         "True when the reservation was refunded: only a run that failed before reading private data."))
+    cancelled: bool = Field(default=False, description=(
+        "True when an admin cancelled it (status `failed`, stage `cancelled`): charged when it had read "
+        "private data, refunded otherwise."))
     private_data_read: bool = Field(default=False, description=(
         "True once the worker was about to read private data (or the worker vanished): the run is then "
         "charged whatever happens and never refunded."))

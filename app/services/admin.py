@@ -32,7 +32,7 @@ from app.schemas.admin import (
 )
 from app.schemas.common import Page
 from app.services import budget, catalog, policy
-from app.services.training import dispatch
+from app.services.training import cancel, dispatch
 from app.services.training import forecast as ahead
 from app.services.training import projection as proj
 from app.services.training import requests as training
@@ -223,6 +223,11 @@ def enqueue(run_id: int, settings: Settings) -> bool:
     """Send the run to the workers (only after the reservation is committed); False when the
     broker is unreachable and the run waits in the outbox."""
     return dispatch.enqueue_run(run_id, settings=settings)
+
+
+def cancel_training(session: Session, *, run_id: int, actor: str) -> TrainingRunOut:
+    """Cancel a queued or running run (refunded only if it read nothing); the caller commits."""
+    return training.run_out(cancel.cancel_run(session, run_id=run_id, actor=actor))
 
 
 def run_view(session: Session, *, run_id: int) -> TrainingRunOut:

@@ -232,6 +232,14 @@ def test_the_actor_is_the_login_name_without_user_in_the_environment(cli_env: Pa
     with session_scope(get_settings().database_url) as s:
         actor = s.execute(text("SELECT actor FROM training_runs WHERE id = :i"), {"i": run_id}).scalar_one()
     assert actor == f"cli:{pwd.getpwuid(os.getuid()).pw_name}"
+    # the operator cancels the queued run as the admin API does: refunded (it read nothing), idempotent
+    assert cli.main(["cancel-run", str(run_id)]) == 0
+    cancelled = json.loads(capsys.readouterr().out)
+    assert cancelled == {"id": run_id, "status": "failed", "stage": "cancelled", "cancelled": True,
+                         "refunded": True, "private_data_read": False, "epsilon_charged": cancelled["epsilon_charged"]}
+    assert cli.main(["cancel-run", str(run_id)]) == 0 and json.loads(capsys.readouterr().out) == cancelled
+    with pytest.raises(SystemExit, match=r"^privrec cancel-run: training run 999 not found"):
+        cli.main(["cancel-run", "999"])
 
 
 # ---------------------------------------------------------------------------- container health checks

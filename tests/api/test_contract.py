@@ -87,6 +87,30 @@ def test_model_versions_are_numbered_per_data_set(env: Env) -> None:
     assert len({m["id"] for m in mine + other}) == 3
 
 
+def test_links_name_real_operations_and_their_parameters() -> None:
+    """Every OpenAPI link (app.api.contract.LINKS) names an existing operation and only path
+    parameters it has, from a 2xx answer; Schemathesis's stateful phase follows them."""
+    from app.api.contract import LINKS
+    from app.main import openapi_document
+
+    doc = openapi_document()
+    by_id = {op["operationId"]: (path, op) for path, ops in doc["paths"].items() for op in ops.values()}
+    followed = set()
+    for (method, path), links in LINKS.items():
+        responses = doc["paths"][path][method.lower()]["responses"]
+        ok = [status for status in responses if status.startswith("2")]
+        assert ok, (method, path)
+        for status in ok:
+            assert set(responses[status]["links"]) == set(links)
+            for name, link in responses[status]["links"].items():
+                target_path, target = by_id[link["operationId"]]
+                names = {p["name"] for p in target.get("parameters", []) if p["in"] == "path"}
+                assert set(link["parameters"]) <= names, (name, target_path)
+                assert all(v.startswith(("$request.path.", "$response.body#/")) for v in link["parameters"].values())
+                followed.add(target_path)
+    assert "/v1/admin/trainings/{run_id}/cancel" in followed
+
+
 def test_one_version_naming_across_the_api(env: Env) -> None:
     """`model_version` is the global id everywhere, `dataset_version` the data set's number; the
     deprecated `version` fields keep their old values until API v2."""

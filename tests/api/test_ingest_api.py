@@ -76,6 +76,10 @@ def test_malformed_json_is_400_in_the_error_shape(env: Env) -> None:
                         headers={**env.ingest_service, "Content-Type": "application/json"})
     assert r.status_code in (400, 422) and set(r.json()) == {"error"}
     assert env.count("ratings") == 0
+    # bytes that are no JSON text at all (Schemathesis's workflows found them answered `http_error`)
+    r = env.client.put(f"{R}/items/i1", content=b"w\xff\xfe",
+                       headers={**env.ingest_service, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json", r.text
 
 
 def test_unknown_item_single_is_404_and_batch_is_all_or_nothing(env: Env) -> None:

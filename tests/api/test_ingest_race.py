@@ -75,3 +75,30 @@ def test_racing_batches_and_deletes_never_answer_5xx(env: Env) -> None:
     orphans = "SELECT count(*) FROM ratings r WHERE NOT EXISTS (SELECT 1 FROM users u WHERE u.id = r.user_id)"
     with env.session() as s:
         assert s.execute(text(orphans)).scalar_one() == 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_rating_delete_does_not_wait_for_the_references_lock(env: Env) -> None:
+    """A rating delete creates no reference (it removes only its own row, then bumps the version
+    shard), so it takes neither the references lock nor a user row lock: it goes through while a
+    user delete elsewhere holds the references lock exclusively (LOCK ORDER in ratings_postgres)."""
+    if env.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite has no references lock: it serialises writers")
+    from app.db.stores.ratings_postgres import REFERENCES_LOCK_KEY
+
+    add_items(env, 2)
+    svc = env.ingest_service
+    assert env.client.put(f"{R}/users/keeper/ratings/i0", headers=svc, json={"rating": 4.0}).status_code == 201
+    answers: list[int] = []
+    with env.session() as holder:  # a user delete in progress elsewhere: the references lock held exclusively
+        holder.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": REFERENCES_LOCK_KEY})
+        deleter = threading.Thread(target=lambda: answers.append(
+            env.client.delete(f"{R}/users/keeper/ratings/i0", headers=svc).status_code), daemon=True)
+        deleter.start()
+        deleter.join(60)  # generous: it must not be waiting on the lock this transaction holds
+        waiting = holder.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                      "AND NOT granted")).scalar_one()
+        holder.rollback()  # releases the lock, so a waiting delete cannot hang the test
+    deleter.join(60)
+    assert waiting == 0 and answers == [200]

@@ -1,6 +1,9 @@
-"""Schemathesis against the served schema, with admin and user tokens, on SQLite and PostgreSQL
-(at most 25 examples per operation): no 5xx, responses conform to the schema, status codes and
-error codes are documented. Marked ``fuzz`` (run by .ci/run as its own step)."""
+"""Schemathesis against the served schema on SQLite and PostgreSQL: every operation alone with admin
+and user tokens (100 examples each), then workflows that follow the document's OpenAPI links (its
+own and those Schemathesis infers: create a data set, train on it, follow and cancel the run, rate
+an item and delete the rating, ...) with admin and service tokens. No 5xx, responses conform to
+the schema, status codes and error codes are documented. Marked ``fuzz``; ``PRIVREC_FUZZ_EXAMPLES``
+and ``PRIVREC_FUZZ_SCENARIOS`` scale it (the defaults are the CI run's)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Flaky
 from schemathesis import checks
 
+from app.api.contract import LINKS
 from app.db.session import dispose_engines
 from app.main import create_app
 from tests.api.conftest import Env, _bootstrap, create_pg_database, make_settings, require_postgres
@@ -37,7 +42,9 @@ def error_code_documented(ctx: object, response: schemathesis.Response, case: sc
 
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.response_schema_conformance,
           checks.content_type_conformance, error_code_documented]
-MAX_EXAMPLES = int(os.environ.get("PRIVREC_FUZZ_EXAMPLES", "25"))
+MAX_EXAMPLES = int(os.environ.get("PRIVREC_FUZZ_EXAMPLES", "100"))
+SCENARIOS = int(os.environ.get("PRIVREC_FUZZ_SCENARIOS", "100"))  # link-following workflows
+STEPS = 10  # calls per workflow at most
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
@@ -80,3 +87,50 @@ def test_api_contract(fuzz_env: Env) -> None:
             failures.append(f"{operation.label}: {str(exc)[:1500]}")
     assert n_operations >= 40
     assert not failures, "\n\n".join(failures)
+
+
+def test_api_workflows_follow_links(fuzz_env: Env) -> None:
+    """Stateful: sequences of calls chained by the document's links, so later calls reach real
+    resources (a created data set, a queued run, a stored rating) instead of 404s. The database
+    outlives each workflow, so a replayed one meets another state: check failures are collected
+    rather than raised (nothing is replayed to shrink them), and a run Hypothesis stops as flaky
+    goes on with fresh workflows until SCENARIOS have run."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_env.client.app)
+    admin = {"Authorization": f"Bearer {fuzz_env.token('root', 'admin', ttl=3600)}"}
+    service = {"Authorization": "Bearer " + fuzz_env.token("frontend", "service", ("ingest", "act_for_users"),
+                                                           ttl=3600)}
+    failures: list[str] = []
+    calls: list[str] = []
+    started = [0]
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            started[0] += 1
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict:
+            return {"headers": admin if case.path.startswith("/v1/admin/") else service}
+
+        def validate_response(self, response: schemathesis.Response, case: schemathesis.Case,
+                              additional_checks: object = None, **kwargs: object) -> None:
+            calls.append(f"{case.method} {case.path} {response.status_code}")
+            try:
+                case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None)
+            except Exception as exc:  # noqa: BLE001 - collected: a raised failure would be replayed
+                failures.append(f"{case.method} {case.path}: {str(exc)[:1500]}")
+
+    assert len(Workflow.bundles) >= 10  # links to follow (the document's and the inferred ones)
+    for _ in range(20):
+        if started[0] >= SCENARIOS or failures:
+            break
+        try:
+            Workflow.run(settings=settings(max_examples=SCENARIOS - started[0], stateful_step_count=STEPS,
+                                           deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                                           phases=[Phase.generate]))
+        except Flaky:  # a replay met the state an earlier workflow left: go on with fresh ones
+            continue
+    assert not failures, "\n\n".join(failures[:5])
+    assert started[0] >= SCENARIOS
+    # links were followed to real resources: some link target answered other than 401/404/422
+    targets = {f"{verb} {path}" for links in LINKS.values() for verb, path, _ in links.values()}
+    followed = {c.rsplit(" ", 1)[0] for c in calls if not c.endswith((" 401", " 404", " 422"))}
+    assert targets & followed, sorted(followed)

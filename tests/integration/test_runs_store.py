@@ -34,14 +34,17 @@ def test_the_store_of_each_dialect_keeps_the_runs_contract(db_url: str) -> None:
         page, total = store.runs_page(ds_id, 1, 2)
         assert [r.id for r in page] == [ids[2], ids[1]] and total == 4
         store.mark_enqueued(ids[0])
-        store.set_progress(ids[0], 0.5, "training")  # only a running run moves
-        store.set_progress(ids[1], 0.5, "training")
-        store.mark_private_data_read(ids[1])
+        assert not store.set_progress(ids[0], 0.5, "training")  # only a running run moves
+        assert store.set_progress(ids[1], 0.5, "training") and store.set_heartbeat(ids[1])
+        assert not store.set_heartbeat(ids[3])  # a finished (or cancelled) run: the worker stops
+        assert not store.mark_private_data_read(ids[2])  # only a running run passes the point of no refund
+        assert store.mark_private_data_read(ids[1])
         store.set_ratings_version(ids[1], 7)
     with session_scope(db_url) as s:
         store = runs_store(s)
         queued, running = store.lock_run(ids[0]), store.lock_run(ids[1])
         assert queued is not None and queued.enqueued_at is not None and queued.progress == 0.0
+        assert not store.lock_run(ids[2]).private_data_read
         assert running is not None and running.private_data_read and running.stage == "reading data"
         assert running.ratings_version == 7 and running.heartbeat_at is not None
         assert store.lock_run(10**9) is None

@@ -1,4 +1,4 @@
-"""Training runs (admin): start one (budget reserved first), list them, follow one."""
+"""Training runs (admin): start one (budget reserved first), list them, follow one, cancel one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 from fastapi import APIRouter
 
-from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep
+from app.api.deps import AdminPrincipal, PageQ, SessionDep, SettingsDep, WriteSessionDep
 from app.api.params import DatasetP, IdP
 from app.config import Settings
 from app.schemas.admin import TrainingAccepted, TrainingIn, TrainingRunOut
@@ -54,6 +54,17 @@ def _accepted(run: TrainingRunOut, settings: Settings) -> TrainingAccepted:
 @router.get("/admin/datasets/{dataset}/trainings", tags=["admin"], response_model=Page[TrainingRunOut], summary="Training runs")
 def list_trainings(dataset: DatasetP, _: AdminPrincipal, session: SessionDep, page: PageQ) -> Page[TrainingRunOut]:
     return admin_svc.runs_page(session, dataset=dataset, offset=page.offset, limit=page.limit)
+
+
+@router.post("/admin/trainings/{run_id}/cancel", tags=["admin"], response_model=TrainingRunOut,
+             summary="Cancel a queued or running training run (charged if it had read private data)",
+             description="The run ends `failed` at stage `cancelled` and publishes nothing; a worker "
+                         "training it stops at its next progress or heartbeat point. A run that had not "
+                         "read private data is refunded; one that had (`private_data_read`) stays "
+                         "charged, never refunded. Cancelling a cancelled run answers it again; a run "
+                         "that already succeeded or failed is 409 `run_finished`.")
+def cancel_training(run_id: IdP, admin: AdminPrincipal, session: WriteSessionDep) -> TrainingRunOut:
+    return admin_svc.cancel_training(session, run_id=run_id, actor=f"admin:{admin.subject}")
 
 
 @router.get("/admin/trainings/{run_id}", tags=["admin"], response_model=TrainingRunOut,

@@ -165,6 +165,8 @@ class SqlRatings:
         return self.session.scalar(self._lock_user_rows(stmt) if lock else stmt)
 
     def delete_rating(self, dataset_id: int, user_id: str, item_id: str) -> int:
+        # no references lock and no user row lock (LOCK ORDER in ratings_postgres): the rating row,
+        # then the version shard
         uid = self._user_row_id(user_id)
         iid = catalogue_store(self.session).item_row_ids(dataset_id, [item_id]).get(item_id)
         if uid is None or iid is None:

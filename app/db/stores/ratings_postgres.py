@@ -17,9 +17,11 @@ writers, exclusive by a user delete); (2) user rows, in external-id order; (3) r
 (user, item) key order; (4) last, the data set's version shard rows (``ratings_version_shards``,
 keyed by the backend pid, so two connections can share one), in data-set id order, each bumped
 once after the rows it counts are written. The one-rating function of migration 0009 keeps the
-same order. A transaction that PostgreSQL nevertheless picks as a deadlock's victim (e.g. with a
-writer outside this store) is run again whole by the ingest use cases
-(:func:`app.db.session.retry_lock_conflicts`).
+same order. A rating delete takes only (3) and (4): it creates no reference and removes only its
+own row (a user delete racing it deletes that row or finds it gone), so it neither takes the
+references lock nor waits behind a user delete holding it. A transaction that PostgreSQL
+nevertheless picks as a deadlock's victim (e.g. with a writer outside this store) is run again
+whole by the ingest use cases (:func:`app.db.session.retry_lock_conflicts`).
 """
 
 from __future__ import annotations

@@ -79,17 +79,21 @@ class RunsStore:
         """The run's message is with the broker (or the embedded worker was woken)."""
         self._set(run_id, enqueued_at=utcnow())
 
-    def set_heartbeat(self, run_id: int) -> None:
-        """The worker holding running run ``run_id`` is alive."""
-        self._set_running(run_id, heartbeat_at=utcnow())
+    def set_heartbeat(self, run_id: int) -> bool:
+        """The worker holding running run ``run_id`` is alive; False when the run is no longer
+        running (cancelled, or failed by the reaper): the worker stops."""
+        return self._set_running(run_id, heartbeat_at=utcnow())
 
-    def set_progress(self, run_id: int, progress: float, stage: str) -> None:
-        """Progress and stage of running run ``run_id`` (a heartbeat too)."""
-        self._set_running(run_id, progress=progress, stage=stage, heartbeat_at=utcnow())
+    def set_progress(self, run_id: int, progress: float, stage: str) -> bool:
+        """Progress and stage of running run ``run_id`` (a heartbeat too); False as for
+        :meth:`set_heartbeat`."""
+        return self._set_running(run_id, progress=progress, stage=stage, heartbeat_at=utcnow())
 
-    def mark_private_data_read(self, run_id: int) -> None:
-        """The point of no refund: the run is about to read private data."""
-        self._set(run_id, private_data_read=True, stage="reading data", progress=0.05, heartbeat_at=utcnow())
+    def mark_private_data_read(self, run_id: int) -> bool:
+        """The point of no refund: the run is about to read private data. Only a run still
+        ``running`` passes it (False otherwise: cancelled, it must not read)."""
+        return self._set_running(run_id, private_data_read=True, stage="reading data", progress=0.05,
+                                 heartbeat_at=utcnow())
 
     def set_ratings_version(self, run_id: int, version: int) -> None:
         """The data set's ``ratings_version`` the run read."""
@@ -98,9 +102,12 @@ class RunsStore:
     def _set(self, run_id: int, **values: Any) -> None:
         self.session.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(**values))
 
-    def _set_running(self, run_id: int, **values: Any) -> None:
-        self.session.execute(update(TrainingRun).where(TrainingRun.id == run_id, TrainingRun.status == "running")
-                             .values(**values))
+    def _set_running(self, run_id: int, **values: Any) -> bool:
+        """Update run ``run_id`` only while it is ``running``; True when it was."""
+        result = self.session.execute(update(TrainingRun)
+                                      .where(TrainingRun.id == run_id, TrainingRun.status == "running")
+                                      .values(**values))
+        return bool(getattr(result, "rowcount", 0))
 
     # ------------------------------------------------------------------------- data sets (public facts)
     def dataset_names(self) -> list[str]:

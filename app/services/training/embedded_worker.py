@@ -4,6 +4,7 @@ A daemon thread that claims queued runs oldest first and executes them through t
 :func:`app.services.training.runner.run_training` the Celery task calls; it also reaps runs
 whose worker vanished and, every ``RETRAIN_INTERVAL_S``, runs the scheduled retraining (the
 beat's job). The database is the queue: ``dispatch.enqueue_run`` only wakes the thread early.
+Stopping it (the server's shutdown, on SIGTERM) stops a run in progress within a training step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from app.services.training.schedule import scheduled_retrain
 __all__ = ["EmbeddedWorker", "start_embedded_worker"]
 
 log = logging.getLogger(__name__)
+
+# How long ``stop`` waits for the thread: a run stops at its next progress point (every training
+# step), so this only bounds a step that never reports (the thread is a daemon: the process exits).
+STOP_WAIT_S = 15.0
 
 
 class EmbeddedWorker:
@@ -46,8 +51,9 @@ class EmbeddedWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout: float | None = 60.0) -> None:
-        """Ask the thread to stop after the current run and wait for it."""
+    def stop(self, timeout: float | None = STOP_WAIT_S) -> None:
+        """Stop the thread and wait for it: a run in progress stops at its next progress or
+        heartbeat point and is failed (refunded only before its private read)."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
@@ -70,10 +76,11 @@ class EmbeddedWorker:
         if self.schedule and now >= self._next_retrain:
             self._next_retrain = now + self.settings.retrain_tick
             scheduled_retrain(url=self.url, settings=self.settings, enqueue=False)
-        run_id = self._next_queued()
+        run_id = None if self._stop.is_set() else self._next_queued()
         if run_id is None:
             return None
-        outcome = run_training(run_id, url=self.url, settings=self.settings, worker=f"embedded:{id(self):x}")
+        outcome = run_training(run_id, url=self.url, settings=self.settings, worker=f"embedded:{id(self):x}",
+                               stop=self._stop)
         self.completed.append((run_id, outcome))
         return run_id
 

@@ -45,6 +45,7 @@ from app.schemas.common import require_valid_page
 from app.schemas.hyperparameters import sampler_refusal
 from app.services.budget import get_dataset
 from app.services.catalog import refuse_votes_per_period
+from app.services.training.cancel import CANCELLED_STAGE
 from app.services.training.dispatch import enqueue_run
 
 __all__ = [
@@ -360,7 +361,9 @@ def list_runs(session: Session, *, dataset: str, offset: int = 0, limit: int = 1
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    """ISO 8601 in UTC with its offset (SQLite hands back naive UTC times)."""
+    aware = as_aware(value)
+    return aware.isoformat() if aware is not None else None
 
 
 def run_out(run: TrainingRun) -> TrainingRunOut:
@@ -380,6 +383,7 @@ def run_out(run: TrainingRun) -> TrainingRunOut:
         trigger=run.trigger,
         actor=run.actor,
         refunded=run.refunded,
+        cancelled=run.status == "failed" and run.stage == CANCELLED_STAGE,
         private_data_read=run.private_data_read,
         enqueued=run.enqueued_at is not None,
         attempts=run.attempts,

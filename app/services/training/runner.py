@@ -15,6 +15,12 @@ nothing is refunded and the run records a fixed error category, never the except
 (a numpy MemoryError names array shapes, i.e. counts). Data-dependent outcomes are not failures:
 an empty data set trains a noise-only model, excess voters are dropped at random (one-bit).
 The released outputs of a run are those its algorithm names (``app.core.algorithms``).
+
+**Stopping.** Every progress point and the heartbeat check that the run is still ``running``
+(an admin may cancel it: ``app.services.training.cancel``) and that the process is not shutting
+down (:func:`request_shutdown`, on SIGTERM); either stops the training, which then publishes
+nothing. A cancelled run's row already says what it costs; a run stopped by a shutdown goes back
+to the queue if it read nothing, and is failed (charged) otherwise.
 """
 
 from __future__ import annotations
@@ -56,11 +62,40 @@ __all__ = [
     "lock_run",
     "is_stale",
     "fail_vanished",
+    "WorkerShutdown",
+    "request_shutdown",
+    "shutdown_requested",
+    "clear_shutdown",
 ]
 
 log = logging.getLogger(__name__)
 
 _ERROR_LIMIT = 2000
+
+
+class WorkerShutdown(Exception):
+    """The process is stopping (SIGTERM): the run stops at its next progress or heartbeat point."""
+
+
+# Set when the process is asked to stop (``serve``'s shutdown, a Celery worker's SIGTERM): every
+# run of the process stops at its next progress or heartbeat point instead of training on.
+_SHUTDOWN = threading.Event()
+
+
+def request_shutdown() -> None:
+    """Make every run of this process stop at its next progress or heartbeat point (queued again
+    before its private read, failed and charged after it)."""
+    _SHUTDOWN.set()
+
+
+def shutdown_requested() -> bool:
+    return _SHUTDOWN.is_set()
+
+
+def clear_shutdown() -> None:
+    """Let runs start again in this process (a new server in the same process: tests)."""
+    _SHUTDOWN.clear()
+
 # What a failed run records once private data was read: a fixed category per exception type,
 # never the exception's text (it may carry shapes or values derived from the data).
 ERROR_CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (
@@ -69,6 +104,7 @@ ERROR_CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (
     (ValueError, "rejected_by_algorithm"),
     (OSError, "io"),
     (KeyboardInterrupt, "interrupted"),
+    (WorkerShutdown, "interrupted"),
     (SystemExit, "interrupted"),
 )
 _CHARGED_ERROR = ("training failed after reading private data (category: {category}); the run is charged: "
@@ -116,6 +152,12 @@ def _fail(session: Session, run: TrainingRun, exc: BaseException, *, actor: str)
     session.flush()
 
 
+def _requeue(run: TrainingRun) -> None:
+    """Put a run that read nothing back in the outbox (queued, never sent)."""
+    run.status, run.stage, run.progress = "queued", "queued", 0.0
+    run.worker = run.started_at = run.heartbeat_at = run.enqueued_at = None
+
+
 def fail_vanished(session: Session, run: TrainingRun) -> None:
     """A worker died mid-run: fail closed, the reservation stays spent."""
     run.status = "failed"
@@ -130,11 +172,34 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-class _Heartbeat:
-    """Background thread updating ``heartbeat_at`` of a running run."""
+class _Guard:
+    """Whether run ``run_id`` may go on: it stops (raises) once the run is no longer ``running``
+    in the database (cancelled, or failed by the reaper) or the process is shutting down. Checked
+    at every progress point; the heartbeat and the progress writes notice the first."""
 
-    def __init__(self, run_id: int, url: str, interval_s: float) -> None:
-        self._run_id, self._url, self._interval = run_id, url, interval_s
+    def __init__(self, run_id: int, stop: threading.Event) -> None:
+        self.run_id, self.stop = run_id, stop
+        self.gone = threading.Event()
+
+    def check(self) -> None:
+        if self.gone.is_set():
+            raise RunNotRunning(f"run {self.run_id} is no longer running (cancelled or reaped); not publishing")
+        if self.stop.is_set():
+            raise WorkerShutdown(f"the worker is stopping; run {self.run_id} stops")
+
+    def running(self, still_running: bool) -> None:
+        """Record what a conditional write of the run found, then :meth:`check`."""
+        if not still_running:
+            self.gone.set()
+        self.check()
+
+
+class _Heartbeat:
+    """Background thread updating ``heartbeat_at`` of a running run (and noting, on its guard,
+    when the run is no longer running)."""
+
+    def __init__(self, run_id: int, url: str, interval_s: float, guard: _Guard) -> None:
+        self._run_id, self._url, self._interval, self._guard = run_id, url, interval_s, guard
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
 
@@ -150,31 +215,38 @@ class _Heartbeat:
         while not self._stop.wait(self._interval):
             try:
                 with session_scope(self._url) as s:
-                    runs_store(s).set_heartbeat(self._run_id)
+                    if not runs_store(s).set_heartbeat(self._run_id):
+                        self._guard.gone.set()
             except Exception:  # pragma: no cover - transient DB trouble must not kill training
                 log.warning("heartbeat of run %s failed", self._run_id, exc_info=True)
 
 
-def _progress_writer(run_id: int, url: str) -> Callable[[float, str], None]:
-    """Callback for the core: writes progress (training spans 0.10..0.90) and stage."""
+def _progress_writer(run_id: int, url: str, guard: _Guard) -> Callable[[float, str], None]:
+    """Callback for the core: writes progress (training spans 0.10..0.90) and stage, and stops
+    the training (raises) once the run was cancelled or the process is shutting down."""
     last = [0.0]
 
     def write(fraction: float, stage: str) -> None:
+        guard.check()
         now = time.monotonic()
         if fraction < 1.0 and now - last[0] < 0.5:
             return
         last[0] = now
         try:
-            _set_progress(run_id, url, 0.10 + 0.80 * min(max(float(fraction), 0.0), 1.0), f"training: {stage}"[:64])
+            running = _set_progress(run_id, url, 0.10 + 0.80 * min(max(float(fraction), 0.0), 1.0),
+                                    f"training: {stage}"[:64])
         except Exception as exc:  # noqa: BLE001 - progress is best effort: a database outage must not fail training
             log.warning("progress of run %s not written (%s)", run_id, type(exc).__name__)
+            return
+        guard.running(running)
 
     return write
 
 
-def _set_progress(run_id: int, url: str, progress: float, stage: str) -> None:
+def _set_progress(run_id: int, url: str, progress: float, stage: str) -> bool:
+    """Write progress; False when the run is no longer running."""
     with session_scope(url) as s:
-        runs_store(s).set_progress(run_id, progress, stage)
+        return runs_store(s).set_progress(run_id, progress, stage)
 
 
 def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[str, dict[str, Any] | None]:
@@ -203,9 +275,13 @@ def _claim(run_id: int, url: str, worker: str, stale_after_s: float) -> tuple[st
                         "cohorts": run.cohorts}
 
 
-def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None) -> str:
+def run_training(run_id: int, *, settings: Settings, url: str | None = None, worker: str | None = None,
+                 stop: threading.Event | None = None) -> str:
     """Execute training run ``run_id`` end to end. Returns the run's outcome:
-    'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing'."""
+    'succeeded' | 'failed' | 'busy' (another live worker holds it) | 'missing' | 'cancelled'
+    (cancelled while it ran: stopped at a progress or heartbeat point, nothing published) |
+    'interrupted' (``stop``, by default the process's :func:`request_shutdown`, was set: stopped
+    the same way; queued again before the private read, failed and charged after it)."""
     s_ = settings
     url = open_database(s_, url)
     outcome, info = _claim(run_id, url, worker or _worker_name(), s_.run_stale_after_s)
@@ -215,22 +291,27 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
     assert info is not None
     # a database outage shorter than the reaper's patience is ridden out, not a failed run
     outage_s = s_.run_stale_after_s
+    guard = _Guard(run_id, stop if stop is not None else _SHUTDOWN)
     try:
-        with _Heartbeat(run_id, url, s_.run_heartbeat_s):
-            model = _train(run_id, url, info, outage_s)
-            ride_out_outage(lambda: _set_progress(run_id, url, 0.95, "publishing"), within_s=outage_s)
+        with _Heartbeat(run_id, url, s_.run_heartbeat_s, guard):
+            model = _train(run_id, url, info, outage_s, guard)
+            guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.95, "publishing"), within_s=outage_s))
             ride_out_outage(lambda: _publish(run_id, url, model, s_), within_s=outage_s)
         return "succeeded"
+    except RunNotRunning:  # cancelled (or reaped) meanwhile: its row already says so
+        log.info("training run %s stopped without publishing: it is no longer running", run_id)
+        return "cancelled"
     except BaseException as exc:  # noqa: BLE001 - every failure must land in the run row
         _record_failure(run_id, url, exc, outage_s)
         if not isinstance(exc, Exception):
             raise
-        return "failed"
+        return "interrupted" if isinstance(exc, WorkerShutdown) else "failed"
 
 
 def _record_failure(run_id: int, url: str, exc: BaseException, outage_s: float = 0.0) -> None:
     """Fail the run (refund only before the private read), riding out a database outage of up
-    to ``outage_s``; log nothing derived from the data."""
+    to ``outage_s``; log nothing derived from the data. A run stopped by its worker's shutdown
+    before its private read goes back to the queue instead (reservation kept; the outbox sends it)."""
 
     def fail() -> bool | None:
         with session_scope(url) as s:
@@ -238,6 +319,10 @@ def _record_failure(run_id: int, url: str, exc: BaseException, outage_s: float =
             if run is None or run.status != "running":
                 return None
             read = run.private_data_read
+            if isinstance(exc, WorkerShutdown) and not read:
+                _requeue(run)
+                log.info("training run %s goes back to the queue: its worker stopped before reading data", run_id)
+                return None
             _fail(s, run, exc, actor="worker")
             return read
 
@@ -288,19 +373,21 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     return data, extra_inputs
 
 
-def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float) -> Any:
+def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: _Guard) -> Any:
     """Public checks, the private read and training; each database step rides out an outage of
-    up to ``outage_s`` (:func:`ride_out_outage`)."""
+    up to ``outage_s`` (:func:`ride_out_outage`); ``guard`` stops it between steps and at every
+    progress point."""
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = ride_out_outage(lambda: _public_checks(run_id, url, info, algo, config), within_s=outage_s)
-    ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s)
+    guard.check()
+    guard.running(ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s))
     ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
     if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
         raise RuntimeError("the run's config no longer matches its privacy reservation")
-    ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s)
-    model = algo.train(ratings, config, progress=_progress_writer(run_id, url), **extra_inputs)
+    guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s))
+    model = algo.train(ratings, config, progress=_progress_writer(run_id, url, guard), **extra_inputs)
     del ratings
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")
@@ -309,10 +396,11 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float) -> Any:
     return model
 
 
-def _mark_private_data_read(run_id: int, url: str) -> None:
-    """Commit the point of no refund before the first private byte is read."""
+def _mark_private_data_read(run_id: int, url: str) -> bool:
+    """Commit the point of no refund before the first private byte is read; False (nothing
+    written, nothing to be read) when the run is no longer running (cancelled)."""
     with session_scope(url) as s:
-        runs_store(s).mark_private_data_read(run_id)
+        return runs_store(s).mark_private_data_read(run_id)
 
 
 def _publish(run_id: int, url: str, model, settings: Settings) -> None:

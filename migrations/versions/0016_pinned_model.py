@@ -4,7 +4,7 @@
 the admin unpins it; runs still publish their versions, inactive. False for every existing data set
 (today's behaviour: each publication activates its version).
 
-Revision ID: 0017
+Revision ID: 0016
 Revises: 0015
 Create Date: 2026-11-27
 """
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0017'
+revision = '0016'
 down_revision = '0015'
 branch_labels = None
 depends_on = None
