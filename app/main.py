@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from threadpoolctl import threadpool_limits
@@ -30,7 +29,7 @@ from app.api.routes.health import __version__
 from app.config import DEFAULT_SECRET_KEY, Settings, get_settings
 from app.db.async_read import close_pools
 from app.db.migrate import upgrade_head
-from app.db.session import engine_options, get_sessionmaker, transaction_capacity
+from app.db.session import engine_options, get_sessionmaker
 from app.services import budget, demo
 from app.services.training.embedded_worker import start_embedded_worker
 from app.services.unit_of_work import commit
@@ -84,15 +83,6 @@ def _startup(app: FastAPI, settings: Settings) -> None:
             commit(session)
     if settings.embedded_worker:
         app.state.worker = start_embedded_worker(settings)
-
-
-def _size_request_threads(settings: Settings) -> None:
-    """Run no more synchronous routes at once (the event loop's worker threads) than the database
-    serves transactions (:func:`app.db.session.transaction_capacity`): each such route holds at
-    most one connection at a time, so none waits on the pool or SQLite's lock past their timeouts
-    (a 503 under a burst); the rest wait for a thread in the event loop, which has no timeout."""
-    limiter = anyio.to_thread.current_default_thread_limiter()
-    limiter.total_tokens = transaction_capacity(settings.database_url, engine_options(settings))
 
 
 def _shutdown(app: FastAPI) -> None:
@@ -167,7 +157,6 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        _size_request_threads(settings)
         _startup(app, settings)
         try:
             yield

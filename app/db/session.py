@@ -41,8 +41,6 @@ __all__ = [
     "retry_lock_conflicts",
     "LOCK_CONFLICT_ATTEMPTS",
     "ride_out_outage",
-    "transaction_capacity",
-    "SQLITE_TRANSACTIONS",
 ]
 
 T = TypeVar("T")
@@ -143,23 +141,6 @@ def _create_engine(url: str, options: EngineOptions) -> Engine:
     )
     _ping_after_idle(engine, PING_AFTER_IDLE_S)
     return engine
-
-
-SQLITE_TRANSACTIONS = 1
-"""Transactions one SQLite file serves at once: every one begins IMMEDIATE (one writer at a time),
-so a second would only wait on the lock, counting its wait against the busy timeout (a burst of
-slow transactions, e.g. reservations composing a long ledger, then fails it: measured 9 of 200
-training requests at a 1 s busy timeout with two at a time)."""
-
-
-def transaction_capacity(url: str, options: EngineOptions) -> int:
-    """How many transactions the engine for ``url`` serves at once without any waiting past a
-    timeout: PostgreSQL, every connection of its pool (``pool_size`` plus as many overflow ones);
-    SQLite, :data:`SQLITE_TRANSACTIONS`. A server runs no more request threads than this, so a
-    burst queues in the event loop (no timeout) rather than on the pool (503 after its timeout)."""
-    if make_url(normalise_url(url)).get_backend_name() == "sqlite":
-        return SQLITE_TRANSACTIONS
-    return 2 * options.pool_size
 
 
 def get_engine(url: str, options: EngineOptions = DEFAULT_ENGINE_OPTIONS) -> Engine:
