@@ -39,6 +39,7 @@ a function of her ratings and the released V's only; the item step only sees the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -273,8 +274,12 @@ def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
     return accounting.compose(pre + [dp_event.SelfComposedDpEvent(accounting.compose(step), config.n_steps)])
 
 
+@functools.lru_cache(maxsize=256)
 def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALSConfig:
-    """``config`` with all noise scaled by one factor so the run is (target ε, δ)-DP (RDP)."""
+    """``config`` with all noise scaled by one factor so the run is (target ε, δ)-DP (RDP).
+
+    A pure function of its (hashable, frozen) arguments, memoised: every scheduled retrain and
+    projection of a data set calibrates the same config again (a root search over RDP curves)."""
     accounting.validate_privacy_target(target_epsilon, delta)
     base = config.noise_multiplier
     scale = accounting.calibrate_scale(
