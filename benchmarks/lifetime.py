@@ -720,15 +720,15 @@ def targets(rows: Sequence[dict], life: Life, objective: str, ends: Sequence[int
     """Issue 29's targets for ``policy`` (value 1 = pass): see the module docstring."""
     metric = "rmse" if objective == "rating" else f"recall@{K}"
     mine = {r["dataset"]: r for r in rows if r["algorithm"] == policy and r["metric"] == metric}
-    at = {t: mine.get(f"{life.name}-{objective}@day{t:03d}") for t in ends}
+    at = {t: mine[f"{life.name}-{objective}@day{t:03d}"] for t in ends if f"{life.name}-{objective}@day{t:03d}" in mine}
     ref_day = next((t for t in ends if t >= 60), None)
     checked = [t for t in ends if t >= 90]
     ref = at.get(ref_day) if ref_day is not None else None
     lower_better = objective == "rating"
     within = ref is not None and bool(checked) and all(
-        at[t] is not None and abs(at[t]["value"] / ref["value"] - 1.0) <= 0.10 for t in checked)
+        t in at and abs(at[t]["value"] / ref["value"] - 1.0) <= 0.10 for t in checked)
     not_below = bool(checked) and all(
-        at[t] is not None and (at[t]["value"] <= at[t]["baseline"] if lower_better else at[t]["value"] >= at[t]["baseline"])
+        t in at and (at[t]["value"] <= at[t]["baseline"] if lower_better else at[t]["value"] >= at[t]["baseline"])
         for t in checked)
     crossed = [r["value"] for r in rows if r["algorithm"] == policy and r["metric"] == "crossed_trained_life"
                and r["dataset"] == f"{life.name}-{objective}"]
