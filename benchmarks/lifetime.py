@@ -744,21 +744,34 @@ def targets(rows: Sequence[dict], life: Life, objective: str, ends: Sequence[int
                      delta=DELTA) for name, ok in verdicts.items()]
 
 
-def summary(rows: Sequence[dict]) -> str:
-    """One line per window and policy: quality, baseline, trained shares, blocks, largest block ε."""
-    by: dict[tuple[str, str], dict[str, dict]] = {}
+def summary(rows: Sequence[dict], days: Sequence[int] | None = None) -> str:
+    """Markdown: per life-objective and window end (``days``: only those), each policy side by side:
+    quality (free baseline), items above the count level, trained share, crossed trained, active
+    blocks, largest block ε."""
+    by: dict[str, dict[int, dict[str, dict[str, dict]]]] = {}
     for r in rows:
         if "@day" in r["dataset"]:
-            by.setdefault((r["dataset"], r["algorithm"]), {})[r["metric"]] = r
-    lines = ["| life-objective @ day | policy | quality | free baseline | items above level | trained share "
-             "| crossed trained | active blocks | max block ε |", "|---|---|---|---|---|---|---|---|---|"]
-    for (name, policy), m in sorted(by.items(), key=lambda kv: (kv[0][0].split("@")[0], kv[0][1], kv[0][0])):
-        q = m.get("rmse") or m.get(f"recall@{K}")
-        lines.append(f"| {name} | {policy} | {_f(q, 'value')} | {_f(q, 'baseline')} | "
-                     f"{_f(m.get('items_above_level'), 'value', 0)} | "
-                     f"{_f(m.get('trained_share'), 'value')} | {_f(m.get('crossed_trained'), 'value')} | "
-                     f"{_f(m.get('active_blocks'), 'value', 0)} | {_f(m.get('max_block_epsilon'), 'value', 2)} |")
+            life, day = r["dataset"].split("@day")
+            by.setdefault(life, {}).setdefault(int(day), {}).setdefault(r["algorithm"], {})[r["metric"]] = r
+    policies = [p.name for p in POLICIES]
+    head = " | ".join(f"{p}: quality (baseline) | above | trained | crossed | blocks | max ε" for p in policies)
+    lines = []
+    for life in sorted(by):
+        lines += [f"\n{life}\n", f"| day | {head} |", "|---" * (1 + 6 * len(policies)) + "|"]
+        for day in sorted(by[life]):
+            if days is not None and day not in days:
+                continue
+            cells = [_cells(by[life][day].get(p, {})) for p in policies]
+            lines.append(f"| {day} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cells(m: dict[str, dict]) -> str:
+    q = m.get("rmse") or m.get(f"recall@{K}")
+    quality = f"{_f(q, 'value')} ({_f(q, 'baseline')})" if q is not None else "-"
+    return " | ".join([quality, _f(m.get("items_above_level"), "value", 0), _f(m.get("trained_share"), "value"),
+                       _f(m.get("crossed_trained"), "value"), _f(m.get("active_blocks"), "value", 0),
+                       _f(m.get("max_block_epsilon"), "value", 2)])
 
 
 def _f(row: dict | None, key: str, places: int = 3) -> str:
