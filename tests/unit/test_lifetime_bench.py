@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from app.core.mf.dpals import DPALSConfig, calibrate
+from app.core.mf.dpals import DPALSConfig, calibrate, event_scale
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.privacy.blocks import LEGACY
 from benchmarks import harness
@@ -144,9 +144,22 @@ def test_the_targets_pass_and_fail_on_their_numbers() -> None:
                         "target_count_level_trained": 1.0, "target_blocks_within_cap": 1.0}
 
 
-def test_dpals_calibration_is_memoised_and_pure() -> None:
-    config = DPALSConfig(rank=4, n_steps=2)
-    before = calibrate.cache_info().hits
-    first, again = calibrate(1.0, 1e-6, config), calibrate(1.0, 1e-6, config)
-    assert again == first and calibrate.cache_info().hits >= before + 1
-    assert calibrate(2.0, 1e-6, config).noise_multiplier < first.noise_multiplier
+def test_dpals_calibration_is_memoised_on_the_event_shape() -> None:
+    """The memo gives exactly the root search's answer, and configs that differ only outside the
+    event (rank, ridge, popularity prior) share one search."""
+    from dataclasses import replace as with_
+
+    from app.core.mf.dpals import dpals_event
+    from app.core.privacy import accounting
+
+    config = DPALSConfig(rank=4, n_steps=2, noise_multiplier=3.0)
+    direct = accounting.calibrate_scale(lambda s: dpals_event(with_(config, noise_multiplier=3.0 * s)), 1.0, 1e-6,
+                                        lower=1e-4 / 3.0, upper=1e6 / 3.0)
+    assert calibrate(1.0, 1e-6, config).noise_multiplier == 3.0 * direct
+    before = event_scale.cache_info()
+    other = calibrate(1.0, 1e-6, with_(config, rank=16, reg_item=10.0, user_bias_shrinkage=1.0))
+    after = event_scale.cache_info()
+    assert other.noise_multiplier == 3.0 * direct and other.rank == 16
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    assert calibrate(2.0, 1e-6, config).noise_multiplier < 3.0 * direct
+    assert calibrate(1.0, 1e-6, with_(config, n_steps=3)).noise_multiplier > 3.0 * direct  # the shape changed
