@@ -54,9 +54,11 @@ window from day 90 within 10 % of the day-60 window's (``quality_within_10pct``)
 free baseline (``quality_not_below_baseline``), ``crossed_trained`` >= 0.95 over the life
 (``count_level_trained``), every block within its cap at every window (``blocks_within_cap``).
 
-Cost (2 cores): the full form (730 days, 3 seeds, both objectives, three lives) about 35-55 min,
-mostly the ledger replay (~0.1 s per run) and the window trainings; the quick form (180 days, 20,000
-arrivals a year, 14-day windows, the rating objective, one seed, the steady life) about 1 min.
+Cost, measured on the shared 2-core VM (docs/benchmarks.md has the run): the quick form (180
+days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the steady life) 63 s
+wall, 18 CPU-seconds; the full form (730 days, 3 seeds, both objectives, steady and growing lives,
+ML-100K) about 30 CPU-minutes, mostly the daily ledger replay (about 0.1 s a run: calibration,
+block selection, the reservation) and the window trainings and evaluations.
 """
 
 from __future__ import annotations
