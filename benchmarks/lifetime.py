@@ -56,9 +56,10 @@ free baseline (``quality_not_below_baseline``), ``crossed_trained`` >= 0.95 over
 
 Cost, measured on the shared 2-core VM (docs/benchmarks.md has the run): the quick form (180
 days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the steady life) 63 s
-wall, 18 CPU-seconds; the full form (730 days, 3 seeds, both objectives, steady and growing lives,
-ML-100K) about 30 CPU-minutes, mostly the daily ledger replay (about 0.1 s a run: calibration,
-block selection, the reservation) and the window trainings and evaluations.
+wall, 18 CPU-seconds. The full form (730 days, 3 seeds, both objectives, steady and growing lives,
+ML-100K) has not yet run end to end: its parts took 18.5 CPU-minutes (steady life, before the
+calibration memo), 3.5 (ML-100K and the growing rating life) and more than 11 (growing ranking life,
+unfinished), mostly the daily ledger replay and the ranking evaluations.
 """
 
 from __future__ import annotations
