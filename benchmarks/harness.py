@@ -64,6 +64,7 @@ SUITES: dict[str, str] = {
     "audit": "benchmarks.audit",
     "cli": "benchmarks.cli",
     "ledger": "benchmarks.ledger",
+    "lifetime": "benchmarks.lifetime",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

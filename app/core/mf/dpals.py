@@ -39,6 +39,7 @@ a function of her ratings and the released V's only; the item step only sees the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -81,6 +82,8 @@ __all__ = [
     "public_config",
     "event_parameters",
     "calibrate",
+    "EVENT_FIELDS",
+    "event_scale",
     "preprocess",
     "train_dpals",
     "fit_dpals",
@@ -275,15 +278,31 @@ def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
     return accounting.compose(pre + [dp_event.SelfComposedDpEvent(accounting.compose(step), config.n_steps)])
 
 
+#: every config field :func:`dpals_event` reads: the calibration's only input besides (ε, δ)
+EVENT_FIELDS = ("noise_multiplier", "count_noise_ratio", "mean_mode", "mean_noise_ratio", "item_bias",
+                "bias_noise_ratio", "reg_gravity", "gravity_noise_ratio", "gram_noise_ratio", "n_steps")
+
+
 def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALSConfig:
-    """``config`` with all noise scaled by one factor so the run is (target ε, δ)-DP (RDP)."""
+    """``config`` with all noise scaled by one factor so the run is (target ε, δ)-DP (RDP).
+
+    The factor depends on ``config`` only through :data:`EVENT_FIELDS`, so it is computed once per
+    (ε, δ, event shape) (:func:`event_scale`): every scheduled retrain and projection of a data set
+    calibrates the same shape again, whatever its other hyper-parameters."""
     accounting.validate_privacy_target(target_epsilon, delta)
-    base = config.noise_multiplier
-    scale = accounting.calibrate_scale(
-        lambda s: dpals_event(replace(config, noise_multiplier=base * s)), target_epsilon, delta,
+    shape = replace(DPALSConfig(), **{name: getattr(config, name) for name in EVENT_FIELDS})
+    return replace(config, noise_multiplier=config.noise_multiplier * event_scale(target_epsilon, delta, shape))
+
+
+@functools.lru_cache(maxsize=256)
+def event_scale(target_epsilon: float, delta: float, shape: DPALSConfig) -> float:
+    """The factor on ``shape``'s noise that makes its event (target ε, δ)-DP (a root search over
+    RDP curves; memoised, a pure function of its hashable, frozen arguments)."""
+    base = shape.noise_multiplier
+    return accounting.calibrate_scale(
+        lambda s: dpals_event(replace(shape, noise_multiplier=base * s)), target_epsilon, delta,
         lower=1e-4 / base, upper=1e6 / base,
     )
-    return replace(config, noise_multiplier=base * scale)
 
 
 # ---------------------------------------------------------------------------- pre-processing
