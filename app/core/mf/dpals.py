@@ -64,8 +64,10 @@ from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_n
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
+from app.core.privacy.exact_sums import exact_bincount, exact_sum, fixed_quantum, fixed_terms, floor_weights
+from app.core.privacy.keyed import KeyedRandomness, user_hashes
 from app.core.privacy.releaser import GaussianReleaser
-from app.core.privacy.sampling import clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
+from app.core.privacy.sampling import KeysOf, clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
 
 __all__ = [
     "CONTRIBUTION_MODES",
@@ -300,21 +302,29 @@ class Preprocessed:
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
 
 
-def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int) -> np.ndarray:
-    """Per-item (weighted) counts: the statistic of both count releases."""
-    return np.bincount(cols, weights=weights, minlength=n_items).astype(np.float64)
+def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int, budget: float = 1.0) -> np.ndarray:
+    """Per-item (weighted) counts: the statistic of both count releases; exact sums in any order
+    (weights from :func:`adaptive_weights` with the same ``budget``: multiples of its quantum)."""
+    if weights is None:
+        return exact_bincount(cols, None, n_items)
+    bound = math.sqrt(budget)
+    return exact_bincount(cols, weights / fixed_quantum(bound), n_items, bound)
 
 
-def mean_statistics(values: np.ndarray, midpoint: float) -> tuple[float, float]:
-    """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean."""
-    return float(np.sum(values - midpoint)), float(len(values))
+def mean_statistics(values: np.ndarray, midpoint: float, half_range: float) -> tuple[float, float]:
+    """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean, each term on
+    the fixed-point grid of its bound h (``app.core.privacy.exact_sums``): exact in any order."""
+    return exact_sum(fixed_terms(values - midpoint, half_range), half_range), float(len(values))
 
 
 def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
-    """c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}), so Σ_j c_ij² = B for every user."""
+    """ĉ_ij: c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}) (Σ_j c_ij² = B for every user) rounded
+    down to the fixed-point grid of sqrt(B) (``exact_sums.floor_weights``: Σ_j ĉ_ij² <= B). A
+    function of user i's own items and the released counts only."""
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
     per_user = np.bincount(rows, weights=powered)
-    return np.asarray(np.sqrt(budget * powered / per_user[rows]))
+    bound = math.sqrt(budget)
+    return floor_weights(np.sqrt(budget * powered / per_user[rows]), bound) * fixed_quantum(bound)
 
 
 @dataclass(frozen=True)
@@ -346,12 +356,28 @@ def count_noise_std(config: DPALSConfig) -> float:
     return count_sensitivity(config.contribution_bound) * config.noise_multipliers()["counts"]
 
 
+def rating_keys(ratings: Ratings, keyed: KeyedRandomness, stage: int,
+                rows: np.ndarray | None = None, items: np.ndarray | None = None) -> KeysOf:
+    """keys(start, stop): the uniform sampling keys of entries [start, stop) (user positions
+    ``rows``, catalogue positions ``items``; default: the ratings in CSR order), each a keyed hash
+    of the user's external id and the item (``app.core.privacy.keyed``): partition-free."""
+    hashes = user_hashes(ratings.user_ids)
+    if rows is None:
+        rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())
+    cols = ratings.csr.indices if items is None else items
+
+    def keys(start: int, stop: int) -> np.ndarray:
+        return keyed.rating_uniforms(stage, hashes[rows[start:stop]], cols[start:stop])
+
+    return keys
+
+
 def public_preprocessing(
-    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator
+    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness
 ) -> PublicState:
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     k = config.contribution_bound
-    sample = per_user_sample(ratings, k, rng)
+    sample = per_user_sample(ratings, k, rating_keys(ratings, keyed, 0))
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
     counts = releaser.vector(
         "item_counts", count_statistic(cols[sample], None, ratings.n_items), count_sensitivity(k),
@@ -404,9 +430,9 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
     residual -= offsets[rows]
-    terms = np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    terms = fixed_terms(np.clip(residual, -config.clip_bias, config.clip_bias, out=residual), config.clip_bias)
     cols = ratings.csr.indices  # CSR order, as ``sample``
-    return np.bincount(cols[sample], weights=terms[sample], minlength=ratings.n_items).astype(np.float64)
+    return exact_bincount(cols[sample], terms[sample], ratings.n_items, config.clip_bias)
 
 
 def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: float, config: DPALSConfig) -> np.ndarray:
@@ -435,17 +461,18 @@ def _item_biases(
     return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
 
 
-def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
+def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, keyed: KeyedRandomness) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
-    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
+    keys = rating_keys(ratings, keyed, 1, f_rows, public.frequent[f_cols])
+    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, keys)
     f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     del on_frequent
     kept_weights = None if weights is None else weights[kept]
     del weights
     kept_cols = f_cols[kept]
-    recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent)
+    recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent, config.contribution_bound)
     # the item plan first (its sort's temporaries), then the user plan: the two never peak together
     item_plan = _plan(f_rows[kept], kept_cols, f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True)
     del kept, kept_cols, kept_weights
@@ -489,10 +516,10 @@ def _frequent_values(
     return np.asarray(f_vals)
 
 
-def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
+def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness) -> Preprocessed:
     """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
-    public = public_preprocessing(ratings, config, releaser, rng)
-    bounded = bound_contributions(ratings, config, public, rng)
+    public = public_preprocessing(ratings, config, releaser, keyed)
+    bounded = bound_contributions(ratings, config, public, keyed)
     recounts = releaser.vector(
         "item_recounts", bounded.recount_statistic, math.sqrt(config.contribution_bound),
         config.noise_multipliers()["counts"],
@@ -512,7 +539,7 @@ def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianRel
     if config.mean_mode == "public":
         return config.midpoint if config.public_mean is None else float(config.public_mean)
     k, h = config.contribution_bound, config.half_range
-    total, count = mean_statistics(sampled, config.midpoint)
+    total, count = mean_statistics(sampled, config.midpoint, h)
     z = config.noise_multipliers()["mean"]
     noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
     noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
@@ -521,19 +548,19 @@ def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianRel
 
 
 def _bound_contributions(
-    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator
+    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, uniforms: KeysOf
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² = B."""
+    """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² <= B.
+    ``uniforms(start, stop)``: the keyed sampling keys of entries [start, stop) (O(chunk) memory)."""
     k = config.contribution_bound
-    # keys drawn chunk by chunk (rows are in CSR order): the same stream as one draw, O(chunk) memory
     if config.contribution_mode == "uniform":
-        return lowest_k_per_row(rows, lambda start, stop: rng.random(stop - start), k), None
+        return lowest_k_per_row(rows, uniforms, k), None
     if config.contribution_mode == "tail":
         # the k least frequent items of each user (ties broken at random)
         top = 1.0 + counts.max()
 
         def keys(start: int, stop: int) -> np.ndarray:
-            return np.asarray(counts[cols[start:stop]] + 0.5 * rng.random(stop - start) / top)
+            return np.asarray(counts[cols[start:stop]] + 0.5 * uniforms(start, stop) / top)
 
         return lowest_k_per_row(rows, keys, k), None
     weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
@@ -605,12 +632,16 @@ def _item_step(
         k_noisy = releaser.symmetric("gravity_gram", user_factors.T @ user_factors, gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
-    # One release each for {Ã_j} and {b̃_j} over all trained items; the noise is drawn chunk by
-    # chunk (items with no selected rating included) to keep memory at O(chunk · r²).
+    # One release each for {Ã_j} and {b̃_j} over all trained items; the statistics are formed and
+    # noised chunk by chunk (items with no selected rating included) to keep memory at O(chunk · r²),
+    # each item's noise from its own stream keyed by the release and its catalogue position (the
+    # same draws whatever the chunks: docs/algorithms.md §7).
     # items whose statistics one user can change (rounding bound): k when sampling, all otherwise
     bound = n_items if config.contribution_mode == "adaptive_weights" else min(config.contribution_bound, n_items)
     grid_gram = releaser.record_grid("item_grams", sqrt_b * gamma_u**2, z["gram"], bound * rank * (rank + 1) // 2)
+    gram_noise = releaser.noise_key()
     grid_linear = releaser.record_grid("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"], bound * rank)
+    linear_noise = releaser.noise_key()
     ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
     kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
@@ -618,15 +649,13 @@ def _item_step(
     chunks = list(_item_chunks(prep.item_plan))
     factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     mirrored = config.gram_pooling > 0 or kappa > 0
-    # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
-    children = releaser.noise_streams(len(chunks))
 
-    def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
-        chunk, child = job
-        items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
+    def release_chunk(chunk: Bucket | np.ndarray) -> _ReleasedChunk:
+        items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts, gamma_m)
+        positions = prep.frequent[items]  # catalogue positions: the noise's public index
         # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
-        gram = grid_gram.release_symmetric(child, gram, out=gram, mirror=mirrored)
-        b = grid_linear.release(child, b)
+        gram = grid_gram.release_symmetric(gram_noise.at(positions), gram, out=gram, mirror=mirrored)
+        b = grid_linear.release(linear_noise.at(positions), b)
         releaser.observe("item_grams", items, gram)  # a no-op outside the test-only audit tap
         releaser.observe("item_linear", items, b)
         return items, gram, b
@@ -636,12 +665,11 @@ def _item_step(
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
                                                shifts)
 
-    jobs = zip(chunks, children, strict=True)
     if config.gram_pooling == 0:
-        parallel_map(lambda job: solve(release_chunk(job)), jobs)  # chunks own disjoint items
+        parallel_map(lambda chunk: solve(release_chunk(chunk)), chunks)  # chunks own disjoint items
         return item_factors
     # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
-    released_chunks = parallel_map(release_chunk, jobs)
+    released_chunks = parallel_map(release_chunk, chunks)
     mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std)
 
     def solve_pooled(released: _ReleasedChunk) -> None:
@@ -665,7 +693,7 @@ def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float)
     post-processing. The sum's noise is √n_frequent · σ_A per entry against Σ_j c_j of signal, so Ā
     is far less noisy than any single Ã_j. c* = 0 (no pooling) if tr Ā is not positive.
     """
-    total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)
+    total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)  # post-processing: its order is free
     mean_gram = total / max(float(recounts.sum()), 1.0)
     per_entry = float(np.trace(mean_gram)) / mean_gram.shape[0]
     return mean_gram, (noise_std / per_entry if per_entry > 0 else 0.0)
@@ -706,13 +734,14 @@ def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
 
 
 def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, rank: int,
-                      counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      counts: np.ndarray, target_clip: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(items, Σ c_ij x xᵀ, Σ c_ij M_ij x) of one chunk (zeros for items without data), x = √c_ij·u_i
     quantised within its clip (:func:`app.core.mf.als.bucket_quantised_gram`: exact sums, each
-    user's term within the bound the sensitivities assume); the Grams' upper triangles only (their
-    release reads nothing else). ``counts``: the plan's per item."""
+    user's term within the bound the sensitivities assume, targets within Γ_M = ``target_clip``);
+    the Grams' upper triangles only (their release reads nothing else). ``counts``: the plan's per
+    item."""
     if isinstance(chunk, Bucket):
-        return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows]))
+        return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows], target_clip))
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 
@@ -875,7 +904,6 @@ def fit_dpals(
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
-    rng: np.random.Generator | None = None,
     public_terms: PublicTermsHook | None = None,
 ) -> DPALSFit:
     """Run DPALS; check the releases made against the reserved event.
@@ -888,11 +916,11 @@ def fit_dpals(
     _validate_for_training(ratings, config)
     if config.objective == "ranking":
         ratings = positives(ratings, config.threshold)
-    rng = np.random.default_rng(config.seed) if rng is None else rng
-    releaser = GaussianReleaser(rng)
-    prep = preprocess(ratings, config, releaser, rng)
+    keyed = KeyedRandomness(config.seed)  # every draw keyed by the seed and a public index (§7)
+    releaser = GaussianReleaser(None, keyed)
+    prep = preprocess(ratings, config, releaser, keyed)
     user_reg = user_regularisation(config)
-    item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
+    item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
     released = PublicState(
         global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
     )
@@ -941,13 +969,12 @@ def train_dpals(
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
-    rng: np.random.Generator | None = None,
 ) -> PublicModel:
     """Train DPALS and return the public model whose ``event`` accounts for every release.
 
-    ``rng`` defaults to ``default_rng(config.seed)``; tests pass an instrumented generator.
+    Every random draw is keyed by ``config.seed`` and a public index (docs/algorithms.md §7).
     """
-    fit = fit_dpals(ratings, config, progress=progress, rng=rng)
+    fit = fit_dpals(ratings, config, progress=progress)
     return public_model(ratings, config, fit)
 
 
