@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Self
 
@@ -60,7 +60,15 @@ from app.core.mf.als import (
     solve_side,
     solve_side_cg,
 )
-from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
+from app.core.mf.linalg import (
+    add_to_diagonal,
+    exact_upper_gram_and_rhs,
+    gram_quantum,
+    noise_edge,
+    project_psd,
+    quantise_table,
+    solve_noisy_systems,
+)
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
@@ -76,6 +84,10 @@ __all__ = [
     "PublicState",
     "BoundedData",
     "public_preprocessing",
+    "item_statistics",
+    "gravity_statistic",
+    "reduce_exact",
+    "rating_keys",
     "count_sensitivity",
     "count_noise_std",
     "bound_contributions",
@@ -627,9 +639,9 @@ def _item_step(
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
     n_items = len(prep.frequent)
     gravity = None
-    user_factors = padded[:-1]
+    factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     if config.reg_gravity > 0:
-        k_noisy = releaser.symmetric("gravity_gram", user_factors.T @ user_factors, gamma_u**2, z["gravity"])
+        k_noisy = releaser.symmetric("gravity_gram", gravity_statistic(factors), gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
     # One release each for {Ã_j} and {b̃_j} over all trained items; the statistics are formed and
@@ -647,7 +659,6 @@ def _item_step(
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
     item_factors = np.empty((n_items, rank))
     chunks = list(_item_chunks(prep.item_plan))
-    factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     mirrored = config.gram_pooling > 0 or kappa > 0
 
     def release_chunk(chunk: Bucket | np.ndarray) -> _ReleasedChunk:
@@ -670,7 +681,8 @@ def _item_step(
         return item_factors
     # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
     released_chunks = parallel_map(release_chunk, chunks)
-    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std)
+    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std,
+                                   grid_gram.grid)
 
     def solve_pooled(released: _ReleasedChunk) -> None:
         items, gram, b = released
@@ -684,7 +696,8 @@ def _item_step(
 _ReleasedChunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # (trained-item positions, Ã_j, b̃_j)
 
 
-def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float) -> tuple[np.ndarray, float]:
+def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float,
+                grid: float | None = None) -> tuple[np.ndarray, float]:
     """(Ā, c*): the pooled Gram per unit of contribution weight, Ā = Σ_j Ã_j / Σ_j c̃_j over all
     trained items, and c* = σ_A / (tr Ā / r), the weight at which an item's Gram signal per entry
     (≈ c_j · tr Ā / r) equals the release's noise std σ_A.
@@ -693,7 +706,11 @@ def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float)
     post-processing. The sum's noise is √n_frequent · σ_A per entry against Σ_j c_j of signal, so Ā
     is far less noisy than any single Ã_j. c* = 0 (no pooling) if tr Ā is not positive.
     """
-    total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)  # post-processing: its order is free
+    if grid is None:
+        total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)
+    else:  # released grams are multiples of the grid: summed as integers, the same in any chunking (§7)
+        counts = np.sum([np.rint(gram / grid).astype(np.int64).sum(axis=0) for gram in grams], axis=0)
+        total = counts.astype(np.float64) * grid
     mean_gram = total / max(float(recounts.sum()), 1.0)
     per_entry = float(np.trace(mean_gram)) / mean_gram.shape[0]
     return mean_gram, (noise_std / per_entry if per_entry > 0 else 0.0)
@@ -743,6 +760,50 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, ran
     if isinstance(chunk, Bucket):
         return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows], target_clip))
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
+
+
+def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The item step's exact statistics of one partition of the users: (Σ_i c_ij x xᵀ upper
+    triangles, Σ_i c_ij M_ij x) for every trained item of ``plan`` (the partition's bounded item
+    plan, :func:`bound_contributions`), ``padded`` its users' clipped factors and a zero row.
+
+    The seam a distributed driver calls per partition: the partitions' results added in any
+    order (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the
+    in-process item step forms chunk by chunk; noise is then drawn per item (§7)."""
+    rank = config.rank
+    grams, rhs = np.zeros((plan.n_rows, rank, rank)), np.zeros((plan.n_rows, rank))
+    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    for bucket in plan.buckets:
+        items, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
+        grams[items], rhs[items] = np.triu(gram), b
+    return grams, rhs
+
+
+def reduce_exact(parts: Iterable[Any]) -> Any:
+    """Σ of the partitions' exact statistics (arrays, floats or tuples of them, elementwise): each
+    is an integer multiple of a public power of two within the fixed-point capacity, so every
+    partial sum is exact and the result does not depend on the partitions or their order."""
+    parts = list(parts)
+    if isinstance(parts[0], tuple):
+        return tuple(reduce_exact(column) for column in zip(*parts, strict=True))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def gravity_statistic(factors: QuantisedFactors) -> np.ndarray:
+    """K = Σ_i x_i x_iᵀ over the quantised clipped user factors (symmetric; the release reads the
+    upper triangle): each x_i within Γ_u (``quantise_table``), the sum exact in any order
+    (``exact_upper_gram_and_rhs``: one group of all users), so ‖x xᵀ‖_F <= Γ_u² holds for the
+    terms summed. ``factors.table`` carries U and a trailing zero row."""
+    integers = factors.integers if factors.integers is not None else quantise_table(factors.table, factors.clip)
+    rows = integers[None, :-1]
+    n_users = rows.shape[1]
+    gram, _ = exact_upper_gram_and_rhs(rows, np.zeros((1, n_users), dtype=np.int64), np.array([n_users]),
+                                       gram_quantum(factors.clip), 1.0)
+    upper = np.triu(gram[0])
+    return np.asarray(upper + np.triu(upper, 1).T)
 
 
 def _rows_of(public: PublicItemTerms | None, items: np.ndarray) -> PublicItemTerms | None:

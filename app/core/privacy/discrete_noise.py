@@ -577,10 +577,9 @@ def _noise(rng: NoiseSource, sigma: int, shape: tuple[int, ...]) -> np.ndarray:
     """The release's integer noise: from ``rng`` (a numpy Generator), or from a keyed source with
     its own ``discrete_gaussian(sigma, shape)`` (``app.core.privacy.keyed.IndexedNoise``: each row
     from its public index's stream)."""
-    keyed = getattr(rng, "discrete_gaussian", None)
-    if keyed is not None and not isinstance(rng, np.random.Generator):
-        return np.asarray(keyed(sigma, shape))
-    return discrete_gaussian(rng, sigma, shape)
+    if isinstance(rng, np.random.Generator) or not hasattr(rng, "discrete_gaussian"):  # a generator (or a test double)
+        return discrete_gaussian(cast(np.random.Generator, rng), sigma, shape)
+    return np.asarray(rng.discrete_gaussian(sigma, shape))
 
 
 @_compiled

@@ -13,8 +13,10 @@ terms. Terms are integers below 2^21 in magnitude, carried as float64: any sum o
 of them (4·10⁹ terms per statistic entry) has every partial sum an integer below 2^53, so
 float64 addition is exact in any order and the total times the power of two q is exact too.
 (That capacity is a documented limit, not checked: a refusal would depend on the data's size.)
-Rounding moves each term by at most q/2 <= bound·2^-21 ≈ 4.8·10⁻⁷·bound, against noise of at
-least the release's sensitivity (>= bound) times its multiplier.
+Rounding moves each term by at most q/2 (q within a quantum of the bound, where the clip acts),
+q <= bound·2^-20 ≈ 9.5·10⁻⁷·bound, against noise of at least the release's sensitivity (>= bound)
+times its multiplier: n terms move a sum by at most n·q, and by about √n·q/√12 when the
+rounding errors are spread.
 
 Non-negative weights whose squares a user's sensitivity sums (the adaptive weights c_ij, Σ_j c_ij²
 <= B) are rounded down instead (:func:`floor_weights`), after a 2^-30 relative margin that covers

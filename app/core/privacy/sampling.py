@@ -52,11 +52,13 @@ def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int, *, chunk
     ``chunk`` (entries per pass) exists for tests and tuning; the mask does not depend on it.
     """
     n = len(rows)
-    if n and not bool(np.all(rows[1:] >= rows[:-1])):
+    if n == 0:  # no entries (an empty partition, an empty data set): nothing to select
+        return np.ones(0, dtype=bool)
+    if not bool(np.all(rows[1:] >= rows[:-1])):
         values = keys(0, n) if callable(keys) else keys
         return _lowest_k_in_chunk(rows, values, k)
     keep = np.ones(n, dtype=bool)
-    ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1 if n else np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1
     bounds = np.concatenate([[0], ends, [n]])
     for first, last in _row_chunks(bounds, chunk):
         start, stop = int(bounds[first]), int(bounds[last])
