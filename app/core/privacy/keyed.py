@@ -159,9 +159,9 @@ def stream_state(key: np.ndarray, indices: np.ndarray) -> np.ndarray:
 
 
 def _proposal_budget(n: int) -> int:
-    """Proposals of an index's first block: its accepted draws (≈ 0.76 each) exceed n but for a
-    ~10⁻¹² chance (mean n + 3√n + 12, sd ≈ 0.45√n); the rest is drawn by the reference."""
-    return int(n / 0.76 + 4.0 * math.sqrt(n) + 16)
+    """Proposals of an index's first block: its accepted draws (≈ 0.76 each) reach n but for a
+    ~10⁻⁶ chance (mean n + 2.3√n + 12, sd ≈ 0.43√n); the rest is drawn by the reference."""
+    return int(n / 0.76 + 3.0 * math.sqrt(n) + 16)
 
 
 def stream_discrete_gaussian(key: np.ndarray, sigma: int, index: int, n: int, margin: float = _MARGIN) -> np.ndarray:
@@ -191,19 +191,35 @@ def stream_discrete_gaussian(key: np.ndarray, sigma: int, index: int, n: int, ma
 
 def keyed_discrete_gaussian(key: np.ndarray, sigma: int, indices: np.ndarray, n: int) -> np.ndarray:
     """(len(indices), n) draws, row i equal to ``stream_discrete_gaussian(key, sigma, indices[i], n)``:
-    one compiled pass over all indices (no Python per index), the reference only for the rare
-    index whose first block leaves a decision open or runs short."""
+    batches of indices, each in three passes (compiled: every stream's first block of raw words,
+    split into cells; numpy's vectorised log of the cell centres, as the reference takes it;
+    compiled: the reference's fast-path decisions in order), no Python per index; the reference
+    redraws only the rare index whose first block leaves a decision open or runs short."""
     indices = np.asarray(indices, dtype=np.int64)
     out = np.zeros((len(indices), n), dtype=np.int64)
     if noise_is_off() or n == 0 or len(indices) == 0:
         return out
     if not isinstance(sigma, (int, np.integer)) or not 1 <= sigma < (1 << 40):
         raise ValueError("sigma must be an integer in [1, 2^40)")
+    budget = _proposal_budget(n)
+    states = stream_state(key, indices)
     done = np.zeros(len(indices), dtype=np.bool_)
-    _kernels()[1](stream_state(key, indices), float(sigma), _proposal_budget(n), _MARGIN, _LN_CELLS, out, done)
+    _, fill, decide = _kernels()
+    batch = max(1, min(len(indices), _BATCH_WORDS // (2 * budget)))
+    cells = np.empty((batch, 2 * budget), dtype=np.int64)
+    logs = np.empty((batch, 2 * budget))
+    for first in range(0, len(indices), batch):
+        rows = slice(first, min(first + batch, len(indices)))
+        size = rows.stop - rows.start
+        fill(states[rows], cells[:size], logs[:size])
+        np.log(logs[:size], out=logs[:size])
+        decide(cells[:size], logs[:size], float(sigma), _MARGIN, _LN_CELLS, out[rows], done[rows])
     for row in np.flatnonzero(~done):
         out[row] = stream_discrete_gaussian(key, int(sigma), int(indices[row]), n)
     return out
+
+
+_BATCH_WORDS = 1 << 15  # raw words per batch of streams (256 KiB of cells, 256 KiB of logs: in cache)
 
 
 # ----------------------------------------------------------------------------- compiled kernels
@@ -224,51 +240,67 @@ def _warm_up_loop(states: np.ndarray) -> None:
             _sfc64_next(states[i])
 
 
-def _keyed_gaussian_loop(states: np.ndarray, sigma: float, budget: int, margin: float, ln_cells: float,
-                         out: np.ndarray, done: np.ndarray) -> None:
-    """Each stream's proposals in order, as :func:`stream_discrete_gaussian`'s first block: U₁'s
-    cell (top 53 bits of one raw word), U₂'s cell and sign (top 54 bits of the next), the fast path
-    of ``discrete_noise._gaussian_fast_path`` (same float64 arithmetic and margins; scalar libm
-    ``log``, within 1 ulp, inside the error bound the margin covers). A stream is done when n
-    proposals are accepted with every decision before the last one settled by the float bounds
-    within the first block; otherwise the caller redraws it by the reference."""
+def _fill_loop(states: np.ndarray, cells: np.ndarray, centres: np.ndarray) -> None:
+    """Each stream's first block, as :func:`stream_discrete_gaussian` splits it: raw words in
+    pairs, U₁'s 53-bit cell from the first (word >> 11), U₂'s cell and sign bit from the second
+    (word >> 10); ``centres`` the float64 cell + ½ of each (U₂'s without the sign bit), whose
+    log the caller takes. The SFC64 step of numpy's ``sfc64_next``, in registers."""
+    one, r11, r10, r3, r24, r40 = (np.uint64(1), np.uint64(11), np.uint64(10), np.uint64(3), np.uint64(24),
+                                   np.uint64(40))
+    for i in range(cells.shape[0]):
+        a, b, c, w = states[i, 0], states[i, 1], states[i, 2], states[i, 3]
+        for k in range(0, cells.shape[1], 2):
+            tmp = a + b + w  # U₁'s word
+            a, b, c, w = b ^ (b >> r11), c + (c << r3), ((c << r24) | (c >> r40)) + tmp, w + one
+            cell = np.int64(tmp >> r11)
+            cells[i, k] = cell
+            centres[i, k] = np.float64(cell) + 0.5
+            tmp = a + b + w  # U₂'s word
+            a, b, c, w = b ^ (b >> r11), c + (c << r3), ((c << r24) | (c >> r40)) + tmp, w + one
+            cell = np.int64(tmp >> r10)
+            cells[i, k + 1] = cell
+            centres[i, k + 1] = np.float64(cell >> 1) + 0.5
+
+
+def _decide_loop(cells: np.ndarray, logs: np.ndarray, sigma: float, margin: float, ln_cells: float,
+                 out: np.ndarray, done: np.ndarray) -> None:
+    """Each stream's proposals in order through the fast path of
+    ``discrete_noise._gaussian_fast_path`` (the same float64 arithmetic on the same numpy logs).
+    A stream is done when n proposals are accepted with every decision up to the last of them
+    settled by the float bounds; otherwise the caller redraws it by the reference."""
     n = out.shape[1]
     inv = 1.0 / (sigma * math.sqrt(2.0))
-    for i in range(states.shape[0]):
-        state = states[i]
+    for i in range(cells.shape[0]):
         have = 0
-        for _ in range(budget):
-            first = np.int64(_sfc64_next(state) >> np.uint64(11))
-            second = np.int64(_sfc64_next(state) >> np.uint64(10))
-            f_first = np.float64(first)
-            x = sigma * (ln_cells - math.log(f_first + 0.5))
-            magnitude = math.floor(x)
-            slack = sigma * (1.0 / f_first) + (x + 64.0 * sigma) * margin
+        for p in range(cells.shape[1] // 2):
+            first, second = cells[i, 2 * p], cells[i, 2 * p + 1]
+            x = sigma * (ln_cells - logs[i, 2 * p])
+            magnitude = np.floor(x)
+            slack = sigma * (1.0 / first) + (x + 64.0 * sigma) * margin
             scaled_gap = (magnitude - sigma) * inv
             gamma = scaled_gap * scaled_gap
-            y2 = ln_cells - math.log(np.float64(second >> 1) + 0.5)
+            y2 = ln_cells - logs[i, 2 * p + 1]
             gap = y2 - gamma
-            sure = ((x - magnitude > slack) and (magnitude + 1.0 - x > slack)
-                    and (abs(gap) > (1.0 / np.float64(second >> 1)) + (y2 + gamma + 64.0) * margin))
+            sure = ((x - magnitude > slack) & (magnitude + 1.0 - x > slack)
+                    & (abs(gap) > (1.0 / (second >> 1)) + (y2 + gamma + 64.0) * margin))
             if not sure:
                 break
             value = np.int64(magnitude)
             negative = (second & 1) == 1
-            if gap > 0 and not (negative and value == 0):
-                out[i, have] = -value if negative else value
-                have += 1
-                if have == n:
-                    done[i] = True
-                    break
+            out[i, min(have, n - 1)] = (1 - 2 * (second & 1)) * value
+            have += int((gap > 0) & ~(negative & (value == 0)))
+            if have == n:
+                done[i] = True
+                break
 
 
 @functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
+def _kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     from numba import njit  # pylint: disable=import-outside-toplevel
 
     def compile_(fn: Callable[..., Any]) -> Any:
         return njit(cache=True, nogil=True, error_model="numpy")(fn)
 
     globals()["_sfc64_next"] = compile_(_sfc64_next)
-    return cast(tuple[Callable[..., None], Callable[..., None]],
-                (compile_(_warm_up_loop), compile_(_keyed_gaussian_loop)))
+    return cast(tuple[Callable[..., None], Callable[..., None], Callable[..., None]],
+                (compile_(_warm_up_loop), compile_(_fill_loop), compile_(_decide_loop)))
