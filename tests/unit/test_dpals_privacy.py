@@ -205,26 +205,31 @@ class CountingRng:
         return self._rng.bytes(n)
 
 
-def _record_grid_releases(monkeypatch: pytest.MonkeyPatch, draws: list) -> None:
-    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) in ``draws``:
-    elementwise releases all their entries, symmetric ones each matrix's upper triangle; and V's
-    initialisation its float draws."""
+def _record_grid_releases(monkeypatch: pytest.MonkeyPatch, draws: list | None = None) -> None:
+    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) in ``draws``
+    (None: on its rng's ``normal_draws``, for a :class:`CountingRng`): elementwise releases all
+    their entries, symmetric ones each matrix's upper triangle; and V's keyed initialisation its
+    float draws."""
     original, original_symmetric = GridGaussian.release, GridGaussian.release_symmetric
     original_init = KeyedRandomness.init_generator
 
+    def record(rng, drawn):
+        (rng.normal_draws if draws is None else draws).append(drawn)
+
     def release(self, rng, value):
-        draws.append((self.sensitivity * self.multiplier, int(np.size(value))))
+        record(rng, (self.sensitivity * self.multiplier, int(np.size(value))))
         return original(self, rng, value)
 
     def release_symmetric(self, rng, value, out=None, mirror=True):
         rank = value.shape[-1]
         drawn = int(np.size(value)) // (rank * rank) * rank * (rank + 1) // 2
-        draws.append((self.sensitivity * self.multiplier, drawn))
+        record(rng, (self.sensitivity * self.multiplier, drawn))
         return original_symmetric(self, rng, value, out=out, mirror=mirror)
 
     monkeypatch.setattr(GridGaussian, "release", release)
     monkeypatch.setattr(GridGaussian, "release_symmetric", release_symmetric)
-    monkeypatch.setattr(KeyedRandomness, "init_generator", lambda self: CountingRng(original_init(self), draws))
+    if draws is not None:
+        monkeypatch.setattr(KeyedRandomness, "init_generator", lambda self: CountingRng(original_init(self), draws))
 
 
 @pytest.mark.parametrize("gravity", [0.0, 0.5])
