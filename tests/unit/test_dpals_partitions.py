@@ -11,6 +11,7 @@ with the same ledger event.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +22,8 @@ from app.core.mf import als, dpals
 from app.core.mf.als import solve_side_cg
 from app.core.mf.dpals import (
     DPALSConfig,
+    ItemSource,
+    Preprocessed,
     PublicState,
     bound_contributions,
     count_statistic,
@@ -30,6 +33,8 @@ from app.core.mf.dpals import (
     mean_statistics,
     rating_keys,
     reduce_exact,
+    release_public_state,
+    release_recounts,
     train_dpals,
     user_regularisation,
 )
@@ -138,6 +143,77 @@ def test_item_step_statistics_reduce_exactly(partitioning: str, mode: str):
     for got, want in zip(reduced, whole, strict=True):
         np.testing.assert_array_equal(got, want)
     assert np.abs(whole[1]).sum() > 0 and np.abs(whole[2]).sum() > 0  # not vacuous
+
+
+def _fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, n_item_blocks: int):
+    """DPALS as a distributed driver runs it, in process: every private statistic computed per user
+    partition by the public seam and reduced (:func:`reduce_exact`); releases, solves of the items
+    and everything public on the driver; the item step over ``n_item_blocks`` blocks of items."""
+    parts = _partitions(ratings, assign)
+    keyed = KeyedRandomness(config.seed)
+    releaser = GaussianReleaser(None, keyed)
+    samples = [per_user_sample(p, config.contribution_bound, rating_keys(p, keyed, 0)) for p in parts]
+    sampled = reduce_exact([(count_statistic(p.csr.indices[s], None, p.n_items),
+                             *mean_statistics(p.csr.data[s], config.midpoint, config.half_range))
+                            for p, s in zip(parts, samples, strict=True)])
+    public = release_public_state(
+        sampled, lambda mean: reduce_exact([item_bias_statistic(p, s, mean, config)
+                                            for p, s in zip(parts, samples, strict=True)]), config, releaser)
+    bounded = [bound_contributions(p, config, public, keyed) for p in parts]
+    recounts = release_recounts(reduce_exact([b.recount_statistic for b in bounded]), config, releaser)
+    user_reg = user_regularisation(config)
+    item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(public.frequent), config.rank))
+    blocks = np.array_split(np.arange(len(public.frequent)), n_item_blocks)
+    starts: list[np.ndarray | None] = [None] * len(parts)
+    last: deque[np.ndarray] = deque(maxlen=config.average_last)
+
+    def local(bounded_part) -> Preprocessed:
+        return Preprocessed(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
+                            recounts=recounts, item_biases=public.item_biases, user_plan=bounded_part.user_plan,
+                            item_plan=bounded_part.item_plan)
+
+    for step in range(config.n_steps):
+        tables = []
+        for i, (part, bounded_part) in enumerate(zip(parts, bounded, strict=True)):  # on each worker
+            table = np.zeros((part.n_users + 1, config.rank))
+            solved = dpals._user_step(local(bounded_part), item_factors, config, user_reg, starts[i], out=table[:-1])
+            keep_start = config.user_cg_steps and step + 1 < config.n_steps
+            starts[i] = solved.astype(np.float32) if keep_start else None
+            dpals._clip_rows_in_place(solved, config.clip_user)
+            tables.append(table)
+        grams, rhs = reduce_exact([item_statistics(b.item_plan, t, config) for b, t in zip(bounded, tables, strict=True)])
+        source = ItemSource(
+            chunks=blocks, statistics=lambda items, grams=grams, rhs=rhs: (items, grams[items], rhs[items]),
+            gravity=lambda tables=tables: reduce_exact(
+                [gravity_statistic(als.quantised_factors(t, config.clip_user, weighted=False)) for t in tables]),
+        )
+        item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser)
+        last.append(item_factors)
+    event = releaser.event(config.n_steps, 3 if config.reg_gravity > 0 else 2)
+    fit = dpals.DPALSFit(prep=local(bounded[0]), item_factors=dpals.average_releases(list(last)), user_reg=user_reg,
+                         event=event, releaser=releaser)
+    return dpals.public_model(ratings, config, fit)
+
+
+@pytest.mark.parametrize(("partitioning", "item_blocks"), [("three-by-id", 3), ("two-by-hash", 1),
+                                                           ("four-random-one-empty", 5)])
+@pytest.mark.parametrize("variant", ["adaptive, gravity, pooling", "uniform, exact solves, filter"])
+def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, item_blocks: int, variant: str):
+    """End to end: users split three ways, items in blocks, statistics reduced exactly, noise drawn
+    once per complete statistic: the published model, its releases and its event are the
+    in-process run's, bit for bit."""
+    ratings = _ratings(5, n_users=200)
+    config = DPALSConfig(rank=5, n_steps=3, contribution_bound=7, frequent_fraction=0.8, noise_multiplier=0.7,
+                         reg_gravity=0.3, gram_pooling=1.0, average_last=2, seed=SEED)
+    if variant.startswith("uniform"):
+        config = replace(config, contribution_mode="uniform", user_cg_steps=0, reg_gravity=0.0, gram_pooling=0.0,
+                         noise_filter=0.5)
+    reference = train_dpals(ratings, config)
+    model = _fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks)
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event == dpals.dpals_event(config)
+    assert model.metadata == reference.metadata
 
 
 def _reordered(ratings: Ratings, seed: int) -> Ratings:

@@ -84,6 +84,9 @@ __all__ = [
     "PublicState",
     "BoundedData",
     "public_preprocessing",
+    "release_public_state",
+    "release_recounts",
+    "ItemSource",
     "item_statistics",
     "gravity_statistic",
     "reduce_exact",
@@ -388,18 +391,37 @@ def public_preprocessing(
     ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness
 ) -> PublicState:
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
-    k = config.contribution_bound
-    sample = per_user_sample(ratings, k, rating_keys(ratings, keyed, 0))
+    sample = per_user_sample(ratings, config.contribution_bound, rating_keys(ratings, keyed, 0))
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
-    counts = releaser.vector(
-        "item_counts", count_statistic(cols[sample], None, ratings.n_items), count_sensitivity(k),
-        config.noise_multipliers()["counts"],
-    )
+    sampled = (count_statistic(cols[sample], None, ratings.n_items),
+               *mean_statistics(vals[sample], config.midpoint, config.half_range))
+    return release_public_state(sampled, lambda mean: item_bias_statistic(ratings, sample, mean, config), config,
+                                releaser)
+
+
+def release_public_state(
+    sampled: tuple[np.ndarray, float, float], bias_statistic: Callable[[float], np.ndarray], config: DPALSConfig,
+    releaser: GaussianReleaser,
+) -> PublicState:
+    """Algorithm 3 steps 1-3 from exact statistics (of the whole data, or reduced over partitions):
+    ``sampled`` = (item counts, mean sum, mean count) of the ≤ k sample; ``bias_statistic(m̃)`` the
+    item-bias sums once the DP mean m̃ is released. Releases the counts, the mean and the bias sums,
+    in that order, and picks the frequent set (post-processing)."""
+    counts_statistic, total, count = sampled
+    counts = releaser.vector("item_counts", counts_statistic, count_sensitivity(config.contribution_bound),
+                             config.noise_multipliers()["counts"])
     counts = np.maximum(counts, 1.0)
-    mean = _global_mean(vals[sample], config, releaser)
-    biases = _item_biases(ratings, sample, mean, counts, config, releaser)
+    mean = _global_mean(total, count, config, releaser)
+    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser)
     frequent = frequent_items(counts, config.frequent_fraction)
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+
+
+def release_recounts(recount_statistic: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> np.ndarray:
+    """The second count release (the bounded data's weighted re-counts), floored at 1."""
+    recounts = releaser.vector("item_recounts", recount_statistic, math.sqrt(config.contribution_bound),
+                               config.noise_multipliers()["counts"])
+    return np.maximum(recounts, 1.0)
 
 
 def frequent_items(counts: np.ndarray, fraction: float) -> np.ndarray:
@@ -461,15 +483,15 @@ def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: fl
 
 
 def _item_biases(
-    ratings: Ratings, sample: np.ndarray, mean: float, counts: np.ndarray, config: DPALSConfig,
+    statistic: Callable[[float], np.ndarray], n_items: int, mean: float, counts: np.ndarray, config: DPALSConfig,
     releaser: GaussianReleaser,
 ) -> np.ndarray:
     """The DP item-bias release (zeros, and no release, when ``item_bias`` is off)."""
     if not config.item_bias:
-        return np.zeros(ratings.n_items)
+        return np.zeros(n_items)
     sensitivity = math.sqrt(config.contribution_bound) * config.clip_bias
     multiplier = config.noise_multipliers()["bias"]
-    noisy = releaser.vector("item_bias_sums", item_bias_statistic(ratings, sample, mean, config), sensitivity, multiplier)
+    noisy = releaser.vector("item_bias_sums", statistic(mean), sensitivity, multiplier)
     return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
 
 
@@ -532,26 +554,21 @@ def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser
     """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
     public = public_preprocessing(ratings, config, releaser, keyed)
     bounded = bound_contributions(ratings, config, public, keyed)
-    recounts = releaser.vector(
-        "item_recounts", bounded.recount_statistic, math.sqrt(config.contribution_bound),
-        config.noise_multipliers()["counts"],
-    )
     return Preprocessed(
         global_mean=public.global_mean,
         item_counts=public.item_counts,
         frequent=public.frequent,
-        recounts=np.maximum(recounts, 1.0),
+        recounts=release_recounts(bounded.recount_statistic, config, releaser),
         item_biases=public.item_biases,
         user_plan=bounded.user_plan,
         item_plan=bounded.item_plan,
     )
 
 
-def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> float:
+def _global_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
     if config.mean_mode == "public":
         return config.midpoint if config.public_mean is None else float(config.public_mean)
     k, h = config.contribution_bound, config.half_range
-    total, count = mean_statistics(sampled, config.midpoint, h)
     z = config.noise_multipliers()["mean"]
     noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
     noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
@@ -621,27 +638,54 @@ class PublicItemTerms:
 PublicTermsHook = Callable[[PublicState, np.ndarray], "PublicItemTerms | None"]
 
 
+@dataclass(frozen=True)
+class ItemSource:
+    """Where one item step's exact statistics come from: units of work owning disjoint trained
+    items (``chunks``), each one's (trained-item positions, Σ c x xᵀ upper triangles, Σ c M x) by
+    ``statistics``, and K = Σ u uᵀ by ``gravity`` (called only when λ0 > 0). In process
+    (:func:`local_item_source`): the item plan's buckets over the local U. A distributed driver:
+    any blocks of items, each statistic reduced over the user partitions (:func:`item_statistics`,
+    :func:`gravity_statistic`, :func:`reduce_exact`): the same numbers, so the same releases."""
+
+    chunks: list[Any]
+    statistics: Callable[[Any], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    gravity: Callable[[], np.ndarray]
+
+
+def local_item_source(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> ItemSource:
+    """The in-process :class:`ItemSource`: ``padded`` holds the clipped user factors and a trailing
+    zero row (clipped by :func:`_clip_rows_in_place`); the plan's buckets, then the items without
+    data in blocks."""
+    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    return ItemSource(
+        chunks=list(_item_chunks(plan)),
+        statistics=lambda chunk: _chunk_statistics(chunk, factors, config.rank, plan.counts, config.clip_rating),
+        gravity=lambda: gravity_statistic(factors),
+    )
+
+
 def _item_step(
-    prep: Preprocessed,
-    padded: np.ndarray,
+    frequent: np.ndarray,
+    recounts: np.ndarray,
+    source: ItemSource,
     config: DPALSConfig,
     releaser: GaussianReleaser,
     public: PublicItemTerms | None = None,
 ) -> np.ndarray:
     """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves.
 
-    ``padded``: the clipped user factors and a trailing zero row (clipped by :func:`_clip_rows_in_place`).
+    ``frequent``: the trained items' catalogue positions; ``recounts`` their released re-counts;
+    ``source``: the exact statistics (:class:`ItemSource`).
 
     ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
     its draw order do not depend on it.
     """
     rank, z = config.rank, config.noise_multipliers()
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
-    n_items = len(prep.frequent)
+    n_items = len(frequent)
     gravity = None
-    factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     if config.reg_gravity > 0:
-        k_noisy = releaser.symmetric("gravity_gram", gravity_statistic(factors), gamma_u**2, z["gravity"])
+        k_noisy = releaser.symmetric("gravity_gram", source.gravity(), gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
     # One release each for {Ã_j} and {b̃_j} over all trained items; the statistics are formed and
@@ -654,16 +698,15 @@ def _item_step(
     gram_noise = releaser.noise_key()
     grid_linear = releaser.record_grid("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"], bound * rank)
     linear_noise = releaser.noise_key()
-    ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
+    ridge = config.reg_item * item_ridge_weights(recounts, config.item_reg_exponent)
     kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
     item_factors = np.empty((n_items, rank))
-    chunks = list(_item_chunks(prep.item_plan))
     mirrored = config.gram_pooling > 0 or kappa > 0
 
-    def release_chunk(chunk: Bucket | np.ndarray) -> _ReleasedChunk:
-        items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts, gamma_m)
-        positions = prep.frequent[items]  # catalogue positions: the noise's public index
+    def release_chunk(chunk: Any) -> _ReleasedChunk:
+        items, gram, b = source.statistics(chunk)
+        positions = frequent[items]  # catalogue positions: the noise's public index
         # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
         gram = grid_gram.release_symmetric(gram_noise.at(positions), gram, out=gram, mirror=mirrored)
         b = grid_linear.release(linear_noise.at(positions), b)
@@ -677,16 +720,16 @@ def _item_step(
                                                shifts)
 
     if config.gram_pooling == 0:
-        parallel_map(lambda chunk: solve(release_chunk(chunk)), chunks)  # chunks own disjoint items
+        parallel_map(lambda chunk: solve(release_chunk(chunk)), source.chunks)  # chunks own disjoint items
         return item_factors
     # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
-    released_chunks = parallel_map(release_chunk, chunks)
-    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std,
+    released_chunks = parallel_map(release_chunk, source.chunks)
+    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], recounts, grid_gram.std,
                                    grid_gram.grid)
 
     def solve_pooled(released: _ReleasedChunk) -> None:
         items, gram, b = released
-        pooled, weights = pool_item_grams(gram, prep.recounts[items], mean_gram, scale, config.gram_pooling)
+        pooled, weights = pool_item_grams(gram, recounts[items], mean_gram, scale, config.gram_pooling)
         solve((items, pooled, b), shift * weights[:, None])  # the noise left in Â_j is w_j times Ã_j's
 
     parallel_map(solve_pooled, released_chunks)
@@ -1001,7 +1044,8 @@ def fit_dpals(
         _clip_rows_in_place(solved, config.clip_user)
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
-        item_factors = _item_step(prep, padded, config, releaser, public)
+        item_factors = _item_step(prep.frequent, prep.recounts, local_item_source(prep.item_plan, padded, config),
+                                  config, releaser, public)
         last_releases.append(item_factors)
         del padded
         if progress:
