@@ -31,6 +31,15 @@ scaled by the item's released re-count, in proportion to its noise (:func:`pool_
 On quality-ml1m's validation splits (δ = 1e-4, seeds 0-2) both together gained at every ε tried,
 e.g. ranking ε = 5 Recall@20 .279 → .288, rating ε = 20 RMSE .905 → .900 (with more steps).
 
+Partition-invariant (docs/algorithms.md §7): every released statistic is an exact fixed-point sum
+and every random draw is keyed by the secret seed and a public index (a user's external id, an
+item's catalogue position, the release's number), so the run publishes the same bits however its
+data is chunked or partitioned. The functions a distributed driver maps over user partitions
+(``rating_keys``, ``count_statistic``, ``mean_statistics``, ``item_bias_statistic``,
+``bound_contributions``, ``item_statistics``, ``gravity_statistic``), the reducer
+(``reduce_exact``) and the driver-side releases (``release_public_state``, ``release_recounts``,
+``ItemSource``) are public; tests/unit/test_dpals_partitions.py runs such a driver in process.
+
 User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
 few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
 a function of her ratings and the released V's only; the item step only sees them clipped to
