@@ -145,53 +145,75 @@ def test_item_step_statistics_reduce_exactly(partitioning: str, mode: str):
     assert np.abs(whole[1]).sum() > 0 and np.abs(whole[2]).sum() > 0  # not vacuous
 
 
-def _fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, n_item_blocks: int):
-    """DPALS as a distributed driver runs it, in process: every private statistic computed per user
-    partition by the public seam and reduced (:func:`reduce_exact`); releases, solves of the items
-    and everything public on the driver; the item step over ``n_item_blocks`` blocks of items."""
+def _in_process(fn, *columns):
+    """The mapper of the simulated workers: ``fn`` over the partitions, in process."""
+    return [fn(*args) for args in zip(*columns, strict=True)]
+
+
+# what each worker computes on its own partition (module level: a scheduler can ship them)
+def _sampled(part: Ratings, config: DPALSConfig):
+    keyed = KeyedRandomness(config.seed)
+    sample = per_user_sample(part, config.contribution_bound, rating_keys(part, keyed, 0))
+    return sample, (count_statistic(part.csr.indices[sample], None, part.n_items),
+                    *mean_statistics(part.csr.data[sample], config.midpoint, config.half_range))
+
+
+def _bias(part: Ratings, sample: np.ndarray, mean: float, config: DPALSConfig) -> np.ndarray:
+    return item_bias_statistic(part, sample, mean, config)
+
+
+def _bounded(part: Ratings, public: PublicState, config: DPALSConfig):
+    return bound_contributions(part, config, public, KeyedRandomness(config.seed))
+
+
+def _user_side(bounded_part, start, prep_public: dict, item_factors: np.ndarray, config: DPALSConfig, last: bool):
+    """One worker's user step: its users' solves, the next warm start, the clipped table, and its
+    exact item statistics and K (only these leave the worker)."""
+    prep = Preprocessed(**prep_public, user_plan=bounded_part.user_plan, item_plan=bounded_part.item_plan)
+    table = np.zeros((bounded_part.user_plan.n_rows + 1, config.rank))
+    solved = dpals._user_step(prep, item_factors, config, user_regularisation(config), start, out=table[:-1])
+    start = solved.astype(np.float32) if config.user_cg_steps and not last else None
+    dpals._clip_rows_in_place(solved, config.clip_user)
+    factors = als.quantised_factors(table, config.clip_user, weighted=False)
+    return start, item_statistics(bounded_part.item_plan, table, config), gravity_statistic(factors)
+
+
+def fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, n_item_blocks: int, pmap=_in_process):
+    """DPALS as a distributed driver runs it: every private statistic computed per user partition
+    by the public seam (``pmap``: in process here, a Dask client in tests/integration) and reduced
+    (:func:`reduce_exact`); releases, item solves and everything public on the driver; the item
+    step over ``n_item_blocks`` blocks of items."""
     parts = _partitions(ratings, assign)
     keyed = KeyedRandomness(config.seed)
     releaser = GaussianReleaser(None, keyed)
-    samples = [per_user_sample(p, config.contribution_bound, rating_keys(p, keyed, 0)) for p in parts]
-    sampled = reduce_exact([(count_statistic(p.csr.indices[s], None, p.n_items),
-                             *mean_statistics(p.csr.data[s], config.midpoint, config.half_range))
-                            for p, s in zip(parts, samples, strict=True)])
+    samples, sampled = zip(*pmap(_sampled, parts, [config] * len(parts)), strict=True)
     public = release_public_state(
-        sampled, lambda mean: reduce_exact([item_bias_statistic(p, s, mean, config)
-                                            for p, s in zip(parts, samples, strict=True)]), config, releaser)
-    bounded = [bound_contributions(p, config, public, keyed) for p in parts]
+        reduce_exact(sampled),
+        lambda mean: reduce_exact(pmap(_bias, parts, samples, [mean] * len(parts), [config] * len(parts))),
+        config, releaser)
+    bounded = pmap(_bounded, parts, [public] * len(parts), [config] * len(parts))
     recounts = release_recounts(reduce_exact([b.recount_statistic for b in bounded]), config, releaser)
-    user_reg = user_regularisation(config)
+    prep_public = dict(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
+                       recounts=recounts, item_biases=public.item_biases)
     item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(public.frequent), config.rank))
     blocks = np.array_split(np.arange(len(public.frequent)), n_item_blocks)
     starts: list[np.ndarray | None] = [None] * len(parts)
     last: deque[np.ndarray] = deque(maxlen=config.average_last)
-
-    def local(bounded_part) -> Preprocessed:
-        return Preprocessed(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
-                            recounts=recounts, item_biases=public.item_biases, user_plan=bounded_part.user_plan,
-                            item_plan=bounded_part.item_plan)
-
     for step in range(config.n_steps):
-        tables = []
-        for i, (part, bounded_part) in enumerate(zip(parts, bounded, strict=True)):  # on each worker
-            table = np.zeros((part.n_users + 1, config.rank))
-            solved = dpals._user_step(local(bounded_part), item_factors, config, user_reg, starts[i], out=table[:-1])
-            keep_start = config.user_cg_steps and step + 1 < config.n_steps
-            starts[i] = solved.astype(np.float32) if keep_start else None
-            dpals._clip_rows_in_place(solved, config.clip_user)
-            tables.append(table)
-        grams, rhs = reduce_exact([item_statistics(b.item_plan, t, config) for b, t in zip(bounded, tables, strict=True)])
-        source = ItemSource(
-            chunks=blocks, statistics=lambda items, grams=grams, rhs=rhs: (items, grams[items], rhs[items]),
-            gravity=lambda tables=tables: reduce_exact(
-                [gravity_statistic(als.quantised_factors(t, config.clip_user, weighted=False)) for t in tables]),
-        )
+        n = len(parts)
+        results = pmap(_user_side, bounded, starts, [prep_public] * n, [item_factors] * n, [config] * n,
+                       [step + 1 == config.n_steps] * n)
+        starts = [start for start, _, _ in results]
+        grams, rhs = reduce_exact([statistics for _, statistics, _ in results])
+        gravity = reduce_exact([k for _, _, k in results])
+        source = ItemSource(chunks=blocks, statistics=lambda items, grams=grams, rhs=rhs: (items, grams[items], rhs[items]),
+                            gravity=lambda gravity=gravity: gravity)
         item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser)
         last.append(item_factors)
     event = releaser.event(config.n_steps, 3 if config.reg_gravity > 0 else 2)
-    fit = dpals.DPALSFit(prep=local(bounded[0]), item_factors=dpals.average_releases(list(last)), user_reg=user_reg,
-                         event=event, releaser=releaser)
+    prep = Preprocessed(**prep_public, user_plan=bounded[0].user_plan, item_plan=bounded[0].item_plan)
+    fit = dpals.DPALSFit(prep=prep, item_factors=dpals.average_releases(list(last)),
+                         user_reg=user_regularisation(config), event=event, releaser=releaser)
     return dpals.public_model(ratings, config, fit)
 
 
@@ -209,7 +231,7 @@ def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, ite
         config = replace(config, contribution_mode="uniform", user_cg_steps=0, reg_gravity=0.0, gram_pooling=0.0,
                          noise_filter=0.5)
     reference = train_dpals(ratings, config)
-    model = _fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks)
+    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks)
     for got, want in zip(_published(model), _published(reference), strict=True):
         np.testing.assert_array_equal(got, want)
     assert model.event == reference.event == dpals.dpals_event(config)
