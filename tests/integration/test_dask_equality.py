@@ -22,9 +22,9 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        with distributed.Client(cluster) as dask_client:
-            yield dask_client
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+          distributed.Client(cluster) as dask_client):
+        yield dask_client
 
 
 @pytest.mark.parametrize("variant", ["adaptive, gravity, pooling", "uniform, exact solves, filter"])

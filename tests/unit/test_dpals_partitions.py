@@ -304,3 +304,12 @@ def test_dpcmf_is_layout_free_too(monkeypatch: pytest.MonkeyPatch):
     for got, want in zip(_published(model), _published(reference), strict=True):
         np.testing.assert_array_equal(got, want)
     assert model.event == reference.event
+
+
+def test_rating_keys_by_any_chunks_are_the_keys_in_one_call():
+    ratings = _ratings(6)
+    keys = rating_keys(ratings, KeyedRandomness(SEED), 0)
+    whole = keys(0, ratings.nnz)
+    cuts = np.sort(np.random.default_rng(0).integers(0, ratings.nnz, 9))  # cuts inside users too
+    pieces = [keys(a, b) for a, b in zip(np.r_[0, cuts], np.r_[cuts, ratings.nnz], strict=True)]
+    np.testing.assert_array_equal(np.concatenate(pieces), whole)

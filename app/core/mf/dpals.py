@@ -380,20 +380,30 @@ def count_noise_std(config: DPALSConfig) -> float:
     return count_sensitivity(config.contribution_bound) * config.noise_multipliers()["counts"]
 
 
-def rating_keys(ratings: Ratings, keyed: KeyedRandomness, stage: int,
-                rows: np.ndarray | None = None, items: np.ndarray | None = None) -> KeysOf:
+def rating_keys(ratings: Ratings, keyed: KeyedRandomness, stage: int, rows: np.ndarray | None = None,
+                cols: np.ndarray | None = None, positions: np.ndarray | None = None) -> KeysOf:
     """keys(start, stop): the uniform sampling keys of entries [start, stop) (user positions
-    ``rows``, catalogue positions ``items``; default: the ratings in CSR order), each a keyed hash
-    of the user's external id and the item (``app.core.privacy.keyed``): partition-free."""
+    ``rows`` and item columns ``cols``, mapped to catalogue positions by ``positions`` if given;
+    default: the ratings in CSR order), each a keyed hash of the user's external id and the item
+    (``app.core.privacy.keyed``): partition-free. O(stop − start) memory per call."""
     hashes = user_hashes(ratings.user_ids)
-    if rows is None:
-        rows = np.repeat(np.arange(ratings.n_users, dtype=np.int32), ratings.user_counts())
-    cols = ratings.csr.indices if items is None else items
+    indptr = ratings.csr.indptr
+    columns = ratings.csr.indices if cols is None else cols
 
     def keys(start: int, stop: int) -> np.ndarray:
-        return keyed.rating_uniforms(stage, hashes[rows[start:stop]], cols[start:stop])
+        users = _csr_rows(indptr, start, stop) if rows is None else rows[start:stop]
+        items = columns[start:stop] if positions is None else positions[columns[start:stop]]
+        return keyed.rating_uniforms(stage, hashes[users], items)
 
     return keys
+
+
+def _csr_rows(indptr: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The row of each CSR entry in [start, stop)."""
+    first = int(np.searchsorted(indptr, start, side="right")) - 1
+    last = int(np.searchsorted(indptr, stop, side="left"))
+    spans = np.minimum(indptr[first + 1 : last + 1], stop) - np.maximum(indptr[first:last], start)
+    return np.repeat(np.arange(first, last), spans)
 
 
 def public_preprocessing(
@@ -508,8 +518,9 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
-    keys = rating_keys(ratings, keyed, 1, f_rows, public.frequent[f_cols])
+    keys = rating_keys(ratings, keyed, 1, f_rows, f_cols, public.frequent)
     kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, keys)
+    del keys
     f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     del on_frequent
     kept_weights = None if weights is None else weights[kept]
