@@ -348,7 +348,10 @@ def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, e
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
     per_user = np.bincount(rows, weights=powered)
     bound = math.sqrt(budget)
-    return floor_weights(np.sqrt(budget * powered / per_user[rows]), bound) * fixed_quantum(bound)
+    weights = np.sqrt(budget * powered / per_user[rows])
+    floor_weights(weights, bound, out=weights)  # in place: no second nnz-sized array
+    weights *= fixed_quantum(bound)
+    return np.asarray(weights)
 
 
 @dataclass(frozen=True)
@@ -483,7 +486,8 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
     residual -= offsets[rows]
-    terms = fixed_terms(np.clip(residual, -config.clip_bias, config.clip_bias, out=residual), config.clip_bias)
+    np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    terms = fixed_terms(residual, config.clip_bias, out=residual)  # in place, as the clip
     cols = ratings.csr.indices  # CSR order, as ``sample``
     return exact_bincount(cols[sample], terms[sample], ratings.n_items, config.clip_bias)
 

@@ -43,11 +43,13 @@ def fixed_quantum(bound: float, bits: int = FIXED_BITS) -> float:
     return math.ldexp(1.0, exponent - 1 - bits)
 
 
-def fixed_terms(values: np.ndarray, bound: float) -> np.ndarray:
-    """round(x/q) clipped to ±⌊bound/q⌋, as integer-valued float64 (q = :func:`fixed_quantum`)."""
+def fixed_terms(values: np.ndarray, bound: float, out: np.ndarray | None = None) -> np.ndarray:
+    """round(x/q) clipped to ±⌊bound/q⌋, as integer-valued float64 (q = :func:`fixed_quantum`);
+    into ``out`` if given (float64, ``values``' shape; may be ``values`` itself: no temporary)."""
     step = fixed_quantum(bound)
     limit = math.floor(bound / step)
-    terms = np.rint(np.asarray(values, dtype=np.float64) / step)
+    terms = np.divide(np.asarray(values, dtype=np.float64), step, out=out)  # a power of two: exact
+    np.rint(terms, out=terms)
     return np.clip(terms, -limit, limit, out=terms)
 
 
@@ -63,9 +65,12 @@ def exact_bincount(bins: np.ndarray, terms: np.ndarray | None, length: int, boun
     return np.bincount(bins, weights=terms, minlength=length) * fixed_quantum(bound)
 
 
-def floor_weights(weights: np.ndarray, bound: float) -> np.ndarray:
+def floor_weights(weights: np.ndarray, bound: float, out: np.ndarray | None = None) -> np.ndarray:
     """ĉ = q·⌊c·(1 − 2^-30)/q⌋ for weights 0 <= c <= bound: ĉ <= c, so Σ ĉ² <= Σ c² (module doc).
-    Returns the integer-valued multiples ĉ/q (float64); scale by ``fixed_quantum(bound)``."""
+    Returns the integer-valued multiples ĉ/q (float64; into ``out`` if given, which may be
+    ``weights`` itself); scale by ``fixed_quantum(bound)``."""
     step = fixed_quantum(bound)
-    return np.floor(np.asarray(weights, dtype=np.float64) * _WEIGHT_MARGIN / step)
+    scaled = np.multiply(np.asarray(weights, dtype=np.float64), _WEIGHT_MARGIN, out=out)
+    scaled /= step
+    return np.floor(scaled, out=scaled)
 
