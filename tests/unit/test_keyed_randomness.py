@@ -122,3 +122,19 @@ def test_rounded_weights_keep_each_users_weight_budget():
         step = fixed_quantum(math.sqrt(budget))
         assert np.array_equal(weights / step, np.floor(weights / step))  # multiples of the public quantum
     assert np.all(floor_weights(np.array([0.0, 1.0]), 1.0) == [0.0, 2**20 - 1])
+
+
+def test_stream_states_are_numpy_sfc64_seeded_by_the_keyed_hashes():
+    """The compiled seeding equals its definition: three keyed hashes of (key, j) as SFC64's words,
+    counter 1, then numpy's own SFC64 stepped 12 times."""
+    key = KeyedRandomness(SEED).key(3, 1)
+    indices = np.array([0, 1, 5, 1 << 40, 12345])
+    states = keyed_module.stream_state(key, indices)
+    bit_generator = np.random.SFC64()
+    for index, state in zip(indices, states, strict=True):
+        words = [keyed_module._keyed_hash(key, np.array([index], dtype=np.uint64), np.array([w], dtype=np.uint64))[0]
+                 for w in (1, 2, 3)]
+        seeded = np.array([*words, 1], dtype=np.uint64)
+        bit_generator.state = {"bit_generator": "SFC64", "state": {"state": seeded}, "has_uint32": 0, "uinteger": 0}
+        bit_generator.random_raw(12)
+        np.testing.assert_array_equal(np.asarray(bit_generator.state["state"]["state"], dtype=np.uint64), state)

@@ -148,13 +148,10 @@ class IndexedNoise:
 def stream_state(key: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """(n, 4) uint64 SFC64 states of the indices' streams: three keyed hashes of (key, j) as the
     seed words, counter 1, 12 outputs discarded (numpy's SFC64 seeding)."""
-    idx = np.asarray(indices, dtype=np.int64).view(np.uint64)
+    idx = np.ascontiguousarray(indices, dtype=np.int64).view(np.uint64)
     state = np.empty((len(idx), 4), dtype=np.uint64)
-    for word in range(3):
-        state[:, word] = _keyed_hash(key, idx, np.full(len(idx), word + 1, dtype=np.uint64))
-    state[:, 3] = 1
     if len(idx):
-        _kernels()[0](state)
+        _kernels()[0](np.asarray(key, dtype=np.uint64), idx, state)
     return state
 
 
@@ -219,7 +216,7 @@ def keyed_discrete_gaussian(key: np.ndarray, sigma: int, indices: np.ndarray, n:
     return out
 
 
-_BATCH_WORDS = 1 << 15  # raw words per batch of streams (256 KiB of cells, 256 KiB of logs: in cache)
+_BATCH_WORDS = 1 << 16  # raw words per batch of streams (512 KiB of cells, 512 KiB of logs)
 
 
 # ----------------------------------------------------------------------------- compiled kernels
@@ -234,8 +231,23 @@ def _sfc64_next(state: np.ndarray) -> Any:
     return tmp
 
 
-def _warm_up_loop(states: np.ndarray) -> None:
-    for i in range(states.shape[0]):
+def _mix64(z: Any) -> Any:
+    """:func:`mix64` on one uint64 (compiled)."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _states_loop(key: np.ndarray, indices: np.ndarray, states: np.ndarray) -> None:
+    """:func:`stream_state` compiled: word w of index j's seed is :func:`_keyed_hash` (key, j, w + 1)."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    for i in range(indices.shape[0]):
+        inner = _mix64(indices[i] ^ key[0])
+        for word in range(3):
+            states[i, word] = _mix64((inner + np.uint64(word + 1) * golden) ^ key[1])
+        states[i, 3] = np.uint64(1)
         for _ in range(12):
             _sfc64_next(states[i])
 
@@ -301,6 +313,7 @@ def _kernels() -> tuple[Callable[..., None], Callable[..., None], Callable[..., 
     def compile_(fn: Callable[..., Any]) -> Any:
         return njit(cache=True, nogil=True, error_model="numpy")(fn)
 
-    globals()["_sfc64_next"] = compile_(_sfc64_next)
+    for helper in (_sfc64_next, _mix64):
+        globals()[helper.__name__] = compile_(getattr(helper, "py_func", helper))
     return cast(tuple[Callable[..., None], Callable[..., None], Callable[..., None]],
-                (compile_(_warm_up_loop), compile_(_fill_loop), compile_(_decide_loop)))
+                (compile_(_states_loop), compile_(_fill_loop), compile_(_decide_loop)))
