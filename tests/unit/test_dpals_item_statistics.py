@@ -14,7 +14,7 @@ from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.privacy.discrete_noise import noise_switched_off
 
 
-def _float64_statistics(chunk, factors, rank, counts):
+def _float64_statistics(chunk, factors, rank, counts, target_clip):
     """The item statistics as formed before quantisation (gather, batched float64 GEMM)."""
     if isinstance(chunk, Bucket):
         gram, rhs = bucket_gram(chunk, factors.table)

@@ -142,7 +142,7 @@ def test_each_cg_user_step_starts_from_the_last_unclipped_solutions(monkeypatch)
     starts: list[np.ndarray | None] = []
     solutions: list[np.ndarray] = []
     gathered: list[np.ndarray] = []
-    real_user_step, real_item_step = dpals._user_step, dpals._item_step
+    real_user_step, real_item_source = dpals._user_step, dpals.local_item_source
 
     def user_step(prep, item_factors, config, user_reg, start=None, out=None):
         starts.append(None if start is None else start.copy())
@@ -150,14 +150,14 @@ def test_each_cg_user_step_starts_from_the_last_unclipped_solutions(monkeypatch)
         solutions.append(solved.copy())
         return solved
 
-    def item_step(prep, padded, config, releaser, public=None):
+    def item_source(plan, padded, config):
         gathered.append(padded.copy())
-        return real_item_step(prep, padded, config, releaser, public)
+        return real_item_source(plan, padded, config)
 
     # no public seam: the unclipped user solutions and the CG warm start are never released
     monkeypatch.setattr(dpals, "_user_step", user_step)
     # no public seam: the clipped U the item step gathers is private (only its noisy statistics are released)
-    monkeypatch.setattr(dpals, "_item_step", item_step)
+    monkeypatch.setattr(dpals, "local_item_source", item_source)
     config = _config(n_steps=4, user_cg_steps=3, clip_user=0.05)  # a clip small enough to bind
     train_dpals(_ratings(), config)
     assert starts[0] is None and len(starts) == 4

@@ -21,6 +21,7 @@ from app.core.mf.dpals import (
     item_bias_statistic,
     mean_statistics,
     project_psd,
+    rating_keys,
     shrink_item_biases,
     solve_side,
     train_dpals,
@@ -28,6 +29,7 @@ from app.core.mf.dpals import (
 )
 from app.core.privacy import accounting
 from app.core.privacy.discrete_noise import GridGaussian
+from app.core.privacy.keyed import KeyedRandomness
 from app.core.privacy.releaser import GaussianReleaser, symmetric_noise
 from app.core.privacy.sampling import clip_rows, lowest_k_per_row, per_user_sample
 
@@ -80,9 +82,9 @@ def test_count_and_mean_sensitivities_under_adding_a_maximal_user():
     stats = []
     for data in (small, large):
         _, cols, vals = data.coo()
-        sample = per_user_sample(data, K, np.random.default_rng(5))
+        sample = per_user_sample(data, K, rating_keys(data, KeyedRandomness(5), 0))  # keyed by user id and item
         counts = count_statistic(cols[sample], None, data.n_items)
-        stats.append((counts, *mean_statistics(vals[sample], config.midpoint), sample))
+        stats.append((counts, *mean_statistics(vals[sample], config.midpoint, config.half_range), sample))
     (c0, s0, n0, m0), (c1, s1, n1, m1) = stats
     # the earlier users' samples are unchanged, so the difference is the new user's contribution
     assert np.array_equal(m1[: len(m0)], m0)
@@ -133,7 +135,7 @@ def test_recount_gram_and_linear_sensitivities(mode: str, centring: bool):
     user_reg = user_regularisation(config)
     out = []
     for data in (small, large):
-        bounded = bound_contributions(data, config, public, np.random.default_rng(7))
+        bounded = bound_contributions(data, config, public, KeyedRandomness(7))
         ridge = user_reg.ridge(bounded.user_plan.counts)
         users = clip_rows(solve_side(bounded.user_plan, item_factors, ridge, None), config.clip_user)
         grams = np.zeros((20, config.rank, config.rank))
@@ -171,7 +173,7 @@ def _released_item_statistics(bounded, users: np.ndarray, config: DPALSConfig) -
     factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
     grams, linear = np.zeros((plan.n_rows, config.rank, config.rank)), np.zeros((plan.n_rows, config.rank))
     for chunk in dpals._item_chunks(plan):
-        items, gram, b = dpals._chunk_statistics(chunk, factors, config.rank, plan.counts)
+        items, gram, b = dpals._chunk_statistics(chunk, factors, config.rank, plan.counts, config.clip_rating)
         grams[items], linear[items] = np.triu(gram), b
     return grams, linear
 
@@ -203,37 +205,45 @@ class CountingRng:
         return self._rng.bytes(n)
 
 
-def _record_grid_releases(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) on its rng:
-    elementwise releases all their entries, symmetric ones each matrix's upper triangle."""
+def _record_grid_releases(monkeypatch: pytest.MonkeyPatch, draws: list | None = None) -> None:
+    """Every discrete-Gaussian grid release records (sensitivity x multiplier, size) in ``draws``
+    (None: on its rng's ``normal_draws``, for a :class:`CountingRng`): elementwise releases all
+    their entries, symmetric ones each matrix's upper triangle; and V's keyed initialisation its
+    float draws."""
     original, original_symmetric = GridGaussian.release, GridGaussian.release_symmetric
+    original_init = KeyedRandomness.init_generator
+
+    def record(rng, drawn):
+        (rng.normal_draws if draws is None else draws).append(drawn)
 
     def release(self, rng, value):
-        rng.normal_draws.append((self.sensitivity * self.multiplier, int(np.size(value))))
+        record(rng, (self.sensitivity * self.multiplier, int(np.size(value))))
         return original(self, rng, value)
 
     def release_symmetric(self, rng, value, out=None, mirror=True):
         rank = value.shape[-1]
         drawn = int(np.size(value)) // (rank * rank) * rank * (rank + 1) // 2
-        rng.normal_draws.append((self.sensitivity * self.multiplier, drawn))
+        record(rng, (self.sensitivity * self.multiplier, drawn))
         return original_symmetric(self, rng, value, out=out, mirror=mirror)
 
     monkeypatch.setattr(GridGaussian, "release", release)
     monkeypatch.setattr(GridGaussian, "release_symmetric", release_symmetric)
+    if draws is not None:
+        monkeypatch.setattr(KeyedRandomness, "init_generator", lambda self: CountingRng(original_init(self), draws))
 
 
 @pytest.mark.parametrize("gravity", [0.0, 0.5])
 def test_every_noise_draw_is_in_the_event(gravity: float, monkeypatch: pytest.MonkeyPatch):
-    _record_grid_releases(monkeypatch)
+    draws: list[tuple[float, int]] = []
+    _record_grid_releases(monkeypatch, draws)
     users, items, values = _base_ratings(n_users=80, n_items=30)
     ratings = Ratings.from_arrays(users, items, values)
     # ratios chosen so that every release has its own noise scale
     config = DPALSConfig(rank=3, n_steps=3, contribution_bound=K, frequent_fraction=0.5, clip_user=0.9,
                          count_noise_ratio=1.7, reg_gravity=gravity, noise_multiplier=1.3, seed=2)
-    rng = CountingRng(2)
-    model = train_dpals(ratings, config, rng=rng)
-    init_draws = [d for d in rng.normal_draws if d[0] == config.init_scale]
-    noise_draws = [d for d in rng.normal_draws if d[0] != config.init_scale]
+    model = train_dpals(ratings, config)
+    init_draws = [d for d in draws if d[0] == config.init_scale]
+    noise_draws = [d for d in draws if d[0] != config.init_scale]
     assert len(init_draws) == 1  # V's data-free initialisation
     releases = model.metadata["releases"]
     stds = {r["l2_sensitivity"] * r["noise_multiplier"] for r in releases}
@@ -409,7 +419,7 @@ def test_cg_user_step_converges_to_the_exact_solves_and_warm_starts(gravity: flo
     ratings = Ratings.from_arrays(users, items, values)
     exact_config = DPALSConfig(rank=4, contribution_bound=K, reg_gravity=gravity, user_cg_steps=0)
     rng = np.random.default_rng(3)
-    prep = dpals.preprocess(ratings, exact_config, GaussianReleaser(rng), rng)
+    prep = dpals.preprocess(ratings, exact_config, GaussianReleaser(None, KeyedRandomness(3)), KeyedRandomness(3))
     item_factors = rng.normal(size=(len(prep.frequent), 4))
     user_reg = user_regularisation(exact_config)
     exact = dpals._user_step(prep, item_factors, exact_config, user_reg)

@@ -91,27 +91,32 @@ def test_grams_are_the_exact_grams_of_the_quantised_rows_in_any_order(rank: int)
     sqrt_w = rng.uniform(0.0, 1.5, size=cols.shape)
     sqrt_w[6] = 1.0
     sqrt_w[5, ::50] = 90.0  # a few rows with coordinates above 2^12: summed in float64
-    targets = rng.normal(size=cols.shape)
+    target_step = 2.0**-20
+    targets = np.trunc(rng.normal(size=cols.shape) / target_step)  # integer targets, as bucket_quantised_gram's
     x = quantise_gathered(table, cols, sqrt_w, counts, clip)
     assert (np.abs(x) > 2**12).any()
-    grams, rhs = exact_upper_gram_and_rhs(x, targets, counts, step)
+    grams, rhs = exact_upper_gram_and_rhs(x, targets, counts, step, target_step)
     grams = np.triu(grams)  # the lower triangles are left unset
     assert np.array_equal(grams, _reference_gram(x, counts, step))
-    want_rhs = np.stack([targets[j, : counts[j]] @ x[j, : counts[j]].astype(np.float64) for j in range(7)]) * step
-    assert np.allclose(rhs, want_rhs, rtol=1e-12, atol=1e-12)
+    # the right-hand sides: the exact int64 sums of the integer products, scaled once
+    want_rhs = np.stack([targets[j, : counts[j]].astype(np.int64) @ x[j, : counts[j]].astype(np.int64)
+                         for j in range(7)]).astype(np.float64) * (step * target_step)
+    assert np.array_equal(rhs, want_rhs)
     # the int16 table's rows: the same Grams as the same rows in float32
     unweighted = np.take(quantise_table(table, clip), cols, axis=0)
-    from_int16 = np.triu(exact_upper_gram_and_rhs(unweighted, targets, counts, step)[0])
+    from_int16 = np.triu(exact_upper_gram_and_rhs(unweighted, targets, counts, step, target_step)[0])
     assert np.array_equal(from_int16, np.triu(exact_upper_gram_and_rhs(unweighted.astype(np.float32), targets, counts,
-                                                                       step)[0]))
+                                                                       step, target_step)[0]))
     assert np.array_equal(from_int16, _reference_gram(unweighted, counts, step))
     # any order of the rows: the same numbers, bit for bit (no rounding anywhere)
     order = np.stack([np.concatenate([rng.permutation(c), np.arange(c, 700)]) for c in counts])
     shuffled = np.take_along_axis(x, order[:, :, None], axis=1)
-    again, _ = exact_upper_gram_and_rhs(shuffled, targets, counts, step)
+    shuffled_targets = np.take_along_axis(targets, order, axis=1)
+    again, again_rhs = exact_upper_gram_and_rhs(shuffled, shuffled_targets, counts, step, target_step)
     assert np.array_equal(np.triu(again), grams)
+    assert np.array_equal(again_rhs, rhs)
     # one row less: the Gram moves by exactly that row's outer product
-    fewer, _ = exact_upper_gram_and_rhs(x[:1], targets[:1], np.array([699]), step)
+    fewer, _ = exact_upper_gram_and_rhs(x[:1], targets[:1], np.array([699]), step, target_step)
     last = x[0, 699].astype(np.float64) * step
     assert np.array_equal(grams[0] - np.triu(fewer[0]), np.triu(np.outer(last, last)))
 
@@ -131,7 +136,7 @@ def test_bucket_grams_are_close_to_the_float64_products(weighted: bool, rank: in
     step, moved_total, total = gram_quantum(1.0), 0.0, 0.0
     for bucket in plan.buckets:
         full, full_rhs = bucket_gram(bucket, table)
-        grams, rhs = bucket_quantised_gram(bucket, factors, plan.counts[bucket.rows])
+        grams, rhs = bucket_quantised_gram(bucket, factors, plan.counts[bucket.rows], 1.0)
         sqrt_w = np.ones(bucket.cols.shape) if bucket.sqrt_weights is None else bucket.sqrt_weights
         used = np.arange(bucket.cols.shape[1])[None, :] < plan.counts[bucket.rows][:, None]
         reach = (sqrt_w * used).sum(axis=1)  # Σ_l √w_l·Γ (Γ = 1): the rows' largest coordinates
@@ -140,7 +145,9 @@ def test_bucket_grams_are_close_to_the_float64_products(weighted: bool, rank: in
         moved_total += float((gap**2).sum())
         total += float((full[:, upper[0], upper[1]] ** 2).sum())
         targets = sqrt_w * bucket.values
-        moved = step * (1.0 + 1e-6) * np.abs(targets).sum(axis=1)  # <= a quantum per coordinate
+        # <= a quantum per coordinate and rating, plus the target's rounding (a quantum of Γ_M = 1
+        # times the row's reach √w·Γ)
+        moved = step * (1.0 + 1e-6) * np.abs(targets).sum(axis=1) + 2.0**-20 * reach
         assert np.all(np.abs(rhs - full_rhs) <= moved[:, None] + 1e-12)
     assert math.sqrt(moved_total / total) < 0.01
 
@@ -150,7 +157,7 @@ def test_an_unweighted_bucket_needs_the_quantised_table():
     plan = make_plan(csr.indptr, csr.indices, csr.data, 30)
     factors = quantised_factors(np.zeros((31, 4)), 1.0, weighted=True)
     with pytest.raises(ValueError, match="quantised_factors"):
-        bucket_quantised_gram(plan.buckets[0], factors, plan.counts[plan.buckets[0].rows])
+        bucket_quantised_gram(plan.buckets[0], factors, plan.counts[plan.buckets[0].rows], 1.0)
     with pytest.raises(ValueError, match="clip"):
         gram_quantum(0.0)
 

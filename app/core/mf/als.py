@@ -30,6 +30,7 @@ from app.core.mf.linalg import (
 )
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
+from app.core.privacy.exact_sums import fixed_quantum
 
 __all__ = [
     "Bucket",
@@ -171,10 +172,12 @@ def quantised_factors(padded: np.ndarray, clip: float, weighted: bool) -> Quanti
     return QuantisedFactors(padded, clip, quantise_table(padded, clip))
 
 
-def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors,
-                          counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors, counts: np.ndarray,
+                          target_clip: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`bucket_gram`'s upper triangles of the bucket's weighted rows quantised, summed exactly
-    (``linalg.exact_upper_gram_and_rhs``): each row x within √w·clip, the Grams the exact Σ x xᵀ.
+    (``linalg.exact_upper_gram_and_rhs``): each row x within √w·clip, the Grams the exact Σ x xᵀ;
+    the right-hand sides the exact Σ t x of the targets t = √w·y (|y| <= ``target_clip``) rounded
+    towards zero to the quantum ``exact_sums.fixed_quantum(target_clip)``, so |t| only shrinks.
     ``counts``: the bucket's rows' numbers of entries."""
     if bucket.sqrt_weights is None:
         if factors.integers is None:
@@ -182,7 +185,9 @@ def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors,
         x = np.take(factors.integers, bucket.cols, axis=0)
     else:
         x = quantise_gathered(factors.table, bucket.cols, bucket.sqrt_weights, counts, factors.clip)
-    return exact_upper_gram_and_rhs(x, _weighted_targets(bucket), counts, gram_quantum(factors.clip))
+    target_step = fixed_quantum(target_clip)
+    targets = np.trunc(_weighted_targets(bucket) / target_step)
+    return exact_upper_gram_and_rhs(x, targets, counts, gram_quantum(factors.clip), target_step)
 
 
 def _weighted_targets(bucket: Bucket) -> np.ndarray:

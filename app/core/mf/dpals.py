@@ -31,6 +31,15 @@ scaled by the item's released re-count, in proportion to its noise (:func:`pool_
 On quality-ml1m's validation splits (δ = 1e-4, seeds 0-2) both together gained at every ε tried,
 e.g. ranking ε = 5 Recall@20 .279 → .288, rating ε = 20 RMSE .905 → .900 (with more steps).
 
+Partition-invariant (docs/algorithms.md §7): every released statistic is an exact fixed-point sum
+and every random draw is keyed by the secret seed and a public index (a user's external id, an
+item's catalogue position, the release's number), so the run publishes the same bits however its
+data is chunked or partitioned. The functions a distributed driver maps over user partitions
+(``rating_keys``, ``count_statistic``, ``mean_statistics``, ``item_bias_statistic``,
+``bound_contributions``, ``item_statistics``, ``gravity_statistic``), the reducer
+(``reduce_exact``) and the driver-side releases (``release_public_state``, ``release_recounts``,
+``ItemSource``) are public; tests/unit/test_dpals_partitions.py runs such a driver in process.
+
 User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
 few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
 a function of her ratings and the released V's only; the item step only sees them clipped to
@@ -42,7 +51,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Self
 
@@ -61,12 +70,22 @@ from app.core.mf.als import (
     solve_side,
     solve_side_cg,
 )
-from app.core.mf.linalg import add_to_diagonal, noise_edge, project_psd, solve_noisy_systems
+from app.core.mf.linalg import (
+    add_to_diagonal,
+    exact_upper_gram_and_rhs,
+    gram_quantum,
+    noise_edge,
+    project_psd,
+    quantise_table,
+    solve_noisy_systems,
+)
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
+from app.core.privacy.exact_sums import exact_bincount, exact_sum, fixed_quantum, fixed_terms, floor_weights
+from app.core.privacy.keyed import KeyedRandomness, user_hashes
 from app.core.privacy.releaser import GaussianReleaser
-from app.core.privacy.sampling import clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
+from app.core.privacy.sampling import KeysOf, clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
 
 __all__ = [
     "CONTRIBUTION_MODES",
@@ -75,6 +94,13 @@ __all__ = [
     "PublicState",
     "BoundedData",
     "public_preprocessing",
+    "release_public_state",
+    "release_recounts",
+    "ItemSource",
+    "item_statistics",
+    "gravity_statistic",
+    "reduce_exact",
+    "rating_keys",
     "count_sensitivity",
     "count_noise_std",
     "bound_contributions",
@@ -319,21 +345,32 @@ class Preprocessed:
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
 
 
-def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int) -> np.ndarray:
-    """Per-item (weighted) counts: the statistic of both count releases."""
-    return np.bincount(cols, weights=weights, minlength=n_items).astype(np.float64)
+def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int, budget: float = 1.0) -> np.ndarray:
+    """Per-item (weighted) counts: the statistic of both count releases; exact sums in any order
+    (weights from :func:`adaptive_weights` with the same ``budget``: multiples of its quantum)."""
+    if weights is None:
+        return exact_bincount(cols, None, n_items)
+    bound = math.sqrt(budget)
+    return exact_bincount(cols, weights / fixed_quantum(bound), n_items, bound)
 
 
-def mean_statistics(values: np.ndarray, midpoint: float) -> tuple[float, float]:
-    """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean."""
-    return float(np.sum(values - midpoint)), float(len(values))
+def mean_statistics(values: np.ndarray, midpoint: float, half_range: float) -> tuple[float, float]:
+    """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean, each term on
+    the fixed-point grid of its bound h (``app.core.privacy.exact_sums``): exact in any order."""
+    return exact_sum(fixed_terms(values - midpoint, half_range), half_range), float(len(values))
 
 
 def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
-    """c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}), so Σ_j c_ij² = B for every user."""
+    """ĉ_ij: c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}) (Σ_j c_ij² = B for every user) rounded
+    down to the fixed-point grid of sqrt(B) (``exact_sums.floor_weights``: Σ_j ĉ_ij² <= B). A
+    function of user i's own items and the released counts only."""
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
     per_user = np.bincount(rows, weights=powered)
-    return np.asarray(np.sqrt(budget * powered / per_user[rows]))
+    bound = math.sqrt(budget)
+    weights = np.sqrt(budget * powered / per_user[rows])
+    floor_weights(weights, bound, out=weights)  # in place: no second nnz-sized array
+    weights *= fixed_quantum(bound)
+    return np.asarray(weights)
 
 
 @dataclass(frozen=True)
@@ -365,22 +402,67 @@ def count_noise_std(config: DPALSConfig) -> float:
     return count_sensitivity(config.contribution_bound) * config.noise_multipliers()["counts"]
 
 
+def rating_keys(ratings: Ratings, keyed: KeyedRandomness, stage: int, rows: np.ndarray | None = None,
+                cols: np.ndarray | None = None, positions: np.ndarray | None = None) -> KeysOf:
+    """keys(start, stop): the uniform sampling keys of entries [start, stop) (user positions
+    ``rows`` and item columns ``cols``, mapped to catalogue positions by ``positions`` if given;
+    default: the ratings in CSR order), each a keyed hash of the user's external id and the item
+    (``app.core.privacy.keyed``): partition-free. O(stop − start) memory per call."""
+    hashes = user_hashes(ratings.user_ids)
+    indptr = ratings.csr.indptr
+    columns = ratings.csr.indices if cols is None else cols
+
+    def keys(start: int, stop: int) -> np.ndarray:
+        users = _csr_rows(indptr, start, stop) if rows is None else rows[start:stop]
+        items = columns[start:stop] if positions is None else positions[columns[start:stop]]
+        return keyed.rating_uniforms(stage, hashes[users], items)
+
+    return keys
+
+
+def _csr_rows(indptr: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The row of each CSR entry in [start, stop)."""
+    first = int(np.searchsorted(indptr, start, side="right")) - 1
+    last = int(np.searchsorted(indptr, stop, side="left"))
+    spans = np.minimum(indptr[first + 1 : last + 1], stop) - np.maximum(indptr[first:last], start)
+    return np.repeat(np.arange(first, last), spans)
+
+
 def public_preprocessing(
-    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator
+    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness
 ) -> PublicState:
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
-    k = config.contribution_bound
-    sample = per_user_sample(ratings, k, rng)
+    sample = per_user_sample(ratings, config.contribution_bound, rating_keys(ratings, keyed, 0))
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
-    counts = releaser.vector(
-        "item_counts", count_statistic(cols[sample], None, ratings.n_items), count_sensitivity(k),
-        config.noise_multipliers()["counts"],
-    )
+    sampled = (count_statistic(cols[sample], None, ratings.n_items),
+               *mean_statistics(vals[sample], config.midpoint, config.half_range))
+    return release_public_state(sampled, lambda mean: item_bias_statistic(ratings, sample, mean, config), config,
+                                releaser)
+
+
+def release_public_state(
+    sampled: tuple[np.ndarray, float, float], bias_statistic: Callable[[float], np.ndarray], config: DPALSConfig,
+    releaser: GaussianReleaser,
+) -> PublicState:
+    """Algorithm 3 steps 1-3 from exact statistics (of the whole data, or reduced over partitions):
+    ``sampled`` = (item counts, mean sum, mean count) of the ≤ k sample; ``bias_statistic(m̃)`` the
+    item-bias sums once the DP mean m̃ is released. Releases the counts, the mean and the bias sums,
+    in that order, and picks the frequent set (post-processing)."""
+    counts_statistic, total, count = sampled
+    counts = releaser.vector("item_counts", counts_statistic, count_sensitivity(config.contribution_bound),
+                             config.noise_multipliers()["counts"])
     counts = np.maximum(counts, 1.0)
-    mean = _global_mean(vals[sample], config, releaser)
-    biases = _item_biases(ratings, sample, mean, counts, config, releaser)
+    mean = _global_mean(total, count, config, releaser)
+    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser)
     frequent = frequent_items(counts, config.frequent_fraction)
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+
+
+def release_recounts(recount_statistic: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> np.ndarray:
+    """The second count release (the bounded data's weighted re-counts), floored at 1."""
+    recounts = releaser.vector("item_recounts", recount_statistic, math.sqrt(config.contribution_bound),
+                               config.noise_multipliers()["counts"])
+    return np.maximum(recounts, 1.0)
 
 
 def frequent_items(counts: np.ndarray, fraction: float) -> np.ndarray:
@@ -423,9 +505,10 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
         np.bincount(rows, weights=residual, minlength=ratings.n_users), ratings.user_counts()
     )
     residual -= offsets[rows]
-    terms = np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    np.clip(residual, -config.clip_bias, config.clip_bias, out=residual)
+    terms = fixed_terms(residual, config.clip_bias, out=residual)  # in place, as the clip
     cols = ratings.csr.indices  # CSR order, as ``sample``
-    return np.bincount(cols[sample], weights=terms[sample], minlength=ratings.n_items).astype(np.float64)
+    return exact_bincount(cols[sample], terms[sample], ratings.n_items, config.clip_bias)
 
 
 def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: float, config: DPALSConfig) -> np.ndarray:
@@ -442,29 +525,31 @@ def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: fl
 
 
 def _item_biases(
-    ratings: Ratings, sample: np.ndarray, mean: float, counts: np.ndarray, config: DPALSConfig,
+    statistic: Callable[[float], np.ndarray], n_items: int, mean: float, counts: np.ndarray, config: DPALSConfig,
     releaser: GaussianReleaser,
 ) -> np.ndarray:
     """The DP item-bias release (zeros, and no release, when ``item_bias`` is off)."""
     if not config.item_bias:
-        return np.zeros(ratings.n_items)
+        return np.zeros(n_items)
     sensitivity = math.sqrt(config.contribution_bound) * config.clip_bias
     multiplier = config.noise_multipliers()["bias"]
-    noisy = releaser.vector("item_bias_sums", item_bias_statistic(ratings, sample, mean, config), sensitivity, multiplier)
+    noisy = releaser.vector("item_bias_sums", statistic(mean), sensitivity, multiplier)
     return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
 
 
-def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, rng: np.random.Generator) -> BoundedData:
+def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, keyed: KeyedRandomness) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
-    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, rng)
+    keys = rating_keys(ratings, keyed, 1, f_rows, f_cols, public.frequent)
+    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, keys)
+    del keys
     f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     del on_frequent
     kept_weights = None if weights is None else weights[kept]
     del weights
     kept_cols = f_cols[kept]
-    recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent)
+    recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent, config.contribution_bound)
     # the item plan first (its sort's temporaries), then the user plan: the two never peak together
     item_plan = _plan(f_rows[kept], kept_cols, f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True)
     del kept, kept_cols, kept_weights
@@ -508,30 +593,25 @@ def _frequent_values(
     return np.asarray(f_vals)
 
 
-def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, rng: np.random.Generator) -> Preprocessed:
+def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness) -> Preprocessed:
     """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
-    public = public_preprocessing(ratings, config, releaser, rng)
-    bounded = bound_contributions(ratings, config, public, rng)
-    recounts = releaser.vector(
-        "item_recounts", bounded.recount_statistic, math.sqrt(config.contribution_bound),
-        config.noise_multipliers()["counts"],
-    )
+    public = public_preprocessing(ratings, config, releaser, keyed)
+    bounded = bound_contributions(ratings, config, public, keyed)
     return Preprocessed(
         global_mean=public.global_mean,
         item_counts=public.item_counts,
         frequent=public.frequent,
-        recounts=np.maximum(recounts, 1.0),
+        recounts=release_recounts(bounded.recount_statistic, config, releaser),
         item_biases=public.item_biases,
         user_plan=bounded.user_plan,
         item_plan=bounded.item_plan,
     )
 
 
-def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> float:
+def _global_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
     if config.mean_mode == "public":
         return config.midpoint if config.public_mean is None else float(config.public_mean)
     k, h = config.contribution_bound, config.half_range
-    total, count = mean_statistics(sampled, config.midpoint)
     z = config.noise_multipliers()["mean"]
     noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
     noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
@@ -540,19 +620,19 @@ def _global_mean(sampled: np.ndarray, config: DPALSConfig, releaser: GaussianRel
 
 
 def _bound_contributions(
-    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator
+    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, uniforms: KeysOf
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² = B."""
+    """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² <= B.
+    ``uniforms(start, stop)``: the keyed sampling keys of entries [start, stop) (O(chunk) memory)."""
     k = config.contribution_bound
-    # keys drawn chunk by chunk (rows are in CSR order): the same stream as one draw, O(chunk) memory
     if config.contribution_mode == "uniform":
-        return lowest_k_per_row(rows, lambda start, stop: rng.random(stop - start), k), None
+        return lowest_k_per_row(rows, uniforms, k), None
     if config.contribution_mode == "tail":
         # the k least frequent items of each user (ties broken at random)
         top = 1.0 + counts.max()
 
         def keys(start: int, stop: int) -> np.ndarray:
-            return np.asarray(counts[cols[start:stop]] + 0.5 * rng.random(stop - start) / top)
+            return np.asarray(counts[cols[start:stop]] + 0.5 * uniforms(start, stop) / top)
 
         return lowest_k_per_row(rows, keys, k), None
     weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
@@ -601,51 +681,78 @@ class PublicItemTerms:
 PublicTermsHook = Callable[[PublicState, np.ndarray], "PublicItemTerms | None"]
 
 
+@dataclass(frozen=True)
+class ItemSource:
+    """Where one item step's exact statistics come from: units of work owning disjoint trained
+    items (``chunks``), each one's (trained-item positions, Σ c x xᵀ upper triangles, Σ c M x) by
+    ``statistics``, and K = Σ u uᵀ by ``gravity`` (called only when λ0 > 0). In process
+    (:func:`local_item_source`): the item plan's buckets over the local U. A distributed driver:
+    any blocks of items, each statistic reduced over the user partitions (:func:`item_statistics`,
+    :func:`gravity_statistic`, :func:`reduce_exact`): the same numbers, so the same releases."""
+
+    chunks: list[Any]
+    statistics: Callable[[Any], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    gravity: Callable[[], np.ndarray]
+
+
+def local_item_source(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> ItemSource:
+    """The in-process :class:`ItemSource`: ``padded`` holds the clipped user factors and a trailing
+    zero row (clipped by :func:`_clip_rows_in_place`); the plan's buckets, then the items without
+    data in blocks."""
+    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    return ItemSource(
+        chunks=list(_item_chunks(plan)),
+        statistics=lambda chunk: _chunk_statistics(chunk, factors, config.rank, plan.counts, config.clip_rating),
+        gravity=lambda: gravity_statistic(factors),
+    )
+
+
 def _item_step(
-    prep: Preprocessed,
-    padded: np.ndarray,
+    frequent: np.ndarray,
+    recounts: np.ndarray,
+    source: ItemSource,
     config: DPALSConfig,
     releaser: GaussianReleaser,
     public: PublicItemTerms | None = None,
 ) -> np.ndarray:
     """One private item step: noisy K̃, {Ã_j}, {b̃_j}; PSD projection; ridge solves.
 
-    ``padded``: the clipped user factors and a trailing zero row (clipped by :func:`_clip_rows_in_place`).
+    ``frequent``: the trained items' catalogue positions; ``recounts`` their released re-counts;
+    ``source``: the exact statistics (:class:`ItemSource`).
 
     ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
     its draw order do not depend on it.
     """
     rank, z = config.rank, config.noise_multipliers()
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
-    n_items = len(prep.frequent)
+    n_items = len(frequent)
     gravity = None
-    user_factors = padded[:-1]
     if config.reg_gravity > 0:
-        k_noisy = releaser.symmetric("gravity_gram", user_factors.T @ user_factors, gamma_u**2, z["gravity"])
+        k_noisy = releaser.symmetric("gravity_gram", source.gravity(), gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
-    # One release each for {Ã_j} and {b̃_j} over all trained items; the noise is drawn chunk by
-    # chunk (items with no selected rating included) to keep memory at O(chunk · r²).
+    # One release each for {Ã_j} and {b̃_j} over all trained items; the statistics are formed and
+    # noised chunk by chunk (items with no selected rating included) to keep memory at O(chunk · r²),
+    # each item's noise from its own stream keyed by the release and its catalogue position (the
+    # same draws whatever the chunks: docs/algorithms.md §7).
     # items whose statistics one user can change (rounding bound): k when sampling, all otherwise
     bound = n_items if config.contribution_mode == "adaptive_weights" else min(config.contribution_bound, n_items)
     grid_gram = releaser.record_grid("item_grams", sqrt_b * gamma_u**2, z["gram"], bound * rank * (rank + 1) // 2)
+    gram_noise = releaser.noise_key()
     grid_linear = releaser.record_grid("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"], bound * rank)
-    ridge = config.reg_item * item_ridge_weights(prep.recounts, config.item_reg_exponent)
+    linear_noise = releaser.noise_key()
+    ridge = config.reg_item * item_ridge_weights(recounts, config.item_reg_exponent)
     kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
     shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
     item_factors = np.empty((n_items, rank))
-    chunks = list(_item_chunks(prep.item_plan))
-    factors = quantised_factors(padded, gamma_u, weighted=any(b.sqrt_weights is not None for b in prep.item_plan.buckets))
     mirrored = config.gram_pooling > 0 or kappa > 0
-    # one child generator per chunk, spawned in order: parallel yet seed-deterministic noise
-    children = releaser.noise_streams(len(chunks))
 
-    def release_chunk(job: tuple[Bucket | np.ndarray, np.random.Generator]) -> _ReleasedChunk:
-        chunk, child = job
-        items, gram, b = _chunk_statistics(chunk, factors, rank, prep.item_plan.counts)
+    def release_chunk(chunk: Any) -> _ReleasedChunk:
+        items, gram, b = source.statistics(chunk)
+        positions = frequent[items]  # catalogue positions: the noise's public index
         # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
-        gram = grid_gram.release_symmetric(child, gram, out=gram, mirror=mirrored)
-        b = grid_linear.release(child, b)
+        gram = grid_gram.release_symmetric(gram_noise.at(positions), gram, out=gram, mirror=mirrored)
+        b = grid_linear.release(linear_noise.at(positions), b)
         releaser.observe("item_grams", items, gram)  # a no-op outside the test-only audit tap
         releaser.observe("item_linear", items, b)
         return items, gram, b
@@ -655,17 +762,17 @@ def _item_step(
         item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
                                                shifts)
 
-    jobs = zip(chunks, children, strict=True)
     if config.gram_pooling == 0:
-        parallel_map(lambda job: solve(release_chunk(job)), jobs)  # chunks own disjoint items
+        parallel_map(lambda chunk: solve(release_chunk(chunk)), source.chunks)  # chunks own disjoint items
         return item_factors
     # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
-    released_chunks = parallel_map(release_chunk, jobs)
-    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], prep.recounts, grid_gram.std)
+    released_chunks = parallel_map(release_chunk, source.chunks)
+    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], recounts, grid_gram.std,
+                                   grid_gram.grid)
 
     def solve_pooled(released: _ReleasedChunk) -> None:
         items, gram, b = released
-        pooled, weights = pool_item_grams(gram, prep.recounts[items], mean_gram, scale, config.gram_pooling)
+        pooled, weights = pool_item_grams(gram, recounts[items], mean_gram, scale, config.gram_pooling)
         solve((items, pooled, b), shift * weights[:, None])  # the noise left in Â_j is w_j times Ã_j's
 
     parallel_map(solve_pooled, released_chunks)
@@ -675,7 +782,8 @@ def _item_step(
 _ReleasedChunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # (trained-item positions, Ã_j, b̃_j)
 
 
-def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float) -> tuple[np.ndarray, float]:
+def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float,
+                grid: float | None = None) -> tuple[np.ndarray, float]:
     """(Ā, c*): the pooled Gram per unit of contribution weight, Ā = Σ_j Ã_j / Σ_j c̃_j over all
     trained items, and c* = σ_A / (tr Ā / r), the weight at which an item's Gram signal per entry
     (≈ c_j · tr Ā / r) equals the release's noise std σ_A.
@@ -684,7 +792,11 @@ def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float)
     post-processing. The sum's noise is √n_frequent · σ_A per entry against Σ_j c_j of signal, so Ā
     is far less noisy than any single Ã_j. c* = 0 (no pooling) if tr Ā is not positive.
     """
-    total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)
+    if grid is None:
+        total = np.sum([gram.sum(axis=0) for gram in grams], axis=0)
+    else:  # released grams are multiples of the grid: summed as integers, the same in any chunking (§7)
+        counts = np.sum([np.rint(gram / grid).astype(np.int64).sum(axis=0) for gram in grams], axis=0)
+        total = counts.astype(np.float64) * grid
     mean_gram = total / max(float(recounts.sum()), 1.0)
     per_entry = float(np.trace(mean_gram)) / mean_gram.shape[0]
     return mean_gram, (noise_std / per_entry if per_entry > 0 else 0.0)
@@ -725,14 +837,59 @@ def _item_chunks(plan: SolvePlan) -> Iterator[Bucket | np.ndarray]:
 
 
 def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, rank: int,
-                      counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      counts: np.ndarray, target_clip: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(items, Σ c_ij x xᵀ, Σ c_ij M_ij x) of one chunk (zeros for items without data), x = √c_ij·u_i
     quantised within its clip (:func:`app.core.mf.als.bucket_quantised_gram`: exact sums, each
-    user's term within the bound the sensitivities assume); the Grams' upper triangles only (their
-    release reads nothing else). ``counts``: the plan's per item."""
+    user's term within the bound the sensitivities assume, targets within Γ_M = ``target_clip``);
+    the Grams' upper triangles only (their release reads nothing else). ``counts``: the plan's per
+    item."""
     if isinstance(chunk, Bucket):
-        return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows]))
+        return (chunk.rows, *bucket_quantised_gram(chunk, factors, counts[chunk.rows], target_clip))
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
+
+
+def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The item step's exact statistics of one partition of the users: (Σ_i c_ij x xᵀ upper
+    triangles, Σ_i c_ij M_ij x) for every trained item of ``plan`` (the partition's bounded item
+    plan, :func:`bound_contributions`), ``padded`` its users' clipped factors and a zero row.
+
+    The seam a distributed driver calls per partition: the partitions' results added in any
+    order (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the
+    in-process item step forms chunk by chunk; noise is then drawn per item (§7)."""
+    rank = config.rank
+    grams, rhs = np.zeros((plan.n_rows, rank, rank)), np.zeros((plan.n_rows, rank))
+    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    for bucket in plan.buckets:
+        items, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
+        grams[items], rhs[items] = np.triu(gram), b
+    return grams, rhs
+
+
+def reduce_exact(parts: Iterable[Any]) -> Any:
+    """Σ of the partitions' exact statistics (arrays, floats or tuples of them, elementwise): each
+    is an integer multiple of a public power of two within the fixed-point capacity, so every
+    partial sum is exact and the result does not depend on the partitions or their order."""
+    parts = list(parts)
+    if isinstance(parts[0], tuple):
+        return tuple(reduce_exact(column) for column in zip(*parts, strict=True))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def gravity_statistic(factors: QuantisedFactors) -> np.ndarray:
+    """K = Σ_i x_i x_iᵀ over the quantised clipped user factors (symmetric; the release reads the
+    upper triangle): each x_i within Γ_u (``quantise_table``), the sum exact in any order
+    (``exact_upper_gram_and_rhs``: one group of all users), so ‖x xᵀ‖_F <= Γ_u² holds for the
+    terms summed. ``factors.table`` carries U and a trailing zero row."""
+    integers = factors.integers if factors.integers is not None else quantise_table(factors.table, factors.clip)
+    rows = integers[None, :-1]
+    n_users = rows.shape[1]
+    gram, _ = exact_upper_gram_and_rhs(rows, np.zeros((1, n_users), dtype=np.int64), np.array([n_users]),
+                                       gram_quantum(factors.clip), 1.0)
+    upper = np.triu(gram[0])
+    return np.asarray(upper + np.triu(upper, 1).T)
 
 
 def _rows_of(public: PublicItemTerms | None, items: np.ndarray) -> PublicItemTerms | None:
@@ -894,7 +1051,6 @@ def fit_dpals(
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
-    rng: np.random.Generator | None = None,
     public_terms: PublicTermsHook | None = None,
 ) -> DPALSFit:
     """Run DPALS; check the releases made against the reserved event.
@@ -907,11 +1063,11 @@ def fit_dpals(
     _validate_for_training(ratings, config)
     if config.objective == "ranking":
         ratings = positives(ratings, config.threshold)
-    rng = np.random.default_rng(config.seed) if rng is None else rng
-    releaser = GaussianReleaser(rng)
-    prep = preprocess(ratings, config, releaser, rng)
+    keyed = KeyedRandomness(config.seed)  # every draw keyed by the seed and a public index (§7)
+    releaser = GaussianReleaser(None, keyed)
+    prep = preprocess(ratings, config, releaser, keyed)
     user_reg = user_regularisation(config)
-    item_factors = rng.normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
+    item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
     released = PublicState(
         global_mean=prep.global_mean, item_counts=prep.item_counts, frequent=prep.frequent, item_biases=prep.item_biases
     )
@@ -931,7 +1087,8 @@ def fit_dpals(
         _clip_rows_in_place(solved, config.clip_user)
         del solved
         public = None if public_terms is None else public_terms(released, item_factors)
-        item_factors = _item_step(prep, padded, config, releaser, public)
+        item_factors = _item_step(prep.frequent, prep.recounts, local_item_source(prep.item_plan, padded, config),
+                                  config, releaser, public)
         last_releases.append(item_factors)
         del padded
         if progress:
@@ -960,13 +1117,12 @@ def train_dpals(
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
-    rng: np.random.Generator | None = None,
 ) -> PublicModel:
     """Train DPALS and return the public model whose ``event`` accounts for every release.
 
-    ``rng`` defaults to ``default_rng(config.seed)``; tests pass an instrumented generator.
+    Every random draw is keyed by ``config.seed`` and a public index (docs/algorithms.md §7).
     """
-    fit = fit_dpals(ratings, config, progress=progress, rng=rng)
+    fit = fit_dpals(ratings, config, progress=progress)
     return public_model(ratings, config, fit)
 
 

@@ -402,7 +402,6 @@ def train_dpcmf(
     *,
     public: PublicData | None = None,
     progress: dpals.Progress | None = None,
-    rng: np.random.Generator | None = None,
 ) -> PublicModel:
     """Train DP-CMF; the event equals :func:`dpcmf_event` (DPALS's), checked release by release.
 
@@ -421,7 +420,7 @@ def train_dpcmf(
         return side[0].step(released.frequent, frequent_factors)
 
     fit = dpals.fit_dpals(
-        ratings, config.dpals, progress=progress, rng=rng, public_terms=public_terms if sources else None
+        ratings, config.dpals, progress=progress, public_terms=public_terms if sources else None
     )
     model = dpals.public_model(ratings, config.dpals, fit)
     return _with_public_side(model, config, fit, side[0] if side else None, sources)

@@ -11,8 +11,8 @@ terms, so the choice is post-processing and costs no privacy.
 
 Gram matrices are formed as one batched matrix product per bucket of padded rows; the gathered
 factors are multiplied through a transposed view (no copy: BLAS reads it column-major). The DP
-item Grams, whose release reads one triangle, are exact sums of quantised rows instead
-(:func:`exact_upper_gram_and_rhs`): float32 BLAS ``ssyrk`` on integer-valued rows in runs short
+item Grams, whose release reads one triangle, and their right-hand sides are exact sums of
+quantised rows and targets instead (:func:`exact_upper_gram_and_rhs`): float32 BLAS ``ssyrk`` on integer-valued rows in runs short
 enough that no partial sum can round, accumulated in float64 -- the exact Gram the sensitivity
 argument is about, at two thirds of the cost of float64 products.
 
@@ -115,9 +115,10 @@ def quantise_gathered(table: np.ndarray, cols: np.ndarray, sqrt_weights: np.ndar
 
 
 def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray,
-                             step: float) -> tuple[np.ndarray, np.ndarray]:
-    """(δ²·Σ_l x_l x_lᵀ upper triangles, δ·Σ_l t_l x_l) per group over its first ``counts[j]`` rows,
-    for integer rows x (g, L, r) (int16 or float32), δ = ``step``.
+                             step: float, target_step: float) -> tuple[np.ndarray, np.ndarray]:
+    """(δ²·Σ_l x_l x_lᵀ upper triangles, δ·δ_t·Σ_l t_l x_l) per group over its first ``counts[j]``
+    rows, for integer rows x (g, L, r) (int16 or float32), δ = ``step``, and integer targets t
+    (g, L) (integer-valued floats or ints; δ_t = ``target_step``, a power of two).
 
     The Grams are sums of integer products, formed by float32 ``ssyrk`` over blocks of rows in
     which every coordinate's Σ_l x_lp² is at most 2^24: by Cauchy-Schwarz every partial sum BLAS
@@ -127,14 +128,15 @@ def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndar
     whatever the order, blocking or threads, and one row less changes it by exactly δ²·x_l x_lᵀ.
     (arXiv:2107.09802, Algorithm 1, forms A_j = Σ_i c_ij u_i u_iᵀ; its sensitivity argument
     assumes exact sums, which this makes true.) A row with a coordinate above 2^12 is added in
-    float64. Lower triangles are left unset (the release reads the upper ones only); the
-    right-hand sides are float64 sums of t_l·x_l (``targets`` t = √w·y)."""
+    float64. Lower triangles are left unset (the release reads the upper ones only). The
+    right-hand sides are int64 sums of the integer products t_l·x_l (|t| < 2^21·√w, |x| < 2^11·√w:
+    exact while Σ w < 2^31 per group), scaled once: exact in any order as well."""
     grams = np.empty((x.shape[0], x.shape[2], x.shape[2]))  # the loop sets the upper triangles
     rhs = np.zeros((x.shape[0], x.shape[2]))
     if len(x):
         rows = x if x.dtype == np.int16 else np.asarray(x, dtype=np.float32)
-        _quantised_gram_kernels()[2](np.ascontiguousarray(rows), np.asarray(targets, dtype=np.float64),
-                                     np.asarray(counts, dtype=np.int64), step, grams, rhs)
+        _quantised_gram_kernels()[2](np.ascontiguousarray(rows), np.asarray(targets, dtype=np.int64),
+                                     np.asarray(counts, dtype=np.int64), step, target_step, grams, rhs)
     return grams, rhs
 
 
@@ -201,8 +203,8 @@ def _quantise_row(u: np.ndarray, w: float, radius: float, inv_step: float, out: 
     return energy
 
 
-def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float, grams: np.ndarray,
-                     rhs: np.ndarray) -> None:
+def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float, target_step: float,
+                     grams: np.ndarray, rhs: np.ndarray) -> None:
     """Compiled by :func:`_quantised_gram_kernels`: the sums of :func:`exact_upper_gram_and_rhs`
     (rows converted to float32 into a block buffer, one ``ssyrk`` per block; ``load[p]`` is the
     block's Σ_l x_lp², kept <= 2^24 for every coordinate p)."""
@@ -211,7 +213,9 @@ def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, ste
     product = np.empty((rank, rank), dtype=np.float32)
     load = np.zeros(rank)
     syrk = _syrk_arguments(rank)
+    exact_rhs = np.zeros(rank, dtype=np.int64)
     for j in range(x.shape[0]):
+        exact_rhs[:] = 0
         for p in range(rank):
             grams[j, p, p:] = 0.0
         filled = 0
@@ -220,7 +224,7 @@ def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, ste
             target, peak, over = targets[j, slot], 0.0, False
             for k in range(rank):
                 value = np.float64(x[j, slot, k])
-                rhs[j, k] += target * value
+                exact_rhs[k] += target * np.int64(x[j, slot, k])
                 peak = max(peak, value * value)
                 over |= load[k] + value * value > _EXACT_FLOAT32
             if peak > _EXACT_FLOAT32:  # a coordinate alone too large for float32: exact in float64
@@ -236,7 +240,7 @@ def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, ste
             filled += 1
         _add_block_gram(block, filled, syrk, product, grams[j])
         for p in range(rank):
-            rhs[j, p] *= step
+            rhs[j, p] = np.float64(exact_rhs[p]) * (step * target_step)
             for q in range(p, rank):
                 grams[j, p, q] *= step * step
 

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -522,6 +522,14 @@ def discrete_gaussian(rng: np.random.Generator, sigma: int, size: int | tuple[in
 
 
 # ----------------------------------------------------------------------------- grid releases
+class KeyedNoiseSource(Protocol):
+    """Noise drawn per public index (``app.core.privacy.keyed.IndexedNoise``)."""
+
+    def discrete_gaussian(self, sigma: int, shape: tuple[int, ...]) -> np.ndarray: ...
+
+
+NoiseSource = np.random.Generator | KeyedNoiseSource
+
 @dataclass(frozen=True)
 class GridGaussian:
     """A Gaussian release on a grid: step ``grid``, integer noise std ``sigma`` (see module doc),
@@ -537,15 +545,15 @@ class GridGaussian:
         """Noise std in value units (g·S ≈ z·Δ·(1 + 1/R))."""
         return self.grid * self.sigma
 
-    def release(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    def release(self, rng: NoiseSource, value: np.ndarray) -> np.ndarray:
         """g·(round(value/g) + N_Z(0, S²)) elementwise, as float64."""
         statistic = np.asarray(value, dtype=np.float64, order="C")  # 0-d stays 0-d
-        noise = discrete_gaussian(rng, self.sigma, statistic.shape)
+        noise = _noise(rng, self.sigma, statistic.shape)
         out = np.empty(statistic.shape)
         _grid_release(statistic.reshape(-1), noise.reshape(-1), self.grid, _CLIP, out.reshape(-1))
         return out if out.ndim else out[()]  # a 0-d statistic gives a float64 scalar, as numpy's product did
 
-    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None,
+    def release_symmetric(self, rng: NoiseSource, value: np.ndarray, out: np.ndarray | None = None,
                           mirror: bool = True) -> np.ndarray:
         """The release on the upper triangle (diagonal included) of each matrix, mirrored: the
         same numbers as :meth:`release` of the upper triangles (``np.triu_indices`` order) and
@@ -556,13 +564,22 @@ class GridGaussian:
         With ``mirror`` false only the upper triangles are written (for readers of those alone)."""
         rank = value.shape[-1]
         matrices = np.asarray(value, dtype=np.float64, order="C").reshape(-1, rank, rank)
-        noise = discrete_gaussian(rng, self.sigma, (matrices.shape[0], rank * (rank + 1) // 2))
+        noise = _noise(rng, self.sigma, (matrices.shape[0], rank * (rank + 1) // 2))
         if out is None:
             out = np.empty(value.shape)
         elif out.shape != value.shape or out.dtype != np.float64 or not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous float64 array of the value's shape")
         _grid_release_symmetric(matrices, noise, self.grid, _CLIP, out.reshape(-1, rank, rank), mirror)
         return out
+
+
+def _noise(rng: NoiseSource, sigma: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The release's integer noise: from ``rng`` (a numpy Generator), or from a keyed source with
+    its own ``discrete_gaussian(sigma, shape)`` (``app.core.privacy.keyed.IndexedNoise``: each row
+    from its public index's stream)."""
+    if isinstance(rng, np.random.Generator) or not hasattr(rng, "discrete_gaussian"):  # a generator (or a test double)
+        return discrete_gaussian(cast(np.random.Generator, rng), sigma, shape)
+    return np.asarray(rng.discrete_gaussian(sigma, shape))
 
 
 @_compiled

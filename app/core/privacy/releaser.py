@@ -20,7 +20,8 @@ from numpy.typing import ArrayLike
 
 from app.core.arrays import FloatArray
 from app.core.privacy import accounting
-from app.core.privacy.discrete_noise import GridGaussian, grid_gaussian, mirror_upper, noise_switched_off
+from app.core.privacy.discrete_noise import GridGaussian, NoiseSource, grid_gaussian, mirror_upper, noise_switched_off
+from app.core.privacy.keyed import KeyedRandomness, NoiseKey
 
 __all__ = ["AuditTap", "GaussianReleaser", "audit_tap", "symmetric_noise", "tap_grid_release", "tap_release"]
 
@@ -101,11 +102,11 @@ def tap_grid_release(name: str, grid: GridGaussian, rng: np.random.Generator, va
 class _NoiseOffGrid(GridGaussian):
     """A grid release drawn with its noise switched off (the audit's negative control only)."""
 
-    def release(self, rng: np.random.Generator, value: np.ndarray) -> np.ndarray:
+    def release(self, rng: NoiseSource, value: np.ndarray) -> np.ndarray:
         with noise_switched_off():
             return super().release(rng, value)
 
-    def release_symmetric(self, rng: np.random.Generator, value: np.ndarray, out: np.ndarray | None = None,
+    def release_symmetric(self, rng: NoiseSource, value: np.ndarray, out: np.ndarray | None = None,
                           mirror: bool = True) -> np.ndarray:
         with noise_switched_off():
             return super().release_symmetric(rng, value, out=out, mirror=mirror)
@@ -118,13 +119,31 @@ class GaussianReleaser:
     draw that is missing (or extra) cannot go unnoticed.
     """
 
-    def __init__(self, rng: np.random.Generator) -> None:
+    def __init__(self, rng: np.random.Generator | None, keyed: KeyedRandomness | None = None) -> None:
         self._rng = rng
+        self._keyed = keyed  # keyed mode: release n's noise from streams keyed by (seed, n, index)
         self.releases: list[tuple[str, float, float]] = []  # (name, sensitivity, multiplier)
         self._tap = _TAP.get()  # None outside tests' audit_tap
 
+    def _source(self, indices: np.ndarray | None = None) -> NoiseSource:
+        """The noise of the release just recorded: the generator, or (keyed mode) the streams of
+        its ``indices`` (one row each; None: the release drawn whole, index 0)."""
+        if self._keyed is None:
+            return self.rng
+        rows = np.zeros(1, dtype=np.int64) if indices is None else indices
+        return self._keyed.noise(len(self.releases) - 1).at(rows)
+
+    def noise_key(self) -> NoiseKey:
+        """Keyed mode only: the noise streams of the last recorded release, to draw its rows by
+        public index (``.at(indices)``) wherever each row's statistic is complete."""
+        if self._keyed is None:
+            raise RuntimeError("indexed noise needs a keyed releaser")
+        return self._keyed.noise(len(self.releases) - 1)
+
     @property
     def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            raise RuntimeError("a keyed releaser has no sequential generator")
         return self._rng
 
     def noise_streams(self, n: int) -> list[np.random.Generator]:
@@ -133,9 +152,9 @@ class GaussianReleaser:
         SFC64 bit generator instead of PCG64 (raw words ≈ 25 % cheaper, a tenth of a grid
         release's time; the same class of generator: statistical, not cryptographic). A
         generator without a seed sequence (a test double) spawns its own children."""
-        seed_seq = getattr(getattr(self._rng, "bit_generator", None), "seed_seq", None)
+        seed_seq = getattr(getattr(self.rng, "bit_generator", None), "seed_seq", None)
         if not isinstance(seed_seq, np.random.SeedSequence):
-            return list(self._rng.spawn(n))
+            return list(self.rng.spawn(n))
         return [np.random.Generator(np.random.SFC64(child)) for child in seed_seq.spawn(n)]
 
     def record(self, name: str, sensitivity: float, multiplier: float) -> float:
@@ -172,13 +191,14 @@ class GaussianReleaser:
         """round(value/g)·g plus exact discrete Gaussian noise on the grid (charged GaussianDpEvent)."""
         statistic = np.asarray(value)
         grid = self.record_grid(name, sensitivity, multiplier, max(statistic.size, 1))
-        return self._kept(name, grid.release(self._rng, statistic))
+        return self._kept(name, grid.release(self._source(), statistic))
 
     def symmetric(self, name: str, value: FloatArray, sensitivity: float, multiplier: float) -> FloatArray:
         """Noise on a (batch of) symmetric matrices: i.i.d. upper triangle, mirrored."""
         rank = value.shape[-1]
         changed = max(value.size // (rank * rank), 1) * rank * (rank + 1) // 2
-        return self._kept(name, self.record_grid(name, sensitivity, multiplier, changed).release_symmetric(self._rng, value))
+        grid = self.record_grid(name, sensitivity, multiplier, changed)
+        return self._kept(name, grid.release_symmetric(self._source(), value))
 
     def event(self, n_steps: int, per_step: int) -> dp_event.DpEvent:
         """Rebuild the event from the record (pre-processing releases, then T identical steps)."""

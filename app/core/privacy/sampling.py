@@ -15,7 +15,7 @@ import numpy as np
 from app.core.arrays import BoolArray, FloatArray, IntArray
 from app.core.data.ratings import Ratings
 
-__all__ = ["clip_rows", "clip_scale", "lowest_k_per_row", "per_user_sample", "sort_pairs"]
+__all__ = ["KeysOf", "clip_rows", "clip_scale", "lowest_k_per_row", "per_user_sample", "sort_pairs"]
 
 
 _CHUNK = 1 << 20  # ratings per pass of the per-row selection: its temporaries stay O(chunk), not O(nnz)
@@ -23,19 +23,22 @@ _CHUNK = 1 << 20  # ratings per pass of the per-row selection: its temporaries s
 KeysOf = Callable[[int, int], FloatArray]
 
 
-def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator, *, chunk: int = _CHUNK) -> BoolArray:
+def per_user_sample(ratings: Ratings, k: int, rng: np.random.Generator | KeysOf, *,
+                    chunk: int = _CHUNK) -> BoolArray:
     """Boolean mask (CSR order) keeping at most k uniformly random ratings of each user.
 
     The keys are ``rng.random`` drawn chunk by chunk of whole users, in CSR order: the same
-    stream as one draw for all ratings, at O(chunk) memory. ``chunk`` (ratings per pass) exists
-    for tests and tuning; the mask does not depend on it.
+    stream as one draw for all ratings, at O(chunk) memory; or ``rng(start, stop)``, the keys of
+    ratings [start, stop) in CSR order (keyed by user and item: ``app.core.privacy.keyed``).
+    ``chunk`` (ratings per pass) exists for tests and tuning; the mask does not depend on it.
     """
+    keys_of = rng if callable(rng) else (lambda start, stop: rng.random(stop - start))
     indptr = ratings.csr.indptr
     keep = np.ones(int(indptr[-1]), dtype=bool)
     for first, last in _row_chunks(indptr, chunk):
         start, stop = int(indptr[first]), int(indptr[last])
         rows = np.repeat(np.arange(last - first), np.diff(indptr[first : last + 1]))
-        keep[start:stop] = _lowest_k_in_chunk(rows, rng.random(stop - start), k)
+        keep[start:stop] = _lowest_k_in_chunk(rows, keys_of(start, stop), k)
     return keep
 
 
@@ -49,11 +52,13 @@ def lowest_k_per_row(rows: IntArray, keys: FloatArray | KeysOf, k: int, *, chunk
     ``chunk`` (entries per pass) exists for tests and tuning; the mask does not depend on it.
     """
     n = len(rows)
-    if n and not bool(np.all(rows[1:] >= rows[:-1])):
+    if n == 0:  # no entries (an empty partition, an empty data set): nothing to select
+        return np.ones(0, dtype=bool)
+    if not bool(np.all(rows[1:] >= rows[:-1])):
         values = keys(0, n) if callable(keys) else keys
         return _lowest_k_in_chunk(rows, values, k)
     keep = np.ones(n, dtype=bool)
-    ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1 if n else np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(rows[1:] != rows[:-1]) + 1
     bounds = np.concatenate([[0], ends, [n]])
     for first, last in _row_chunks(bounds, chunk):
         start, stop = int(bounds[first]), int(bounds[last])
