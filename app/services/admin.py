@@ -64,13 +64,19 @@ __all__ = [
 ]
 
 
-def dataset_warnings(ds: Any, delta: float) -> list[str]:
+def dataset_warnings(ds: Any, budget_out: BudgetOut) -> list[str]:
     """Warnings from public facts: delta above 1/(10 max_users) (a mechanism that releases one
-    random user's data is then (0, delta)-DP for every user)."""
+    random user's data is then (0, delta)-DP for every user), and a cap above its person budget's
+    (which then binds first: the data set's cap promises more than it can spend)."""
+    warnings, delta = [], budget_out.delta
     if ds.max_users is not None and delta > 1.0 / (10.0 * ds.max_users):
-        return [f"delta {delta:g} exceeds 1/(10 max_users) = {1.0 / (10.0 * ds.max_users):.3g}: with up to "
-                f"{ds.max_users} users, lower delta (or max_users is too large a bound)"]
-    return []
+        warnings.append(f"delta {delta:g} exceeds 1/(10 max_users) = {1.0 / (10.0 * ds.max_users):.3g}: with up to "
+                        f"{ds.max_users} users, lower delta (or max_users is too large a bound)")
+    person = budget_out.person_budget
+    if person is not None and budget_out.epsilon_cap > person.epsilon_cap:
+        warnings.append(f"epsilon cap {budget_out.epsilon_cap:g} exceeds the cap {person.epsilon_cap:g} of person "
+                        f"budget {person.name!r}, which binds first")
+    return warnings
 
 
 def _dataset_out(session: Session, ds: Any) -> DatasetOut:
@@ -78,7 +84,7 @@ def _dataset_out(session: Session, ds: Any) -> DatasetOut:
     return DatasetOut(name=ds.name, description=ds.description, rating_min=ds.rating_min,
                       rating_max=ds.rating_max, kind=ds.kind, max_users=ds.max_users,
                       max_users_per_period=ds.max_users_per_period, privacy_unit=ds.privacy_unit,
-                      warnings=dataset_warnings(ds, budget_out.delta), budget=budget_out)
+                      warnings=dataset_warnings(ds, budget_out), budget=budget_out)
 
 
 def create_dataset(session: Session, *, body: DatasetIn, actor: str) -> DatasetOut:

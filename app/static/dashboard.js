@@ -74,6 +74,10 @@ async function loadSummary() {
     ? `${pb.name}: spent ${pb.spent_epsilon_rdp} (RDP; PLD ${text(pb.spent_epsilon_pld)}) of cap ${pb.epsilon_cap} at δ ${pb.delta}, ` +
       `${pb.neighbouring_relation}; data sets ${pb.datasets.join(", ")} (the unit is a user id)`
     : "none";
+  $("cap-warning").textContent = pb && b.epsilon_cap > pb.epsilon_cap
+    ? `this data set's cap (${b.epsilon_cap}) exceeds its person budget's (${pb.epsilon_cap}, ${pb.name}): ` +
+      "the person budget binds first, so the data set's cap promises more than it can spend"
+    : "";
   const c = s.chain;
   $("chain").innerHTML = "";
   const mark = document.createElement("span");

@@ -200,3 +200,14 @@ def test_privacy_blocks_over_http(env: Env) -> None:
     r = env.client.patch(A, headers=env.admin, json={"max_users_per_period": 500})
     assert r.status_code == 200, r.text
     assert r.json()["max_users_per_period"] == 500
+
+
+def test_a_cap_above_its_person_budgets_is_warned_about(env: Env) -> None:
+    """A data set's cap above its person budget's promises more than it can spend: the data set
+    view says so (the person budget `all` has cap 10 by default)."""
+    body = {"name": "wide", "rating_min": 1, "rating_max": 5, "epsilon_cap": 20.0, "delta": 1e-6}
+    r = env.client.post("/v1/admin/datasets", headers=env.admin, json=body)
+    assert r.status_code == 201, r.text
+    assert [w for w in r.json()["warnings"] if "person budget 'all'" in w and "binds first" in w], r.json()
+    narrow = env.client.post("/v1/admin/datasets", headers=env.admin, json={**body, "name": "narrow", "epsilon_cap": 5.0})
+    assert narrow.status_code == 201 and narrow.json()["warnings"] == []

@@ -241,6 +241,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             driver.refresh()
             _wait(lambda: driver.find_element(By.ID, "binding-cap").get_attribute("data-cap") == "person_budget",
                   30, "the person budget to bind")
+            assert "exceeds its person budget's (5" in driver.find_element(By.ID, "cap-warning").text
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps under the person budget")
             # the cap change, from the person budget's hash-chained entries, newest first
             _wait(lambda: [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#cap-changes tr:first-child td")][3:5]
