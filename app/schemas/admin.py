@@ -297,6 +297,10 @@ class LedgerEntryOut(BaseModel):
     hash: str | None = None
 
 
+Objective = Literal["rating", "ranking"]
+"""What a model optimises (the algorithms with ε-aware defaults per objective take one)."""
+
+
 class TrainingIn(StrictModel):
     """A training request: at most one of `epsilon` and `epsilon_fraction` (both: 422)."""
 
@@ -310,7 +314,7 @@ class TrainingIn(StrictModel):
         "nothing (onebit on votes randomised at ingestion: post-processing, charged 0)."))
     epsilon_fraction: FiniteFloat | None = Field(
         default=None, gt=0, le=1, description="Or: this fraction of the remaining budget.")
-    objective: Literal["rating", "ranking"] | None = Field(default=None, description=(
+    objective: Objective | None = Field(default=None, description=(
         'What the model optimises (dpals, dpcmf): "rating" (explicit ratings, RMSE; the default) or '
         '"ranking" (top-N from positives: ratings at or above the public threshold, Recall@k).'))
     hyperparameters: dict[Annotated[str, Field(max_length=64)], Any] = Field(
@@ -468,16 +472,18 @@ class LedgerCheckOut(BaseModel):
 
 
 class ChartOut(BaseModel):
-    """The dashboard's spend chart, rendered server-side."""
+    """The dashboard's spend chart, rendered server-side over real time (UTC)."""
 
-    points: int
-    svg: str
+    points: int = Field(description="Charges drawn: one per run (at its last entry) and per local guarantee.")
+    svg: str = Field(description="The SVG; empty when the ledger has no entry.")
 
 
 class DashboardSummaryOut(BaseModel):
     """One data set on the dashboard: budget, chain check, projection at an ε and the spend chart."""
 
     budget: BudgetOut
+    current_block: BlockOut | None = Field(default=None, description=(
+        "The block users joining now belong to (None where the data set keeps no blocks)."))
     chain: LedgerCheckOut
     projection: ProjectionOut | None
     projection_error: str | None = Field(description="Why no projection could be made (e.g. no algorithm applies).")

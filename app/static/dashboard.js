@@ -1,4 +1,5 @@
-// privrec dashboard: sign-in, budget, chart, trainings with live progress, models, ledger.
+// privrec dashboard: sign-in, budget gauges, chart, trainings with live progress, models, ledger,
+// refreshed every REFRESH_MS (pausable) without touching the forms.
 // The admin token is sent once to /dashboard/session and never stored; writes carry the CSRF token.
 "use strict";
 
@@ -50,6 +51,61 @@ function capName(kind, dataset, personBudget) {
   return "no cap (the run costs nothing)";
 }
 
+// ------------------------------------------------------------------ gauges
+const LOW_SHARE = 0.25;  // under a quarter of a cap left: "low"
+const STATE_LABELS = { ok: "ok", low: "low: under 25 % left", exhausted: "exhausted: nothing left" };
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function gaugeState(remaining, cap) {
+  if (!(remaining > 0)) return "exhausted";
+  return remaining < LOW_SHARE * cap ? "low" : "ok";
+}
+
+function svgRect(cls, width) {
+  const r = document.createElementNS(SVG_NS, "rect");
+  r.setAttribute("class", cls);
+  r.setAttribute("width", String(width));
+  r.setAttribute("height", "12");
+  return r;
+}
+
+function span(cls, value) {
+  const s = document.createElement("span");
+  s.className = cls;
+  s.textContent = value;
+  return s;
+}
+
+// one cap's remaining ε out of the cap: a bar, the numbers and the state in words (not colour alone)
+function gauge(kind, name, remaining, cap, binding) {
+  const state = gaugeState(remaining, cap);
+  const share = cap > 0 ? Math.min(1, Math.max(0, remaining / cap)) : 0;
+  const g = document.createElement("div");
+  g.id = `gauge-${kind}`;
+  g.className = `gauge state-${state}${binding ? " binding" : ""}`;
+  Object.assign(g.dataset, { state, remaining: String(remaining), cap: String(cap) });
+  const bar = document.createElementNS(SVG_NS, "svg");
+  bar.setAttribute("class", "gauge-bar");
+  bar.setAttribute("width", "200"); bar.setAttribute("height", "12"); bar.setAttribute("viewBox", "0 0 200 12");
+  bar.setAttribute("role", "img");
+  bar.setAttribute("aria-label", `${name}: ${remaining} of ${cap} ε left, ${state}`);
+  bar.append(svgRect("track", 200), svgRect("fill", (200 * share).toFixed(1)));
+  g.append(span("gauge-name", name + (binding ? " (binds)" : "")), bar,
+           span("gauge-value", `${remaining} of ${cap} ε left (${Math.floor(share * 100)} %)`),
+           span("gauge-state", STATE_LABELS[state]));
+  return g;
+}
+
+function showGauges(b, block) {
+  const pb = b.person_budget;
+  const shown = [gauge("dataset", "data set cap", b.dataset_remaining_epsilon ?? b.remaining_epsilon, b.epsilon_cap,
+                       b.binding_cap === "dataset")];
+  if (pb) shown.push(gauge("person", `person budget (${pb.name})`, pb.remaining_epsilon, pb.epsilon_cap,
+                           b.binding_cap === "person_budget"));
+  if (block) shown.push(gauge("block", `current block (${block.cohort})`, block.remaining_epsilon, block.epsilon_cap, false));
+  $("gauges").replaceChildren(...shown);
+}
+
 function showCap(id, kind, dataset, personBudget) {
   $(id).textContent = capName(kind, dataset, personBudget);
   $(id).dataset.cap = text(kind);
@@ -66,6 +122,7 @@ async function loadSummary() {
   $("relations").textContent = (b.neighbouring_relations || []).join(", ") || "none charged yet";
   $("account-relation").textContent = text(b.neighbouring_relation);
   const pb = b.person_budget;
+  showGauges(b, s.current_block);
   $("remaining").textContent = b.remaining_epsilon;
   showCap("binding-cap", b.binding_cap, b.dataset, pb && pb.name);
   $("dataset-remaining").textContent = text(b.dataset_remaining_epsilon);
@@ -94,10 +151,13 @@ async function loadSummary() {
       `${p.affordable_runs}${p.affordable_runs_capped ? "+" : ""}`;
   if (p) showCap("projection-binding", p.binding_cap, p.dataset, p.person_budget);
   else { $("projection-binding").textContent = "unknown"; $("projection-binding").dataset.cap = ""; }
-  $("chart").innerHTML = s.chart.svg;  // server-rendered SVG (numbers and fixed labels only)
+  const empty = s.chart.points === 0;
+  $("chart-empty").hidden = !empty;
+  $("chart").innerHTML = empty ? "" : s.chart.svg;  // server-rendered SVG (numbers, times, escaped names)
   $("chart").dataset.points = s.chart.points;
   showForecast(s.forecast, s.forecast_error);
   showCapChanges(pb ? pb.history : []);
+  $("cap-changes-empty").hidden = Boolean(pb);
 }
 
 // the block forecast's warnings (at least 14 retrain intervals ahead) as a banner, and its summary
@@ -140,6 +200,7 @@ async function loadBlocks() {
     if (b.retired) tr.className = "retired";
     body.appendChild(tr);
   }
+  $("blocks-empty").hidden = page.total > 0;
   $("blocks-page").textContent = `${page.total ? blocksOffset + 1 : 0}–${blocksOffset + page.items.length} of ${page.total} (current first)`;
   $("blocks-newer").disabled = blocksOffset === 0;
   $("blocks-older").disabled = blocksOffset + page.items.length >= page.total;
@@ -167,6 +228,7 @@ async function loadRuns() {
     body.appendChild(tr);
     if (r.status === "queued" || r.status === "running") live = true;
   }
+  $("runs-empty").hidden = page.items.length > 0;
   if (live && !polling) polling = setInterval(refreshLive, 1000);
   if (!live && polling) { clearInterval(polling); polling = null; loadSummary(); loadModels(); loadLedger(); loadBlocks(); }
 }
@@ -206,6 +268,7 @@ async function loadModels() {
     tr.dataset.version = m.model_version;
     body.appendChild(tr);
   }
+  $("versions-empty").hidden = page.items.length > 0;
   try {
     const served = await fetch(`/v1/datasets/${encodeURIComponent(dataset())}/model`).then((r) => (r.ok ? r.json() : null));
     $("served").textContent = served ? `${served.algorithm}, id ${served.model_version}` : "none";
@@ -221,6 +284,7 @@ async function loadLedger() {
   for (const e of page.items) {
     body.appendChild(row([e.seq, e.kind, e.run_id, e.epsilon, e.spent_epsilon_rdp, e.epsilon_cap, e.actor, e.reason, e.created_at]));
   }
+  $("entries-empty").hidden = page.total > 0;
   $("ledger-page").textContent = `${page.total ? ledgerOffset + 1 : 0}–${ledgerOffset + page.items.length} of ${page.total} (newest first)`;
   $("newer").disabled = ledgerOffset === 0;
   $("older").disabled = ledgerOffset + page.items.length >= page.total;
@@ -235,8 +299,56 @@ if (logout) {
   logout.addEventListener("click", async () => { await api("/dashboard/logout", { method: "POST" }); window.location.reload(); });
 }
 
+// ------------------------------------------------------------------ objective selector
+// the objectives the selected algorithm takes (from the server's list); none: the field is disabled
+function fillObjectives() {
+  const algo = $("train-algo").selectedOptions[0];
+  const objectives = text(algo && algo.dataset.objectives).split(" ").filter(Boolean);
+  const select = $("train-objective");
+  const kept = select.value;
+  const options = [new Option(objectives.length ? `default (${objectives[0]})` : "not applicable", "")];
+  for (const o of objectives) options.push(new Option(o, o));
+  select.replaceChildren(...options);
+  select.disabled = objectives.length === 0;
+  select.value = objectives.includes(kept) ? kept : "";
+}
+
+// ------------------------------------------------------------------ auto-refresh
+const REFRESH_MS = 10000;
+let refreshPaused = false;
+let refreshing = false;
+const pad2 = (n) => String(n).padStart(2, "0");
+
+// every list and figure, one request after another; the forms are never touched
+async function refreshAll() {
+  if (refreshing) return;
+  refreshing = true;
+  try {
+    await loadSummary(); await loadRuns(); await loadModels(); await loadLedger(); await loadBlocks();
+    const now = new Date();
+    $("updated").textContent = `updated ${pad2(now.getHours())}:${pad2(now.getMinutes())}:${pad2(now.getSeconds())}`;
+    $("updated").dataset.at = now.toISOString();
+    $("refresh-error").textContent = "";
+  } catch (e) {
+    $("refresh-error").textContent = `refresh failed: ${e.message}`;
+  } finally {
+    refreshing = false;
+  }
+}
+
+function toggleRefresh() {
+  refreshPaused = !refreshPaused;
+  const button = $("refresh-toggle");
+  button.setAttribute("aria-pressed", String(refreshPaused));
+  button.textContent = refreshPaused ? "Resume auto-refresh" : "Pause auto-refresh";
+  if (!refreshPaused) refreshAll();
+}
+
 if (dataset()) {
   $("proj-eps").addEventListener("change", loadSummary);
+  $("refresh-toggle").addEventListener("click", toggleRefresh);
+  $("train-algo").addEventListener("change", fillObjectives);
+  fillObjectives();
   $("newer").addEventListener("click", () => { ledgerOffset = Math.max(0, ledgerOffset - 20); loadLedger(); });
   $("older").addEventListener("click", () => { ledgerOffset += 20; loadLedger(); });
   $("blocks-newer").addEventListener("click", () => { blocksOffset = Math.max(0, blocksOffset - 10); loadBlocks(); });
@@ -246,10 +358,12 @@ if (dataset()) {
     $("train-msg").textContent = "";
     const body = { epsilon: parseFloat($("train-eps").value) };
     if ($("train-algo").value) body.algorithm = $("train-algo").value;
+    if ($("train-objective").value) body.objective = $("train-objective").value;
     try {
       await api(`${base()}/trainings`, { method: "POST", body: JSON.stringify(body) });
       await loadRuns(); loadSummary(); loadLedger();
     } catch (e) { $("train-msg").textContent = e.message; }
   });
-  loadSummary(); loadRuns(); loadModels(); loadLedger(); loadBlocks();
+  refreshAll();
+  setInterval(() => { if (!refreshPaused && !document.hidden) refreshAll(); }, REFRESH_MS);
 }

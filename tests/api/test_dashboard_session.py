@@ -24,7 +24,8 @@ def test_sign_in_and_csrf(sqlite_env: Env) -> None:
     csrf = _sign_in(sqlite_env)
     page = c.get("/dashboard").text
     assert f'content="{csrf}"' in page and sqlite_env.token("root", "admin") not in page
-    assert c.get("/dashboard/api/datasets/default/summary").json()["chart"]["points"] == 1
+    chart = c.get("/dashboard/api/datasets/default/summary").json()["chart"]
+    assert chart["points"] == 0 and 'class="chart"' in chart["svg"]  # opened, nothing charged: the empty state
     assert c.post("/dashboard/api/datasets/default/trainings", json={"epsilon": 1}).status_code == 403
     assert c.post("/dashboard/api/datasets/default/trainings", json={"epsilon": 1},
                   headers={"X-CSRF-Token": "wrong"}).status_code == 403

@@ -1,19 +1,25 @@
 """The dashboard in a real browser (Debian chromium + chromedriver via Selenium) against
-`privrec serve`: sign in, the chart has one point per ledger entry, the remaining ε, the binding
-cap (data set's or person budget's) and the affordable runs are the admin API's, start a training and watch it
-reach "published" without reloading, activate the older version and see the served model change;
-the page runs under its Content-Security-Policy without a single violation; after sign-out the
-session cookie copied before it opens nothing. Screenshots go to tests/artifacts/screenshots
+`privrec serve`: sign in, the chart has a UTC time axis, one point per run at its last ledger
+entry's time, both caps drawn and the person budget's cap change marked; a gauge per cap (data set,
+person budget, current block) with its state (ok, low, exhausted) as a class and in words; the
+remaining ε, the binding cap (data set's or person budget's) and the affordable runs are the admin
+API's; start a training with an objective chosen from the algorithm's and watch it reach
+"published" without reloading, activate the older version and see the served model change; the
+page refreshes itself (pausable) and keeps what the form holds; a fresh data set shows its empty
+states; the page runs under its Content-Security-Policy without a single violation; after sign-out
+the session cookie copied before it opens nothing. Screenshots go to tests/artifacts/screenshots
 (git-ignored)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -147,6 +153,93 @@ def _same_cells(shown: list[list[str]], expected: list[list[str]]) -> bool:
         len(r) == len(e) and all(map(same, r, e)) for r, e in zip(shown, expected, strict=True))
 
 
+LOW_SHARE = 0.25  # the page calls a cap "low" under a quarter left
+TICK_LABEL = re.compile(r"^(\d\d [A-Z][a-z]{2} )?\d\d:\d\d(:\d\d)?$|^\d\d [A-Z][a-z]{2}( \d{4})?$")
+
+
+def _state(remaining: float, cap: float) -> str:
+    return "exhausted" if remaining <= 0 else "low" if remaining < LOW_SHARE * cap else "ok"
+
+
+def _gauges_shown(driver, client: httpx.Client, admin: dict[str, str],  # type: ignore[no-untyped-def]
+                  dataset: str = "default") -> bool | _Mismatch:
+    """Whether the gauges show each cap's remaining ε out of the cap as the admin API returns them:
+    the data set's, the person budget's and the current block's (one not opened yet: nothing
+    spent), each with its state as a class, a data attribute and in words."""
+    from selenium.webdriver.common.by import By
+
+    budget = client.get(f"/v1/admin/datasets/{dataset}/budget", headers=admin).json()
+    pb = budget["person_budget"]
+    expected = {"dataset": (budget["dataset_remaining_epsilon"], budget["epsilon_cap"]),
+                "person": (pb["remaining_epsilon"], pb["epsilon_cap"])}
+    if budget["current_block"] is not None:
+        first = client.get(f"/v1/admin/datasets/{dataset}/budget/blocks", headers=admin,
+                           params={"limit": 1}).json()["items"]
+        current = [b for b in first if b["cohort"] == budget["current_block"]]
+        expected["block"] = ((current[0]["remaining_epsilon"], current[0]["epsilon_cap"]) if current
+                             else (budget["epsilon_cap"], budget["epsilon_cap"]))
+    gauges = {g.get_attribute("id"): g for g in driver.find_elements(By.CSS_SELECTOR, "#gauges .gauge")}
+    if set(gauges) != {f"gauge-{k}" for k in expected}:
+        return _Mismatch(f"gauges {sorted(gauges)} expected {sorted(expected)}")
+    for kind, (remaining, cap) in expected.items():
+        g, state = gauges[f"gauge-{kind}"], _state(remaining, cap)
+        shown = (g.get_attribute("data-state"), float(g.get_attribute("data-remaining")),
+                 float(g.get_attribute("data-cap")), f"state-{state}" in g.get_attribute("class").split(),
+                 g.find_element(By.CLASS_NAME, "gauge-state").text.split(":")[0])
+        if shown != (state, remaining, cap, True, state):
+            return _Mismatch(f"{kind}: shown {shown}, expected {(state, remaining, cap, True, state)}")
+    return True
+
+
+def _gauge_state(driver, kind: str) -> str:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.ID, f"gauge-{kind}").get_attribute("data-state"))
+
+
+def _displayed(driver, element: str) -> bool:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    return bool(driver.find_element(By.ID, element).is_displayed())
+
+
+def _at(value: str) -> datetime:
+    at = datetime.fromisoformat(value)
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+
+
+def _chart_shown(driver, client: httpx.Client,  # type: ignore[no-untyped-def]
+                 admin: dict[str, str]) -> bool | _Mismatch:
+    """Whether the chart has one point per run of the ledger, at the time of the run's last entry and
+    in time order along x, readable UTC time ticks, and both caps drawn at the API's values."""
+    from selenium.webdriver.common.by import By
+
+    entries = sorted(client.get("/v1/admin/datasets/default/ledger", headers=admin,
+                                params={"limit": 1000}).json()["items"], key=lambda e: e["seq"])
+    last = {e["run_id"]: e for e in entries if e["run_id"] is not None}
+    points = driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt[data-run]")
+    runs = [int(p.get_attribute("data-run")) for p in points]
+    if sorted(runs) != sorted(last):
+        return _Mismatch(f"points for runs {runs}, ledger runs {sorted(last)}")
+    times = {int(p.get_attribute("data-run")): (_at(p.get_attribute("data-at")), float(p.get_attribute("cx")))
+             for p in points}
+    if any(times[r][0] != _at(last[r]["created_at"]) for r in last):
+        return _Mismatch(f"point times {times} differ from the ledger's")
+    by_time = sorted(times.values())
+    if any(a[1] > b[1] for a, b in zip(by_time, by_time[1:], strict=False)):
+        return _Mismatch(f"x does not grow with time: {by_time}")
+    ticks = driver.find_elements(By.CSS_SELECTOR, "#chart svg g.tick.x")
+    labels = [t.find_element(By.TAG_NAME, "text").text for t in ticks]
+    tick_times = [_at(t.get_attribute("data-at")) for t in ticks]
+    if len(ticks) < 2 or not all(TICK_LABEL.match(label) for label in labels) or tick_times != sorted(tick_times):
+        return _Mismatch(f"time ticks {labels}")
+    budget = client.get("/v1/admin/datasets/default/budget", headers=admin).json()
+    caps = {c.get_attribute("class"): float(c.get_attribute("data-cap"))
+            for c in driver.find_elements(By.CSS_SELECTOR, "#chart svg g.cap")}
+    want = {"cap cap-dataset": budget["epsilon_cap"], "cap cap-person": budget["person_budget"]["epsilon_cap"]}
+    return caps == want or _Mismatch(f"caps {caps} expected {want}")
+
+
 def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
     _require_browser()
     from selenium.webdriver.common.by import By
@@ -178,8 +271,12 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert token not in driver.current_url
             assert driver.execute_script("return document.cookie") == ""  # HttpOnly: invisible to scripts
             assert driver.execute_script("return window.localStorage.length") == 0
-            n_entries = client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"]
-            assert len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) == n_entries
+            _wait(lambda: _chart_shown(driver, client, admin), 30, "the chart over time, one point per run")
+            assert not driver.find_element(By.ID, "chart-empty").is_displayed()
+            assert "updated " in driver.find_element(By.ID, "updated").text
+            # the gauges: every cap with room left at the defaults
+            _wait(lambda: _gauges_shown(driver, client, admin), 30, "the gauges the API returns")
+            assert [_gauge_state(driver, k) for k in ("dataset", "person", "block")] == ["ok", "ok", "ok"]
             assert "verified" in driver.find_element(By.ID, "chain").text
             assert driver.find_element(By.ID, "account-relation").text == "add_or_remove_one_user"
             assert driver.find_element(By.ID, "person-budget").text.startswith("all: spent ")
@@ -194,6 +291,17 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             assert not driver.find_element(By.ID, "block-warning").is_displayed()
             driver.save_screenshot(str(SHOTS / "01-signed-in.png"))
 
+            # the objective selector offers what the selected algorithm takes
+            from selenium.webdriver.support.ui import Select
+
+            algo, objective = Select(driver.find_element(By.ID, "train-algo")), driver.find_element(By.ID, "train-objective")
+            assert algo.first_selected_option.get_attribute("value") == "dpals"
+            assert [o.get_attribute("value") for o in Select(objective).options] == ["", "rating", "ranking"]
+            algo.select_by_value("dpfw")
+            assert not objective.is_enabled() and [o.get_attribute("value") for o in Select(objective).options] == [""]
+            algo.select_by_value("dpals")
+            Select(objective).select_by_value("ranking")
+
             # start a training from the page and watch it without reloading
             marker = driver.execute_script("window.__noReload = 1; return window.__noReload")
             eps = driver.find_element(By.ID, "train-eps")
@@ -203,6 +311,8 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             new_run = _wait(lambda: [r for r in driver.find_elements(By.CSS_SELECTOR, "#runs tr")
                                      if int(r.get_attribute("data-run")) > demo["id"]], 30, "the new run")[0]
             run_id = int(new_run.get_attribute("data-run"))
+            started = client.get(f"/v1/admin/trainings/{run_id}", headers=admin).json()
+            assert started["algorithm"] == "dpals" and started["config"]["objective"] == "ranking", started
             stages: set[str] = set()
 
             def published() -> bool:
@@ -216,8 +326,8 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#versions tr")) == 2, 30, "two versions")
             new_version = client.get("/v1/datasets/default/model").json()["model_version"]
             assert new_version != first_version
-            _wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#chart svg circle.pt")) ==
-                  client.get("/v1/admin/datasets/default/ledger", headers=admin).json()["total"], 30, "chart update")
+            assert "(ranking)" in driver.find_element(By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]').text
+            _wait(lambda: _chart_shown(driver, client, admin), 30, "the chart with the new run")
             _wait(lambda: _caps_shown(driver, client, admin), 30, "the caps after the run")
             driver.save_screenshot(str(SHOTS / "02-trained.png"))
 
@@ -246,6 +356,12 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             # the cap change, from the person budget's hash-chained entries, newest first
             _wait(lambda: [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#cap-changes tr:first-child td")][3:5]
                   == ["10", "5"], 30, "the person budget's cap change")
+            # ... drawn on the chart (the person cap line at 5) and marked there at its time
+            _wait(lambda: _chart_shown(driver, client, admin), 30, "the chart with the person cap")
+            history = client.get("/v1/admin/person-budgets/all", headers=admin).json()["history"]
+            marks = driver.find_elements(By.CSS_SELECTOR, "#chart svg g.cap-change.scope-person")
+            assert [(_at(m.get_attribute("data-at")), m.get_attribute("data-new")) for m in marks] == \
+                [(_at(h["at"]), "5") for h in history if h["old_cap"] is not None], history
 
             # a retrain policy that spends the blocks within 14 intervals: the banner says so
             policy = client.put("/v1/admin/datasets/default/retrain-policy", headers=admin, json={"epsilon": 4})
@@ -256,6 +372,51 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             _wait(lambda: driver.find_element(By.ID, "block-warning").is_displayed(), 30, "the block warning banner")
             _wait(lambda: _blocks_shown(driver, client, admin), 30, "the blocks and the banner the API returns")
             driver.save_screenshot(str(SHOTS / "04-block-warning.png"))
+
+            # the page refreshes itself: a change through the API shows without a reload, and what
+            # the form holds stays; the person budget's gauge turns low, then exhausted
+            marker = driver.execute_script("window.__noReload = 2; return window.__noReload")
+            eps = driver.find_element(By.ID, "train-eps")
+            eps.clear()
+            eps.send_keys("2.5")
+            spent = client.get("/v1/admin/person-budgets/all", headers=admin).json()["spent_epsilon_rdp"]
+            low = client.put("/v1/admin/person-budgets/all", headers=admin,
+                             json={"epsilon_cap": round(spent / (1 - LOW_SHARE / 2), 6), "reason": "browser test"})
+            assert low.status_code == 200, low.text
+            _wait(lambda: _gauge_state(driver, "person") == "low", 40, "the auto-refresh to show the low gauge")
+            _wait(lambda: _gauges_shown(driver, client, admin), 30, "the gauges with the person budget low")
+            assert "low: under 25 % left" in driver.find_element(By.ID, "gauge-person").text
+            exhausted = client.put("/v1/admin/person-budgets/all", headers=admin, json={"epsilon_cap": spent})
+            assert exhausted.status_code == 200 and exhausted.json()["remaining_epsilon"] == 0, exhausted.text
+            _wait(lambda: _gauge_state(driver, "person") == "exhausted", 40, "the exhausted gauge")
+            _wait(lambda: _gauges_shown(driver, client, admin), 30, "the gauges with the person budget exhausted")
+            assert driver.execute_script("return window.__noReload") == marker  # refreshed in place
+            assert driver.find_element(By.ID, "train-eps").get_attribute("value") == "2.5"
+            driver.save_screenshot(str(SHOTS / "05-gauges.png"))
+            # paused, then resumed: resuming refreshes at once
+            toggle = driver.find_element(By.ID, "refresh-toggle")
+            toggle.click()
+            assert toggle.get_attribute("aria-pressed") == "true" and toggle.text == "Resume auto-refresh"
+            raised = client.put("/v1/admin/person-budgets/all", headers=admin, json={"epsilon_cap": 10, "reason": "test"})
+            assert raised.status_code == 200, raised.text
+            toggle.click()
+            assert toggle.get_attribute("aria-pressed") == "false" and toggle.text == "Pause auto-refresh"
+            _wait(lambda: _gauge_state(driver, "person") == "ok", 30, "the refresh on resuming")
+
+            # a fresh data set: empty states instead of empty tables and a blank chart
+            fresh = client.post("/v1/admin/datasets", headers=admin, json={
+                "name": "fresh", "rating_min": 1, "rating_max": 5, "epsilon_cap": 3, "delta": 1e-6})
+            assert fresh.status_code == 201, fresh.text
+            driver.get(f"{base}/dashboard?dataset=fresh")
+            for empty in ("runs-empty", "versions-empty", "chart-empty"):
+                _wait(partial(_displayed, driver, empty), 30, f"#{empty}")
+            assert not driver.find_elements(By.CSS_SELECTOR, "#chart svg")
+            assert not driver.find_elements(By.CSS_SELECTOR, "#runs tr, #versions tr")
+            assert "No training run yet" in driver.find_element(By.ID, "runs-empty").text
+            assert "No spend yet" in driver.find_element(By.ID, "chart-empty").text
+            _wait(lambda: _gauges_shown(driver, client, admin, "fresh"), 30, "the fresh data set's gauges")
+            assert _gauge_state(driver, "dataset") == "ok"
+            driver.save_screenshot(str(SHOTS / "06-empty.png"))
 
             # a write without the CSRF header is refused even with the cookie
             refused = driver.execute_script(
@@ -280,7 +441,7 @@ def test_dashboard_in_a_real_browser(spawn, tmp_path: Path) -> None:
             stale = httpx.get(f"{base}/dashboard/api/datasets/default/summary",
                               cookies={"privrec_session": copied["value"]})
             assert stale.status_code == 401 and stale.json()["error"]["code"] == "no_session"
-            driver.save_screenshot(str(SHOTS / "05-signed-out.png"))
+            driver.save_screenshot(str(SHOTS / "07-signed-out.png"))
             assert driver.execute_script("return window.__cspViolations") == []
             assert _csp_violations(driver) == []
         finally:

@@ -1,5 +1,5 @@
 """The admin dashboard (``/dashboard``): server-rendered HTML, one hand-written JS file and a
-server-rendered SVG chart; no build step.
+server-rendered SVG chart (:mod:`app.api.spend_chart`); no build step.
 
 Sign-in exchanges an admin bearer token (sent once in a JSON body, never in a URL) for a session
 cookie: a JWT with audience ``privrec-dashboard`` (so it is no bearer token, and no bearer token
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import jwt
 from fastapi import APIRouter, Body, Depends, Query, Request
@@ -37,12 +37,15 @@ from app.api.deps import (
     verify_bearer,
 )
 from app.api.params import DatasetP
+from app.api.spend_chart import chart_svg
 from app.auth import ISSUER
 from app.config import Settings
+from app.core.algorithms import ALGORITHMS
 from app.errors import AdminRequired, CsrfFailed, InvalidToken, NoSession, TokenRevoked, Unauthorized
 from app.schemas.admin import (
     MAX_EPSILON_CAP,
     BlockOut,
+    BudgetOut,
     ChartOut,
     DashboardSummaryOut,
     DashboardTrainingOut,
@@ -50,6 +53,7 @@ from app.schemas.admin import (
     LedgerCheckOut,
     LedgerEntryOut,
     ModelVersionOut,
+    Objective,
     ProjectionOut,
     TrainingIn,
     TrainingRunOut,
@@ -59,7 +63,7 @@ from app.services import admin as svc
 from app.services import revocations
 from app.services.unit_of_work import after_commit
 
-__all__ = ["router", "COOKIE", "chart_svg"]
+__all__ = ["router", "COOKIE"]
 
 async def _not_cached(response: Response) -> None:
     """Nothing the dashboard sends (budget figures, sessions) is kept by browsers or proxies."""
@@ -172,9 +176,17 @@ def page(request: Request, claims: LiveSession, session: SessionDep) -> HTMLResp
         return _no_store(templates.TemplateResponse(request, "login.html", {}))
     names = [d.name for d in svc.datasets_page(session, offset=0, limit=MAX_PAGE_SIZE).items]
     return _no_store(templates.TemplateResponse(request, "dashboard.html", {
-        "csrf": claims["csrf"], "subject": claims["sub"], "datasets": names,
+        "csrf": claims["csrf"], "subject": claims["sub"], "datasets": names, "algorithms": _algorithm_choices(),
         "dataset": request.query_params.get("dataset") if request.query_params.get("dataset") in names else
         (names[0] if names else None)}))
+
+
+def _algorithm_choices() -> list[dict[str, Any]]:
+    """The start form's algorithms (the request's default first) with the objectives each takes."""
+    default = TrainingIn.model_fields["algorithm"].default
+    names = sorted(ALGORITHMS, key=lambda n: (n != default, n))
+    return [{"name": n, "default": n == default,
+             "objectives": list(get_args(Objective)) if ALGORITHMS[n].takes_objective else []} for n in names]
 
 
 CONTENT_SECURITY_POLICY = (
@@ -194,58 +206,13 @@ def _no_store(response: HTMLResponse) -> HTMLResponse:
     return response
 
 
-# ----------------------------------------------------------------------------- chart
-KIND_COLOURS = {"open": "#888", "reservation": "#d9822b", "commit": "#0f9960", "refund": "#2b95d6",
-                "local": "#8f398f", "cap_change": "#db3737"}
-
-
-def chart_svg(entries: list[dict[str, Any]], width: int = 720, height: int = 240) -> str:
-    """Spend (RDP) after each ledger entry as a step line, the cap as a dashed step line, and one
-    marker per entry coloured by kind (reservation, commit, refund, local guarantee, cap change)."""
-    pad = 36
-    if not entries:
-        return f'<svg class="chart" width="{width}" height="{height}"></svg>'
-    top = max(max(float(e.get("epsilon_cap") or 0.0), float(e.get("spent_epsilon_rdp") or 0.0)) for e in entries) or 1.0
-    n = len(entries)
-
-    def x(i: int) -> float:
-        return pad + (width - 2 * pad) * (i / max(n - 1, 1))
-
-    def y(v: float) -> float:
-        return height - pad - (height - 2 * pad) * (v / top)
-
-    spend = " ".join(f"{x(i):.1f},{y(float(e['spent_epsilon_rdp'] or 0.0)):.1f}" for i, e in enumerate(entries))
-    cap = " ".join(f"{x(i):.1f},{y(float(e.get('epsilon_cap') or 0.0)):.1f}" for i, e in enumerate(entries))
-    marks = "".join(
-        f'<circle class="pt kind-{e["kind"]}" data-seq="{e["seq"]}" cx="{x(i):.1f}" '
-        f'cy="{y(float(e["spent_epsilon_rdp"] or 0.0)):.1f}" r="4" fill="{KIND_COLOURS.get(e["kind"], "#000")}">'
-        f'<title>#{e["seq"]} {e["kind"]}: spent {e["spent_epsilon_rdp"]}</title></circle>'
-        for i, e in enumerate(entries))
-    legend = "".join(
-        f'<g transform="translate({pad + 110 * k},{14})"><circle r="4" fill="{c}"/>'
-        f'<text x="8" y="4" font-size="11">{kind.replace("_", " ")}</text></g>'
-        for k, (kind, c) in enumerate(KIND_COLOURS.items()))
-    return (
-        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="privacy spend over ledger entries">'
-        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#999"/>'
-        f'<text x="4" y="{y(top) + 4:.1f}" font-size="11">{top:g}</text>'
-        f'<text x="4" y="{height - pad + 4}" font-size="11">0</text>'
-        f'<polyline class="cap" points="{cap}" fill="none" stroke="#db3737" stroke-dasharray="4 3"/>'
-        f'<polyline class="spend" points="{spend}" fill="none" stroke="#137cbd" stroke-width="2"/>'
-        f'{marks}{legend}</svg>')
-
-
 # ----------------------------------------------------------------------------- JSON for the page
 @router.get("/dashboard/api/datasets/{dataset}/summary", response_model=DashboardSummaryOut)
 def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep, settings: SettingsDep,
             epsilon: Annotated[float, Query(ge=1e-3, le=MAX_EPSILON_CAP)] = 1.0) -> DashboardSummaryOut:
-    """Budget, chain status, projection at ``epsilon``, the spend chart and the block forecast."""
-    page = svc.ledger_page(session, dataset=dataset, offset=0, limit=1)
-    start = max(0, page.total - CHART_POINTS)
-    entries = [e.model_dump(mode="json") for e in
-               svc.ledger_page(session, dataset=dataset, offset=start, limit=CHART_POINTS).items]
+    """Budget (with the current block's), chain status, projection at ``epsilon``, the spend chart
+    and the block forecast."""
+    budget = svc.budget_view(session, dataset=dataset)
     projection: ProjectionOut | None = None
     projection_error = None
     try:
@@ -259,10 +226,33 @@ def summary(dataset: DatasetP, _: SessionAdmin, session: SessionDep, settings: S
     except Exception as exc:  # noqa: BLE001 - shown on the page (e.g. the next run cannot be built)
         forecast_error = getattr(exc, "message", type(exc).__name__)
     return DashboardSummaryOut(
-        budget=svc.budget_view(session, dataset=dataset),
+        budget=budget, current_block=_current_block(session, budget),
         chain=LedgerCheckOut.model_validate(svc.chain_status(session, dataset=dataset)),
         projection=projection, projection_error=projection_error,
-        chart=ChartOut(points=len(entries), svg=chart_svg(entries)), forecast=forecast, forecast_error=forecast_error)
+        chart=_chart(session, budget), forecast=forecast, forecast_error=forecast_error)
+
+
+def _chart(session: Session, budget: BudgetOut) -> ChartOut:
+    """The spend chart over the latest :data:`CHART_POINTS` ledger entries, with the person budget's cap."""
+    total = svc.ledger_page(session, dataset=budget.dataset, offset=0, limit=1).total
+    entries = [e.model_dump(mode="json") for e in svc.ledger_page(
+        session, dataset=budget.dataset, offset=max(0, total - CHART_POINTS), limit=CHART_POINTS).items]
+    history = budget.person_budget.history if budget.person_budget else []
+    svg, points = chart_svg(entries, history)
+    return ChartOut(points=points, svg=svg)
+
+
+def _current_block(session: Session, budget: BudgetOut) -> BlockOut | None:
+    """The block users joining now belong to (None where the data set keeps no blocks); one not
+    opened yet has nothing spent."""
+    if budget.current_block is None:
+        return None
+    first = svc.blocks_page(session, dataset=budget.dataset, offset=0, limit=1).items
+    if first and first[0].cohort == budget.current_block:
+        return first[0]
+    return BlockOut(cohort=budget.current_block, epsilon_cap=budget.epsilon_cap, delta=budget.delta,
+                    spent_epsilon_rdp=0.0, spent_epsilon_pld=0.0, remaining_epsilon=budget.epsilon_cap, n_runs=0,
+                    privacy_unit=budget.privacy_unit, privacy_unit_label=budget.privacy_unit_label)
 
 
 @router.get("/dashboard/api/datasets/{dataset}/blocks", response_model=Page[BlockOut])
