@@ -42,6 +42,12 @@ if (login) {
 }
 
 // ------------------------------------------------------------------ dashboard
+// an empty list shows its message instead of an empty table
+function emptyState(tbody, message, empty) {
+  $(tbody).closest("table").hidden = empty;
+  $(message).hidden = !empty;
+}
+
 const base = () => `/dashboard/api/datasets/${encodeURIComponent(dataset())}`;
 
 // which cap binds, named: this data set's or the per-person budget it counts against
@@ -157,7 +163,7 @@ async function loadSummary() {
   $("chart").dataset.points = s.chart.points;
   showForecast(s.forecast, s.forecast_error);
   showCapChanges(pb ? pb.history : []);
-  $("cap-changes-empty").hidden = Boolean(pb);
+  emptyState("cap-changes", "cap-changes-empty", !pb);
 }
 
 // the block forecast's warnings (at least 14 retrain intervals ahead) as a banner, and its summary
@@ -200,7 +206,7 @@ async function loadBlocks() {
     if (b.retired) tr.className = "retired";
     body.appendChild(tr);
   }
-  $("blocks-empty").hidden = page.total > 0;
+  emptyState("block-rows", "blocks-empty", page.total === 0);
   $("blocks-page").textContent = `${page.total ? blocksOffset + 1 : 0}–${blocksOffset + page.items.length} of ${page.total} (current first)`;
   $("blocks-newer").disabled = blocksOffset === 0;
   $("blocks-older").disabled = blocksOffset + page.items.length >= page.total;
@@ -228,7 +234,7 @@ async function loadRuns() {
     body.appendChild(tr);
     if (r.status === "queued" || r.status === "running") live = true;
   }
-  $("runs-empty").hidden = page.items.length > 0;
+  emptyState("runs", "runs-empty", page.total === 0);
   if (live && !polling) polling = setInterval(refreshLive, 1000);
   if (!live && polling) { clearInterval(polling); polling = null; loadSummary(); loadModels(); loadLedger(); loadBlocks(); }
 }
@@ -268,7 +274,7 @@ async function loadModels() {
     tr.dataset.version = m.model_version;
     body.appendChild(tr);
   }
-  $("versions-empty").hidden = page.items.length > 0;
+  emptyState("versions", "versions-empty", page.total === 0);
   try {
     const served = await fetch(`/v1/datasets/${encodeURIComponent(dataset())}/model`).then((r) => (r.ok ? r.json() : null));
     $("served").textContent = served ? `${served.algorithm}, id ${served.model_version}` : "none";
@@ -284,7 +290,7 @@ async function loadLedger() {
   for (const e of page.items) {
     body.appendChild(row([e.seq, e.kind, e.run_id, e.epsilon, e.spent_epsilon_rdp, e.epsilon_cap, e.actor, e.reason, e.created_at]));
   }
-  $("entries-empty").hidden = page.total > 0;
+  emptyState("entries", "entries-empty", page.total === 0);
   $("ledger-page").textContent = `${page.total ? ledgerOffset + 1 : 0}–${ledgerOffset + page.items.length} of ${page.total} (newest first)`;
   $("newer").disabled = ledgerOffset === 0;
   $("older").disabled = ledgerOffset + page.items.length >= page.total;
