@@ -248,7 +248,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 7
+RULE_VERSION = 8
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -267,6 +267,10 @@ USER_RIDGE_EPS = 5.0
 REFERENCE_USERS = 1000.0
 # ranking (rule 7): the Wiener filter's strength at ε·max_users → 0, fading linearly to none at FEW_USERS_EPS
 FEW_USERS_FILTER = 0.003
+# rule 8: k from the data, k = clamp(round(scale·q̃), BOUND_MIN, largest), q̃ the DP quantile of the users' counts
+RATING_BOUND = {"quantile": 0.75, "largest": 240}  # scale ε^0.2 (_rating_bound_scale)
+RANKING_BOUND = {"quantile": 0.5, "scale": 1.0, "largest": 60}
+BOUND_MIN = 5
 
 
 def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[str, Any]:
@@ -281,14 +285,17 @@ def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[st
         "user_bias_shrinkage": 5.0,
         "contribution_mode": "adaptive_weights",
         "weight_exponent": -0.5,
-        "contribution_bound": 240,
+        "contribution_bound": RATING_BOUND["largest"],
+        "bound_quantile": RATING_BOUND["quantile"],
+        "bound_scale": round(epsilon**0.2, 6),
+        "bound_min": BOUND_MIN,
         "frequent_fraction": round(min(1.0, max(0.4, 100.0 / max(n_items, 1))), 4),
         "clip_user": 1.0,
         "clip_rating": 0.75 * half_range,
         "gram_noise_ratio": 2.0,
         "count_noise_ratio": 2.0,
         "mean_noise_ratio": 2.0,
-        "mean_mode": "dp",
+        "mean_mode": "dp_user",
         "user_centering": True,
         "item_bias": True,
         "clip_bias": 0.5 * half_range,
@@ -353,7 +360,10 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "reg_gravity": 0.5 * large,
         "contribution_mode": "adaptive_weights",
         "weight_exponent": -0.5,
-        "contribution_bound": 60,
+        "contribution_bound": RANKING_BOUND["largest"],
+        "bound_quantile": RANKING_BOUND["quantile"],
+        "bound_scale": RANKING_BOUND["scale"],
+        "bound_min": BOUND_MIN,
         "frequent_fraction": round(fraction, 4),
         "clip_user": 0.3,
         "clip_rating": 1.0,
