@@ -147,10 +147,27 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 7
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 8
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
     assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)
+
+
+def test_rule_8_sets_k_from_the_data_a_user_level_mean_and_a_bias_prior_that_follows_epsilon():
+    def rule(objective: str, eps: float, rating_range: tuple[float, float] = (1.0, 5.0)) -> dict:
+        return defaults.default_hyperparameters(objective=objective, epsilon=eps, delta=1e-6,
+                                                rating_range=rating_range, n_items=1682)
+
+    for objective, largest in (("rating", 240), ("ranking", 60)):
+        params = rule(objective, 1.0)
+        assert params["bound_quantile"] is not None and params["contribution_bound"] == largest
+        assert 1 <= params["bound_min"] < largest
+    assert rule("rating", 0.5)["bound_scale"] < rule("rating", 8.0)["bound_scale"]  # k grows with ε
+    assert rule("rating", 1.0)["mean_mode"] == "dp_user"  # its noise does not grow with k
+    # the biases' prior shrinks them harder at small ε, in units of the scale's half range
+    assert rule("rating", 0.5)["item_bias_prior_std"] < rule("rating", 2.0)["item_bias_prior_std"] == 0.5
+    assert rule("rating", 20.0)["item_bias_prior_std"] == 0.5
+    assert rule("rating", 2.0, (-10.0, 10.0))["item_bias_prior_std"] == pytest.approx(2.5)
 
 
 def test_ranking_rule_takes_fewer_steps_for_few_declared_users():

@@ -9,10 +9,15 @@ noise std / L2 sensitivity (k = contribution bound; B = k for sampling, B for ad
 =====================  ==================================  ==============================
 release                statistic                           L2 sensitivity (one user)
 =====================  ==================================  ==============================
+count histogram        users per power-of-two bin of their 1: one user, one bin (if
+(``bound_quantile``)   number of ratings (issue 27)        ``bound_quantile`` is set)
 item counts c̃ (1st)   per-item counts of ≤ k sampled       sqrt(k): ≤ k distinct items, +1
                        ratings per user                    each
 DP mean: sum           Σ (r − mid) over the same sample    k·h, h = (hi − lo)/2
 DP mean: count         number of sampled ratings           k
+user-level mean: sum   Σ_i mean_i(r − mid), one term a     h (``mean_mode`` "dp_user":
+                       user                                independent of k)
+user-level mean: count number of users                     1
 item bias sums S̃       Σ clip(r − m̃ − b_u, ±Γ_b) per item  sqrt(k)·Γ_b: ≤ k distinct items,
                        over the same sample                each term |·| ≤ Γ_b
 item counts (re-count) Σ_i c_ij on the bounded data        sqrt(Σ_j c_ij²) = sqrt(B)
@@ -20,6 +25,12 @@ K̃ (if λ0 > 0)         Σ_i u_i u_iᵀ (upper triangle)       ‖u uᵀ‖_F =
 {Ã_j}                  Σ_i c_ij u_i u_iᵀ, all trained j    sqrt(Σ_j c_ij²)·Γ_u² = sqrt(B)·Γ_u²
 {b̃_j}                  Σ_i c_ij M_ij u_i, all trained j    sqrt(B)·Γ_u·Γ_M
 =====================  ==================================  ==============================
+
+With ``bound_quantile`` set, k (or B) is not a constant: the first release is the count histogram
+(:mod:`app.core.privacy.quantiles`), and k = clamp(round(``bound_scale`` · its ``bound_quantile``-
+quantile), ``bound_min``, ``contribution_bound``) enters every later sensitivity. Every noise
+multiplier is calibrated before the run reads anything; only the noise *scale* (sensitivity ×
+multiplier) follows the released k, which the clamp keeps in a public range.
 
 Symmetric matrices are released as their upper triangle (diagonal included) with i.i.d. noise,
 then mirrored; the upper triangle's L2 norm is at most the Frobenius norm, so the bounds hold.
@@ -84,6 +95,7 @@ from app.core.parallel import parallel_map
 from app.core.privacy import accounting
 from app.core.privacy.exact_sums import exact_bincount, exact_sum, fixed_quantum, fixed_terms, floor_weights
 from app.core.privacy.keyed import KeyedRandomness, user_hashes
+from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import KeysOf, clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
 
@@ -96,6 +108,9 @@ __all__ = [
     "public_preprocessing",
     "release_public_state",
     "release_recounts",
+    "bound_statistic",
+    "release_contribution_bound",
+    "user_mean_statistics",
     "ItemSource",
     "item_statistics",
     "gravity_statistic",
@@ -124,7 +139,9 @@ __all__ = [
 
 CONTRIBUTION_MODES = ("uniform", "tail", "adaptive_weights")
 OBJECTIVES = ("rating", "ranking")
-MEAN_MODES = ("dp", "public")
+MEAN_MODES = ("dp", "dp_user", "public")
+# "dp_user": the released offset stays within ±MEAN_INTERIOR·h of the midpoint, the scale's interior
+MEAN_INTERIOR = 0.8
 Progress = Callable[[float, str], None]
 # The item systems use Π_PSD(Ã_j + s I) with s = PSD_SHIFT x 2σ√r, the spectral edge of the Gram noise
 # (data-independent, so post-processing): Ã_j + s I is then positive definite for most items (≈ 93 %
@@ -157,6 +174,12 @@ class DPALSConfig:
     reg_gravity: float = 0.0  # λ0
     contribution_bound: int = 240  # k (sampling) or B (adaptive weights)
     contribution_mode: str = "adaptive_weights"
+    # issue 27: k from the data: k = clamp(round(bound_scale·q̃), bound_min, contribution_bound), q̃ the DP
+    # bound_quantile-quantile of the users' numbers of ratings (None: k = contribution_bound)
+    bound_quantile: float | None = None
+    bound_scale: float = 1.0
+    bound_min: int = 1
+    bound_noise_ratio: float = 4.0  # the count histogram: z·ratio
     weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
     frequent_fraction: float = 0.7  # β
     clip_user: float = 1.0  # Γ_u
@@ -190,7 +213,7 @@ class DPALSConfig:
         lo, hi = self.rating_range
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"rating_range must be finite with lo < hi, got {self.rating_range}")
-        for name in ("rank", "n_steps", "contribution_bound"):  # k enters every sensitivity: an integer
+        for name in ("rank", "n_steps", "contribution_bound", "bound_min"):  # k enters every sensitivity: an integer
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -205,13 +228,14 @@ class DPALSConfig:
             raise ValueError(f"contribution_mode must be one of {CONTRIBUTION_MODES}")
         if self.mean_mode not in MEAN_MODES:
             raise ValueError(f"mean_mode must be one of {MEAN_MODES}")
+        self._check_bound_law()
         if not 0 < self.frequent_fraction <= 1:
             raise ValueError("frequent_fraction must lie in (0, 1]")
         if self.weight_exponent > 0:
             raise ValueError("weight_exponent must be <= 0")
         positive = ("clip_user", "clip_rating", "noise_multiplier", "gram_noise_ratio",
                     "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio", "clip_bias",
-                    "bias_noise_ratio", "item_bias_prior_std")
+                    "bias_noise_ratio", "item_bias_prior_std", "bound_noise_ratio")
         for name in positive:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -228,6 +252,16 @@ class DPALSConfig:
         if self.public_mean is not None and not math.isfinite(self.public_mean):
             raise ValueError("public_mean must be finite")
         self._check_objective()
+
+    def _check_bound_law(self) -> None:
+        if self.bound_quantile is None:
+            return
+        if not (isinstance(self.bound_quantile, (int, float)) and 0 < self.bound_quantile < 1):
+            raise ValueError(f"bound_quantile must lie in (0, 1) or be null, got {self.bound_quantile!r}")
+        if not (math.isfinite(self.bound_scale) and self.bound_scale > 0):
+            raise ValueError(f"bound_scale must be finite and > 0, got {self.bound_scale}")
+        if self.bound_min > self.contribution_bound:
+            raise ValueError("bound_min must be at most contribution_bound (the largest k the data may set)")
 
     def _check_objective(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -265,6 +299,7 @@ class DPALSConfig:
         return {
             "counts": z * self.count_noise_ratio,
             "mean": z * self.mean_noise_ratio,
+            "bound": z * self.bound_noise_ratio,
             "bias": z * self.bias_noise_ratio,
             "gravity": z * self.gravity_noise_ratio,
             "gram": z * self.gram_noise_ratio,
@@ -291,8 +326,9 @@ class DPALSConfig:
 def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
     """The run's full event, known before any data is touched (used to reserve budget)."""
     z = config.noise_multipliers()
-    pre: list[dp_event.DpEvent] = [accounting.gaussian(z["counts"])]
-    if config.mean_mode == "dp":
+    pre: list[dp_event.DpEvent] = [] if config.bound_quantile is None else [accounting.gaussian(z["bound"])]
+    pre.append(accounting.gaussian(z["counts"]))
+    if config.mean_mode in ("dp", "dp_user"):
         pre += [accounting.gaussian(z["mean"]), accounting.gaussian(z["mean"])]
     if config.item_bias:
         pre.append(accounting.gaussian(z["bias"]))
@@ -306,7 +342,8 @@ def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
 
 #: every config field :func:`dpals_event` reads: the calibration's only input besides (ε, δ)
 EVENT_FIELDS = ("noise_multiplier", "count_noise_ratio", "mean_mode", "mean_noise_ratio", "item_bias",
-                "bias_noise_ratio", "reg_gravity", "gravity_noise_ratio", "gram_noise_ratio", "n_steps")
+                "bias_noise_ratio", "reg_gravity", "gravity_noise_ratio", "gram_noise_ratio", "n_steps",
+                "bound_quantile", "bound_noise_ratio")
 
 
 def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALSConfig:
@@ -358,6 +395,45 @@ def mean_statistics(values: np.ndarray, midpoint: float, half_range: float) -> t
     """(Σ (r − mid), count) over the sampled ratings: the statistics of the DP mean, each term on
     the fixed-point grid of its bound h (``app.core.privacy.exact_sums``): exact in any order."""
     return exact_sum(fixed_terms(values - midpoint, half_range), half_range), float(len(values))
+
+
+def user_mean_statistics(ratings: Ratings, midpoint: float, half_range: float) -> tuple[float, float]:
+    """(Σ_i mean_i(r − mid), number of users with a rating): the user-level mean's statistics (issue 27).
+
+    Each user adds one term, her own mean offset, which lies in [−h, h] because her ratings lie in
+    the public range, and 1 to the count: L2 sensitivities h and 1, whatever her number of ratings
+    (tests/unit/test_bound_from_data.py checks both numerically). Terms on the fixed-point grid of
+    h: exact in any order or partition of the users."""
+    n = ratings.user_counts()
+    rated = n > 0
+    rows = np.repeat(np.arange(ratings.n_users), n)
+    sums = np.bincount(rows, weights=ratings.csr.data - midpoint, minlength=ratings.n_users)
+    means = np.clip(sums[rated] / n[rated], -half_range, half_range)
+    return exact_sum(fixed_terms(means, half_range), half_range), float(np.count_nonzero(rated))
+
+
+def bound_statistic(per_user_counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
+    """The count histogram of :mod:`app.core.privacy.quantiles` over bins that resolve every count
+    the bound law can tell apart (up to contribution_bound / bound_scale): integer, exact to sum."""
+    largest = max(1.0, config.contribution_bound / config.bound_scale)
+    return count_histogram(per_user_counts, histogram_bins(largest))
+
+
+def release_contribution_bound(statistic: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> DPALSConfig:
+    """``config`` with k set from the data (issue 27), or unchanged when ``bound_quantile`` is None.
+
+    Releases the count histogram (L2 sensitivity 1) and sets k = clamp(round(bound_scale·q̃),
+    bound_min, contribution_bound) from its q-quantile q̃ (post-processing); where the noisy
+    histogram holds no users the declared largest k stands. Every later release's sensitivity
+    reads this k; their multipliers were calibrated before the run began."""
+    if config.bound_quantile is None:
+        return config
+    noisy = releaser.vector("bound_histogram", statistic, HISTOGRAM_SENSITIVITY, config.noise_multipliers()["bound"])
+    quantile = histogram_quantile(noisy, float(config.bound_quantile))
+    if not math.isfinite(quantile):
+        return config
+    k = min(config.contribution_bound, max(config.bound_min, round(config.bound_scale * quantile)))
+    return replace(config, contribution_bound=int(k))
 
 
 def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
@@ -434,8 +510,11 @@ def public_preprocessing(
     """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
     sample = per_user_sample(ratings, config.contribution_bound, rating_keys(ratings, keyed, 0))
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
-    sampled = (count_statistic(cols[sample], None, ratings.n_items),
-               *mean_statistics(vals[sample], config.midpoint, config.half_range))
+    if config.mean_mode == "dp_user":
+        mean_terms = user_mean_statistics(ratings, config.midpoint, config.half_range)
+    else:
+        mean_terms = mean_statistics(vals[sample], config.midpoint, config.half_range)
+    sampled = (count_statistic(cols[sample], None, ratings.n_items), *mean_terms)
     return release_public_state(sampled, lambda mean: item_bias_statistic(ratings, sample, mean, config), config,
                                 releaser)
 
@@ -611,12 +690,27 @@ def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser
 def _global_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
     if config.mean_mode == "public":
         return config.midpoint if config.public_mean is None else float(config.public_mean)
+    if config.mean_mode == "dp_user":
+        return _user_level_mean(total, count, config, releaser)
     k, h = config.contribution_bound, config.half_range
     z = config.noise_multipliers()["mean"]
     noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
     noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
     lo, hi = config.rating_range
     return float(np.clip(config.midpoint + noisy_total / max(noisy_count, 1.0), lo, hi))
+
+
+def _user_level_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
+    """mid + clip(S̃ / max(Ñ, 3σ_N), ±MEAN_INTERIOR·h): the mean of the users' own mean ratings
+    (sensitivities h and 1, so its noise does not grow with k). The count's floor at three of its
+    noise stds keeps a near-zero or negative noisy count from blowing the ratio up, and the clip
+    keeps the released mean inside the scale's interior whatever the noise."""
+    h = config.half_range
+    z = config.noise_multipliers()["mean"]
+    noisy_total = float(releaser.vector("user_mean_sum", np.array(total), h, z))
+    noisy_count = float(releaser.vector("user_count", np.array(count), 1.0, z))
+    offset = noisy_total / max(noisy_count, 3.0 * z)
+    return config.midpoint + float(np.clip(offset, -MEAN_INTERIOR * h, MEAN_INTERIOR * h))
 
 
 def _bound_contributions(
@@ -1002,6 +1096,8 @@ def event_parameters(config: DPALSConfig) -> dict[str, Any]:
         "neighbouring_relation": accounting.NEIGHBOURING_RELATION,
         "contribution_bound": config.contribution_bound,
         "contribution_mode": config.contribution_mode,
+        "bound_law": None if config.bound_quantile is None else {
+            "quantile": config.bound_quantile, "scale": config.bound_scale, "min": config.bound_min},
         "clip_user": config.clip_user,
         "clip_rating": config.clip_rating,
         "rating_range": list(config.rating_range),
@@ -1044,6 +1140,7 @@ class DPALSFit:
     user_reg: UserRegularisation
     event: dp_event.DpEvent
     releaser: GaussianReleaser
+    config: DPALSConfig | None = None  # the run's config: k as released when it came from the data
 
 
 def fit_dpals(
@@ -1065,6 +1162,7 @@ def fit_dpals(
         ratings = positives(ratings, config.threshold)
     keyed = KeyedRandomness(config.seed)  # every draw keyed by the seed and a public index (§7)
     releaser = GaussianReleaser(None, keyed)
+    config = release_contribution_bound(bound_statistic(ratings.user_counts(), config), config, releaser)
     prep = preprocess(ratings, config, releaser, keyed)
     user_reg = user_regularisation(config)
     item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
@@ -1098,7 +1196,8 @@ def fit_dpals(
     event = releaser.event(config.n_steps, per_step)
     if event != dpals_event(config):
         raise RuntimeError("the releases made differ from the reserved privacy event")
-    return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser)
+    return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser,
+                    config=config)
 
 
 def average_releases(item_factors: list[np.ndarray]) -> np.ndarray:
@@ -1127,7 +1226,9 @@ def train_dpals(
 
 
 def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:
-    """The published model of a run: V on the frequent items (zero elsewhere), DP mean and counts."""
+    """The published model of a run: V on the frequent items (zero elsewhere), DP mean and counts.
+    ``config`` is the requested one; the run's own (``fit.config``: k as released) is published."""
+    config = fit.config or config
     prep, item_factors, user_reg, event, releaser = fit.prep, fit.item_factors, fit.user_reg, fit.event, fit.releaser
     full = np.zeros((ratings.n_items, config.rank))
     full[prep.frequent] = item_factors

@@ -426,6 +426,11 @@ def train_dpcmf(
     return _with_public_side(model, config, fit, side[0] if side else None, sources)
 
 
+def _as_run(config: DPCMFConfig, fit: dpals.DPALSFit) -> DPCMFConfig:
+    """``config`` with the run's contribution bound (released when it came from the data)."""
+    return config if fit.config is None else replace(config, contribution_bound=fit.config.contribution_bound)
+
+
 def _with_public_side(
     model: PublicModel, config: DPCMFConfig, fit: dpals.DPALSFit, side: _PublicSide | None, sources: list[PublicSource]
 ) -> PublicModel:
@@ -438,7 +443,7 @@ def _with_public_side(
         trained |= tail
     metadata = {
         **model.metadata,
-        **event_parameters(config),
+        **event_parameters(_as_run(config, fit)),
         "public_sources": [
             {"name": s.name, "rows": s.n_rows, "entries": int(s.matrix.nnz), "alpha": config.alpha(s.name)}
             for s in sources
@@ -448,5 +453,5 @@ def _with_public_side(
     }
     return replace(
         model, algorithm="dpcmf", item_factors=factors, trained_mask=trained,
-        config=public_config(config), metadata=metadata,
+        config=public_config(_as_run(config, fit)), metadata=metadata,
     )

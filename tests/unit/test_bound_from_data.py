@@ -1,0 +1,188 @@
+"""Issue 27: the contribution bound from a DP quantile, and the user-level private mean.
+
+Sensitivities are checked numerically on neighbouring data sets (one user added), the released k
+and mean are checked to stay in their public ranges for any noise, and the run's event is checked
+to be fixed before any data is read (only the noise scale follows the released k)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from app.core.data.ratings import Ratings
+from app.core.mf import dpals
+from app.core.mf.dpals import (
+    MEAN_INTERIOR,
+    DPALSConfig,
+    bound_statistic,
+    calibrate,
+    dpals_event,
+    release_contribution_bound,
+    train_dpals,
+    user_mean_statistics,
+)
+from app.core.privacy.keyed import KeyedRandomness
+from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
+from app.core.privacy.releaser import GaussianReleaser
+
+LAW = {"bound_quantile": 0.5, "bound_scale": 2.0, "bound_min": 3, "contribution_bound": 40}
+
+
+def _ratings(seed: int = 0, n_users: int = 80, n_items: int = 30) -> Ratings:
+    rng = np.random.default_rng(seed)
+    per_user = rng.integers(1, n_items, size=n_users)
+    users = np.repeat(np.arange(n_users), per_user)
+    items = np.concatenate([rng.choice(n_items, size=n, replace=False) for n in per_user])
+    values = rng.integers(1, 6, size=len(users)).astype(float)
+    return Ratings.from_indices(users, items, values, user_ids=np.array([f"u{i}" for i in range(n_users)]),
+                                item_ids=np.arange(n_items))
+
+
+def _with_user(ratings: Ratings, items: np.ndarray, values: np.ndarray) -> Ratings:
+    """The neighbouring data set: ``ratings`` and one more user."""
+    rows, cols, vals = ratings.coo()
+    new = ratings.n_users
+    return Ratings.from_indices(np.concatenate([rows, np.full(len(items), new)]), np.concatenate([cols, items]),
+                                np.concatenate([vals, values]),
+                                user_ids=np.concatenate([ratings.user_ids, ["extra"]]), item_ids=ratings.item_ids)
+
+
+def _neighbours(n_items: int = 30) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Added users at the extremes: one rating, every item at the top, every item at the bottom."""
+    every = np.arange(n_items)
+    return [(np.array([0]), np.array([5.0])), (every, np.full(n_items, 5.0)), (every, np.full(n_items, 1.0)),
+            (every, np.where(every % 2 == 0, 5.0, 1.0))]
+
+
+# ------------------------------------------------------------------------------------ sensitivities
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_count_histogram_moves_by_at_most_its_sensitivity(seed: int):
+    config = DPALSConfig(**LAW)
+    base = _ratings(seed)
+    before = bound_statistic(base.user_counts(), config)
+    for items, values in _neighbours():
+        after = bound_statistic(_with_user(base, items, values).user_counts(), config)
+        change = after - before
+        assert np.linalg.norm(change) == pytest.approx(HISTOGRAM_SENSITIVITY)  # exactly one bin, by one
+        assert np.count_nonzero(change) == 1
+
+
+def test_counts_past_the_top_share_the_last_bin():
+    bins = histogram_bins(40)
+    assert 2 ** (bins - 1) > 40 >= 2 ** (bins - 2)
+    histogram = count_histogram(np.array([0, 1, 2, 3, 40, 10_000, 10**9]), bins)
+    assert histogram.sum() == 6  # a user with no entries is in no bin
+    assert histogram[-1] == 2 and histogram[0] == 1 and histogram[1] == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_user_level_mean_moves_by_h_and_one_whatever_the_users_count(seed: int):
+    config = DPALSConfig(rating_range=(1.0, 5.0))
+    h = config.half_range
+    base = _ratings(seed)
+    total, count = user_mean_statistics(base, config.midpoint, h)
+    worst = 0.0
+    for items, values in _neighbours():
+        t2, c2 = user_mean_statistics(_with_user(base, items, values), config.midpoint, h)
+        assert c2 - count == 1
+        worst = max(worst, abs(t2 - total))
+        assert abs(t2 - total) <= h + 1e-12
+    assert worst == pytest.approx(h)  # a user whose ratings are all at the top attains the bound
+
+
+# ------------------------------------------------------------------------------------ the quantile
+def test_the_quantile_of_a_noiseless_histogram_lies_in_the_true_quantiles_bin():
+    counts = np.random.default_rng(3).lognormal(3.0, 1.0, size=5000).astype(int) + 1
+    histogram = count_histogram(counts, histogram_bins(4096))
+    for q in (0.25, 0.5, 0.75, 0.9):
+        estimate, truth = histogram_quantile(histogram, q), float(np.quantile(counts, q))
+        assert 2 ** math.floor(math.log2(truth)) <= estimate <= 2 ** (math.floor(math.log2(truth)) + 1)
+    assert [histogram_quantile(histogram, q) for q in (0.1, 0.5, 0.9)] == sorted(
+        histogram_quantile(histogram, q) for q in (0.1, 0.5, 0.9))
+    assert math.isnan(histogram_quantile(np.array([-3.0, 1.0, 0.5]), 0.5))
+
+
+@pytest.mark.parametrize("multiplier", [1e-3, 1.0, 1e3, 1e6])
+def test_the_released_k_stays_in_the_public_range_for_any_noise(multiplier: float):
+    config = replace(DPALSConfig(**LAW), noise_multiplier=multiplier)
+    statistic = bound_statistic(_ratings(0).user_counts(), config)
+    for seed in range(20):
+        releaser = GaussianReleaser(None, KeyedRandomness(seed))
+        k = release_contribution_bound(statistic, replace(config, seed=seed), releaser).contribution_bound
+        assert isinstance(k, int) and config.bound_min <= k <= config.contribution_bound
+        assert [name for name, _, _ in releaser.releases] == ["bound_histogram"]
+
+
+def test_a_fixed_bound_releases_nothing_and_keeps_k():
+    config = DPALSConfig(contribution_bound=17)
+    releaser = GaussianReleaser(None, KeyedRandomness(0))
+    assert release_contribution_bound(bound_statistic(np.array([3, 4]), config), config, releaser) is config
+    assert releaser.releases == []
+
+
+# ------------------------------------------------------------------------------------ the mean's bound
+@pytest.mark.parametrize("n_users", [1, 3, 80])
+def test_the_user_level_mean_stays_in_the_scales_interior(n_users: int):
+    ratings = _ratings(0, n_users=n_users)
+    lo, hi = 1.0, 5.0
+    h = 0.5 * (hi - lo)
+    for seed in range(10):
+        config = DPALSConfig(mean_mode="dp_user", noise_multiplier=50.0, n_steps=1, rank=2, seed=seed)
+        model = train_dpals(ratings, config)
+        assert 3.0 - MEAN_INTERIOR * h <= model.global_mean <= 3.0 + MEAN_INTERIOR * h
+
+
+def test_the_user_level_mean_estimates_the_mean_of_user_means_at_small_noise():
+    ratings = _ratings(1)
+    config = calibrate(1e4, 1e-6, DPALSConfig(mean_mode="dp_user", n_steps=1, rank=2))
+    n = ratings.user_counts()
+    rows = np.repeat(np.arange(ratings.n_users), n)
+    truth = float(np.mean(np.bincount(rows, weights=ratings.csr.data) / n))
+    assert train_dpals(ratings, config).global_mean == pytest.approx(truth, abs=0.01)
+
+
+# ------------------------------------------------------------------------------------ the event
+def test_the_event_is_fixed_before_any_read_and_the_noise_scale_follows_the_released_k():
+    config = calibrate(2.0, 1e-6, DPALSConfig(**LAW, mean_mode="dp_user", n_steps=2, rank=3))
+    shapes = []
+    for seed in (0, 1):
+        model = train_dpals(_ratings(seed), replace(config, seed=seed))
+        assert model.event == dpals_event(config)  # the same event whatever the data and the k it set
+        k = model.config["contribution_bound"]
+        assert config.bound_min <= k <= config.contribution_bound
+        releases = {r["name"]: r for r in model.metadata["releases"]}
+        assert list(releases)[:3] == ["bound_histogram", "item_counts", "user_mean_sum"]
+        assert releases["bound_histogram"]["l2_sensitivity"] == HISTOGRAM_SENSITIVITY
+        assert releases["item_counts"]["l2_sensitivity"] == pytest.approx(math.sqrt(k))
+        assert releases["user_mean_sum"]["l2_sensitivity"] == config.half_range
+        assert releases["user_count"]["l2_sensitivity"] == 1.0
+        multipliers = config.noise_multipliers()
+        assert releases["bound_histogram"]["noise_multiplier"] == pytest.approx(multipliers["bound"])
+        assert releases["item_counts"]["noise_multiplier"] == pytest.approx(multipliers["counts"])
+        shapes.append(k)
+    # the calibration is the same as a fixed k's with the histogram added, and costs the run a share
+    fixed = calibrate(2.0, 1e-6, DPALSConfig(mean_mode="dp_user", n_steps=2, rank=3, contribution_bound=40))
+    assert config.noise_multiplier > fixed.noise_multiplier
+
+
+def test_ranking_runs_set_b_from_the_positives():
+    ratings = _ratings(2, n_users=200)
+    config = calibrate(50.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                               user_centering=False, **LAW, rank=2, n_steps=1))
+    model = train_dpals(ratings, config)
+    positives = dpals.positives(ratings, config.threshold).user_counts()
+    median = float(np.median(positives[positives > 0]))
+    k = model.config["contribution_bound"]
+    assert config.bound_min <= k <= config.contribution_bound
+    assert k <= 2 * LAW["bound_scale"] * median + 1  # from the positives, not from every rating
+
+
+@pytest.mark.parametrize("bad", [{"bound_quantile": 0.0}, {"bound_quantile": 1.0}, {"bound_quantile": 0.5, "bound_scale": 0.0},
+                                 {"bound_quantile": 0.5, "bound_min": 50, "contribution_bound": 40},
+                                 {"bound_noise_ratio": 0.0}, {"bound_min": 0}, {"mean_mode": "user"}])
+def test_bad_bound_laws_are_refused(bad: dict):
+    with pytest.raises(ValueError):
+        DPALSConfig(**bad)
