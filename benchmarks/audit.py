@@ -15,7 +15,8 @@ canary data set's declared size, calibrated to the claimed ε and re-read with a
 worker does. The claimed ε is the ledger's RDP figure of the run's event.
 
 **One canary family per release** of each audited algorithm's default run (checked against the
-run's own release record): DPALS and DP-CMF (whose public item data adds no release), DPFW (its
+run's own release record): DPALS and DP-CMF (whose public item data adds no release; their default
+first releases a count histogram that sets the contribution bound k, issue 27), DPFW (its
 dense eigen-step, the default below ``dense_max_items``) and one-bit (InP, its default mechanism,
 on a data set that stores raw votes). Each per-item family's canaries rate ``CANARY_ITEMS`` items of
 their own (items nobody else rates) 5 and 60 base items neutrally, so the sum of (r − midpoint) over
@@ -35,15 +36,33 @@ test-only :func:`app.core.privacy.releaser.audit_tap`:
   ObjP's ``objp_objective_noise`` (its objective perturbation B switched off) the column sums of
   its released X_T + Z.
 
-The **global mean** (``mean_sum``, ``mean_count``) is one scalar each: its canaries decode uniquely.
-Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to the
-sum of (r − midpoint); every other canary adds a multiple of 64 to the count and 0 to the sum; the
-auditor knows the rest of the data. So the released count minus the known rest, mod 64, and the
-released sum minus the known rest, halved, mod 64, spell the included set in binary while the grid
-step of the release stays below one unit (checked). Six canaries a run: too few for a bound above 1,
-so each configuration is run ``RUNS`` times on fresh canary worlds and every family pools its canaries
-over the runs (each canary lives in one run, so the pooled test is still a test of each run's
-(ε, δ)-DP); the mean families guess every canary (r = 6·RUNS).
+The **scalar releases** and the **count histogram** decode: every canary of such a family moves the
+release by a known amount of its own, and the auditor knows the rest of the data (it conditions on
+every other family's canaries too), so the release minus the known rest spells the included set
+while the release's grid step stays below one unit (checked); every canary is guessed (r = m):
+
+- ``user_mean_sum`` (Σ over users of each one's mean offset, the default ``mean_mode`` "dp_user"):
+  canary i of ``USER_MEAN_CANARIES`` = 6 has the mean offset (h/32)·2^i (2^(4−i) base items at 3 but
+  one at 4; canary 5 one rating of 5), so the residual in units of h/32 is the included set in binary;
+- ``user_count`` (one per user whatever her ratings): one canary a run (one rating at 3), read off
+  the residual 0 or 1; a single bit a run cannot beat ε = 1, so this family pools ``RUN_FACTOR`` = 6
+  times as many worlds (18 canaries, as the other scalar families);
+- ``bound_histogram`` (users per power-of-two bin of their number of ratings, the first release
+  with ``bound_quantile`` set): canary b of ``HISTOGRAM_CANARIES`` = 7 rates 2^b base items at 3,
+  the only canary of the family in bin b = [2^b, 2^(b+1)), so the residual of bin b is its bit.
+  The bound k read off this release is data-dependent; in the fixed worlds 0–2 it comes out between
+  78 and 145 (the 0.75-quantile of ≈ 24 and 64 ratings a user), above the item canaries' 64
+  ratings, so their ratings are all sampled and the item families keep their power (a smaller k
+  would weaken those families, never the validity of a bound: the claim is the whole run's);
+- ``mean_sum``, ``mean_count`` (the per-rating mean, ``mean_mode`` "dp", no longer in the default
+  run): audited as the variant ``dpals-dp-mean``, whose bound law is pinned (``bound_min`` = the
+  largest k, 240: every canary's ratings sampled; its other releases are audited there again).
+  Canary i of ``MEAN_CANARIES`` = 6 rates 2^i base items 5, adding 2^i to the count and 2^(i+1) to
+  the sum of (r − midpoint): the residuals (the sum's halved) spell the included set in binary.
+
+A handful of canaries a run is too few for a bound above 1, so each configuration is run ``RUNS``
+times on fresh canary worlds and every family pools its canaries over the runs (each canary lives in
+one run, so the pooled test is still a test of each run's (ε, δ)-DP).
 
 The test-only hook switches off the noise of one named release (``noise_off``): a context variable,
 never a parameter, not reachable from the API, settings or a stored config. A release with its noise
@@ -72,6 +91,7 @@ from scipy import stats
 
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
 from app.core.data.ratings import Ratings
+from app.core.mf.defaults import RATING_BOUND
 from app.core.mf.dpals import frequent_items
 from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
@@ -89,16 +109,28 @@ BASE_USERS, BASE_ITEMS = 200, 80
 VOTE_BASE_USERS, VOTE_BASE_ITEMS = 40, 20  # one-bit solves a dense user_rows × items matrix: kept small
 CANARIES_PER_FAMILY = 32  # per run, per item family
 CANARY_ITEMS = 4  # own items per canary
-CANARY_RATINGS = 64  # ratings per item-family canary: the mean canaries' modulus
+CANARY_RATINGS = 64  # ratings per item-family canary (within every bound k the fixed worlds release)
 MEAN_CANARIES = 6  # per run: 2^0 .. 2^5 ratings, 63 < CANARY_RATINGS in all
+USER_MEAN_CANARIES = 6  # per run: mean offsets (h/32)·2^0 .. (h/32)·2^5 = h
+HISTOGRAM_CANARIES = 7  # per run: canary b rates 2^b base items, in bin b of the count histogram
+COUNT_CANARIES = 1  # per run: a user adds 1 to the user count whatever her ratings
 RUNS = 3  # canary worlds per configuration
+RUN_FACTOR = {"user_count": 6}  # a family with fewer canaries a run runs on RUN_FACTOR times the worlds
 
-DPALS_RELEASES = ("item_counts", "item_bias_sums", "item_recounts", "item_grams", "item_linear", "mean_sum",
-                  "mean_count")
-MEAN_FAMILIES = ("mean_sum", "mean_count")
+ITEM_FAMILIES = ("item_counts", "item_bias_sums", "item_recounts", "item_grams", "item_linear")
+DPALS_RELEASES = ("bound_histogram", "item_counts", "user_mean_sum", "user_count", "item_bias_sums", "item_recounts",
+                  "item_grams", "item_linear")
+DPALS_DP_MEAN_RELEASES = ("bound_histogram", "item_counts", "mean_sum", "mean_count", "item_bias_sums", "item_recounts",
+                          "item_grams", "item_linear")
+#: the canaries a scalar (or histogram) family decodes: family -> (canary group, canaries per run)
+DECODED: dict[str, tuple[str, int]] = {"mean_sum": ("mean", MEAN_CANARIES), "mean_count": ("mean", MEAN_CANARIES),
+                                       "user_mean_sum": ("user_mean", USER_MEAN_CANARIES),
+                                       "user_count": ("user_count", COUNT_CANARIES),
+                                       "bound_histogram": ("bound_histogram", HISTOGRAM_CANARIES)}
 #: every release of each audited algorithm's default run, each with its canary family (DP-CMF makes
 #: DPALS's releases; DPFW's default at this catalogue size is the dense eigen-step)
-RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpcmf": DPALS_RELEASES,
+RELEASES: dict[str, tuple[str, ...]] = {"dpals": DPALS_RELEASES, "dpals-dp-mean": DPALS_DP_MEAN_RELEASES,
+                                        "dpcmf": DPALS_RELEASES,
                                         "dpfw": ("item_counts", "gram"), "dpfw-oja": ("item_counts", "oja_product"),
                                         "onebit": ("vote_flips",), "onebit-grap": ("grap_gradient",),
                                         "onebit-outp": ("outp_matrix",), "onebit-objp": ("objp_objective_noise",)}
@@ -114,9 +146,13 @@ class Variant:
     params: tuple[tuple[str, Any], ...] = ()
 
 
-#: DPFW's default eigen-step is private Oja above ``dense_max_items`` (2000) items; one-bit's
-#: non-default mechanisms GraP and OutP
-VARIANTS: dict[str, Variant] = {"dpfw-oja": Variant("dpfw", catalogue=2100),
+#: DPALS's per-rating DP mean (``mean_mode`` "dp", the default before issue 27) with its bound law
+#: pinned (k = ``bound_min`` = the largest bound: the mean canaries' ratings all sampled); DPFW's
+#: default eigen-step is private Oja above ``dense_max_items`` (2000) items; one-bit's non-default
+#: mechanisms GraP, OutP and ObjP
+VARIANTS: dict[str, Variant] = {"dpals-dp-mean": Variant("dpals", params=(("mean_mode", "dp"),
+                                                                          ("bound_min", RATING_BOUND["largest"]))),
+                                "dpfw-oja": Variant("dpfw", catalogue=2100),
                                 "onebit-grap": Variant("onebit", params=(("mechanism", "grap"),)),
                                 "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),)),
                                 "onebit-objp": Variant("onebit", params=(("mechanism", "objp"),))}
@@ -192,9 +228,8 @@ class CanaryWorld:
 
     ratings: Ratings
     own_items: dict[str, np.ndarray]  # item family -> (m, CANARY_ITEMS) item indices
-    included: dict[str, np.ndarray]  # family -> (m,) bool
-    rest_sum: float  # Σ (r − midpoint) over everything but the mean canaries (they add 2^(i+1))
-    rest_count: float  # ratings not of the mean canaries, mod CANARY_RATINGS
+    included: dict[str, np.ndarray]  # family or canary group -> (m,) bool
+    canary_users: dict[str, np.ndarray]  # the same keys -> (m,) user ids (included or not)
     max_users: int  # the data set's declared bound on users: every canary's slot, included or not
 
 
@@ -213,31 +248,57 @@ def _item_canary(rng: np.random.Generator, own: np.ndarray) -> tuple[np.ndarray,
     return np.concatenate([own, anchors]), np.concatenate([np.full(len(own), RATING_RANGE[1]), values])
 
 
+def _decoded_canary(group: str, i: int) -> np.ndarray:
+    """The ratings (values, on distinct base items) of canary ``i`` of a decoded family's ``group``:
+
+    - ``mean`` (``mean_sum``, ``mean_count``): 2^i ratings of 5, so 2^i to the count, 2^(i+1) to Σ (r − 3);
+    - ``user_mean`` (``user_mean_sum``): a mean offset of (h/32)·2^i: 2^(4−i) ratings (one if i >= 4)
+      at 3 but the first, at 4 (i <= 4) or 5 (i = 5);
+    - ``bound_histogram``: 2^i ratings at 3, a count in bin i = [2^i, 2^(i+1)) of the histogram;
+    - ``user_count``: one rating at 3.
+    """
+    if group == "mean":
+        return np.full(2**i, RATING_RANGE[1])
+    if group == "user_mean":
+        n = 2 ** max(0, USER_MEAN_CANARIES - 2 - i)
+        values = np.full(n, MIDPOINT)
+        values[0] += n * _user_mean_unit() * 2**i
+        return values
+    return np.full(2**i if group == "bound_histogram" else 1, MIDPOINT)
+
+
+def _user_mean_unit() -> float:
+    """The smallest user-mean canary's mean offset: h/32 (the largest's is h)."""
+    return 0.5 * (RATING_RANGE[1] - RATING_RANGE[0]) / 2 ** (USER_MEAN_CANARIES - 1)
+
+
 def canary_world(seed: int, families: tuple[str, ...] = DPALS_RELEASES, catalogue: int = 0) -> CanaryWorld:
-    """One world: base ratings, ``CANARIES_PER_FAMILY`` canaries per item family and, if the mean is
-    among ``families``, ``MEAN_CANARIES``; the catalogue padded with unrated items to ``catalogue``."""
+    """One world: base ratings, ``CANARIES_PER_FAMILY`` canaries per item family and the canaries of
+    each decoded group among ``families`` (:data:`DECODED`); the catalogue padded with unrated items
+    to ``catalogue``."""
     rng = np.random.default_rng(seed)
-    users, items, values = _base_ratings(rng)
-    parts = [(users, items, values)]
-    own_items, included = {}, {}
+    parts = [_base_ratings(rng)]
+    own_items, included, canary_users = {}, {}, {}
     next_user, next_item = BASE_USERS, BASE_ITEMS
-    for family in (f for f in families if f not in MEAN_FAMILIES):
+    for family in (f for f in families if f not in DECODED):
         own = next_item + np.arange(CANARIES_PER_FAMILY * CANARY_ITEMS).reshape(CANARIES_PER_FAMILY, CANARY_ITEMS)
         own_items[family], included[family] = own, rng.random(CANARIES_PER_FAMILY) < 0.5
+        canary_users[family] = next_user + np.arange(CANARIES_PER_FAMILY)
         for i in np.flatnonzero(included[family]):
             rated, rating = _item_canary(rng, own[i])
             parts.append((np.full(len(rated), next_user + i), rated, rating))
         next_user, next_item = next_user + CANARIES_PER_FAMILY, next_item + own.size
-    rest = np.concatenate([part[2] for part in parts])
-    included["mean"] = rng.random(MEAN_CANARIES if set(families) & set(MEAN_FAMILIES) else 0) < 0.5
-    for i in np.flatnonzero(included["mean"]):
-        rated = rng.choice(BASE_ITEMS, size=2**i, replace=False)
-        parts.append((np.full(len(rated), next_user + i), rated, np.full(len(rated), RATING_RANGE[1])))
+    for group, m in dict(DECODED[f] for f in families if f in DECODED).items():
+        included[group], canary_users[group] = rng.random(m) < 0.5, next_user + np.arange(m)
+        for i in np.flatnonzero(included[group]):
+            rating = _decoded_canary(group, int(i))
+            rated = rng.choice(BASE_ITEMS, size=len(rating), replace=False)
+            parts.append((np.full(len(rated), next_user + i), rated, rating))
+        next_user += m
     ratings = Ratings.from_arrays(*(np.concatenate([part[k] for part in parts]) for k in range(3)),
                                   item_ids=np.arange(max(next_item, catalogue)), rating_range=RATING_RANGE)
-    return CanaryWorld(ratings=ratings, own_items=own_items, included=included,
-                       rest_sum=float(np.sum(rest - MIDPOINT)), rest_count=float(len(rest) % CANARY_RATINGS),
-                       max_users=next_user + len(included["mean"]))
+    return CanaryWorld(ratings=ratings, own_items=own_items, included=included, canary_users=canary_users,
+                       max_users=next_user)
 
 
 def vote_world(seed: int, family: str = "vote_flips") -> CanaryWorld:
@@ -255,7 +316,8 @@ def vote_world(seed: int, family: str = "vote_flips") -> CanaryWorld:
                                 np.concatenate([items, own.ravel()]), np.concatenate([values, canary_votes]),
                                 item_ids=np.arange(VOTE_BASE_ITEMS + own.size))
     return CanaryWorld(ratings=votes, own_items={family: own}, included={family: included},
-                       rest_sum=0.0, rest_count=0.0, max_users=VOTE_BASE_USERS + CANARIES_PER_FAMILY)
+                       canary_users={family: VOTE_BASE_USERS + np.arange(CANARIES_PER_FAMILY)},
+                       max_users=VOTE_BASE_USERS + CANARIES_PER_FAMILY)
 
 
 # ---------------------------------------------------------------------------- one run through the registry
@@ -355,16 +417,49 @@ def _squared_norm(rows: np.ndarray) -> np.ndarray:
     return np.einsum("ki,ki->k", rows, rows)
 
 
-def _decoded(residual: float, unit: float, grid: float) -> np.ndarray:
-    """The mean canaries' inclusion bits spelt by a scalar release's residual (its unknown part)."""
+def _decoded(residual: float, unit: float, grid: float, bits: int) -> np.ndarray:
+    """The inclusion bits of ``bits`` canaries spelt in binary by a scalar release's residual (its
+    unknown part), canary i adding 2^i units."""
     if not grid < unit:
         raise ValueError(f"the release's grid step {grid} does not resolve the canaries' unit {unit}")
-    value = int(round(residual / unit)) % CANARY_RATINGS
-    return np.array([(value >> i) & 1 for i in range(MEAN_CANARIES)], dtype=bool)
+    value = int(round(residual / unit)) % 2**bits
+    return np.array([(value >> i) & 1 for i in range(bits)], dtype=bool)
+
+
+def _rest(world: CanaryWorld, group: str) -> tuple[np.ndarray, np.ndarray]:
+    """(number of ratings, Σ (r − midpoint)) of every user with a rating but ``group``'s canaries:
+    the data the auditor knows (other families' canaries included: it may condition on them)."""
+    rows, _, values = world.ratings.coo()
+    kept = ~np.isin(world.ratings.user_ids[rows], world.canary_users[group])
+    counts = np.bincount(rows[kept], minlength=world.ratings.n_users)
+    sums = np.bincount(rows[kept], weights=values[kept] - MIDPOINT, minlength=world.ratings.n_users)
+    return counts[counts > 0], sums[counts > 0]
+
+
+def _decoded_bits(run: Run, family: str) -> np.ndarray:
+    """A decoded family's guesses: every canary's inclusion bit read off the release minus the rest."""
+    group, m = DECODED[family]
+    counts, sums = _rest(run.world, group)
+    released, grid = _vector(run, family), run.tap.grids[family]
+    if family == "bound_histogram":  # canary b alone adds 1 to bin b (the last one open: [2^b, ∞) is fine)
+        rest = np.bincount(np.minimum(np.floor(np.log2(counts)).astype(np.int64), len(released) - 1),
+                           minlength=len(released))
+        if not (grid < 0.5 and len(released) >= m):
+            raise ValueError(f"the histogram (grid {grid}, {len(released)} bins) does not resolve {m} canary bins")
+        return (released - rest)[:m] > 0.5
+    if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
+        return _decoded((float(released) - float(np.sum(sums))) / 2.0, 1.0, grid / 2.0, m)
+    if family == "mean_count":
+        return _decoded(float(released) - float(np.sum(counts)), 1.0, grid, m)
+    if family == "user_mean_sum":  # canary i adds a mean offset of (h/32)·2^i
+        half_range = 0.5 * (RATING_RANGE[1] - RATING_RANGE[0])
+        rest_sum = float(np.sum(np.clip(sums / counts, -half_range, half_range)))
+        return _decoded(float(released) - rest_sum, _user_mean_unit(), grid, m)
+    return _decoded(float(released) - len(counts), 1.0, grid, m)  # user_count: 1 a user
 
 
 def family_scores(run: Run, family: str) -> np.ndarray:
-    """The scores (item families: NaN abstains) or decoded bits (the mean) of ``family`` in ``run``."""
+    """The scores (item families: NaN abstains) or decoded bits (:data:`DECODED` families) of ``family`` in ``run``."""
     own = run.world.own_items.get(family)
     if family in ("item_counts", "item_bias_sums"):
         return _vector(run, family)[own].sum(axis=1)
@@ -385,20 +480,17 @@ def family_scores(run: Run, family: str) -> np.ndarray:
     if family in ("outp_matrix", "objp_objective_noise"):  # the released X's columns lean to the votes
         (matrix,) = run.tap.outputs["outp_matrix" if family == "outp_matrix" else "objp_output"]
         return matrix.sum(axis=0)[own].sum(axis=1)
-    grid = run.tap.grids[family]
-    if family == "mean_sum":  # mean canary i adds 2^i ratings of 5: 2·2^i to Σ (r − 3)
-        return _decoded((float(_vector(run, family)) - run.world.rest_sum) / 2.0, 1.0, grid / 2.0)
-    if family == "mean_count":
-        return _decoded(float(_vector(run, family)) - run.world.rest_count, 1.0, grid)
+    if family in DECODED:
+        return _decoded_bits(run, family)
     raise ValueError(f"no canary family for release {family!r}")
 
 
 def audit_family(runs: list[Run], family: str) -> AuditResult:
     """The family's canaries pooled over ``runs`` (each canary lives in one run)."""
-    key = "mean" if family in MEAN_FAMILIES else family
+    key = DECODED[family][0] if family in DECODED else family
     included = np.concatenate([run.world.included[key] for run in runs])
     scores = np.concatenate([family_scores(run, family) for run in runs])
-    return decoded_audit(scores, included) if family in MEAN_FAMILIES else one_run_audit(scores, included)
+    return decoded_audit(scores, included) if family in DECODED else one_run_audit(scores, included)
 
 
 @dataclass(frozen=True)
@@ -407,6 +499,13 @@ class ReleaseAudit:
     claimed: float
     honest: AuditResult
     noise_off: AuditResult
+    runs: int  # canary worlds pooled (honest and noise off alike)
+
+
+def family_runs(release: str, runs: int = RUNS) -> int:
+    """The worlds ``release``'s family pools: ``runs``, times :data:`RUN_FACTOR` for a family with
+    few canaries a run."""
+    return runs * RUN_FACTOR.get(release, 1)
 
 
 def honest_runs(algorithm: str, epsilon: float, runs: int = RUNS, seed: int = 0) -> list[Run]:
@@ -416,11 +515,14 @@ def honest_runs(algorithm: str, epsilon: float, runs: int = RUNS, seed: int = 0)
 
 def audit_release(algorithm: str, epsilon: float, release: str, honest: list[Run], runs: int = RUNS,
                   seed: int = 0) -> ReleaseAudit:
-    """The family of ``release``: its bound on the honest runs and on ``runs`` runs with that
-    release's noise off (same worlds as the honest runs)."""
-    control = [train_run(algorithm, epsilon, seed + i, noise_off=release) for i in range(runs)]
-    return ReleaseAudit(release=release, claimed=honest[0].claimed, honest=audit_family(honest, release),
-                        noise_off=audit_family(control, release))
+    """The family of ``release``: its bound on the first :func:`family_runs` honest runs and on as
+    many runs with that release's noise off (same worlds as the honest runs)."""
+    n = family_runs(release, runs)
+    if len(honest) < n:
+        raise ValueError(f"{release}'s family pools {n} worlds, {len(honest)} honest runs given")
+    control = [train_run(algorithm, epsilon, seed + i, noise_off=release) for i in range(n)]
+    return ReleaseAudit(release=release, claimed=honest[0].claimed, honest=audit_family(honest[:n], release),
+                        noise_off=audit_family(control, release), runs=n)
 
 
 def released_names(run: Run) -> set[str]:
@@ -430,7 +532,7 @@ def released_names(run: Run) -> set[str]:
 
 def audit_algorithm(algorithm: str, epsilon: float, runs: int = RUNS) -> list[ReleaseAudit]:
     """Every release of ``algorithm``'s default run: honest and with that release's noise off."""
-    honest = honest_runs(algorithm, epsilon, runs)
+    honest = honest_runs(algorithm, epsilon, max(family_runs(release, runs) for release in RELEASES[algorithm]))
     if released_names(honest[0]) != set(RELEASES[algorithm]) | set(UNAUDITED.get(algorithm, ())):
         raise RuntimeError(f"{algorithm}'s releases {sorted(released_names(honest[0]))} lack a canary family")
     return [audit_release(algorithm, epsilon, release, honest, runs) for release in RELEASES[algorithm]]
@@ -442,7 +544,7 @@ def rows_for(algorithm: str, epsilon: float, audits: list[ReleaseAudit]) -> list
     rows = []
     for audit in audits:
         row = partial(make_row, SUITE, f"canaries-{audit.release}", algorithm, epsilon=epsilon, delta=DELTA,
-                      seeds=RUNS)
+                      seeds=audit.runs)
         rows += [
             row("epsilon_claimed", audit.claimed),
             row("epsilon_lower_bound", audit.honest.epsilon_lower_bound, baseline=audit.claimed),
@@ -476,5 +578,5 @@ def markdown_table(audits: dict[str, list[ReleaseAudit]]) -> str:
 
 __all__ = ["AuditResult", "CanaryWorld", "RELEASES", "ReleaseAudit", "Run", "UNAUDITED", "VARIANTS", "audit_algorithm",
            "audit_family", "audit_release", "canary_world", "decoded_audit", "default_config", "epsilon_lower_bound",
-           "family_scores", "honest_runs", "markdown_table", "one_run_audit", "p_value", "released_names", "rows_for",
-           "train_run", "vote_world"]
+           "family_runs", "family_scores", "honest_runs", "markdown_table", "one_run_audit", "p_value", "released_names",
+           "rows_for", "train_run", "vote_world"]

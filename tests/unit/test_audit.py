@@ -1,13 +1,15 @@
 """The empirical audit (benchmarks/audit.py, SNJ 2023 arXiv:2305.08846): the bound, one canary family
 per release of the service's default DPALS, DP-CMF, DPFW (dense and Oja) and one-bit runs (and of
-one-bit's GraP, OutP and ObjP), and that switching off any one release's noise is caught.
+DPALS's per-rating DP mean, one-bit's GraP, OutP and ObjP), and that switching off any one release's
+noise is caught.
 
 Cost: 3 honest + 3 per release default-config trainings of small synthetic worlds (≈ 290 users and
-720 items; DPFW 336 and 2100 items; one-bit 72 voters, 148 items): 24 DPALS, 24 DP-CMF, 2 × 9 DPFW,
-4 × 6 one-bit, plus one each for the coverage check; 25-40 s on 2 shared cores once numba's on-disk
-cache is warm (its first compile adds ≈ 15 s).
-Seeds are fixed (worlds and noise 0, 1, 2), so the honest runs cannot flake above their claim; every
-bound is a 95 % lower bound.
+720 items; DPFW 336 and 2100 items; one-bit 72 voters, 148 items), 18 for DPALS's and DP-CMF's
+``user_count`` (one canary a run): 18 + 7·3 + 18 = 57 DPALS, 57 DP-CMF, 3 + 8·3 DPALS with the
+per-rating mean, 2 × 9 DPFW, 4 × 6 one-bit, plus one each for the coverage check; 25-40 s on 2
+shared cores once numba's on-disk cache is warm (its first compile adds ≈ 15 s).
+Seeds are fixed (worlds and noise 0, 1, 2, and up to 17 for ``user_count``), so the honest runs
+cannot flake above their claim; every bound is a 95 % lower bound.
 """
 
 from __future__ import annotations
@@ -21,14 +23,20 @@ import pytest
 from app.core.privacy.releaser import audit_tap
 from benchmarks import harness
 from benchmarks.audit import (
+    HISTOGRAM_CANARIES,
+    RATING_RANGE,
     RELEASES,
+    RUNS,
     UNAUDITED,
+    USER_MEAN_CANARIES,
+    VARIANTS,
     ReleaseAudit,
     audit_algorithm,
     canary_world,
     decoded_audit,
     default_config,
     epsilon_lower_bound,
+    family_runs,
     markdown_table,
     one_run_audit,
     p_value,
@@ -74,7 +82,43 @@ def audits() -> dict[str, list[ReleaseAudit]]:
 def test_the_audited_config_is_the_registrys_default():
     """The run is the one an admin's request without hyper-parameters gets (the ε-aware rule)."""
     for algorithm in ("dpals", "dpcmf"):
-        assert default_config(algorithm, 1.0, canary_world(0), 0).defaults_rule is not None
+        config = default_config(algorithm, 1.0, canary_world(0), 0)
+        assert config.defaults_rule is not None
+        # issue 27: k from a DP quantile (its histogram audited) and the user-level mean
+        assert config.bound_quantile is not None and config.bound_min < config.contribution_bound
+        assert config.mean_mode == "dp_user"
+
+
+def test_the_per_rating_mean_variant_pins_the_bound():
+    """``dpals-dp-mean`` audits mean_mode "dp" with k pinned at the largest bound (the mean canaries'
+    ratings all sampled); it still releases the count histogram."""
+    world = canary_world(0, RELEASES["dpals-dp-mean"])
+    config = default_config("dpals", 1.0, world, 0, dict(VARIANTS["dpals-dp-mean"].params))
+    assert config.mean_mode == "dp" and config.bound_quantile is not None
+    assert config.bound_min == config.contribution_bound
+
+
+def test_decoded_canaries_move_their_release_by_their_own_unit():
+    """Histogram canary b has 2^b ratings (bin b, alone there among its family); user-mean canary i
+    the mean offset (h/32)·2^i; the user-count canary one rating; the included ones are in the data."""
+    world = canary_world(0)
+    counts = dict(zip(world.ratings.user_ids.tolist(), world.ratings.user_counts().tolist(), strict=True))
+    rows, _, values = world.ratings.coo()
+    offsets = np.bincount(rows, weights=values - 3.0) / np.maximum(world.ratings.user_counts(), 1)
+    offset = dict(zip(world.ratings.user_ids.tolist(), offsets.tolist(), strict=True))
+    half_range = 0.5 * (RATING_RANGE[1] - RATING_RANGE[0])
+    for group, m in (("bound_histogram", HISTOGRAM_CANARIES), ("user_mean", USER_MEAN_CANARIES), ("user_count", 1)):
+        users, included = world.canary_users[group], world.included[group]
+        assert len(users) == len(included) == m and included.any()
+        assert set(users[~included].tolist()).isdisjoint(counts)
+        for i in np.flatnonzero(included):
+            user = int(users[i])
+            if group == "bound_histogram":
+                assert counts[user] == 2**i and offset[user] == 0.0
+            elif group == "user_mean":
+                assert offset[user] == pytest.approx(half_range / 32 * 2**i)
+            else:
+                assert counts[user] == 1
 
 
 @pytest.mark.parametrize("algorithm", sorted(RELEASES))
@@ -90,6 +134,15 @@ def test_switching_off_one_release_is_caught_and_the_honest_run_is_not(algorithm
     assert audit.claimed <= 1.0 + 1e-6
     assert audit.noise_off.epsilon_lower_bound > audit.claimed
     assert audit.honest.epsilon_lower_bound <= audit.claimed
+    assert audit.runs == family_runs(release) and audit.noise_off.canaries >= 18
+
+
+def test_one_canary_a_run_families_pool_more_worlds(audits):
+    """``user_count`` has one canary a run: it pools 6·RUNS worlds, honest and noise off alike."""
+    for algorithm in ("dpals", "dpcmf"):
+        (audit,) = [a for a in audits[algorithm] if a.release == "user_count"]
+        assert audit.runs == 6 * RUNS
+        assert audit.honest.canaries == audit.noise_off.canaries == 6 * RUNS
 
 
 def test_switching_off_a_release_the_run_does_not_make_is_an_error():
