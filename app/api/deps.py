@@ -3,21 +3,20 @@
 The cheap, non-blocking dependencies are ``async def`` so FastAPI does not hop to a worker
 thread for each of them; the session dependency (blocking I/O at close) stays synchronous.
 
-**Transaction slots.** A request's session is opened only once the request holds a transaction
-slot (:func:`transaction_slot`), taken on the event loop before the session exists and given
-back after the session is closed (after the response, for the read session; after the route's
-commit, for the write session; the slot itself is held to the end of the request, so a
-training's send and its ``enqueued_at`` mark run inside it). There are as many slots as the
-database can run transactions at once: one on SQLite (every transaction there begins with
-``BEGIN IMMEDIATE``, the one write lock) and the pool's size plus its overflow elsewhere. So a
-request never holds a connection or the write lock while it queues for another one: requests
-wait for a slot on the loop, holding no thread, no connection and no lock, and one whose wait
-exceeds the pool's timeout is refused with 503 ``database_unavailable`` and ``Retry-After``
-before anything was read or reserved. The slot is cached per request (FastAPI caches a
-dependency per request), so a route with both a read and a write session holds one slot.
-Sizing the request *threads* to the database instead deadlocks on SQLite (a request waiting
-for a thread to commit holds the write lock the only thread waits on); the slot bounds the
-transactions and leaves the threads alone (docs/design.md §4).
+**Transaction slots.** A request's session is opened only once the request holds a transaction slot
+(:func:`transaction_slot`): taken on the event loop before the session exists, given back at the
+end of the request, after the session closed (a write session closes right after the route's
+commit), so what follows a commit inside the request (a training's send and its ``enqueued_at``
+mark) runs inside the slot. There are as many slots as the database can run transactions at once:
+one on SQLite (every transaction there begins with ``BEGIN IMMEDIATE``, the one write lock) and the
+pool's size plus its overflow elsewhere. So a request never holds a connection or the write lock
+while it queues for another one: requests wait for a slot on the loop, holding no thread, no
+connection and no lock, and one whose wait exceeds the pool's timeout is refused with 503
+``database_unavailable`` and ``Retry-After`` before anything was read or reserved. The slot is
+cached per request (FastAPI caches a dependency per request), so a route with both a read and a
+write session holds one slot. Sizing the request *threads* to the database instead deadlocks on
+SQLite (a request waiting for a thread to commit holds the write lock the only thread waits on);
+the slot bounds the transactions and leaves the threads alone (docs/design.md §4).
 """
 
 from __future__ import annotations
