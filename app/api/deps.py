@@ -2,15 +2,33 @@
 
 The cheap, non-blocking dependencies are ``async def`` so FastAPI does not hop to a worker
 thread for each of them; the session dependency (blocking I/O at close) stays synchronous.
+
+**Transaction slots.** A request's session is opened only once the request holds a transaction slot
+(:func:`transaction_slot`): taken on the event loop before the session exists, given back at the
+end of the request, after the session closed (a write session closes right after the route's
+commit), so what follows a commit inside the request (a training's send and its ``enqueued_at``
+mark) runs inside the slot. There are as many slots as the database can run transactions at once:
+one on SQLite (every transaction there begins with ``BEGIN IMMEDIATE``, the one write lock) and the
+pool's size plus its overflow elsewhere. So a request never holds a connection or the write lock
+while it queues for another one: requests wait for a slot on the loop, holding no thread, no
+connection and no lock, and one whose wait exceeds the pool's timeout is refused with 503
+``database_unavailable`` and ``Retry-After`` before anything was read or reserved. The slot is
+cached per request (FastAPI caches a dependency per request), so a route with both a read and a
+write session holds one slot. Sizing the request *threads* to the database instead deadlocks on
+SQLite (a request waiting for a thread to commit holds the write lock the only thread waits on);
+the slot bounds the transactions and leaves the threads alone (docs/design.md §4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query, Request
@@ -22,6 +40,7 @@ from app.config import Settings
 from app.errors import (
     AdminRequired,
     BatchTooLarge,
+    DatabaseUnavailable,
     InvalidToken,
     MissingToken,
     ScopeRequired,
@@ -43,6 +62,8 @@ __all__ = [
     "page_query",
     "get_session",
     "get_write_session",
+    "transaction_slot",
+    "slot_capacity",
     "run_in_app_session",
     "verify_bearer",
     "revocation_list",
@@ -55,6 +76,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 _bearer = HTTPBearer(auto_error=False, description="Signed bearer token (`privrec issue-token`).")
 
 
@@ -66,8 +89,94 @@ async def get_app_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """A session per request; services commit explicitly, anything uncommitted is rolled back."""
+DEFAULT_SLOT_TIMEOUT_S = 30.0  # SQLAlchemy's pool timeout, for a pool that names none
+SLOT_RETRY_AFTER_S = 2  # seconds a refused request is told to wait (as for a pool timeout)
+
+
+def slot_capacity(bind: Any) -> int | None:
+    """How many requests may hold a transaction on ``bind`` (an engine) at once: 1 on SQLite
+    (every transaction takes the write lock), the pool's size plus its overflow otherwise; None
+    (no bound) without an engine or for a pool without a bound."""
+    if bind is None:
+        return None
+    if bind.dialect.name == "sqlite":
+        return 1
+    pool = bind.pool
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", None)  # QueuePool's bound (no public accessor)
+    if not callable(size) or not isinstance(overflow, int) or overflow < 0:
+        return None
+    return int(size()) + overflow
+
+
+@dataclass
+class _Slots:
+    """The transaction slots of one app's session factory: one semaphore per event loop (a
+    test client may run each request on a loop of its own)."""
+
+    maker: Any
+    capacity: int | None
+    timeout_s: float
+    by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = field(
+        default_factory=weakref.WeakKeyDictionary)
+
+    def semaphore(self, capacity: int) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        with _slots_lock:
+            semaphore = self.by_loop.get(loop)
+            if semaphore is None:
+                semaphore = self.by_loop[loop] = asyncio.Semaphore(capacity)
+            return semaphore
+
+
+_slots_lock = threading.Lock()
+
+
+def _slots(app: Any) -> _Slots:
+    """``app``'s slots, derived from its session factory's engine (bare test apps have no settings)."""
+    maker = app.state.sessionmaker
+    slots: _Slots | None = getattr(app.state, "transaction_slots", None)
+    if slots is not None and slots.maker is maker:
+        return slots
+    with _slots_lock:
+        slots = getattr(app.state, "transaction_slots", None)
+        if slots is None or slots.maker is not maker:
+            bind = getattr(maker, "kw", {}).get("bind")
+            timeout = getattr(getattr(bind, "pool", None), "timeout", None)
+            slots = app.state.transaction_slots = _Slots(
+                maker, slot_capacity(bind), float(timeout()) if callable(timeout) else DEFAULT_SLOT_TIMEOUT_S)
+        return slots
+
+
+async def transaction_slot(request: Request) -> AsyncIterator[None]:
+    """Hold one of the database's transaction slots for the rest of the request (see the module
+    docstring); 503 ``database_unavailable`` with ``Retry-After`` when none comes free within the
+    pool's timeout, before the request's session is opened."""
+    slots = _slots(request.app)
+    if slots.capacity is None:
+        yield
+        return
+    semaphore = slots.semaphore(slots.capacity)
+    try:
+        async with asyncio.timeout(slots.timeout_s):
+            await semaphore.acquire()
+    except TimeoutError:
+        log.warning("no transaction slot free within %.0f s (%d slots): refused with 503",
+                    slots.timeout_s, slots.capacity)
+        raise DatabaseUnavailable("the database is busy (no transaction slot free in time); retry later",
+                                  headers={"Retry-After": str(SLOT_RETRY_AFTER_S)}) from None
+    try:
+        yield
+    finally:
+        semaphore.release()
+
+
+SlotDep = Annotated[None, Depends(transaction_slot)]
+
+
+def get_session(request: Request, _slot: SlotDep) -> Iterator[Session]:
+    """A session per request, opened once the request holds a transaction slot; services commit
+    explicitly, anything uncommitted is rolled back."""
     session = request.app.state.sessionmaker()
     try:
         yield session
@@ -79,10 +188,11 @@ def get_session(request: Request) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_write_session(request: Request) -> Iterator[Session]:
-    """A session for a writing route: its unit of work commits once, right after the route
-    returned without error (before the response is sent), then runs its after-commit actions
-    (:mod:`app.services.unit_of_work`); on any error everything is rolled back."""
+def get_write_session(request: Request, _slot: SlotDep) -> Iterator[Session]:
+    """A session for a writing route, opened once the request holds a transaction slot: its
+    unit of work commits once, right after the route returned without error (before the
+    response is sent), then runs its after-commit actions (:mod:`app.services.unit_of_work`)
+    inside the same slot; on any error everything is rolled back."""
     session = request.app.state.sessionmaker()
     try:
         yield session

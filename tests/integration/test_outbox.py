@@ -5,6 +5,7 @@ broker is back. A real Redis: "down" is REDIS_URL pointing at a closed port."""
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ from sqlalchemy import select, update
 
 from app.auth import issue_token
 from app.db.models import LedgerEntry, TrainingRun, utcnow
-from app.db.session import session_scope
+from app.db.session import dispose_engines, session_scope
 from app.main import create_app
 from app.services.training import dispatch, runner
 from app.services.training import requests as train_requests
@@ -110,3 +111,42 @@ def _sent_minutes_ago(db_url: str, minutes: int) -> None:
     with session_scope(db_url) as s:
         s.execute(update(TrainingRun).where(TrainingRun.status == "queued")
                   .values(enqueued_at=utcnow() - timedelta(minutes=minutes)))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_sent_run_whose_enqueued_mark_meets_a_locked_database_is_left_to_the_outbox(sqlite_url, redis_url,
+                                                                                    tmp_path):
+    """After the reservation commits, marking the run enqueued is a second transaction: when it
+    meets SQLite's write lock held past the busy timeout, sending still answers True (the message
+    is out; the request's answer is 202), the run stays in the outbox and is sent once more, and
+    the duplicate trains and charges nothing twice (the claim is idempotent)."""
+    create_dataset(sqlite_url, cap=10.0)
+    seed_ratings(sqlite_url, "default", synthetic_ratings())
+    with session_scope(sqlite_url) as s:
+        run_id = train_requests.start_training(s, dataset="default", algorithm="dpals", epsilon=1.0,
+                                               hyperparameters=HYPER, actor="test").id
+    dispose_engines()  # the next engine is built with the short busy timeout below
+    settings = make_settings(tmp_path, sqlite_url, redis_url=redis_url, sqlite_busy_timeout_ms=50,
+                             secret_key=secrets.token_hex(24))
+    locker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the busy timeout
+        assert dispatch.enqueue_run(run_id, settings=settings, url=sqlite_url) is True
+        locker.execute("ROLLBACK")
+        assert broker.llen(dispatch.QUEUE) == 1
+        with session_scope(sqlite_url) as s:
+            assert s.get(TrainingRun, run_id).enqueued_at is None  # still in the outbox
+        assert dispatch.drain_outbox(url=sqlite_url, settings=settings) == [run_id]
+        assert broker.llen(dispatch.QUEUE) == 2  # sent once more: harmless
+        assert dispatch.drain_outbox(url=sqlite_url, settings=settings) == []  # marked this time
+    finally:
+        locker.close()
+        broker.delete(dispatch.QUEUE)
+        broker.close()
+    assert runner.run_training(run_id, url=sqlite_url, settings=settings) == "succeeded"
+    runner.run_training(run_id, url=sqlite_url, settings=settings)  # the duplicate message: a no-op
+    with session_scope(sqlite_url) as s:
+        kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.run_id == run_id).order_by(LedgerEntry.seq)))
+        assert kinds == ["reservation", "commit"]

@@ -40,48 +40,82 @@ def _reservations(db_url: str, run_id: int | None = None) -> int:
         return int(s.scalar(select(func.count()).select_from(LedgerEntry).where(*where)) or 0)
 
 
+def _runs_by_key(db_url: str) -> dict[str | None, int]:
+    with session_scope(db_url) as s:
+        return dict(s.execute(select(TrainingRun.idempotency_key, TrainingRun.id)).all())
+
+
+Answer = tuple[int, dict, str | None]  # status, body, Retry-After
+
+
+def _answer(r) -> Answer:
+    return r.status_code, r.json(), r.headers.get("retry-after")
+
+
+def _refused_before_the_charge(answer: Answer) -> bool:
+    """A refusal the load may cause, all of them before anything is reserved: no transaction
+    slot or connection in time (503 with ``Retry-After``), or the budget (409)."""
+    status, body, retry_after = answer
+    code = body.get("error", {}).get("code")
+    return ((status == 503 and code == "database_unavailable" and retry_after is not None)
+            or (status == 409 and code == "budget_exceeded"))
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_200_concurrent_trainings_on_a_small_pool_never_answer_5xx_after_a_charge(db_url, redis_url, tmp_path):
     """200 requests (keyed, so each answer maps to its run) from 40 threads against a pool of
     one connection (plus one overflow; SQLite: a 1 s busy timeout, so that marking a charged run
-    enqueued meets a locked database too): a request either failed
-    before anything was reserved (no run with its key) or its run is charged and it got 202.
-    Every 25th request is sent twice without a key: the retry gets the same run, charged once."""
+    enqueued meets a locked database too): every request either got 202 for its run, charged
+    once, or was refused before anything was reserved (503 with ``Retry-After``, or 409) and has
+    no run; no other answer. Every 25th request is sent twice without a key: the retry gets the
+    same run, charged once. The ledger charges exactly the runs answered 202, and replaying every
+    keyed request afterwards (a blind retry) charges nothing more."""
     create_dataset(db_url, cap=1e6)
     seed_ratings(db_url, "default", synthetic_ratings(n_users=50, n_items=20, n_ratings=300))
     dispose_engines()  # the app builds its engine from the small-pool settings below
     client, admin, _ = _client(tmp_path, db_url, redis_url, db_pool_size=1, sqlite_busy_timeout_ms=1000)
 
-    def keyed(i: int) -> tuple[str, int, dict]:
-        r = client.post(TRAININGS, headers=admin, json={"epsilon": 1.0 + i / 1000, "hyperparameters": HYPER,
-                                                        "idempotency_key": f"load-{i}"})
-        return f"load-{i}", r.status_code, r.json()
+    def keyed_body(i: int) -> dict:
+        return {"epsilon": 1.0 + i / 1000, "hyperparameters": HYPER, "idempotency_key": f"load-{i}"}
 
-    def keyless(i: int) -> list[tuple[int, dict]]:
+    def keyed(i: int) -> tuple[str, Answer]:
+        return f"load-{i}", _answer(client.post(TRAININGS, headers=admin, json=keyed_body(i)))
+
+    def keyless(i: int) -> list[Answer]:
         body = {"epsilon": 2.0 + i / 1000, "hyperparameters": HYPER}
-        return [(r.status_code, r.json()) for r in (client.post(TRAININGS, headers=admin, json=body)
-                                                    for _ in range(2))]
+        return [_answer(client.post(TRAININGS, headers=admin, json=body)) for _ in range(2)]
 
     with client, ThreadPoolExecutor(40) as pool:
         keyed_answers = list(pool.map(keyed, range(N_REQUESTS)))
         retried = list(pool.map(keyless, range(0, N_REQUESTS, 25)))
+        runs, charged_before_replay = _runs_by_key(db_url), _reservations(db_url)
+        replays = list(pool.map(keyed, range(N_REQUESTS)))
     try:
-        with session_scope(db_url) as s:
-            runs = dict(s.execute(select(TrainingRun.idempotency_key, TrainingRun.id)).all())
-        for key, status, body in keyed_answers:
-            assert status < 500 or status == 503, (status, body)
+        accepted = set()
+        for key, answer in keyed_answers:
+            status, body, _ = answer
             if key in runs:  # charged: the request that created it was answered for it
-                assert status == 202 and body["run_id"] == runs[key], (status, body)
+                assert status == 202 and body["run_id"] == runs[key], answer
                 assert _reservations(db_url, runs[key]) == 1
+                accepted.add(body["run_id"])
             else:  # refused before anything was reserved
-                assert status != 202, body
+                assert _refused_before_the_charge(answer), answer
         for pair in retried:
-            ids = {body["run_id"] for status, body in pair if status == 202}
+            ids = {body["run_id"] for status, body, _ in pair if status == 202}
             assert len(ids) <= 1, pair  # a blind retry never buys a second run
-            for status, body in pair:
-                assert status < 500 or status == 503, (status, body)
-        assert _reservations(db_url) == len(runs)  # one reservation per run
+            for answer in pair:
+                assert answer[0] == 202 or _refused_before_the_charge(answer), answer
+            accepted |= ids
+        assert charged_before_replay == len(runs) == len(accepted)  # one reservation per run answered 202
+        for key, answer in replays:  # a charged run's replay names it; any other is answered as a first request
+            status, body, _ = answer
+            assert status == 202 or _refused_before_the_charge(answer), answer
+            if key in runs and status == 202:
+                assert body["run_id"] == runs[key], answer
+        after_replay = _runs_by_key(db_url)
+        assert {k: v for k, v in after_replay.items() if k in runs} == runs
+        assert _reservations(db_url) == len(after_replay)  # a replay charges only a run it newly created
     finally:
         broker = redis.Redis.from_url(redis_url)
         broker.delete(dispatch.QUEUE)

@@ -39,7 +39,9 @@ def post_training(dataset: DatasetP, body: TrainingIn, admin: AdminPrincipal, se
 
 def _accepted(run: TrainingRunOut, settings: Settings) -> TrainingAccepted:
     """The answer for a committed (charged) run, which never fails: a broker or database fault
-    while sending leaves the run in the outbox (``enqueued: false``), which sends it later."""
+    while sending leaves the run in the outbox (``enqueued: false``), which sends it later. It
+    runs inside the request's transaction slot (:mod:`app.api.deps`), so marking the run
+    enqueued does not queue behind other requests for SQLite's write lock or the pool."""
     sent = run.enqueued
     if run.status == "queued" and not sent:
         try:
