@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from app.core.data.ratings import Ratings
+from app.core.mf import foldin
 from app.core.mf.dpals import DPALSConfig, calibrate, train_dpals
 from app.core.mf.foldin import (
     CALIBRATION_RIDGES,
@@ -48,7 +49,32 @@ def test_pure_noise_falls_back_to_the_baseline_and_signal_keeps_the_factors():
     y = x @ truth + 3.0 * rng.normal(size=40)
     plain = np.linalg.solve(x.T @ x + 1e-3 * np.eye(5), x.T @ y)
     assert np.linalg.norm(self_calibrated_solve(x, y, 1e-3, None)) < np.linalg.norm(plain)
-    assert CALIBRATION_RIDGES[0] == 0.0  # the model's own ridge is always a candidate
+    assert CALIBRATION_RIDGES[0] == 0.0  # the model's own ridge is a candidate (for a user with enough ratings)
+
+
+def test_a_dozen_ratings_do_not_pick_the_weakest_ridge_by_chance(monkeypatch: pytest.MonkeyPatch):
+    """Selection optimism (issue 27): with 6-12 noisy ratings, the smallest leave-out error over
+    ridges down to the model's own picks a weak ridge by chance and extrapolates badly; without
+    the candidates below 1/4 of the mean eigenvalue for such users the held-out error is clearly lower."""
+    rng = np.random.default_rng(0)
+    factors = 2.0 * rng.normal(size=(100, 8))
+
+    def held_out_error() -> float:
+        draws = np.random.default_rng(5)
+        total = 0.0
+        for _ in range(300):
+            items = draws.permutation(100)
+            seen, unseen = items[: draws.integers(6, 13)], items[-20:]
+            taste = 0.15 * draws.normal(size=8)
+            y = factors[seen] @ taste + 4.0 * draws.normal(size=len(seen))
+            user = self_calibrated_solve(factors[seen], y, 1e-3, None)
+            truth = factors[unseen] @ taste + 4.0 * draws.normal(size=20)
+            total += float(np.mean((factors[unseen] @ user - truth) ** 2))
+        return total / 300
+
+    floor = held_out_error()
+    monkeypatch.setattr(foldin, "RELIABLE_RATINGS_PER_DIM", 0)  # every candidate for everyone
+    assert floor < 0.85 * held_out_error()
 
 
 def test_service_fold_in_and_batched_evaluation_use_the_same_calibration():
