@@ -49,7 +49,7 @@ data is chunked or partitioned. The functions a distributed driver maps over use
 (``rating_keys``, ``count_statistic``, ``mean_statistics``, ``item_bias_statistic``,
 ``bound_contributions``, ``item_statistics``, ``gravity_statistic``), the reducer
 (``reduce_exact``) and the driver-side releases (``release_public_state``, ``release_recounts``,
-``ItemSource``) are public; tests/unit/test_dpals_partitions.py runs such a driver in process.
+``ItemSource``) are public; :mod:`app.core.mf.distributed` is the driver over them (in process or on Dask).
 
 User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
 few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
@@ -64,7 +64,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import numpy as np
 from dp_accounting import dp_event
@@ -129,6 +129,7 @@ __all__ = [
     "train_dpals",
     "fit_dpals",
     "DPALSFit",
+    "FitFunction",
     "PublicItemTerms",
     "public_model",
     "project_psd",
@@ -1141,6 +1142,13 @@ class DPALSFit:
     event: dp_event.DpEvent
     releaser: GaussianReleaser
     config: DPALSConfig | None = None  # the run's config: k as released when it came from the data
+
+
+class FitFunction(Protocol):
+    """What runs a DPALS fit: :func:`fit_dpals`, or a distributed driver with the same contract."""
+
+    def __call__(self, ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None,
+                 public_terms: PublicTermsHook | None = None) -> DPALSFit: ...
 
 
 def fit_dpals(
