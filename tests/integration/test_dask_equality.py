@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.core.mf.distributed import DaskExecutor
+from app.core.mf.distributed import DaskExecutor, distributed_fit
 from app.core.mf.dpals import DPALSConfig, dpals_event, train_dpals
 from tests.unit.test_dpals_partitions import (
     PARTITIONINGS,
@@ -64,6 +64,22 @@ def test_a_local_cluster_publishes_the_in_process_model(client, variant: str):
     assert len(executed) == 2 and all(count > 0 for count in executed.values())  # both workers computed
     keys = client.run_on_scheduler(lambda dask_scheduler: [str(key) for key in dask_scheduler.tasks])
     assert all(str(SEED) not in key for key in keys)  # the seed is in no task key
+
+
+def test_the_seed_never_reaches_a_worker(client):
+    """The workers hold the config without its seed and the sampling keys; the noise stays on the driver."""
+    ratings = _ratings(5, n_users=200)
+    executor = DaskExecutor(client)
+    config = default_config("rating")
+    shared = []
+
+    def progress(fraction: float, stage: str) -> None:  # mid-run: the run's values are on the workers
+        shared.extend(client.run(lambda dask_worker: [value.seed for value in dask_worker.data.values()
+                                                      if isinstance(value, DPALSConfig)]).values())
+
+    train_dpals(ratings, config, progress=progress, fit=distributed_fit(executor, n_partitions=3))
+    seeds = [seed for worker in shared for seed in worker]
+    assert seeds and set(seeds) == {0}
 
 
 def test_the_default_config_reaches_its_releases_on_the_cluster(client):

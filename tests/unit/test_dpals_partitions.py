@@ -18,10 +18,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from app.core.algorithms import get_algorithm
 from app.core.data.ratings import Ratings
 from app.core.mf import als, defaults, dpals
 from app.core.mf.als import solve_side_cg
-from app.core.mf.distributed import InProcess, split_users, train_distributed
+from app.core.mf.distributed import InProcess, distributed_fit, split_users
 from app.core.mf.dpals import (
     DPALSConfig,
     PublicState,
@@ -138,8 +139,8 @@ def fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, item_block: i
     computed per user partition by the public seam (on ``executor``: in process here, a Dask
     client in tests/integration) and reduced exactly; releases, item solves and everything public
     on the driver; the item step over blocks of ``item_block`` items."""
-    return train_distributed(algorithm, ratings, config, executor or InProcess(),
-                             labels=assign(np.asarray(ratings.user_ids)), item_block=item_block, **inputs)
+    fit = distributed_fit(executor or InProcess(), labels=assign(np.asarray(ratings.user_ids)), item_block=item_block)
+    return get_algorithm(algorithm).train(ratings, config, fit=fit, **inputs)
 
 
 def default_config(objective: str = "rating", epsilon: float = 5.0, n_items: int = N_ITEMS) -> DPALSConfig:
@@ -280,3 +281,13 @@ def test_rating_keys_by_any_chunks_are_the_keys_in_one_call():
     cuts = np.sort(np.random.default_rng(0).integers(0, ratings.nnz, 9))  # cuts inside users too
     pieces = [keys(a, b) for a, b in zip(np.r_[0, cuts], np.r_[cuts, ratings.nnz], strict=True)]
     np.testing.assert_array_equal(np.concatenate(pieces), whole)
+
+
+def test_the_sampling_keys_alone_draw_the_seeded_keys():
+    """What a cluster's workers get instead of the seed draws the same sampling keys, stage by stage."""
+    ratings = _ratings(6)
+    keyed = KeyedRandomness(SEED)
+    for stage in (0, 1):
+        np.testing.assert_array_equal(rating_keys(ratings, keyed.sampling_keys(), stage)(0, ratings.nnz),
+                                      rating_keys(ratings, keyed, stage)(0, ratings.nnz))
+    assert str(SEED) not in repr(keyed.sampling_keys())

@@ -9,8 +9,9 @@ statistic is complete: the count histogram that sets k, the item counts, the (us
 item-bias sums, the re-counts, and per step K̃, {Ã_j} and {b̃_j}. The item solves and everything public
 run on the driver too.
 
-Tasks are pure: each is a function of its partition, public released values and the config (the
-seed keys the *sampling*, never noise: tasks draw no noise). A task that the cluster recomputes (a
+Tasks are pure: each is a function of its partition, public released values, the config without
+its seed, and the sampling keys (:meth:`KeyedRandomness.sampling_keys`, from which no noise can be
+derived: the seed never leaves the driver, and tasks draw no noise). A task that the cluster recomputes (a
 lost worker, a retry) returns the same bits and releases nothing; only the driver's releaser adds to
 the run's record, which is checked against the reserved event exactly as in process. What stays on
 the workers: each partition's ratings, its sample, its bounded plans and its users' factors (never
@@ -26,26 +27,26 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from app.core.data.ratings import Ratings
-from app.core.mf import dpals, dpcmf
+from app.core.mf import dpals
 from app.core.mf.als import SolvePlan, quantised_factors
 from app.core.mf.dpals import (
     BoundedData,
     DPALSConfig,
     DPALSFit,
+    FitFunction,
     ItemSource,
     Preprocessed,
     Progress,
     PublicState,
     PublicTermsHook,
 )
-from app.core.mf.model import PublicModel
-from app.core.privacy.keyed import KeyedRandomness, user_hashes
+from app.core.privacy.keyed import KeyedRandomness, SamplingKeys, user_hashes
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import per_user_sample
 
@@ -56,8 +57,7 @@ __all__ = [
     "partition_labels",
     "split_users",
     "fit_distributed",
-    "train_distributed",
-    "DISTRIBUTED_ALGORITHMS",
+    "distributed_fit",
     "ITEM_BLOCK",
 ]
 
@@ -70,8 +70,9 @@ class Executor(Protocol):
     """Where the partitions live and the per-partition tasks run. Handles are opaque (values in
     process, futures on a cluster); tasks take handles or plain values as arguments."""
 
-    def scatter(self, values: Sequence[Any]) -> list[Any]:
-        """One handle per value, each value placed on one worker."""
+    def place(self, values: Sequence[Any]) -> list[Any]:
+        """One handle per value, the values spread over the workers (recomputable where a worker
+        is lost)."""
 
     def share(self, value: Any) -> Any:
         """One handle to a value every task may read (sent once per worker, not per task)."""
@@ -89,7 +90,7 @@ class Executor(Protocol):
 class InProcess:
     """The driver's tasks in this process, one after the other (tests; a cluster of one)."""
 
-    def scatter(self, values: Sequence[Any]) -> list[Any]:
+    def place(self, values: Sequence[Any]) -> list[Any]:
         return list(values)
 
     def share(self, value: Any) -> Any:
@@ -106,13 +107,14 @@ class InProcess:
 
 
 class DaskExecutor:
-    """The tasks on a ``distributed.Client``'s workers. Every key is random (``pure=False``,
-    ``hash=False``): no key is derived from an argument, so neither the seed nor an id appears in
-    a key, the scheduler's state or the dashboard. The config, which holds the seed, travels as
-    data (to the workers, under the cluster's TLS), never inside a task's key.
+    """The tasks on a ``distributed.Client``'s workers. Every key is random (``pure=False``): no
+    key is derived from an argument, so no id or key material appears in a key, the scheduler's
+    task list or the dashboard. Partitions and shared values are tasks' results (recomputable);
+    what they hold (ratings, the sampling keys) crosses the network as data, under the cluster's
+    TLS; the seed never does.
 
-    ``moved_bytes`` counts what crossed between the driver and the cluster (scatters and gathers,
-    by ``dask.sizeof``); ``tasks`` the tasks submitted."""
+    ``moved_bytes`` counts what crossed between the driver and the cluster (partitions, shared
+    values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -124,13 +126,23 @@ class DaskExecutor:
 
         self.moved_bytes += int(sizeof(values))
 
-    def scatter(self, values: Sequence[Any]) -> list[Any]:
-        self._count(list(values))
-        return list(self.client.scatter(list(values), hash=False))
+    def place(self, values: Sequence[Any]) -> list[Any]:
+        """Each value as the result of a task on a worker (round robin; any other worker may
+        recompute it): a worker lost mid-run loses nothing Dask cannot recompute from lineage,
+        unlike scattered data, whose loss would leave its dependents waiting."""
+        values = list(values)
+        self._count(values)
+        workers = sorted(self.client.nthreads()) or [None]
+        self.tasks += len(values)
+        return [self.client.submit(_hold, value, pure=False, workers=workers[i % len(workers)],
+                                   allow_other_workers=True) for i, value in enumerate(values)]
 
     def share(self, value: Any) -> Any:
+        """A task's result too (not a broadcast scatter: a scatter that names a lost worker waits
+        for it; a task's result is recomputed)."""
         self._count(value)
-        return self.client.scatter(value, broadcast=True, hash=False)
+        self.tasks += 1
+        return self.client.submit(_hold, value, pure=False)
 
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
         self.tasks += len(columns[0])
@@ -144,6 +156,11 @@ class DaskExecutor:
         values = list(self.client.gather(list(handles)))
         self._count(values)
         return values
+
+
+def _hold(value: Any) -> Any:
+    """A partition as a task's result (:meth:`DaskExecutor.place`)."""
+    return value
 
 
 # ---------------------------------------------------------------------------- partitions
@@ -175,8 +192,8 @@ def _bound_task(part: Ratings, config: DPALSConfig) -> np.ndarray:
     return dpals.bound_statistic(part.user_counts(), config)
 
 
-def _sample_task(part: Ratings, config: DPALSConfig) -> np.ndarray:
-    return per_user_sample(part, config.contribution_bound, dpals.rating_keys(part, KeyedRandomness(config.seed), 0))
+def _sample_task(part: Ratings, keys: SamplingKeys, config: DPALSConfig) -> np.ndarray:
+    return per_user_sample(part, config.contribution_bound, dpals.rating_keys(part, keys, 0))
 
 
 def _sampled_task(part: Ratings, sample: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, float, float]:
@@ -191,8 +208,8 @@ def _bias_task(part: Ratings, sample: np.ndarray, mean: float, config: DPALSConf
     return dpals.item_bias_statistic(part, sample, mean, config)
 
 
-def _bounded_task(part: Ratings, public: PublicState, config: DPALSConfig) -> BoundedData:
-    return dpals.bound_contributions(part, config, public, KeyedRandomness(config.seed))
+def _bounded_task(part: Ratings, public: PublicState, keys: SamplingKeys, config: DPALSConfig) -> BoundedData:
+    return dpals.bound_contributions(part, config, public, keys)
 
 
 def _recount_task(bounded: BoundedData) -> np.ndarray:
@@ -274,18 +291,19 @@ def fit_distributed(
     dpals._validate_for_training(ratings, config)
     if config.objective == "ranking":
         ratings = dpals.positives(ratings, config.threshold)
-    parts = executor.scatter(split_users(ratings, partition_labels(ratings.user_ids, n_partitions)
+    parts = executor.place(split_users(ratings, partition_labels(ratings.user_ids, n_partitions)
                                          if labels is None else np.asarray(labels)))
     del ratings
     n = len(parts)
     keyed = KeyedRandomness(config.seed)
     releaser = GaussianReleaser(None, keyed)
-    requested = executor.share(config)
+    # the tasks' config carries no seed, only the sampling keys travel: the noise stays on the driver
+    requested = executor.share(replace(config, seed=0))
     config = dpals.release_contribution_bound(_reduced(executor, executor.map(_bound_task, parts, [requested] * n)),
                                               config, releaser)
-    shared = executor.share(config)  # k as released: what every later task reads
-    configs = [shared] * n
-    samples = executor.map(_sample_task, parts, configs)
+    configs = [executor.share(replace(config, seed=0))] * n  # k as released: what every later task reads
+    keys = [executor.share(keyed.sampling_keys())] * n
+    samples = executor.map(_sample_task, parts, keys, configs)
 
     def bias_statistic(mean: float, parts: list[Any] = parts, samples: list[Any] = samples) -> np.ndarray:
         return np.asarray(_reduced(executor, executor.map(_bias_task, parts, samples, [mean] * n, configs)))
@@ -293,7 +311,7 @@ def fit_distributed(
     public = dpals.release_public_state(_reduced(executor, executor.map(_sampled_task, parts, samples, configs)),
                                         bias_statistic, config, releaser)
     del samples
-    bounded = executor.map(_bounded_task, parts, [executor.share(public)] * n, configs)
+    bounded = executor.map(_bounded_task, parts, [executor.share(public)] * n, keys, configs)
     del parts  # the bounded plans hold what the steps need
     recounts = dpals.release_recounts(_reduced(executor, executor.map(_recount_task, bounded)), config, releaser)
     prep_public: dict[str, Any] = dict(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
@@ -321,37 +339,15 @@ def fit_distributed(
                     user_reg=dpals.user_regularisation(config), event=event, releaser=releaser, config=config)
 
 
-#: the algorithms :func:`train_distributed` runs (DP-CMF shares DPALS's private part)
-DISTRIBUTED_ALGORITHMS = ("dpals", "dpcmf")
-
-
-def train_distributed(
-    algorithm: str,
-    ratings: Ratings,
-    config: DPALSConfig,
-    executor: Executor,
-    *,
-    n_partitions: int = 2,
-    labels: np.ndarray | None = None,
-    item_block: int = ITEM_BLOCK,
-    progress: Progress | None = None,
-    **inputs: Any,
-) -> PublicModel:
-    """The published model of ``algorithm`` ("dpals" or "dpcmf", whose ``inputs`` are
-    :func:`app.core.mf.dpcmf.train_dpcmf`'s) trained by :func:`fit_distributed`: what
-    ``train_dpals`` / ``train_dpcmf`` publish for the same seed and data."""
-    if algorithm not in DISTRIBUTED_ALGORITHMS:
-        raise ValueError(f"no distributed trainer for {algorithm!r} (have {DISTRIBUTED_ALGORITHMS})")
+def distributed_fit(executor: Executor, *, n_partitions: int = 2, labels: np.ndarray | None = None,
+                    item_block: int = ITEM_BLOCK) -> FitFunction:
+    """:func:`fit_distributed` on ``executor`` as a :class:`dpals.FitFunction`: what ``train_dpals``
+    and ``train_dpcmf`` (``fit=``) and so the DPALS and DP-CMF algorithms' ``train`` take to run
+    their private part on a cluster; they then publish what they publish in process."""
 
     def fit(ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None,
             public_terms: PublicTermsHook | None = None) -> DPALSFit:
         return fit_distributed(ratings, config, executor, n_partitions=n_partitions, labels=labels,
                                item_block=item_block, progress=progress, public_terms=public_terms)
 
-    if algorithm == "dpcmf":
-        if not isinstance(config, dpcmf.DPCMFConfig):
-            raise ValueError("dpcmf needs a DPCMFConfig")
-        return dpcmf.train_dpcmf(ratings, config, progress=progress, fit=fit, **inputs)
-    if inputs:
-        raise ValueError(f"dpals takes no further inputs, got {sorted(inputs)}")
-    return dpals.public_model(ratings, config, fit(ratings, config, progress=progress))
+    return fit
