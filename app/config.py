@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # user partitions of a run (None: one per worker thread of the cluster)
     dask_partitions: int | None = Field(None, ge=1, le=4096)
     dask_connect_timeout_s: float = Field(30.0, gt=0)
+    # the longest a run waits for one reduced statistic from the cluster (e.g. left without workers)
+    # before it fails, charged and unpublished
+    dask_result_timeout_s: float = Field(3600.0, gt=0)
     # Celery beat's schedule file (when each periodic task last ran); unset: one file per database in the temp dir
     beat_schedule_path: Path | None = None
     seed_demo: bool = True

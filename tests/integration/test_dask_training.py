@@ -4,8 +4,9 @@ Real components: PostgreSQL, the runner the Celery task runs, a ``LocalCluster``
 processes. With the run's secret seed pinned, a run on the cluster publishes the model an
 in-process run publishes, charged once, through the same outbox and ledger path. A worker killed
 (SIGKILL) after the first step: the run completes with the in-process model, or fails closed,
-charged once and never published. Cluster mode refuses the embedded SQLite database and an
-unreachable scheduler before anything is read (refunded). Needs the optional ``dask`` extra.
+charged once and never published; a cluster left without any worker fails it closed. Cluster
+mode refuses the embedded SQLite database and an unreachable scheduler before anything is read
+(refunded). Needs the optional ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -130,6 +131,31 @@ def test_a_worker_lost_mid_run_completes_or_fails_closed(seeded, cluster, tmp_pa
         assert _kinds(seeded, run_id) == ["reservation"]
     with session_scope(seeded) as s:
         assert s.scalar(select(func.count()).select_from(ModelVersion)) == (2 if outcome == "succeeded" else 1)
+
+
+def test_a_cluster_left_without_workers_fails_the_run_closed(seeded, cluster, tmp_path, monkeypatch):
+    """Every worker retired after the first step: nothing can compute the next statistic; the run
+    waits DASK_RESULT_TIMEOUT_S, then fails charged (it read the data), with nothing published."""
+    settings = make_settings(tmp_path, seeded, dask_scheduler_address=cluster.scheduler_address,
+                             dask_result_timeout_s=3.0)
+    write_progress = runner._progress_writer
+
+    def emptying_writer(run_id, url, guard):
+        write = write_progress(run_id, url, guard)
+
+        def progress(fraction: float, stage: str) -> None:
+            if stage.startswith("step 1/"):
+                cluster.scale(0)
+            write(fraction, stage)
+
+        return progress
+
+    monkeypatch.setattr(runner, "_progress_writer", emptying_writer)
+    run_id = _start(seeded)
+    assert runner.run_training(run_id, url=seeded, settings=settings) == "failed"
+    run = _run(seeded, run_id)
+    assert run.status == "failed" and run.private_data_read and not run.refunded and "charged" in run.error
+    assert _published(seeded, run_id) is None and _kinds(seeded, run_id) == ["reservation"]
 
 
 def test_cluster_mode_refuses_sqlite_before_anything_is_read(sqlite_url, tmp_path):

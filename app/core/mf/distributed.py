@@ -114,10 +114,13 @@ class DaskExecutor:
     TLS; the seed never does.
 
     ``moved_bytes`` counts what crossed between the driver and the cluster (partitions, shared
-    values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted."""
+    values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted. A result
+    not back within ``timeout_s`` (a cluster left without workers waits for ever) raises
+    ``TimeoutError``: the run fails closed instead of hanging."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, timeout_s: float | None = None) -> None:
         self.client = client
+        self.timeout_s = timeout_s
         self.moved_bytes = 0
         self.tasks = 0
 
@@ -153,7 +156,7 @@ class DaskExecutor:
         return self.client.submit(dpals.reduce_exact, list(handles), pure=False)
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
-        values = list(self.client.gather(list(handles)))
+        values = [handle.result(timeout=self.timeout_s) for handle in handles]
         self._count(values)
         return values
 

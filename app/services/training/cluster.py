@@ -76,7 +76,7 @@ def train_on_cluster(client: Any, algorithm: Algorithm[Any, Any], ratings: Any, 
     cluster (one user partition per worker thread unless ``DASK_PARTITIONS`` says otherwise); logs
     only public counts (partitions, tasks), never sizes that follow the data."""
     n_partitions = settings.dask_partitions or max(1, sum(client.nthreads().values()))
-    executor = DaskExecutor(client)
+    executor = DaskExecutor(client, timeout_s=settings.dask_result_timeout_s)
     model = algorithm.train(ratings, config, progress=progress, fit=distributed_fit(executor, n_partitions=n_partitions),
                             **inputs)
     log.info("cluster training: %d partitions, %d tasks", n_partitions, executor.tasks)
