@@ -3,7 +3,8 @@
 # its entry point is the `privrec` CLI, so the same commands as on a workstation run in containers:
 #   docker run IMAGE migrate | api | worker | beat | serve | issue-token ... | budget
 # Production needs DATABASE_URL, REDIS_URL and SECRET_KEY in the environment; compose.yaml wires
-# PostgreSQL, Redis, migrate, api, worker and beat together (`docker compose up`).
+# PostgreSQL, Redis, migrate, api, worker and beat together (`docker compose up`), and a Dask
+# scheduler and workers (`docker compose --profile dask up`: entry point `dask`).
 
 ARG PYTHON_VERSION=3.11
 ARG UV_VERSION=0.13.9
@@ -18,7 +19,9 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN pip install "uv==${UV_VERSION}"
 WORKDIR /src
 COPY pyproject.toml uv.lock ./
-RUN uv export --frozen --no-dev --no-emit-project --format requirements-txt -o /requirements.txt
+# with the optional `dask` extra (Dask distributed, pyarrow): the image also runs the cluster's scheduler
+# and workers (compose.yaml's `dask` profile); no role imports it unless DASK_SCHEDULER_ADDRESS is set
+RUN uv export --frozen --no-dev --extra dask --no-emit-project --format requirements-txt -o /requirements.txt
 
 # ---------------------------------------------------------------- build: the locked wheels in a venv
 FROM python:${PYTHON_VERSION}-slim AS build

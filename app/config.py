@@ -71,6 +71,20 @@ class Settings(BaseSettings):
     run_stale_after_s: float = Field(120.0, gt=0)
     embedded_worker: bool = True
     embedded_poll_s: float = Field(2.0, gt=0)
+    # --- distributed training (issue 28; needs the optional 'dask' extra): set, DPALS and DP-CMF runs
+    # train on this Dask scheduler (e.g. tls://scheduler:8786) through app.core.mf.distributed;
+    # unset, in process. The three TLS files (PEM) turn on Dask's Security: TLS with mutual
+    # authentication, required in production (the seed and partial statistics cross the network)
+    dask_scheduler_address: str | None = None
+    dask_tls_ca_file: Path | None = None
+    dask_tls_cert_file: Path | None = None
+    dask_tls_key_file: Path | None = None
+    # user partitions of a run (None: one per worker thread of the cluster)
+    dask_partitions: int | None = Field(None, ge=1, le=4096)
+    dask_connect_timeout_s: float = Field(30.0, gt=0)
+    # the longest a run waits for one reduced statistic from the cluster (e.g. left without workers)
+    # before it fails, charged and unpublished
+    dask_result_timeout_s: float = Field(3600.0, gt=0)
     # Celery beat's schedule file (when each periodic task last ran); unset: one file per database in the temp dir
     beat_schedule_path: Path | None = None
     seed_demo: bool = True
@@ -124,7 +138,27 @@ class Settings(BaseSettings):
             raise ValueError("ACCESS_TOKEN_TTL_S must not exceed MAX_TOKEN_TTL_S")
         if self.redis_url is not None and self.redis_url.strip() == "":
             self.redis_url = None
+        self._check_dask()
         return self
+
+    def _check_dask(self) -> None:
+        if self.dask_scheduler_address is not None and self.dask_scheduler_address.strip() == "":
+            self.dask_scheduler_address = None
+        tls = (self.dask_tls_ca_file, self.dask_tls_cert_file, self.dask_tls_key_file)
+        if any(tls) and not all(tls):
+            raise ValueError("DASK_TLS_CA_FILE, DASK_TLS_CERT_FILE and DASK_TLS_KEY_FILE go together (mutual TLS)")
+        if self.dask_scheduler_address is None:
+            return
+        if self.is_sqlite:
+            raise ValueError("DASK_SCHEDULER_ADDRESS needs PostgreSQL: cluster training refuses the embedded "
+                             "SQLite database (unset DASK_SCHEDULER_ADDRESS or set DATABASE_URL to PostgreSQL)")
+        if all(tls) and not self.dask_scheduler_address.startswith("tls://"):
+            raise ValueError("with the Dask TLS files set, DASK_SCHEDULER_ADDRESS must be a tls:// address")
+
+    @property
+    def dask_tls(self) -> bool:
+        """Whether the cluster is reached over TLS with mutual authentication (Dask's Security)."""
+        return self.dask_tls_ca_file is not None
 
 
 @lru_cache(maxsize=1)

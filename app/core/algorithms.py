@@ -97,6 +97,9 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
     ``score_kinds`` lists what :meth:`score` may mean; ``popularity_kind`` what :meth:`popularity`
     (the ``/popular`` order) is. ``scores_by_fold_in``: :meth:`score` is the fold-in solve of
     :mod:`app.core.mf.foldin`, whose top-N serving may restrict to trained items.
+    ``distributable``: :meth:`train` also takes ``fit=`` (a :class:`app.core.mf.dpals.FitFunction`,
+    :func:`app.core.mf.distributed.distributed_fit`) and then trains on a cluster, publishing what it
+    publishes in process.
     """
 
     name: ClassVar[str]
@@ -110,6 +113,7 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
     score_kinds: ClassVar[tuple[ScoreKind, ...]] = ("predicted_rating",)
     popularity_kind: ClassVar[PopularityKind] = "dp_count"
     scores_by_fold_in: ClassVar[bool] = False
+    distributable: ClassVar[bool] = False
 
     def data_params(self, params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
         """``params`` with what the data set decides for this algorithm (``ValueError`` when the
@@ -221,6 +225,7 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     score_kinds = ("predicted_rating", "ranking_score")
     scores_by_fold_in = True
     takes_objective = True
+    distributable = True  # DPALS and DP-CMF: train(..., fit=distributed_fit(...)) (issue 28)
 
     def save(self, model: PublicModel, path: Path) -> tuple[Path, str]:
         info = save_model(model, path)

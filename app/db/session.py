@@ -36,6 +36,7 @@ __all__ = [
     "open_database",
     "dispose_engines",
     "is_sqlite",
+    "is_sqlite_url",
     "is_postgres",
     "is_lock_conflict",
     "retry_lock_conflicts",
@@ -217,6 +218,11 @@ def dispose_engines() -> None:
 def is_sqlite(session_or_engine: Session | Engine) -> bool:
     bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
     return bind.dialect.name == "sqlite"
+
+
+def is_sqlite_url(url: str) -> bool:
+    """Whether the database URL names SQLite (from the URL alone: nothing is opened)."""
+    return make_url(url).get_backend_name() == "sqlite"
 
 
 def is_postgres(session_or_engine: Session | Engine) -> bool:

@@ -82,7 +82,7 @@ def test_compose_validates_against_the_compose_specification() -> None:
 
 def test_compose_brings_up_every_role_with_its_own_health_check() -> None:
     services = _compose()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "api", "worker", "beat"}
+    assert set(services) == {"postgres", "redis", "migrate", "api", "worker", "beat", "dask-scheduler", "dask-worker"}
     for role in ("api", "worker", "beat"):
         service = services[role]
         assert service["command"][0] == role and service["build"] == "."
@@ -95,6 +95,23 @@ def test_compose_brings_up_every_role_with_its_own_health_check() -> None:
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     assert services["api"]["environment"]["ARTIFACT_DIR"] == services["worker"]["environment"]["ARTIFACT_DIR"]
     assert "artifacts:/data" in services["api"]["volumes"] and "artifacts:/data" in services["worker"]["volumes"]
+
+
+def test_the_dask_profile_runs_a_scheduler_and_two_workers_of_the_image_health_checked() -> None:
+    """Issue 28: `docker compose --profile dask up` adds the cluster; the training worker is told its
+    address (unset without the profile: in process); no dashboard; spilled data on a tmpfs."""
+    services = _compose()["services"]
+    scheduler, worker = services["dask-scheduler"], services["dask-worker"]
+    for service in (scheduler, worker):
+        assert service["profiles"] == ["dask"] and service["build"] == "." and service["image"] == "privrec:latest"
+        assert service["command"][0] == "dask" and "--no-dashboard" in service["command"]
+        assert service["healthcheck"]["test"][0] == "CMD"
+    assert worker["deploy"]["replicas"] == 2 and "/tmp/dask-spill" in worker["tmpfs"]
+    assert "tcp://dask-scheduler:8786" in worker["command"]
+    assert worker["depends_on"] == {"dask-scheduler": {"condition": "service_healthy"}}
+    assert services["worker"]["environment"]["DASK_SCHEDULER_ADDRESS"] == "${DASK_SCHEDULER_ADDRESS:-}"
+    assert all("profiles" not in services[role] for role in ("api", "worker", "beat"))
+    assert "--extra dask" in _stage(_dockerfile(), "requirements")  # the image carries the extra
 
 
 def test_every_supported_python_is_locked_and_ci_runs_the_oldest_and_the_newest() -> None:

@@ -1,10 +1,11 @@
-"""DPALS's per-partition statistics on a Dask ``LocalCluster`` (issue 28, first step).
+"""The distributed driver on a Dask ``LocalCluster`` publishes the in-process model (issue 28).
 
-The partitioned driver of tests/unit/test_dpals_partitions.py, its per-partition functions run by
-two Dask worker processes (one thread each, no dashboard) instead of in process: under three
-partitionings of the users and items the published model, its releases record and its ledger
-event are the in-process run's, bit for bit (one hardware and BLAS build). Needs the optional
-``dask`` extra; skipped without it.
+:mod:`app.core.mf.distributed`'s driver with its tasks on two Dask worker processes (one thread
+each, no dashboard): under three partitionings of the users and three item block sizes the
+published model, its releases record and its ledger event are the in-process run's, bit for bit
+(one hardware and BLAS build), with the service's default rule-8 config (the count histogram's k,
+the user-level mean) and with a hand-set one (gravity, pooling, CG warm starts). Needs the
+optional ``dask`` extra; skipped without it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from app.core.mf.distributed import DaskExecutor, distributed_fit
 from app.core.mf.dpals import DPALSConfig, dpals_event, train_dpals
-from tests.unit.test_dpals_partitions import PARTITIONINGS, SEED, _published, _ratings, fit_partitioned
+from tests.unit.test_dpals_partitions import (
+    PARTITIONINGS,
+    SEED,
+    _published,
+    _ratings,
+    default_config,
+    fit_partitioned,
+)
 
-distributed = pytest.importorskip("distributed")
+distributed = pytest.importorskip("distributed", reason="the optional 'dask' extra is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -27,30 +36,55 @@ def client():
         yield dask_client
 
 
-@pytest.mark.parametrize("variant", ["adaptive, gravity, pooling", "uniform, exact solves, filter"])
+CONFIGS = {
+    "default rule 8": lambda: default_config("rating"),
+    "adaptive, gravity, pooling": lambda: DPALSConfig(
+        rank=5, n_steps=3, contribution_bound=7, frequent_fraction=0.8, noise_multiplier=0.7, reg_gravity=0.3,
+        gram_pooling=1.0, average_last=2, seed=SEED),
+    "uniform, exact solves, filter": lambda: replace(
+        CONFIGS["adaptive, gravity, pooling"](), contribution_mode="uniform", user_cg_steps=0, reg_gravity=0.0,
+        gram_pooling=0.0, noise_filter=0.5),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(CONFIGS))
 def test_a_local_cluster_publishes_the_in_process_model(client, variant: str):
     ratings = _ratings(5, n_users=200)
-    config = DPALSConfig(rank=5, n_steps=3, contribution_bound=7, frequent_fraction=0.8, noise_multiplier=0.7,
-                         reg_gravity=0.3, gram_pooling=1.0, average_last=2, seed=SEED)
-    if variant.startswith("uniform"):
-        config = replace(config, contribution_mode="uniform", user_cg_steps=0, reg_gravity=0.0, gram_pooling=0.0,
-                         noise_filter=0.5)
+    config = CONFIGS[variant]()
     reference = train_dpals(ratings, config)
-    ran_on: set[str] = set()
-
-    def on_cluster(fn, *columns):
-        # pure=False: task keys are random, never a hash of the arguments (the config holds the seed)
-        futures = client.map(fn, *columns, pure=False)
-        results = client.gather(futures)
-        ran_on.update(worker for who in client.who_has(futures).values() for worker in who)
-        return results
-
-    for partitioning, item_blocks in (("three-by-id", 3), ("two-by-hash", 1), ("four-random-one-empty", 5)):
-        model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks, pmap=on_cluster)
+    executor = DaskExecutor(client)
+    for partitioning, item_block in (("three-by-id", 11), ("two-by-hash", 1024), ("four-random-one-empty", 7)):
+        model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_block, executor)
         for got, want in zip(_published(model), _published(reference), strict=True):
             np.testing.assert_array_equal(got, want)
         assert model.event == reference.event == dpals_event(config)
-        assert model.metadata == reference.metadata
-    assert len(ran_on) == 2  # both workers computed partitions
-    assert all(str(SEED) not in key for key in client.run_on_scheduler(lambda dask_scheduler: list(
-        dask_scheduler.tasks)))  # the seed is in no task key
+        assert model.metadata == reference.metadata and model.config == reference.config
+    assert executor.tasks > 0 and executor.moved_bytes > 0
+    executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert len(executed) == 2 and all(count > 0 for count in executed.values())  # both workers computed
+    keys = client.run_on_scheduler(lambda dask_scheduler: [str(key) for key in dask_scheduler.tasks])
+    assert all(str(SEED) not in key for key in keys)  # the seed is in no task key
+
+
+def test_the_seed_never_reaches_a_worker(client):
+    """The workers hold the config without its seed and the sampling keys; the noise stays on the driver."""
+    ratings = _ratings(5, n_users=200)
+    executor = DaskExecutor(client)
+    config = default_config("rating")
+    shared = []
+
+    def progress(fraction: float, stage: str) -> None:  # mid-run: the run's values are on the workers
+        shared.extend(client.run(lambda dask_worker: [value.seed for value in dask_worker.data.values()
+                                                      if isinstance(value, DPALSConfig)]).values())
+
+    train_dpals(ratings, config, progress=progress, fit=distributed_fit(executor, n_partitions=3))
+    seeds = [seed for worker in shared for seed in worker]
+    assert seeds and set(seeds) == {0}
+
+
+def test_the_default_config_reaches_its_releases_on_the_cluster(client):
+    """The first release is the count histogram (k from the data), the mean the user-level one."""
+    ratings = _ratings(5, n_users=200)
+    model = fit_partitioned(ratings, default_config("rating"), PARTITIONINGS["two-by-hash"], 64, DaskExecutor(client))
+    names = [release["name"] for release in model.metadata["releases"]]
+    assert names[:2] == ["bound_histogram", "item_counts"] and {"user_mean_sum", "user_count"} <= set(names)

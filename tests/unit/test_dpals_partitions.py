@@ -1,29 +1,30 @@
 """Partition invariance of DPALS and DP-CMF (docs/algorithms.md §7; issue 28's foundation).
 
-What a distributed driver will do is simulated in process: the users are split into partitions
-in three different ways, each partition's exact statistics are computed by the public seam
-functions (the ones the in-process trainer calls) and reduced; the results, and the releases
-drawn from them with keyed noise, must be the unpartitioned run's bit for bit. End to end, a
-model trained with the users in another order (other CSR order, other item-plan slots, other
+The users are split into partitions in three different ways, each partition's exact statistics
+are computed by the public seam functions (the ones the in-process trainer calls) and reduced; the
+results, and the releases drawn from them with keyed noise, must be the unpartitioned run's bit for
+bit. End to end, the product's distributed driver (app.core.mf.distributed, its tasks run in
+process here; on a Dask LocalCluster in tests/integration/test_dask_equality.py) publishes the
+in-process model, with the default rule-8 config (the count histogram's k, the user-level mean) and
+for DP-CMF too; a model trained with the users in another order (other CSR order, other item-plan slots, other
 Gram blocks), other bucket sizes, sampling chunks and threads must be published bit-identical,
 with the same ledger event.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from app.core.algorithms import get_algorithm
 from app.core.data.ratings import Ratings
-from app.core.mf import als, dpals
+from app.core.mf import als, defaults, dpals
 from app.core.mf.als import solve_side_cg
+from app.core.mf.distributed import InProcess, distributed_fit, split_users
 from app.core.mf.dpals import (
     DPALSConfig,
-    ItemSource,
-    Preprocessed,
     PublicState,
     bound_contributions,
     count_statistic,
@@ -33,8 +34,6 @@ from app.core.mf.dpals import (
     mean_statistics,
     rating_keys,
     reduce_exact,
-    release_public_state,
-    release_recounts,
     train_dpals,
     user_regularisation,
 )
@@ -66,19 +65,8 @@ PARTITIONINGS = {
 
 
 def _partitions(ratings: Ratings, assign) -> list[Ratings]:
-    """The users split by ``assign(user ids)``: each part a Ratings of its users (their own
-    positions), the whole catalogue."""
-    labels = assign(np.asarray(ratings.user_ids))
-    rows, cols, vals = ratings.coo()
-    parts = []
-    for label in range(int(labels.max()) + 1):
-        members = np.flatnonzero(labels == label)
-        position = np.full(ratings.n_users, -1)
-        position[members] = np.arange(len(members))
-        keep = position[rows] >= 0
-        parts.append(Ratings.from_indices(position[rows[keep]], cols[keep], vals[keep],
-                                          user_ids=ratings.user_ids[members], item_ids=ratings.item_ids))
-    return parts
+    """The users split by ``assign(user ids)`` (the product's :func:`split_users`)."""
+    return split_users(ratings, assign(np.asarray(ratings.user_ids)))
 
 
 def _sample_statistics(data: Ratings, config: DPALSConfig, keyed: KeyedRandomness, mean: float):
@@ -145,80 +133,28 @@ def test_item_step_statistics_reduce_exactly(partitioning: str, mode: str):
     assert np.abs(whole[1]).sum() > 0 and np.abs(whole[2]).sum() > 0  # not vacuous
 
 
-def _in_process(fn, *columns):
-    """The mapper of the simulated workers: ``fn`` over the partitions, in process."""
-    return [fn(*args) for args in zip(*columns, strict=True)]
+def fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, item_block: int, executor=None,
+                    algorithm: str = "dpals", **inputs):
+    """The product's distributed driver (:mod:`app.core.mf.distributed`): every private statistic
+    computed per user partition by the public seam (on ``executor``: in process here, a Dask
+    client in tests/integration) and reduced exactly; releases, item solves and everything public
+    on the driver; the item step over blocks of ``item_block`` items."""
+    fit = distributed_fit(executor or InProcess(), labels=assign(np.asarray(ratings.user_ids)), item_block=item_block)
+    return get_algorithm(algorithm).train(ratings, config, fit=fit, **inputs)
 
 
-# what each worker computes on its own partition (module level: a scheduler can ship them)
-def _sampled(part: Ratings, config: DPALSConfig):
-    keyed = KeyedRandomness(config.seed)
-    sample = per_user_sample(part, config.contribution_bound, rating_keys(part, keyed, 0))
-    return sample, (count_statistic(part.csr.indices[sample], None, part.n_items),
-                    *mean_statistics(part.csr.data[sample], config.midpoint, config.half_range))
+def default_config(objective: str = "rating", epsilon: float = 5.0, n_items: int = N_ITEMS) -> DPALSConfig:
+    """The service's default DPALS config (defaults rule 8: k from the count histogram's DP
+    quantile, the user-level mean for ratings), calibrated to (ε, 1e-6), with the test's seed."""
+    params = defaults.default_hyperparameters(objective=objective, epsilon=epsilon, delta=1e-6,
+                                              rating_range=(1.0, 5.0), n_items=n_items, max_users=None)
+    config = DPALSConfig.from_dict({**params, "seed": SEED})
+    assert config.bound_quantile is not None
+    return dpals.calibrate(epsilon, 1e-6, config)
 
 
-def _bias(part: Ratings, sample: np.ndarray, mean: float, config: DPALSConfig) -> np.ndarray:
-    return item_bias_statistic(part, sample, mean, config)
-
-
-def _bounded(part: Ratings, public: PublicState, config: DPALSConfig):
-    return bound_contributions(part, config, public, KeyedRandomness(config.seed))
-
-
-def _user_side(bounded_part, start, prep_public: dict, item_factors: np.ndarray, config: DPALSConfig, last: bool):
-    """One worker's user step: its users' solves, the next warm start, the clipped table, and its
-    exact item statistics and K (only these leave the worker)."""
-    prep = Preprocessed(**prep_public, user_plan=bounded_part.user_plan, item_plan=bounded_part.item_plan)
-    table = np.zeros((bounded_part.user_plan.n_rows + 1, config.rank))
-    solved = dpals._user_step(prep, item_factors, config, user_regularisation(config), start, out=table[:-1])
-    start = solved.astype(np.float32) if config.user_cg_steps and not last else None
-    dpals._clip_rows_in_place(solved, config.clip_user)
-    factors = als.quantised_factors(table, config.clip_user, weighted=False)
-    return start, item_statistics(bounded_part.item_plan, table, config), gravity_statistic(factors)
-
-
-def fit_partitioned(ratings: Ratings, config: DPALSConfig, assign, n_item_blocks: int, pmap=_in_process):
-    """DPALS as a distributed driver runs it: every private statistic computed per user partition
-    by the public seam (``pmap``: in process here, a Dask client in tests/integration) and reduced
-    (:func:`reduce_exact`); releases, item solves and everything public on the driver; the item
-    step over ``n_item_blocks`` blocks of items."""
-    parts = _partitions(ratings, assign)
-    keyed = KeyedRandomness(config.seed)
-    releaser = GaussianReleaser(None, keyed)
-    samples, sampled = zip(*pmap(_sampled, parts, [config] * len(parts)), strict=True)
-    public = release_public_state(
-        reduce_exact(sampled),
-        lambda mean: reduce_exact(pmap(_bias, parts, samples, [mean] * len(parts), [config] * len(parts))),
-        config, releaser)
-    bounded = pmap(_bounded, parts, [public] * len(parts), [config] * len(parts))
-    recounts = release_recounts(reduce_exact([b.recount_statistic for b in bounded]), config, releaser)
-    prep_public = dict(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
-                       recounts=recounts, item_biases=public.item_biases)
-    item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(public.frequent), config.rank))
-    blocks = np.array_split(np.arange(len(public.frequent)), n_item_blocks)
-    starts: list[np.ndarray | None] = [None] * len(parts)
-    last: deque[np.ndarray] = deque(maxlen=config.average_last)
-    for step in range(config.n_steps):
-        n = len(parts)
-        results = pmap(_user_side, bounded, starts, [prep_public] * n, [item_factors] * n, [config] * n,
-                       [step + 1 == config.n_steps] * n)
-        starts = [start for start, _, _ in results]
-        grams, rhs = reduce_exact([statistics for _, statistics, _ in results])
-        gravity = reduce_exact([k for _, _, k in results])
-        source = ItemSource(chunks=blocks, statistics=lambda items, grams=grams, rhs=rhs: (items, grams[items], rhs[items]),
-                            gravity=lambda gravity=gravity: gravity)
-        item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser)
-        last.append(item_factors)
-    event = releaser.event(config.n_steps, 3 if config.reg_gravity > 0 else 2)
-    prep = Preprocessed(**prep_public, user_plan=bounded[0].user_plan, item_plan=bounded[0].item_plan)
-    fit = dpals.DPALSFit(prep=prep, item_factors=dpals.average_releases(list(last)),
-                         user_reg=user_regularisation(config), event=event, releaser=releaser)
-    return dpals.public_model(ratings, config, fit)
-
-
-@pytest.mark.parametrize(("partitioning", "item_blocks"), [("three-by-id", 3), ("two-by-hash", 1),
-                                                           ("four-random-one-empty", 5)])
+@pytest.mark.parametrize(("partitioning", "item_blocks"), [("three-by-id", 11), ("two-by-hash", 1024),
+                                                           ("four-random-one-empty", 7)])
 @pytest.mark.parametrize("variant", ["adaptive, gravity, pooling", "uniform, exact solves, filter"])
 def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, item_blocks: int, variant: str):
     """End to end: users split three ways, items in blocks, statistics reduced exactly, noise drawn
@@ -236,6 +172,38 @@ def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, ite
         np.testing.assert_array_equal(got, want)
     assert model.event == reference.event == dpals.dpals_event(config)
     assert model.metadata == reference.metadata
+
+
+@pytest.mark.parametrize("objective", ["rating", "ranking"])
+@pytest.mark.parametrize("partitioning", sorted(PARTITIONINGS))
+def test_the_default_config_partitioned_publishes_the_in_process_model(partitioning: str, objective: str):
+    """Rule 8's defaults: the count histogram's release sets k (each partition's histogram is a
+    per-user sum) and, for ratings, the user-level mean (a per-user sum too)."""
+    ratings = _ratings(7, n_users=240)
+    config = default_config(objective)
+    if objective == "rating":
+        assert config.mean_mode == "dp_user"
+    reference = train_dpals(ratings, config)
+    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], 9)
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event == dpals.dpals_event(config)
+    assert model.metadata == reference.metadata and model.config == reference.config
+    names = [release["name"] for release in model.metadata["releases"]]
+    assert names[0] == "bound_histogram" and ("user_mean_sum" in names) == (objective == "rating")
+
+
+def test_dpcmf_partitioned_publishes_the_in_process_model():
+    ratings = _ratings(4, n_users=160)
+    genres = np.random.default_rng(0).integers(0, 5, size=(N_ITEMS, 2))
+    public = PublicData(sources=(metadata_source([[f"g{a}", f"g{b}"] for a, b in genres]),))
+    config = DPCMFConfig(**{**default_config().to_dict(), "rating_range": (1.0, 5.0)}, alpha_metadata=50.0)
+    reference = train_dpcmf(ratings, config, public=public)
+    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 5, algorithm="dpcmf", public=public)
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.algorithm == "dpcmf" and model.event == reference.event
+    assert model.metadata == reference.metadata and model.config == reference.config
 
 
 def _reordered(ratings: Ratings, seed: int) -> Ratings:
@@ -313,3 +281,13 @@ def test_rating_keys_by_any_chunks_are_the_keys_in_one_call():
     cuts = np.sort(np.random.default_rng(0).integers(0, ratings.nnz, 9))  # cuts inside users too
     pieces = [keys(a, b) for a, b in zip(np.r_[0, cuts], np.r_[cuts, ratings.nnz], strict=True)]
     np.testing.assert_array_equal(np.concatenate(pieces), whole)
+
+
+def test_the_sampling_keys_alone_draw_the_seeded_keys():
+    """What a cluster's workers get instead of the seed draws the same sampling keys, stage by stage."""
+    ratings = _ratings(6)
+    keyed = KeyedRandomness(SEED)
+    for stage in (0, 1):
+        np.testing.assert_array_equal(rating_keys(ratings, keyed.sampling_keys(), stage)(0, ratings.nnz),
+                                      rating_keys(ratings, keyed, stage)(0, ratings.nnz))
+    assert str(SEED) not in repr(keyed.sampling_keys())

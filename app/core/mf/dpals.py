@@ -49,7 +49,7 @@ data is chunked or partitioned. The functions a distributed driver maps over use
 (``rating_keys``, ``count_statistic``, ``mean_statistics``, ``item_bias_statistic``,
 ``bound_contributions``, ``item_statistics``, ``gravity_statistic``), the reducer
 (``reduce_exact``) and the driver-side releases (``release_public_state``, ``release_recounts``,
-``ItemSource``) are public; tests/unit/test_dpals_partitions.py runs such a driver in process.
+``ItemSource``) are public; :mod:`app.core.mf.distributed` is the driver over them (in process or on Dask).
 
 User embeddings are solves over each user's own ratings (privileged, never released): exact, or a
 few conjugate-gradient iterations warm-started from her own previous solution (``user_cg_steps``),
@@ -64,7 +64,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import numpy as np
 from dp_accounting import dp_event
@@ -94,7 +94,7 @@ from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
 from app.core.privacy.exact_sums import exact_bincount, exact_sum, fixed_quantum, fixed_terms, floor_weights
-from app.core.privacy.keyed import KeyedRandomness, user_hashes
+from app.core.privacy.keyed import KeyedRandomness, SamplingKeys, user_hashes
 from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import KeysOf, clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
@@ -129,6 +129,7 @@ __all__ = [
     "train_dpals",
     "fit_dpals",
     "DPALSFit",
+    "FitFunction",
     "PublicItemTerms",
     "public_model",
     "project_psd",
@@ -478,7 +479,7 @@ def count_noise_std(config: DPALSConfig) -> float:
     return count_sensitivity(config.contribution_bound) * config.noise_multipliers()["counts"]
 
 
-def rating_keys(ratings: Ratings, keyed: KeyedRandomness, stage: int, rows: np.ndarray | None = None,
+def rating_keys(ratings: Ratings, keyed: KeyedRandomness | SamplingKeys, stage: int, rows: np.ndarray | None = None,
                 cols: np.ndarray | None = None, positions: np.ndarray | None = None) -> KeysOf:
     """keys(start, stop): the uniform sampling keys of entries [start, stop) (user positions
     ``rows`` and item columns ``cols``, mapped to catalogue positions by ``positions`` if given;
@@ -616,7 +617,8 @@ def _item_biases(
     return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
 
 
-def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState, keyed: KeyedRandomness) -> BoundedData:
+def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState,
+                        keyed: KeyedRandomness | SamplingKeys) -> BoundedData:
     """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
@@ -1143,6 +1145,13 @@ class DPALSFit:
     config: DPALSConfig | None = None  # the run's config: k as released when it came from the data
 
 
+class FitFunction(Protocol):
+    """What runs a DPALS fit: :func:`fit_dpals`, or a distributed driver with the same contract."""
+
+    def __call__(self, ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None,
+                 public_terms: PublicTermsHook | None = None) -> DPALSFit: ...
+
+
 def fit_dpals(
     ratings: Ratings,
     config: DPALSConfig,
@@ -1216,13 +1225,14 @@ def train_dpals(
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
+    fit: FitFunction = fit_dpals,
 ) -> PublicModel:
     """Train DPALS and return the public model whose ``event`` accounts for every release.
 
     Every random draw is keyed by ``config.seed`` and a public index (docs/algorithms.md §7).
+    ``fit`` runs it: in process, or on a cluster (:func:`app.core.mf.distributed.distributed_fit`).
     """
-    fit = fit_dpals(ratings, config, progress=progress)
-    return public_model(ratings, config, fit)
+    return public_model(ratings, config, fit(ratings, config, progress=progress))
 
 
 def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:

@@ -402,11 +402,13 @@ def train_dpcmf(
     *,
     public: PublicData | None = None,
     progress: dpals.Progress | None = None,
+    fit: dpals.FitFunction = dpals.fit_dpals,
 ) -> PublicModel:
     """Train DP-CMF; the event equals :func:`dpcmf_event` (DPALS's), checked release by release.
 
     ``public`` columns must follow ``ratings.item_ids``. Sources with α = 0 are ignored; with no
-    active source the result is DPALS's model (labelled ``dpcmf``) bit for bit.
+    active source the result is DPALS's model (labelled ``dpcmf``) bit for bit. ``fit`` runs the
+    private part (in process, or on a cluster: :mod:`app.core.mf.distributed`).
     """
     if not isinstance(config, DPCMFConfig):
         raise ValueError("train_dpcmf needs a DPCMFConfig")
@@ -419,11 +421,9 @@ def train_dpcmf(
             side.append(_PublicSide(_blocks(sources, config, released.global_mean), config))
         return side[0].step(released.frequent, frequent_factors)
 
-    fit = dpals.fit_dpals(
-        ratings, config.dpals, progress=progress, public_terms=public_terms if sources else None
-    )
-    model = dpals.public_model(ratings, config.dpals, fit)
-    return _with_public_side(model, config, fit, side[0] if side else None, sources)
+    result = fit(ratings, config.dpals, progress=progress, public_terms=public_terms if sources else None)
+    model = dpals.public_model(ratings, config.dpals, result)
+    return _with_public_side(model, config, result, side[0] if side else None, sources)
 
 
 def _as_run(config: DPCMFConfig, fit: dpals.DPALSFit) -> DPCMFConfig:

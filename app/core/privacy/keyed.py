@@ -40,6 +40,7 @@ __all__ = [
     "IndexedNoise",
     "KeyedRandomness",
     "NoiseKey",
+    "SamplingKeys",
     "keyed_discrete_gaussian",
     "stream_discrete_gaussian",
     "stream_state",
@@ -81,6 +82,12 @@ def _keyed_hash(key: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.nd
     return mix64((inner + np.asarray(second, dtype=np.uint64) * _GOLDEN) ^ key[1])
 
 
+def _uniforms(key: np.ndarray, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) keys (53 bits) of the keyed hashes of (user hash, item position)."""
+    bits = _keyed_hash(key, users, np.asarray(items, dtype=np.int64).view(np.uint64))
+    return np.asarray((bits >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+
+
 class KeyedRandomness:
     """The run's randomness from its secret seed (module doc). Holds the seed; exposes only
     keyed draws."""
@@ -98,8 +105,12 @@ class KeyedRandomness:
     def rating_uniforms(self, stage: int, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Uniform [0, 1) keys (53 bits) of ratings (user hash, catalogue item position) for the
         sampling ``stage`` (0: the first ≤ k sample, 1: the contribution bound)."""
-        bits = _keyed_hash(self.key(_SAMPLING, stage), users, np.asarray(items, dtype=np.int64).view(np.uint64))
-        return np.asarray((bits >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+        return _uniforms(self.key(_SAMPLING, stage), users, items)
+
+    def sampling_keys(self) -> SamplingKeys:
+        """The sampling stages' keys alone (what a cluster's workers need; the noise keys and the
+        seed stay with the driver)."""
+        return SamplingKeys((self.key(_SAMPLING, 0), self.key(_SAMPLING, 1)))
 
     def init_generator(self) -> np.random.Generator:
         """The generator of V's data-free initialisation (drawn whole, by the driver)."""
@@ -108,6 +119,20 @@ class KeyedRandomness:
     def noise(self, release: int) -> NoiseKey:
         """The noise of release number ``release`` of the run (its place in the releaser's record)."""
         return NoiseKey(self.key(_NOISE, release))
+
+
+class SamplingKeys:
+    """The keys of the sampling stages 0 and 1 only: :meth:`KeyedRandomness.rating_uniforms`'s
+    draws, value for value, without the seed (nothing else can be derived from them)."""
+
+    def __init__(self, keys: tuple[np.ndarray, np.ndarray]) -> None:
+        self._keys = keys
+
+    def __repr__(self) -> str:
+        return "SamplingKeys(<secret>)"
+
+    def rating_uniforms(self, stage: int, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        return _uniforms(self._keys[stage], users, items)
 
 
 class NoiseKey:

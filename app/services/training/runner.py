@@ -25,6 +25,7 @@ to the queue if it read nothing, and is failed (charged) otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -51,6 +52,7 @@ from app.db.session import open_database, ride_out_outage, session_scope
 from app.db.stores.runs import runs_store
 from app.errors import RunNotRunning
 from app.services.budget import get_dataset
+from app.services.training import cluster
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
 from app.services.votes import check_pre_randomised_settings, lock_pre_randomised
 
@@ -294,7 +296,7 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
     guard = _Guard(run_id, stop if stop is not None else _SHUTDOWN)
     try:
         with _Heartbeat(run_id, url, s_.run_heartbeat_s, guard):
-            model = _train(run_id, url, info, outage_s, guard)
+            model = _train(run_id, url, info, outage_s, guard, s_)
             guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.95, "publishing"), within_s=outage_s))
             ride_out_outage(lambda: _publish(run_id, url, model, s_), within_s=outage_s)
         return "succeeded"
@@ -373,22 +375,32 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     return data, extra_inputs
 
 
-def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: _Guard) -> Any:
+def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: _Guard, settings: Settings) -> Any:
     """Public checks, the private read and training; each database step rides out an outage of
     up to ``outage_s`` (:func:`ride_out_outage`); ``guard`` stops it between steps and at every
-    progress point."""
+    progress point. With ``DASK_SCHEDULER_ADDRESS`` set, DPALS and DP-CMF train on the cluster
+    (:mod:`app.services.training.cluster`), connected to before the private read."""
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = ride_out_outage(lambda: _public_checks(run_id, url, info, algo, config), within_s=outage_s)
-    guard.check()
-    guard.running(ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s))
-    ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
-    if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
-        raise RuntimeError("the run's config no longer matches its privacy reservation")
-    guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s))
-    model = algo.train(ratings, config, progress=_progress_writer(run_id, url, guard), **extra_inputs)
-    del ratings
+    on_cluster = cluster.uses_cluster(settings, algo)
+    if on_cluster:
+        cluster.check_cluster_database(url)
+    with cluster.cluster_client(settings) if on_cluster else contextlib.nullcontext() as client:
+        guard.check()
+        guard.running(ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s))
+        ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
+        if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
+            raise RuntimeError("the run's config no longer matches its privacy reservation")
+        guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s))
+        progress = _progress_writer(run_id, url, guard)
+        if client is None:
+            model = algo.train(ratings, config, progress=progress, **extra_inputs)
+        else:
+            model = cluster.train_on_cluster(client, algo, ratings, config, settings, progress=progress,
+                                             **extra_inputs)
+        del ratings
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")
     if any(key in model.config for key in SECRET_CONFIG_KEYS):
