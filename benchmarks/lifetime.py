@@ -59,12 +59,14 @@ day 90 within 10 % of the day-60 window's (``quality_within_10pct``) and never b
 baseline (``quality_not_below_baseline``), ``crossed_trained`` >= 0.95 over the life
 (``count_level_trained``), every block within its cap at every window (``blocks_within_cap``).
 
-Cost, measured on the shared 2-core VM (docs/benchmarks.md has the run): the quick form (180
-days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the steady life) 63 s
-wall, 18 CPU-seconds. The full form (730 days, 3 seeds, both objectives, steady and growing lives,
-ML-100K) has not yet run end to end: its parts took 18.5 CPU-minutes (steady life, before the
-calibration memo), 3.5 (ML-100K and the growing rating life) and more than 11 (growing ranking life,
-unfinished), mostly the daily ledger replay and the ranking evaluations.
+Cost, measured on the shared 2-core VM beside other jobs (docs/benchmarks.md has the runs): the
+quick form (180 days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the
+steady life, the three policies) 52 s wall, 21 CPU-seconds. The full form (730 days, 3 seeds, both
+objectives, steady and growing lives, ML-100K) has not yet run end to end: with the three policies
+ML-100K took 78 s wall (52 CPU-seconds, both objectives) and the steady rating life 261 s wall (168
+CPU-seconds); with two policies, before the calibration memo, the steady life took 18.5
+CPU-minutes and the growing ranking life more than 11 (unfinished), mostly the daily ledger
+replay and the ranking evaluations.
 """
 
 from __future__ import annotations
