@@ -63,10 +63,10 @@ Cost, measured on the shared 2-core VM beside other jobs (docs/benchmarks.md has
 quick form (180 days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the
 steady life, the three policies) 52 s wall, 21 CPU-seconds. The full form (730 days, 3 seeds, both
 objectives, steady and growing lives, ML-100K) has not yet run end to end: with the three policies
-ML-100K took 78 s wall (52 CPU-seconds, both objectives) and the steady rating life 261 s wall (168
-CPU-seconds); with two policies, before the calibration memo, the steady life took 18.5
-CPU-minutes and the growing ranking life more than 11 (unfinished), mostly the daily ledger
-replay and the ranking evaluations.
+ML-100K took 78 s wall (52 CPU-seconds, both objectives) and the steady life 261 s (rating, 168
+CPU-seconds) and 867 s wall (ranking, 17 CPU-minutes); with two policies, before the calibration
+memo, the growing ranking life took more than 11 CPU-minutes (unfinished), mostly the daily
+ledger replay and the ranking evaluations.
 """
 
 from __future__ import annotations
