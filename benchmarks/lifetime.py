@@ -23,9 +23,13 @@ Policies (:data:`POLICIES`): ``single-cap`` is the service before blocks — one
 emulated by putting every user in one block (``legacy``; a run whose blocks exclude it reads no user,
 which the old service refused: ``skipped:budget``, the model in force stays); ``cohort-blocks`` is
 the default (a user's block is the UTC month she joined; the admin declares a per-period user
-bound). A ``user-period`` policy (blocks keyed by the period of each rating, one training row per
-(user, period)) plugs in as one more :class:`Policy` whose ``rating_blocks`` labels each rating by
-its own day and whose ``training_rows`` splits users by period — not built here.
+bound); ``user-period`` is the ``user_period`` privacy unit (the data set and its own person budget
+``all-user_period``, caps as above, are created with that unit; a block holds the ratings created in
+its month, whoever made them; the admin declares the per-period bound on (user, period) units, i.e.
+users rating in a month): a run reads the ratings created in the periods the ledger chose for it,
+one training row per (user, period) made by the service's loader step
+(:func:`app.db.loaders.unit_ratings`), and is served per user (she is folded in from all her
+ratings, as the other policies' users are).
 
 Lives: ``synthetic-steady`` and ``synthetic-growing`` (:func:`generate_life`, parameters in
 :data:`STEADY` / :data:`GROWING`, stated below and not tuned to the targets) and ``ml-100k``
@@ -49,17 +53,20 @@ and policy, ``dataset`` = ``<life>-<objective>@day<T>``:
   of any block (data set's and person budget's, stored states; ``ledger_verify_ok`` at the life's
   end replays every block from the ledger with :func:`app.ledger.verify_blocks`).
 
-Target rows (``<life>-<objective>``, ``cohort-blocks``, value 1 = pass, 0 = fail): quality at every
-window from day 90 within 10 % of the day-60 window's (``quality_within_10pct``) and never below the
-free baseline (``quality_not_below_baseline``), ``crossed_trained`` >= 0.95 over the life
+Target rows (``<life>-<objective>``, issue 29's for ``cohort-blocks`` and the same beside it for
+``user-period``, :data:`TARGET_POLICIES`; value 1 = pass, 0 = fail): quality at every window from
+day 90 within 10 % of the day-60 window's (``quality_within_10pct``) and never below the free
+baseline (``quality_not_below_baseline``), ``crossed_trained`` >= 0.95 over the life
 (``count_level_trained``), every block within its cap at every window (``blocks_within_cap``).
 
-Cost, measured on the shared 2-core VM (docs/benchmarks.md has the run): the quick form (180
-days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the steady life) 63 s
-wall, 18 CPU-seconds. The full form (730 days, 3 seeds, both objectives, steady and growing lives,
-ML-100K) has not yet run end to end: its parts took 18.5 CPU-minutes (steady life, before the
-calibration memo), 3.5 (ML-100K and the growing rating life) and more than 11 (growing ranking life,
-unfinished), mostly the daily ledger replay and the ranking evaluations.
+Cost, measured on the shared 2-core VM beside other jobs (docs/benchmarks.md has the runs): the
+quick form (180 days, 20,000 arrivals a year, 14-day windows, the rating objective, one seed, the
+steady life, the three policies) 52 s wall, 21 CPU-seconds. The full form (730 days, 3 seeds, both
+objectives, steady and growing lives, ML-100K) has not yet run end to end: with the three policies
+ML-100K took 78 s wall (52 CPU-seconds, both objectives) and the steady life 261 s (rating, 168
+CPU-seconds) and 867 s wall (ranking, 17 CPU-minutes); with two policies, before the calibration
+memo, the growing ranking life took more than 11 CPU-minutes (unfinished), mostly the daily
+ledger replay and the ranking evaluations.
 """
 
 from __future__ import annotations
@@ -84,7 +91,7 @@ from app.core.eval.metrics import ranking_metrics, rating_rmse
 from app.core.mf.dpals import frequent_items
 from app.core.mf.foldin import fold_in_users, user_offsets
 from app.core.mf.model import PublicModel
-from app.core.privacy.blocks import LEGACY, cohort_of
+from app.core.privacy.blocks import LEGACY, USER, USER_PERIOD, cohort_of
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 
@@ -286,27 +293,56 @@ def load_ml100k_life(path: Path = ML100K) -> Life | None:
 class Policy:
     """How a life's data maps to privacy blocks and what the data set declares.
 
-    ``rating_blocks(life, user_label)`` gives each rating its block label (user-level units: her
-    user's); ``in_force(cohorts)`` says whether a reserved run replaces the model (single-cap: only a
-    run that reads the one block everyone is in); ``per_period_bound`` whether the admin declares
-    ``max_users_per_period``. A ``user-period`` policy is one more entry: its ``rating_blocks``
-    labels each rating by its own day's period, its ``training_rows`` gives one training row per
-    (user, period), and its data set is created with the ``user_period`` unit.
+    ``label`` maps days to block labels: a user-level unit (``unit`` ``user``) puts each rating in
+    the block of her arrival day, a ``user_period`` unit in the block of the rating's own day (its
+    ``created_at``, as the service keys it). ``in_force(cohorts)`` says whether a reserved run
+    replaces the model (single-cap: only a run that reads the one block everyone is in);
+    ``per_period_bound`` whether the admin declares ``max_users_per_period`` (:meth:`declared_per_period`).
     """
 
     name: str
-    user_label: Callable[[Life, np.ndarray], np.ndarray]
+    label: Callable[[Life, np.ndarray], np.ndarray]
     in_force: Callable[[Sequence[str]], bool]
     per_period_bound: bool
+    unit: str = USER
 
     def rating_blocks(self, life: Life) -> tuple[list[str], np.ndarray]:
         """(the block labels that hold data, each rating's index into them)."""
-        names, user_codes = np.unique(self.user_label(life, life.arrival), return_inverse=True)
+        if self.unit == USER_PERIOD:
+            names, codes = np.unique(self.label(life, life.day), return_inverse=True)
+            return [str(n) for n in names], codes
+        names, user_codes = np.unique(self.label(life, life.arrival), return_inverse=True)
         return [str(n) for n in names], user_codes[life.users]
 
-    def training_rows(self, life: Life) -> np.ndarray:
-        """The training row of each rating (user-level units: her user)."""
-        return life.users
+    def declared_per_period(self, life: Life) -> int | None:
+        """The admin's ``max_users_per_period`` (the next power of ten at or above the true number):
+        users joining in a month (``user``), or (user, period) units of a month, i.e. users rating
+        in it (``user_period``: a run's bound counts units, :func:`app.services.training.requests.run_user_bound`)."""
+        if not self.per_period_bound:
+            return None
+        if self.unit != USER_PERIOD:
+            return life.max_users_per_period
+        _, codes = self.rating_blocks(life)
+        n_blocks = int(codes.max()) + 1 if len(codes) else 1
+        units = np.unique(life.users * n_blocks + codes)
+        return declared_bound(float(np.bincount(units % n_blocks).max()) if len(units) else 1.0)
+
+    def training_data(self, life: Life, mask: np.ndarray, n_items: int) -> Ratings:
+        """The ratings ``mask`` over the first ``n_items`` items as a run trains on them: one row per
+        user, or (``user_period``) one row per (user, period) made by the service's own loader step
+        (:func:`app.db.loaders.unit_ratings`, rows ``"<user>@<period>"``, a rating's creation on its day)."""
+        if self.unit == USER_PERIOD:
+            from app.db.loaders import unit_ratings
+            from app.db.models import BlockCalendar
+
+            cal = BlockCalendar(period=PERIOD, start=cohort_of(life.start, PERIOD))
+            start_us = round(life.start.timestamp() * 1_000_000)
+            created = start_us + life.day[mask].astype(np.int64) * 86_400_000_000
+            items = np.arange(n_items)
+            return unit_ratings(items, items, life.users[mask], life.items[mask], life.values[mask], created, cal)
+        who, rows = np.unique(life.users[mask], return_inverse=True)
+        return Ratings.from_indices(rows, life.items[mask], life.values[mask], user_ids=who,
+                                    item_ids=np.arange(n_items))
 
 
 def _labels(life: Life, days: np.ndarray) -> np.ndarray:
@@ -317,8 +353,9 @@ def _labels(life: Life, days: np.ndarray) -> np.ndarray:
 POLICIES: tuple[Policy, ...] = (
     Policy("single-cap", lambda life, days: np.full(len(days), LEGACY), lambda cohorts: LEGACY in cohorts, False),
     Policy("cohort-blocks", _labels, lambda cohorts: True, True),
-    # "user-period" goes here once the user_period unit lands (see Policy)
+    Policy("user-period", _labels, lambda cohorts: True, True, USER_PERIOD),
 )
+TARGET_POLICIES = ("cohort-blocks", "user-period")  # issue 29's targets are cohort-blocks'; user-period beside it
 
 
 # ---------------------------------------------------------------------------- ledger replay
@@ -354,16 +391,23 @@ def _database() -> Iterator[str]:
 
 
 def _setup(url: str, life: Life, policy: Policy) -> None:
+    from app import ledger
     from app.db.session import session_scope
     from app.db.stores import blocks as block_store
     from app.services import budget
 
     with session_scope(url) as s:
         block_store.ensure_calendar(s, PERIOD, life.start)
+        person = ledger.DEFAULT_PERSON_BUDGET
+        if policy.unit != USER:  # a person budget holds data sets of one unit: the admin creates one of hers
+            person = f"all-{policy.unit}"
+            budget.put_person_budget(s, name=person, epsilon_cap=ledger.DEFAULT_PERSON_CAP,
+                                     delta=ledger.DEFAULT_PERSON_DELTA, relation=None, reason="lifetime",
+                                     actor="admin", privacy_unit=policy.unit)
         ds = budget.ensure_dataset(s, "life", rating_min=RATING_RANGE[0], rating_max=RATING_RANGE[1],
-                                   epsilon_cap=CAP, delta=DELTA)
+                                   epsilon_cap=CAP, delta=DELTA, person_budget=person, privacy_unit=policy.unit)
         ds.max_users = life.max_users
-        ds.max_users_per_period = life.max_users_per_period if policy.per_period_bound else None
+        ds.max_users_per_period = policy.declared_per_period(life)
 
 
 def _add_items(url: str, first: int, last: int) -> None:
@@ -588,9 +632,7 @@ def train_run(life: Life, policy: Policy, blocks: Blocks, run: RunRecord, seed: 
     """The run's model: its registry config with a noise seed, on the ratings of its blocks before its day."""
     algo = get_algorithm("dpals")
     mask = (life.day < run.day) & blocks.reads(run.cohorts)
-    who, rows = np.unique(policy.training_rows(life)[mask], return_inverse=True)
-    data = Ratings.from_indices(rows, life.items[mask], life.values[mask], user_ids=who,
-                                item_ids=np.arange(life.n_items_at(run.day)))
+    data = policy.training_data(life, mask, life.n_items_at(run.day))
     config = algo.config_from_dict({**(run.config or {}), "seed": 7919 * seed + run.day})
     return algo.train(data, config)
 
@@ -691,7 +733,9 @@ def life_rows(life: Life, objective: str, *, window: int = WINDOW, seeds: Sequen
         rows.append(make_row(SUITE, f"{life.name}-{objective}", policy.name, "ledger_verify_ok",
                              float(ledger_life.verify_ok), epsilon=RETRAIN_EPSILON, delta=DELTA,
                              seconds=ledger_life.seconds))
-    return rows + targets(rows, life, objective, ends)
+    present = {p.name for p in policies}
+    return rows + [row for name in TARGET_POLICIES if name in present
+                   for row in targets(rows, life, objective, ends, name)]
 
 def _window_rows(life: Life, objective: str, policy: Policy, metric: str, t: int, cell: _Cell, ledger_life: LedgerLife,
                  force: Sequence[int | None], seeds: list[int], seconds: float) -> list[dict]:
@@ -756,7 +800,8 @@ def summary(rows: Sequence[dict], days: Sequence[int] | None = None) -> str:
         if "@day" in r["dataset"]:
             life, day = r["dataset"].split("@day")
             by.setdefault(life, {}).setdefault(int(day), {}).setdefault(r["algorithm"], {})[r["metric"]] = r
-    policies = [p.name for p in POLICIES]
+    shown = {r["algorithm"] for r in rows}
+    policies = [p.name for p in POLICIES if p.name in shown]
     head = " | ".join(f"{p}: quality (baseline) | above | trained | crossed | blocks | max ε" for p in policies)
     lines = []
     for life in sorted(by):

@@ -21,7 +21,7 @@ SMALL = replace(L.STEADY, days=60, arrivals_per_year=3_000.0, initial_items=80, 
 
 def test_the_suite_is_registered() -> None:
     assert harness.SUITES["lifetime"] == "benchmarks.lifetime" and harness.load_suite("lifetime") is L
-    assert [p.name for p in L.POLICIES] == ["single-cap", "cohort-blocks"]
+    assert [p.name for p in L.POLICIES] == ["single-cap", "cohort-blocks", "user-period"]
 
 
 def test_the_arrival_generator_is_a_function_of_its_parameters_and_seed() -> None:
@@ -126,9 +126,39 @@ def test_the_trained_set_follows_the_count_release_and_the_frequent_rule() -> No
 def test_single_cap_keeps_the_last_model_that_read_its_one_block() -> None:
     runs = [L.RunRecord(0, (LEGACY, "2030-01"), {}), L.RunRecord(1, (LEGACY, "2030-01"), {}),
             L.RunRecord(2, ("2030-02",), {}), L.RunRecord(3, (), None)]
-    single, blocks = L.POLICIES
+    single, blocks, periods = L.POLICIES
     assert L.runs_in_force(runs, single) == [0, 1, 1, 1]
     assert L.runs_in_force(runs, blocks) == [0, 1, 2, 2]  # a refused run changes nothing
+    assert L.runs_in_force(runs, periods) == [0, 1, 2, 2]
+
+
+def _two_month_life() -> L.Life:
+    """The tiny life's ratings spread over January and February 2030 (everyone joined in January)."""
+    return replace(_tiny_life(), days=60, day=np.array([1, 2, 3, 35, 36, 40, 41, 45]))
+
+
+def test_user_period_blocks_hold_the_ratings_of_their_month_and_train_one_row_per_user_and_month() -> None:
+    life = _two_month_life()
+    _, blocks, periods = L.POLICIES
+    assert blocks.rating_blocks(life)[0] == ["2030-01"]  # a user's block is the month she joined
+    names, codes = periods.rating_blocks(life)
+    assert names == ["2030-01", "2030-02"] and codes.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+    every = periods.training_data(life, np.ones(8, dtype=bool), 4)
+    assert every.user_ids.tolist() == ["0@2030-01", "0@2030-02", "1@2030-01", "1@2030-02", "2@2030-02"]
+    assert every.nnz == 8 and every.n_items == 4
+    cols, vals = every.user_row(1)  # user 0's February: items 2 and 3
+    assert cols.tolist() == [2, 3] and vals.tolist() == [5.0, 3.0]
+    february = periods.training_data(life, L.Blocks(names, codes).reads(["legacy", "2030-02"]), 4)
+    assert february.user_ids.tolist() == ["0@2030-02", "1@2030-02", "2@2030-02"] and february.nnz == 5
+    users = blocks.training_data(life, np.ones(8, dtype=bool), 4)
+    assert users.user_ids.tolist() == [0, 1, 2] and users.nnz == 8
+
+
+def test_the_per_period_bound_counts_what_each_unit_declares() -> None:
+    life = replace(_two_month_life(), max_users_per_period=7)
+    single, blocks, periods = L.POLICIES
+    assert single.declared_per_period(life) is None and blocks.declared_per_period(life) == 7
+    assert periods.declared_per_period(life) == 10  # 3 users rate in February: the next power of ten
 
 
 def test_the_targets_pass_and_fail_on_their_numbers() -> None:
