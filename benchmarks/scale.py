@@ -20,8 +20,9 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
   counters' reads); ``seconds_preprocessing_and_first_step``;
 * ``seconds_driver_item_step``: the driver's item step of the second step (its solves and noise;
   timed by wrapping ``dpals._item_step``); ``seconds_worker_tasks`` / ``seconds_reduce``: the
-  workers' compute time in the second step (Dask's task stream), the per-partition tasks (user
-  solves and item statistics) summed over the partitions, and the exact reductions;
+  workers' compute time in the second step (Dask's task stream), the per-partition tasks summed
+  over the partitions (``seconds_worker_user_solves`` + ``seconds_worker_item_statistics``: the
+  users' solves, and the dense per-item Gram and linear-term statistics), and the exact reductions;
 * ``peak_rss_mib_driver``: the driver's resident memory sampled every 5 ms over the run (the data it
   holds included; the scheduler lives in it); ``peak_rss_mib_worker{i}``: each worker process's
   kernel high-water mark (``VmHWM``, /proc; ``ru_maxrss`` elsewhere) over its life (the cluster is
@@ -285,6 +286,8 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
         _row(dataset, name, "ratings_largest_partition", float(held)),
         _row(dataset, name, "worker_peak_over_target", max(run.worker_peak_mib) / target),
         _row(dataset, name, "seconds_worker_tasks", sum(run.compute.get(t, 0.0) for t in WORKER_TASKS)),
+        _row(dataset, name, "seconds_worker_user_solves", run.compute.get("_users_task", 0.0)),
+        _row(dataset, name, "seconds_worker_item_statistics", run.compute.get("_statistics_task", 0.0)),
         _row(dataset, name, "seconds_reduce", sum(run.compute.get(t, 0.0) for t in REDUCE_TASKS)),
     ]
     driver, workers = run.per_step("driver_bytes"), run.worker_bytes
