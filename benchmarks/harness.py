@@ -65,6 +65,7 @@ SUITES: dict[str, str] = {
     "cli": "benchmarks.cli",
     "ledger": "benchmarks.ledger",
     "lifetime": "benchmarks.lifetime",
+    "scale": "benchmarks.scale",
 }
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
