@@ -45,6 +45,7 @@ INTEGER_BOUNDS: dict[str, int] = {
     "grid_steps": 1_000_000,
     # contribution bounds: each enters a sensitivity and the coordinates one user can change
     "contribution_bound": 100_000,
+    "bound_min": 100_000,  # at most contribution_bound (the config's check)
     "votes_per_user": 100_000,
     "max_ratings_per_user": 100_000,
     "user_rows": 2**31 - 1,
@@ -57,7 +58,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     # the spread of the releases' multipliers, which the sampler's range bounds
     **{name: (1.0 / _RATIO, _RATIO) for name in (
         "gram_noise_ratio", "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio",
-        "bias_noise_ratio", "eigenvalue_noise_ratio")},
+        "bias_noise_ratio", "bound_noise_ratio", "eigenvalue_noise_ratio")},
     "noise_multiplier": (0.0, 1e6),
     "objp_output_noise_multiplier": (0.0, 1e6),
     "epsilon": (0.0, 100.0),  # onebit's per-vote epsilon: e^epsilon stays a finite float
