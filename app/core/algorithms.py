@@ -22,6 +22,7 @@ from dp_accounting import dp_event
 
 from app.core import onebit
 from app.core.arrays import AnyArray, BoolArray, FloatArray, IntArray
+from app.core.data.partitioned import PartitionedRatings
 from app.core.data.ratings import Ratings
 from app.core.mf import defaults, dpals, dpcmf, dpfw, foldin
 from app.core.mf.artifact import load_model, save_model
@@ -99,7 +100,7 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
     :mod:`app.core.mf.foldin`, whose top-N serving may restrict to trained items.
     ``distributable``: :meth:`train` also takes ``fit=`` (a :class:`app.core.mf.dpals.FitFunction`,
     :func:`app.core.mf.distributed.distributed_fit`) and then trains on a cluster, publishing what it
-    publishes in process.
+    publishes in process; its ``data`` may then be a :class:`PartitionedRatings` read on the workers.
     """
 
     name: ClassVar[str]
@@ -285,7 +286,7 @@ class DPALSAlgorithm(_FactorModelAlgorithm[dpals.DPALSConfig]):
     def event_parameters(self, config: dpals.DPALSConfig) -> dict[str, Any]:
         return dpals.event_parameters(config)
 
-    def train(self, data: Ratings, config: dpals.DPALSConfig, *, progress: Progress | None = None,
+    def train(self, data: Ratings | PartitionedRatings, config: dpals.DPALSConfig, *, progress: Progress | None = None,
               **inputs: Any) -> PublicModel:
         return dpals.train_dpals(data, config, progress=progress, **inputs)
 
@@ -322,7 +323,7 @@ class DPCMFAlgorithm(_FactorModelAlgorithm[dpcmf.DPCMFConfig]):
     def event_parameters(self, config: dpcmf.DPCMFConfig) -> dict[str, Any]:
         return dpcmf.event_parameters(config)
 
-    def train(self, data: Ratings, config: dpcmf.DPCMFConfig, *, progress: Progress | None = None,
+    def train(self, data: Ratings | PartitionedRatings, config: dpcmf.DPCMFConfig, *, progress: Progress | None = None,
               **inputs: Any) -> PublicModel:
         return dpcmf.train_dpcmf(data, config, progress=progress, **inputs)
 

@@ -40,9 +40,11 @@ from app.core.privacy.blocks import USER_PERIOD, period_ranges
 from app.db.models import BlockCalendar, Dataset
 from app.db.stores import blocks as block_store
 from app.db.stores import public_inputs, ratings_store
+from app.db.stores.ratings import UserPartition
 from app.services.bulk_read import item_index, ratings_from_triplets
 
-__all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes", "unit_ratings"]
+__all__ = ["LOADERS", "load_ratings_and_public", "load_ratings_only", "load_training_inputs", "load_votes", "unit_ratings",
+           "public_data", "public_users_source", "read_partition_rows", "settle_run_cohorts"]
 
 Cohorts = Sequence[str] | None
 Loader = Callable[[Session, Dataset, Cohorts], tuple[Ratings, dict[str, Any]]]
@@ -88,15 +90,16 @@ def unit_ratings(item_db: np.ndarray, item_ext: np.ndarray, u: np.ndarray, i: np
     return replace(by_row, user_ids=labels, _user_pos={})
 
 
-def _dated(session: Session, ds: Dataset, cohorts: Cohorts,
-           public_too: bool = False) -> tuple[BlockCalendar, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+def _dated(session: Session, ds: Dataset, cohorts: Cohorts, public_too: bool = False,
+           partition: UserPartition | None = None) -> tuple[BlockCalendar, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """(the calendar, the ratings of a ``user_period`` data set created in the periods ``cohorts``
-    with their creation times; with ``public_too`` also every rating of users whose ratings are public)."""
+    with their creation times; with ``public_too`` also every rating of users whose ratings are
+    public; with ``partition`` only its users')."""
     cal = block_store.calendar(session)
     if cal is None or cohorts is None:
         raise RuntimeError("a user_period run reads the periods its reservation chose from the calendar")
     ranges = period_ranges(list(cohorts), cal.start, cal.period)
-    return cal, ratings_store(session).dated_triplets(ds.id, ranges, public_too)
+    return cal, ratings_store(session).dated_triplets(ds.id, ranges, public_too, partition)
 
 
 def load_ratings_only(session: Session, ds: Dataset, cohorts: Cohorts = None) -> tuple[Ratings, dict[str, Any]]:
@@ -198,9 +201,52 @@ def load_ratings_and_public(session: Session, ds: Dataset, cohorts: Cohorts = No
         # public users are read whatever their block: their rows leave the private ratings below
         ratings = ratings_from_triplets(item_db, item_ext, *_triplets(session, ds, "ratings", cohorts, public_too=True))
         private, users = _split_public_users(session, ds, ratings)
+    return private, {"public": public_data(session, ds, item_db, item_ext, users)}
+
+
+def public_data(session: Session, ds: Dataset, item_db: np.ndarray, item_ext: np.ndarray,
+                users: PublicSource | None) -> PublicData:
+    """DP-CMF's public inputs over the catalogue (item metadata, similarities, ``users``: the
+    public users' rows), sources without entries left out."""
     sources = [_metadata(session, ds, item_db), _similarities(session, ds, item_db, item_ext), users]
-    kept = tuple(s for s in sources if s is not None and s.matrix.nnz > 0)
-    return private, {"public": PublicData(kept)}
+    return PublicData(tuple(s for s in sources if s is not None and s.matrix.nnz > 0))
+
+
+def public_users_source(session: Session, ds: Dataset, item_db: np.ndarray,
+                        item_ext: np.ndarray) -> tuple[np.ndarray, PublicSource | None]:
+    """(the row ids of users whose ratings of ``ds`` are public and who rated, their rows as the
+    ``public_users`` source or None): every rating of theirs, whatever its block or period."""
+    if ds.privacy_unit == USER_PERIOD:
+        _, (u, i, v, _) = _dated(session, ds, (), public_too=True)  # no period: the public users' rows only
+    else:
+        u, i, v = ratings_store(session).triplets("ratings", ds.id, None, (), public_too=True)  # no cohort: theirs only
+    public_ids = np.intersect1d(public_inputs.public_user_ids(session, ds.id), u)
+    if len(public_ids) == 0:
+        return public_ids, None
+    return public_ids, split_public_users(ratings_from_triplets(item_db, item_ext, u, i, v), public_ids)[1]
+
+
+def read_partition_rows(session: Session, ds: Dataset, cohorts: Cohorts, partition: UserPartition,
+                        excluded_users: np.ndarray) -> Ratings:
+    """One training partition's private rows, as :func:`load_ratings_only` reads them for its
+    users (``user_period``: one row per (user, period)), without ``excluded_users`` (row ids: DP-CMF's
+    public users). Only the partition's users' rows are read; cohorts are not settled here (the
+    run's driver settled them before the read)."""
+    item_db, item_ext = item_index(session, ds)
+    if ds.privacy_unit == USER_PERIOD:
+        cal, (u, i, v, created) = _dated(session, ds, cohorts, partition=partition)
+        keep = ~np.isin(u, excluded_users)
+        return unit_ratings(item_db, item_ext, u[keep], i[keep], v[keep], created[keep], cal)
+    u, i, v = ratings_store(session).triplets("ratings", ds.id, None, cohorts, partition=partition)
+    keep = ~np.isin(u, excluded_users)
+    return ratings_from_triplets(item_db, item_ext, u[keep], i[keep], v[keep])
+
+
+def settle_run_cohorts(session: Session, cohorts: Cohorts) -> None:
+    """Settle the cohort of every user created since the last read, as a run's in-process read
+    does first (a function of each user's own creation only)."""
+    if cohorts is not None and (cal := block_store.calendar(session)) is not None:
+        block_store.settle_cohorts(session, cal)
 
 
 LOADERS: dict[DataKind, Loader] = {

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.core.data.partitioned import PartitionedRatings, PartitionReader, read_partition
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
 from app.core.mf.als import SolvePlan, quantised_factors
@@ -77,6 +78,10 @@ class Executor(Protocol):
     def share(self, value: Any) -> Any:
         """One handle to a value every task may read (sent once per worker, not per task)."""
 
+    def spread(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
+        """``fn`` over the columns' rows as :meth:`map`, the tasks spread round robin over the
+        workers (any other worker may recompute one): where each partition is read."""
+
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
         """``fn`` over the columns' rows (a pure task each); the results stay where they ran."""
 
@@ -95,6 +100,9 @@ class InProcess:
 
     def share(self, value: Any) -> Any:
         return value
+
+    def spread(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
+        return self.map(fn, *columns)
 
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
         return [fn(*args) for args in zip(*columns, strict=True)]
@@ -135,10 +143,7 @@ class DaskExecutor:
         unlike scattered data, whose loss would leave its dependents waiting."""
         values = list(values)
         self._count(values)
-        workers = sorted(self.client.nthreads()) or [None]
-        self.tasks += len(values)
-        return [self.client.submit(_hold, value, pure=False, workers=workers[i % len(workers)],
-                                   allow_other_workers=True) for i, value in enumerate(values)]
+        return self.spread(_hold, values)
 
     def share(self, value: Any) -> Any:
         """A task's result too (not a broadcast scatter: a scatter that names a lost worker waits
@@ -146,6 +151,13 @@ class DaskExecutor:
         self._count(value)
         self.tasks += 1
         return self.client.submit(_hold, value, pure=False)
+
+    def spread(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
+        workers = sorted(self.client.nthreads()) or [None]
+        rows = list(zip(*columns, strict=True))
+        self.tasks += len(rows)
+        return [self.client.submit(fn, *args, pure=False, workers=workers[i % len(workers)], allow_other_workers=True)
+                for i, args in enumerate(rows)]
 
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
         self.tasks += len(columns[0])
@@ -191,6 +203,14 @@ def split_users(ratings: Ratings, labels: np.ndarray) -> list[Ratings]:
 
 
 # ---------------------------------------------------------------------------- tasks (pure, module level)
+def _read_task(reader: PartitionReader, item_ids: np.ndarray, excluded: frozenset[str], config: DPALSConfig) -> Ratings:
+    """A partition read where it lives, checked as :func:`dpals.fit_dpals` checks the whole matrix
+    (ranking: its positives)."""
+    part = read_partition(reader, item_ids, excluded)
+    dpals._validate_for_training(part, config)
+    return dpals.positives(part, config.threshold) if config.objective == "ranking" else part
+
+
 def _bound_task(part: Ratings, config: DPALSConfig) -> np.ndarray:
     return dpals.bound_statistic(part.user_counts(), config)
 
@@ -270,11 +290,26 @@ def _reduced_source(statistics: tuple[np.ndarray, np.ndarray, np.ndarray], block
     return ItemSource(chunks=list(blocks), statistics=block, gravity=lambda: gravity)
 
 
+def _partitions(ratings: Ratings | PartitionedRatings, config: DPALSConfig, executor: Executor, requested: Any,
+                n_partitions: int, labels: np.ndarray | None) -> list[Any]:
+    """Handles to the training partitions: read on the workers (a :class:`PartitionedRatings`, one
+    task per reader) or cut here and placed (a :class:`Ratings`, by ``labels`` or the ids' hash)."""
+    if isinstance(ratings, PartitionedRatings):
+        n = ratings.n_partitions
+        item_ids, excluded = executor.share(ratings.item_ids), executor.share(ratings.excluded_labels)
+        return executor.spread(_read_task, ratings.readers, [item_ids] * n, [excluded] * n, [requested] * n)
+    dpals._validate_for_training(ratings, config)
+    if config.objective == "ranking":
+        ratings = dpals.positives(ratings, config.threshold)
+    return executor.place(split_users(ratings, partition_labels(ratings.user_ids, n_partitions)
+                                      if labels is None else np.asarray(labels)))
+
+
 _EMPTY_PLAN = SolvePlan(n_rows=0, n_cols=0, counts=np.zeros(0, dtype=np.int64), buckets=())
 
 
 def fit_distributed(
-    ratings: Ratings,
+    ratings: Ratings | PartitionedRatings,
     config: DPALSConfig,
     executor: Executor,
     *,
@@ -287,21 +322,19 @@ def fit_distributed(
     """:func:`dpals.fit_dpals` with the users in partitions on ``executor``: the same releases in
     the same order, the same fit (bit for bit on one hardware/BLAS build), the same event.
 
+    ``ratings`` is either read on the workers, one task per partition (a :class:`PartitionedRatings`:
+    the driver never holds the matrix; ``labels`` and ``n_partitions`` are then unused), or cut here:
     ``labels`` (one per user) or ``n_partitions`` (by :func:`partition_labels`) cut the users;
     ``item_block`` sizes the driver's item blocks. ``progress`` and ``public_terms`` as in
     :func:`dpals.fit_dpals`. The fit's ``prep`` carries the public pre-processing and empty plans
     (the private plans never leave the workers)."""
-    dpals._validate_for_training(ratings, config)
-    if config.objective == "ranking":
-        ratings = dpals.positives(ratings, config.threshold)
-    parts = executor.place(split_users(ratings, partition_labels(ratings.user_ids, n_partitions)
-                                         if labels is None else np.asarray(labels)))
-    del ratings
-    n = len(parts)
     keyed = KeyedRandomness(config.seed)
     releaser = GaussianReleaser(None, keyed)
     # the tasks' config carries no seed, only the sampling keys travel: the noise stays on the driver
     requested = executor.share(replace(config, seed=0))
+    parts = _partitions(ratings, config, executor, requested, n_partitions, labels)
+    del ratings
+    n = len(parts)
     config = dpals.release_contribution_bound(_reduced(executor, executor.map(_bound_task, parts, [requested] * n)),
                                               config, releaser)
     configs = [executor.share(replace(config, seed=0))] * n  # k as released: what every later task reads
@@ -348,7 +381,7 @@ def distributed_fit(executor: Executor, *, n_partitions: int = 2, labels: np.nda
     and ``train_dpcmf`` (``fit=``) and so the DPALS and DP-CMF algorithms' ``train`` take to run
     their private part on a cluster; they then publish what they publish in process."""
 
-    def fit(ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None,
+    def fit(ratings: Ratings | PartitionedRatings, config: DPALSConfig, *, progress: Progress | None = None,
             public_terms: PublicTermsHook | None = None) -> DPALSFit:
         return fit_distributed(ratings, config, executor, n_partitions=n_partitions, labels=labels,
                                item_block=item_block, progress=progress, public_terms=public_terms)

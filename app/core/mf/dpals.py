@@ -69,6 +69,7 @@ from typing import Any, Protocol, Self
 import numpy as np
 from dp_accounting import dp_event
 
+from app.core.data.partitioned import PartitionedRatings, gather
 from app.core.data.ratings import Ratings
 from app.core.mf.als import (
     Bucket,
@@ -1148,12 +1149,12 @@ class DPALSFit:
 class FitFunction(Protocol):
     """What runs a DPALS fit: :func:`fit_dpals`, or a distributed driver with the same contract."""
 
-    def __call__(self, ratings: Ratings, config: DPALSConfig, *, progress: Progress | None = None,
+    def __call__(self, ratings: Ratings | PartitionedRatings, config: DPALSConfig, *, progress: Progress | None = None,
                  public_terms: PublicTermsHook | None = None) -> DPALSFit: ...
 
 
 def fit_dpals(
-    ratings: Ratings,
+    ratings: Ratings | PartitionedRatings,
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
@@ -1164,8 +1165,11 @@ def fit_dpals(
     ``public_terms(released, V_frequent)``, called before every item step, may return exact public
     terms for that step (DP-CMF). It is handed only released quantities (the DP mean, the DP
     counts, the frequent set and the released V), never the private plans; the noise draws,
-    their order and the event are the same with or without it.
+    their order and the event are the same with or without it. A :class:`PartitionedRatings` is
+    read here, every partition (:func:`app.core.data.partitioned.gather`).
     """
+    if isinstance(ratings, PartitionedRatings):
+        ratings = gather(ratings)
     _validate_for_training(ratings, config)
     if config.objective == "ranking":
         ratings = positives(ratings, config.threshold)
@@ -1221,7 +1225,7 @@ def average_releases(item_factors: list[np.ndarray]) -> np.ndarray:
 
 
 def train_dpals(
-    ratings: Ratings,
+    ratings: Ratings | PartitionedRatings,
     config: DPALSConfig,
     *,
     progress: Progress | None = None,
@@ -1235,7 +1239,7 @@ def train_dpals(
     return public_model(ratings, config, fit(ratings, config, progress=progress))
 
 
-def public_model(ratings: Ratings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:
+def public_model(ratings: Ratings | PartitionedRatings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:
     """The published model of a run: V on the frequent items (zero elsewhere), DP mean and counts.
     ``config`` is the requested one; the run's own (``fit.config``: k as released) is published."""
     config = fit.config or config

@@ -50,6 +50,7 @@ import scipy.sparse as sp
 from dp_accounting import dp_event
 from numpy.typing import ArrayLike
 
+from app.core.data.partitioned import PartitionedRatings
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
 from app.core.mf.als import SolvePlan, iter_grams, make_plan, solve_side
@@ -355,9 +356,15 @@ def _active_sources(public: PublicData | None, config: DPCMFConfig, n_items: int
     return [s for s in public.sources if config.alpha(s.name) > 0 and s.matrix.nnz > 0]
 
 
-def _check_public_users_removed(ratings: Ratings, sources: list[PublicSource]) -> None:
+def _check_public_users_removed(ratings: Ratings | PartitionedRatings, sources: list[PublicSource]) -> None:
+    """Public users' rows are a public input only: the private matrix must not hold them (a
+    partitioned one: its readers' rows must be cut of them where they are read)."""
     source = next((s for s in sources if s.name == "public_users"), None)
     if source is None or not source.row_labels:
+        return
+    if isinstance(ratings, PartitionedRatings):
+        if not set(source.row_labels) <= ratings.excluded_labels:
+            raise ValueError("public users must be excluded from the partitions' private ratings")
         return
     private = {str(u) for u in ratings.user_ids.tolist()}
     if private.intersection(source.row_labels):
@@ -397,7 +404,7 @@ def _blocks(sources: list[PublicSource], config: DPCMFConfig, global_mean: float
 
 
 def train_dpcmf(
-    ratings: Ratings,
+    ratings: Ratings | PartitionedRatings,
     config: DPCMFConfig,
     *,
     public: PublicData | None = None,

@@ -27,13 +27,21 @@ from app.db.stores.blocks import calendar, settle_cohorts
 from app.db.stores.catalogue import DatasetRef, catalogue_store
 
 __all__ = ["RatingsStore", "OneRating", "Triplets", "DatedTriplets", "TRIPLET_TABLES", "SqlRatings", "randomised_filter",
-           "cohort_filter", "created_filter", "CreatedRanges"]
+           "cohort_filter", "created_filter", "CreatedRanges", "UserPartition", "partition_filter"]
 
 Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]  # (user row id, item row id, value as float64)
 # (user row id, item row id, value, created at as int64 microseconds since 1970-01-01 UTC)
 DatedTriplets = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 CreatedRanges = Sequence[tuple[datetime | None, datetime]]  # [lo, hi) creation times (lo None: unbounded)
 TRIPLET_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables
+
+
+class UserPartition(NamedTuple):
+    """The users whose row id is ``part`` modulo ``parts``: one of ``parts`` disjoint training
+    partitions that together hold every user (read by one cluster task each, issue 28)."""
+
+    part: int
+    parts: int
 
 
 class OneRating(NamedTuple):
@@ -93,16 +101,18 @@ class RatingsStore(Protocol):
         """(count, one page of (external item id, value, updated at) ordered by item id)."""
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False,
+                 partition: UserPartition | None = None) -> Triplets:
         """Every (user, item, value) row of ``table`` in the data set (votes with
         ``local_epsilon``: those randomised with exactly that ε0; with ``cohorts``: only rows of
-        users in those cohorts, and with ``public_too`` those of users whose ratings are public,
-        filtered in the query)."""
+        users in those cohorts, and with ``public_too`` those of users whose ratings are public;
+        with ``partition``: only its users' rows; all filtered in the query)."""
 
-    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False,
+                       partition: UserPartition | None = None) -> DatedTriplets:
         """Every rating of the data set created in one of the ``[lo, hi)`` ranges ``created_in``
         (and with ``public_too`` every rating of users whose ratings are public), with its creation
-        time (filtered in the query: no other rating is read)."""
+        time; with ``partition`` only its users' (filtered in the query: no other rating is read)."""
 
 
 def randomised_filter(local_epsilon: float | None) -> str:
@@ -133,6 +143,16 @@ def cohort_filter(cohorts: Sequence[str] | None, public_of: int | None = None) -
         return f" AND {members}"
     return (f" AND ({members} OR user_id IN (SELECT user_id FROM public_rating_consents "
             f"WHERE dataset_id = {int(public_of)} AND public))")
+
+
+def partition_filter(partition: UserPartition | None) -> str:
+    """The SQL condition keeping only rows of ``partition``'s users (None: no filter)."""
+    if partition is None:
+        return ""
+    part, parts = int(partition.part), int(partition.parts)
+    if not 0 <= part < parts:
+        raise ValueError("a partition's index lies in [0, parts)")
+    return f" AND user_id % {parts} = {part}"
 
 
 def created_filter(created_in: CreatedRanges, literal: Callable[[datetime], str], public_of: int | None = None) -> str:

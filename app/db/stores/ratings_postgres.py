@@ -54,8 +54,10 @@ from app.db.stores.ratings import (
     OneRating,
     SqlRatings,
     Triplets,
+    UserPartition,
     cohort_filter,
     created_filter,
+    partition_filter,
     randomised_filter,
 )
 from app.errors import UnknownDataset
@@ -366,20 +368,23 @@ class PostgresRatingsStore(SqlRatings):
         return set(zip(created_users or [], created_items or [], strict=True))
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False,
+                 partition: UserPartition | None = None) -> Triplets:
         """Binary COPY (fixed-width columns, no NULLs)."""
-        sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {} WHERE dataset_id = {}"
-               + randomised_filter(local_epsilon).replace("%", "%%")
-               + cohort_filter(cohorts, int(dataset_id) if public_too else None) + ") TO STDOUT (FORMAT BINARY)")
-        rows = self._copy_rows(sql.format(table, int(dataset_id)), PG_COPY_TRIPLET)
+        sql = (f"COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION) FROM {table} "
+               f"WHERE dataset_id = {int(dataset_id)}" + randomised_filter(local_epsilon)
+               + cohort_filter(cohorts, int(dataset_id) if public_too else None) + partition_filter(partition)
+               + ") TO STDOUT (FORMAT BINARY)")
+        rows = self._copy_rows(sql, PG_COPY_TRIPLET)  # no parameters: psycopg sends the text as it is
         return rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64)
 
-    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False,
+                       partition: UserPartition | None = None) -> DatedTriplets:
         """Binary COPY with the creation time as a fourth fixed-width column."""
         sql = ("COPY (SELECT user_id, item_id, CAST(value AS DOUBLE PRECISION), created_at FROM ratings "
                f"WHERE dataset_id = {int(dataset_id)}"
                + created_filter(created_in, _literal, int(dataset_id) if public_too else None)
-               + ") TO STDOUT (FORMAT BINARY)")
+               + partition_filter(partition) + ") TO STDOUT (FORMAT BINARY)")
         rows = self._copy_rows(sql, PG_COPY_DATED)
         return (rows["u"].astype(np.int64), rows["i"].astype(np.int64), rows["v"].astype(np.float64),
                 rows["t"].astype(np.int64) + PG_EPOCH_US)

@@ -18,8 +18,10 @@ from app.db.stores.ratings import (
     OneRating,
     SqlRatings,
     Triplets,
+    UserPartition,
     cohort_filter,
     created_filter,
+    partition_filter,
     randomised_filter,
 )
 
@@ -103,12 +105,13 @@ class SqliteRatingsStore(SqlRatings):
         return created
 
     def triplets(self, table: str, dataset_id: int, local_epsilon: float | None = None,
-                 cohorts: Sequence[str] | None = None, public_too: bool = False) -> Triplets:
+                 cohorts: Sequence[str] | None = None, public_too: bool = False,
+                 partition: UserPartition | None = None) -> Triplets:
         """``fetchmany`` chunks on the driver's cursor."""
         cursor = driver_connection(self.session).cursor()
         cursor.execute(f"SELECT user_id, item_id, value FROM {table} WHERE dataset_id = ?"
-                       f"{randomised_filter(local_epsilon)}{cohort_filter(cohorts, int(dataset_id) if public_too else None)}",
-                       (int(dataset_id),))
+                       f"{randomised_filter(local_epsilon)}{cohort_filter(cohorts, int(dataset_id) if public_too else None)}"
+                       f"{partition_filter(partition)}", (int(dataset_id),))
         parts = []
         while True:
             chunk = cursor.fetchmany(500_000)
@@ -119,11 +122,12 @@ class SqliteRatingsStore(SqlRatings):
         arr = np.concatenate(parts) if parts else np.empty((0, 3))
         return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2]
 
-    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False) -> DatedTriplets:
+    def dated_triplets(self, dataset_id: int, created_in: CreatedRanges, public_too: bool = False,
+                       partition: UserPartition | None = None) -> DatedTriplets:
         cursor = driver_connection(self.session).cursor()
         cursor.execute("SELECT user_id, item_id, value, created_at FROM ratings WHERE dataset_id = ?"
-                       + created_filter(created_in, _literal, int(dataset_id) if public_too else None),
-                       (int(dataset_id),))
+                       + created_filter(created_in, _literal, int(dataset_id) if public_too else None)
+                       + partition_filter(partition), (int(dataset_id),))
         rows = cursor.fetchall()
         cursor.close()
         if not rows:

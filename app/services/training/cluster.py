@@ -1,8 +1,10 @@
 """Training on a Dask cluster when ``DASK_SCHEDULER_ADDRESS`` is set (issue 28).
 
 The Celery task stays the run's driver: it claims the run, checks public facts, commits
-``private_data_read``, reads the data, and publishes through the outbox exactly as in process
-(:mod:`app.services.training.runner`). Only the private part of DPALS / DP-CMF runs on the
+``private_data_read`` and publishes through the outbox exactly as in process
+(:mod:`app.services.training.runner`). It does not read the private ratings: it exports a snapshot
+of the database and hands the cluster one reader per user partition (:func:`partitioned_read`,
+:mod:`app.db.partitions`), which the workers run. The private part of DPALS / DP-CMF runs on the
 cluster, through :func:`app.core.mf.distributed.distributed_fit`: the per-partition statistics
 on the workers, every release on this process. Other algorithms train in process.
 
@@ -17,16 +19,21 @@ it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from app.config import Settings
 from app.core.algorithms import Algorithm
+from app.core.data.partitioned import PartitionedRatings
+from app.core.data.ratings import Ratings
 from app.core.mf.distributed import DaskExecutor, distributed_fit
+from app.db.partitions import exported_snapshot, partitioned_inputs
 from app.db.session import is_sqlite_url
+from app.services.budget import get_dataset
 
-__all__ = ["uses_cluster", "cluster_client", "train_on_cluster", "check_cluster_database"]
+__all__ = ["uses_cluster", "cluster_client", "train_on_cluster", "check_cluster_database", "partitioned_read",
+           "partition_count"]
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +77,37 @@ def cluster_client(settings: Settings) -> Iterator[Any]:
         client.close()
 
 
-def train_on_cluster(client: Any, algorithm: Algorithm[Any, Any], ratings: Any, config: Any, settings: Settings, *,
-                     progress: Any = None, **inputs: Any) -> Any:
+def partition_count(settings: Settings, client: Any) -> int:
+    """The run's user partitions: ``DASK_PARTITIONS``, else one per worker thread (public facts)."""
+    return settings.dask_partitions or max(1, sum(client.nthreads().values()))
+
+
+@contextmanager
+def partitioned_read(client: Any, settings: Settings, url: str, dataset: str, algorithm: Algorithm[Any, Any],
+                     cohorts: Sequence[str] | None,
+                     on_version: Callable[[int], None]) -> Iterator[tuple[PartitionedRatings, dict[str, Any]]]:
+    """The run's training data as partition readers in one exported snapshot of the database (held
+    for the block: a task the cluster recomputes reads the same rows), and ``train``'s extra inputs;
+    ``on_version`` gets the data set's version in that snapshot. The private rows are read by the
+    workers only (:mod:`app.db.partitions`)."""
+    labels = None if cohorts is None else tuple(cohorts)
+    with exported_snapshot(url, labels) as snapshot:
+        ds = get_dataset(snapshot.session, dataset)
+        data, extra = partitioned_inputs(snapshot, url, ds, algorithm, partition_count(settings, client), labels)
+        on_version(ds.ratings_version)
+        yield data, extra
+
+
+def train_on_cluster(client: Any, algorithm: Algorithm[Any, Any], ratings: Ratings | PartitionedRatings, config: Any,
+                     settings: Settings, *, progress: Any = None, **inputs: Any) -> Any:
     """The published model of one run of a distributable ``algorithm`` trained on ``client``'s
-    cluster (one user partition per worker thread unless ``DASK_PARTITIONS`` says otherwise); logs
-    only public counts (partitions, tasks), never sizes that follow the data."""
-    n_partitions = settings.dask_partitions or max(1, sum(client.nthreads().values()))
+    cluster: ``ratings`` read on the workers (a :class:`PartitionedRatings`, the service's path) or
+    cut here into :func:`partition_count` partitions; logs only public counts (partitions, tasks),
+    never sizes that follow the data."""
+    n_partitions = ratings.n_partitions if isinstance(ratings, PartitionedRatings) else partition_count(settings, client)
     executor = DaskExecutor(client, timeout_s=settings.dask_result_timeout_s)
-    model = algorithm.train(ratings, config, progress=progress, fit=distributed_fit(executor, n_partitions=n_partitions),
+    data: Any = ratings  # a distributable algorithm's train takes partitions too (Algorithm.distributable)
+    model = algorithm.train(data, config, progress=progress, fit=distributed_fit(executor, n_partitions=n_partitions),
                             **inputs)
     log.info("cluster training: %d partitions, %d tasks", n_partitions, executor.tasks)
     return model

@@ -390,22 +390,33 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
     with cluster.cluster_client(settings) if on_cluster else contextlib.nullcontext() as client:
         guard.check()
         guard.running(ride_out_outage(lambda: _mark_private_data_read(run_id, url), within_s=outage_s))
-        ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
-        if reserved_event != event_to_json(algo.event(config, ratings.n_items)):  # the catalogue moved
-            raise RuntimeError("the run's config no longer matches its privacy reservation")
-        guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s))
-        progress = _progress_writer(run_id, url, guard)
+
+        def start_training(n_items: int) -> Callable[[float, str], None]:
+            if reserved_event != event_to_json(algo.event(config, n_items)):  # the catalogue moved
+                raise RuntimeError("the run's config no longer matches its privacy reservation")
+            guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.10, "training"), within_s=outage_s))
+            return _progress_writer(run_id, url, guard)
+
         if client is None:
-            model = algo.train(ratings, config, progress=progress, **extra_inputs)
-        else:
-            model = cluster.train_on_cluster(client, algo, ratings, config, settings, progress=progress,
-                                             **extra_inputs)
-        del ratings
+            ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
+            model = algo.train(ratings, config, progress=start_training(ratings.n_items), **extra_inputs)
+            del ratings
+        else:  # the partitions are read on the cluster's workers, in one snapshot of the database
+            with cluster.partitioned_read(client, settings, url, info["dataset"], algo, info.get("cohorts"),
+                                          lambda version: _set_ratings_version(run_id, url, version)) as (data, extra):
+                model = cluster.train_on_cluster(client, algo, data, config, settings,
+                                                 progress=start_training(data.n_items), **extra)
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")
     if any(key in model.config for key in SECRET_CONFIG_KEYS):
         raise RuntimeError("the trained model's config carries a secret")
     return model
+
+
+def _set_ratings_version(run_id: int, url: str, version: int) -> None:
+    """Record the data set's version the run read (a cluster run's snapshot is read only)."""
+    with session_scope(url) as s:
+        runs_store(s).set_ratings_version(run_id, version)
 
 
 def _mark_private_data_read(run_id: int, url: str) -> bool:
