@@ -90,7 +90,7 @@ def test_a_cluster_run_publishes_the_in_process_model_charged_once(seeded, clust
     run_id = _start(seeded)
     assert runner.run_training(run_id, url=seeded, settings=settings) == "succeeded"
     _assert_same_model(_published(seeded, run_id), reference)
-    assert "_read_task" in cluster.scheduler.task_prefixes  # the workers read the partitions themselves
+    assert "read_task" in cluster.scheduler.task_prefixes  # the workers read the partitions themselves
     run = _run(seeded, run_id)
     assert (run.status, run.progress, run.private_data_read, run.refunded) == ("succeeded", 1.0, True, False)
     assert _kinds(seeded, run_id) == ["reservation", "commit"]
