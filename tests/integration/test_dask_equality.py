@@ -52,7 +52,7 @@ def test_a_local_cluster_publishes_the_in_process_model(client, variant: str):
     ratings = _ratings(5, n_users=200)
     config = CONFIGS[variant]()
     reference = train_dpals(ratings, config)
-    executor = DaskExecutor(client)
+    executor = DaskExecutor(client, fan_in=2)  # four partitions: a reduction tree two deep
     for partitioning, item_block in (("three-by-id", 11), ("two-by-hash", 1024), ("four-random-one-empty", 7)):
         model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_block, executor)
         for got, want in zip(_published(model), _published(reference), strict=True):

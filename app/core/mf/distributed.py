@@ -60,11 +60,14 @@ __all__ = [
     "fit_distributed",
     "distributed_fit",
     "ITEM_BLOCK",
+    "REDUCE_FAN_IN",
 ]
 
 #: trained items per block of the driver's item step (the noise is keyed per item: any block size
 #: releases the same bits)
 ITEM_BLOCK = 1024
+#: partial statistics summed per task of the cluster's reduction tree
+REDUCE_FAN_IN = 4
 
 
 class Executor(Protocol):
@@ -86,7 +89,8 @@ class Executor(Protocol):
         """``fn`` over the columns' rows (a pure task each); the results stay where they ran."""
 
     def reduce(self, handles: Sequence[Any]) -> Any:
-        """One handle to the exact sum (:func:`dpals.reduce_exact`) of the handles' values."""
+        """One handle to the exact sum (:func:`dpals.reduce_exact`) of the handles' values (any
+        grouping of the sums: they are exact)."""
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """The handles' values, on the driver."""
@@ -126,9 +130,12 @@ class DaskExecutor:
     not back within ``timeout_s`` (a cluster left without workers waits for ever) raises
     ``TimeoutError``: the run fails closed instead of hanging."""
 
-    def __init__(self, client: Any, timeout_s: float | None = None) -> None:
+    def __init__(self, client: Any, timeout_s: float | None = None, fan_in: int = REDUCE_FAN_IN) -> None:
+        if fan_in < 2:
+            raise ValueError("a reduction sums at least two partials a task")
         self.client = client
         self.timeout_s = timeout_s
+        self.fan_in = fan_in
         self.moved_bytes = 0
         self.tasks = 0
 
@@ -164,8 +171,15 @@ class DaskExecutor:
         return list(self.client.map(fn, *columns, pure=False))
 
     def reduce(self, handles: Sequence[Any]) -> Any:
-        self.tasks += 1
-        return self.client.submit(dpals.reduce_exact, list(handles), pure=False)
+        """A tree of sums, ``fan_in`` partials a task (exact: any grouping gives the same bits), so
+        no worker holds more than ``fan_in`` partials and their sum, and the depth grows as log N."""
+        level = list(handles)
+        while True:
+            level = [self.client.submit(dpals.reduce_exact, level[i:i + self.fan_in], pure=False)
+                     for i in range(0, len(level), self.fan_in)]
+            self.tasks += len(level)
+            if len(level) == 1:
+                return level[0]
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         values = [handle.result(timeout=self.timeout_s) for handle in handles]
@@ -261,7 +275,7 @@ def _users_task(bounded: BoundedData, previous: _Users | None, public: dict[str,
 
 def _statistics_task(bounded: BoundedData, users: _Users,
                      config: DPALSConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The partition's exact item-step statistics: (Gram upper triangles, linear terms, K or zeros)."""
+    """The partition's exact item-step statistics: (packed Gram upper triangles, linear terms, K or zeros)."""
     grams, rhs = dpals.item_statistics(bounded.item_plan, users.padded, config)
     if config.reg_gravity > 0:
         gravity = dpals.gravity_statistic(quantised_factors(users.padded, config.clip_user, weighted=False))
@@ -281,11 +295,13 @@ def _item_blocks(n_items: int, block: int) -> list[np.ndarray]:
 
 
 def _reduced_source(statistics: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list[np.ndarray]) -> ItemSource:
-    """The item step's :class:`ItemSource` over the reduced (complete) statistics, block by block."""
-    grams, rhs, gravity = statistics
+    """The item step's :class:`ItemSource` over the reduced (complete) statistics, block by block
+    (each block's Grams unpacked from their upper triangles as it is solved)."""
+    packed, rhs, gravity = statistics
+    rank = rhs.shape[1]
 
     def block(items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return items, grams[items], rhs[items]
+        return items, dpals.unpack_upper(packed[items], rank), rhs[items]
 
     return ItemSource(chunks=list(blocks), statistics=block, gravity=lambda: gravity)
 

@@ -114,6 +114,8 @@ __all__ = [
     "user_mean_statistics",
     "ItemSource",
     "item_statistics",
+    "pack_upper",
+    "unpack_upper",
     "gravity_statistic",
     "reduce_exact",
     "rating_keys",
@@ -947,19 +949,36 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, ran
 
 def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, np.ndarray]:
     """The item step's exact statistics of one partition of the users: (Σ_i c_ij x xᵀ upper
-    triangles, Σ_i c_ij M_ij x) for every trained item of ``plan`` (the partition's bounded item
-    plan, :func:`bound_contributions`), ``padded`` its users' clipped factors and a zero row.
+    triangles, packed row by row as :func:`pack_upper`, Σ_i c_ij M_ij x) for every trained item of
+    ``plan`` (the partition's bounded item plan, :func:`bound_contributions`), ``padded`` its users'
+    clipped factors and a zero row.
 
     The seam a distributed driver calls per partition: the partitions' results added in any
     order (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the
-    in-process item step forms chunk by chunk; noise is then drawn per item (§7)."""
+    in-process item step forms chunk by chunk; noise is then drawn per item (§7). Packed, a
+    partition's Grams take r(r+1)/2 numbers an item instead of r²: about half the bytes a step
+    ships and sums."""
     rank = config.rank
-    grams, rhs = np.zeros((plan.n_rows, rank, rank)), np.zeros((plan.n_rows, rank))
+    grams, rhs = np.zeros((plan.n_rows, rank * (rank + 1) // 2)), np.zeros((plan.n_rows, rank))
     factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
     for bucket in plan.buckets:
         items, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
-        grams[items], rhs[items] = np.triu(gram), b
+        grams[items], rhs[items] = pack_upper(gram), b
     return grams, rhs
+
+
+def pack_upper(grams: np.ndarray) -> np.ndarray:
+    """The upper triangles (diagonal included) of a stack of r × r matrices, row by row: (n, r(r+1)/2)."""
+    rows, cols = np.triu_indices(grams.shape[-1])
+    return grams[:, rows, cols]
+
+
+def unpack_upper(packed: np.ndarray, rank: int) -> np.ndarray:
+    """:func:`pack_upper`'s inverse onto upper-triangular r × r matrices (zeros below the diagonal)."""
+    rows, cols = np.triu_indices(rank)
+    grams = np.zeros((len(packed), rank, rank))
+    grams[:, rows, cols] = packed
+    return grams
 
 
 def reduce_exact(parts: Iterable[Any]) -> Any:
