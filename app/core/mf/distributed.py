@@ -1,10 +1,13 @@
 """DPALS and DP-CMF over user partitions on a cluster (issue 28): the same releases, the same model.
 
-The driver (:func:`fit_distributed`) runs where the run is charged (the Celery worker): it cuts the
-users into partitions, places them on the cluster's workers through an :class:`Executor` (a Dask
-client, :class:`DaskExecutor`; or :class:`InProcess`, the same driver in one process), maps the
-per-partition statistics of :mod:`app.core.mf.dpals` (the partition-invariant seam, docs/algorithms.md
-§7) over them, reduces them exactly and draws every release **once, on the driver**, where the
+The driver (:func:`fit_distributed`) runs where the run is charged (the Celery worker): it has each
+user partition read on a cluster worker (a :class:`~app.core.data.partitioned.PartitionedRatings`:
+one reader task each, the driver never holding the matrix) or cuts a matrix it holds and places the
+parts, through an :class:`Executor` (a Dask client, :class:`DaskExecutor`; or :class:`InProcess`,
+the same driver in one process), maps the per-partition statistics of :mod:`app.core.mf.dpals`
+(the partition-invariant seam, docs/algorithms.md §7) over them, reduces them exactly (a tree of
+sums on a cluster; Grams as packed upper triangles) and draws every release **once, on the
+driver**, where the
 statistic is complete: the count histogram that sets k, the item counts, the (user-level) mean, the
 item-bias sums, the re-counts, and per step K̃, {Ã_j} and {b̃_j}. The item solves and everything public
 run on the driver too.
@@ -174,6 +177,8 @@ class DaskExecutor:
         """A tree of sums, ``fan_in`` partials a task (exact: any grouping gives the same bits), so
         no worker holds more than ``fan_in`` partials and their sum, and the depth grows as log N."""
         level = list(handles)
+        if not level:
+            raise ValueError("nothing to reduce")
         while True:
             level = [self.client.submit(dpals.reduce_exact, level[i:i + self.fan_in], pure=False)
                      for i in range(0, len(level), self.fan_in)]
