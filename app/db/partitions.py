@@ -17,6 +17,7 @@ task's arguments, under the cluster's TLS, and is never in a key or a log line.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -62,13 +64,20 @@ def exported_snapshot(url: str, cohorts: tuple[str, ...] | None) -> Iterator[Sna
         settle_run_cohorts(session, cohorts)
     engine = create_engine(normalise_url(url), poolclass=NullPool)
     try:
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                snapshot_id = str(conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one())
-                with Session(bind=conn) as session:
-                    yield Snapshot(session, snapshot_id)
+        conn = engine.connect().execution_options(isolation_level="REPEATABLE READ")
+        try:
+            conn.begin()
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            snapshot_id = str(conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one())
+            with Session(bind=conn) as session:
+                yield Snapshot(session, snapshot_id)
+        finally:
+            # read only: nothing to keep, so a connection the database dropped meanwhile (an outage
+            # after the reads) does not fail a run whose training went on without it
+            with contextlib.suppress(SQLAlchemyError):
+                conn.rollback()
+            with contextlib.suppress(SQLAlchemyError):
+                conn.close()
     finally:
         engine.dispose()
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 
 from app.core.algorithms import get_algorithm
 from app.core.data.partitioned import PartitionedRatings, gather
@@ -167,6 +167,20 @@ def test_a_reader_never_shows_its_url_and_checks_its_snapshot_id(pg_url):
         PostgresPartition(pg_url, "1'; DROP TABLE ratings; --", 1, None, UserPartition(0, 2))
     with pytest.raises(ValueError, match="partition"):
         partition_filter(UserPartition(2, 2))
+
+
+def test_a_snapshot_the_database_dropped_after_the_reads_closes_quietly(pg_url):
+    """An outage after the partitions were read ends the held transaction: the run goes on."""
+    _seed(pg_url)
+    want, _ = _in_process(pg_url, "dpals", None)
+    with exported_snapshot(pg_url, None) as snapshot:
+        ds = budget.get_dataset(snapshot.session, "default")
+        data, _ = partitioned_inputs(snapshot, pg_url, ds, get_algorithm("dpals"), 2, None)
+        got = gather(data)
+        pid = snapshot.session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with session_scope(pg_url) as s:
+            assert s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+    assert _rows(got) == _rows(want)
 
 
 def test_partitioned_reads_refuse_sqlite(sqlite_url):

@@ -402,8 +402,10 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
             model = algo.train(ratings, config, progress=start_training(ratings.n_items), **extra_inputs)
             del ratings
         else:  # the partitions are read on the cluster's workers, in one snapshot of the database
-            with cluster.partitioned_read(client, settings, url, info["dataset"], algo, info.get("cohorts"),
-                                          lambda version: _set_ratings_version(run_id, url, version)) as (data, extra):
+            with contextlib.ExitStack() as snapshot:
+                data, extra = ride_out_outage(lambda: snapshot.enter_context(cluster.partitioned_read(
+                    client, settings, url, info["dataset"], algo, info.get("cohorts"),
+                    lambda version: _set_ratings_version(run_id, url, version))), within_s=outage_s)
                 model = cluster.train_on_cluster(client, algo, data, config, settings,
                                                  progress=start_training(data.n_items), **extra)
     if model.event is None or event_to_json(model.event) != reserved_event:
