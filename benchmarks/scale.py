@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from app.core.data.partitioned import PartitionedRatings, read_partition
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
 from app.core.mf import dpals
@@ -172,6 +173,10 @@ class Measured:
     worker_peak_mib: list[float] = field(default_factory=list)
     compute: dict[str, float] = field(default_factory=dict)
     worker_bytes: int = 0
+    read_s: float = 0.0
+    write_s: float = 0.0
+    snapshot_bytes: int = 0
+    driver_bytes_total: int = 0
 
     @property
     def step_s(self) -> float:
@@ -210,15 +215,43 @@ def task_compute(client: Any, start: float, stop: float) -> dict[str, float]:
     return totals
 
 
+def user_partitions(ratings: Ratings, n_partitions: int) -> Iterator[Ratings]:
+    """The users in ``n_partitions`` partitions by the driver's public hash, made one at a time
+    (what an export step writes without holding more than the matrix and one partition)."""
+    labels = partition_labels(ratings.user_ids, n_partitions)
+    rows, cols, vals = ratings.coo()
+    for label in range(n_partitions):
+        members = np.flatnonzero(labels == label)
+        position = np.full(ratings.n_users, -1)
+        position[members] = np.arange(len(members))
+        keep = position[rows] >= 0
+        yield Ratings.from_indices(position[rows[keep]], cols[keep], vals[keep],
+                                   user_ids=ratings.user_ids[members], item_ids=ratings.item_ids)
+
+
+def export_snapshot(ratings: Ratings, n_partitions: int, directory: str) -> tuple[PartitionedRatings, float, int]:
+    """``ratings`` written as a Parquet snapshot of ``n_partitions`` user partitions, partition by
+    partition, and opened: (the readers, seconds to write, bytes on disk)."""
+    from app.core.data.snapshot import open_snapshot, write_snapshot
+
+    start = time.perf_counter()
+    write_snapshot(directory, user_partitions(ratings, n_partitions), ratings.item_ids)
+    seconds = time.perf_counter() - start
+    size = sum(entry.stat().st_size for entry in os.scandir(directory))
+    return open_snapshot(directory), seconds, size
+
+
 def on_cluster(ratings: Ratings, cfg: DPALSConfig, n_workers: int) -> Measured:
     """:func:`fit_distributed` with ``n_workers`` partitions on a fresh LocalCluster of as many
-    single-threaded worker processes; the driver keeps every core."""
+    single-threaded worker processes, each partition read on a worker from a Parquet snapshot the
+    benchmark writes first (the driver never places the matrix); the driver keeps every core."""
     from distributed import Client, LocalCluster
 
     with (tempfile.TemporaryDirectory(prefix="privrec-scale-") as folder,
           LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
                        memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
           Client(cluster) as client):
+        data, write_s, size = export_snapshot(ratings, n_workers, os.path.join(folder, "snapshot"))
         client.get_task_stream()  # the scheduler starts recording its task stream
         idle = client.run(process_memory)
         executor = DaskExecutor(client)
@@ -230,14 +263,24 @@ def on_cluster(ratings: Ratings, cfg: DPALSConfig, n_workers: int) -> Measured:
 
         with solver_threads(cores()), item_step_timer() as item_steps, _run_memory() as memory:
             start = time.time()
-            model = train_dpals(ratings, cfg, progress=progress, fit=distributed_fit(executor, n_partitions=n_workers))
+            model = train_dpals(data, cfg, progress=progress, fit=distributed_fit(executor))
         peaks = client.run(process_memory)
         window = (stamps[-2].left, stamps[-1].entered)
         compute = task_compute(client, *window)
         fetched = sum(client.run(received_bytes, *window).values())
+        read_done = max(stop for stop in task_stops(client, "_read_task", start))
     return Measured(model, start, stamps, memory.rss_peak_mib, item_steps,
                     worker_idle_mib=[idle[w][0] for w in sorted(idle)],
-                    worker_peak_mib=[peaks[w][1] for w in sorted(peaks)], compute=compute, worker_bytes=fetched)
+                    worker_peak_mib=[peaks[w][1] for w in sorted(peaks)], compute=compute, worker_bytes=fetched,
+                    read_s=read_done - start, write_s=write_s, snapshot_bytes=size,
+                    driver_bytes_total=executor.moved_bytes)
+
+
+def task_stops(client: Any, function: str, since: float) -> list[float]:
+    """When each compute of ``function``'s tasks ended (epoch seconds), from ``since``."""
+    return [part["stop"] for record in client.get_task_stream(start=since)
+            if str(record["key"]).split("-", 1)[0] == function
+            for part in record["startstops"] if part["action"] == "compute"]
 
 
 def same_model(a: PublicModel, b: PublicModel) -> bool:
@@ -289,6 +332,10 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
         _row(dataset, name, "seconds_worker_user_solves", run.compute.get("_users_task", 0.0)),
         _row(dataset, name, "seconds_worker_item_statistics", run.compute.get("_statistics_task", 0.0)),
         _row(dataset, name, "seconds_reduce", sum(run.compute.get(t, 0.0) for t in REDUCE_TASKS)),
+        _row(dataset, name, "seconds_write_snapshot", run.write_s),
+        _row(dataset, name, "bytes_snapshot", float(run.snapshot_bytes)),
+        _row(dataset, name, "seconds_read_partitions", run.read_s),
+        _row(dataset, name, "bytes_driver_cluster_total", float(run.driver_bytes_total)),
     ]
     driver, workers = run.per_step("driver_bytes"), run.worker_bytes
     rows += [
@@ -301,8 +348,10 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
 
 
 def measure_size(shape: tuple[int, int, int], workers: Sequence[int],
-                 cluster: Callable[[Ratings, DPALSConfig, int], Measured] = on_cluster) -> list[dict]:
-    """Every run at one size: in process (all cores, one thread), then each cluster."""
+                 cluster: Callable[[Ratings, DPALSConfig, int], Measured] = on_cluster,
+                 pg_admin_url: str | None = None, reads: bool = True) -> list[dict]:
+    """Every run at one size: in process (all cores, one thread), then each cluster; then, with
+    ``reads``, the partitions read on fresh clusters from each source (:func:`read_rows`)."""
     n_users, n_items, n_ratings = shape
     ratings = production_synthetic(n_users, n_items, n_ratings, seed=0).ratings
     dataset, cfg = dataset_name(*shape), config()
@@ -314,16 +363,228 @@ def measure_size(shape: tuple[int, int, int], workers: Sequence[int],
         name = f"dask-{n}w"
         rows += common_rows(dataset, name, run, reference)
         rows += cluster_rows(dataset, name, run, reference, ratings.nnz, largest_partition(ratings, n))
+    if reads:
+        rows += read_rows(dataset, ratings, workers, pg_admin_url)
     return rows
 
 
-def measure(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int]) -> list[dict]:
-    return [row for shape in sizes for row in measure_size(shape, workers)]
+# ---------------------------------------------------------------------------- the read: COPY against Parquet
+#: the largest data set loaded into PostgreSQL (10⁸ ratings would take about 10 GB of database disk)
+COPY_MAX_RATINGS = 10**7
+#: an administrator URL of the PostgreSQL server that the COPY rows use (a database is created and
+#: dropped there); unset: no COPY rows
+PG_URL_ENV = "PRIVREC_BENCH_PG_URL"
+#: rows per batch of the service's batch ingest that loads the database
+LOAD_BATCH = 50_000
+
+
+def process_read_bytes() -> int:
+    """Bytes the calling process has read through read(2)-like calls, files and sockets alike
+    (``rchar`` of /proc/self/io; 0 where absent). Run on each worker by ``client.run``."""
+    with contextlib.suppress(OSError), open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Read:
+    """Every partition read once on a fresh cluster: seconds, the workers' memory, bytes read, ratings."""
+
+    seconds: float
+    worker_idle_mib: list[float]
+    worker_peak_mib: list[float]
+    bytes_read: int
+    ratings: int
+
+
+def _nnz(part: Ratings) -> int:
+    return part.nnz
+
+
+def import_readers() -> None:
+    """Import both readers' modules (pyarrow; SQLAlchemy and psycopg) on a worker, so that a read
+    is timed without the worker's first imports (and its bytes without reading their files)."""
+    import psycopg  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    import app.core.data.snapshot  # noqa: F401
+    import app.db.partitions  # noqa: F401
+
+
+def read_on_cluster(data: PartitionedRatings, n_workers: int) -> Read:
+    """Each of ``data``'s readers run as a task on a fresh LocalCluster of ``n_workers`` single-threaded
+    processes (round robin, as the driver places them); the seconds until every partition is loaded
+    on its worker (nothing is gathered), each worker's peak (``VmHWM``) and the bytes the workers read;
+    the readers' modules are imported on every worker first (:func:`import_readers`), outside the timing."""
+    from distributed import Client, LocalCluster, wait
+
+    with (tempfile.TemporaryDirectory(prefix="privrec-scale-read-") as folder,
+          LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                       memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
+          Client(cluster) as client):
+        client.run(import_readers)
+        idle = client.run(process_memory)
+        names = sorted(client.nthreads())
+        item_ids = client.submit(lambda ids: ids, data.item_ids, pure=False)
+        wait([item_ids])
+        before = client.run(process_read_bytes)
+        start = time.perf_counter()
+        parts = [client.submit(read_partition, reader, item_ids, data.excluded_labels, pure=False,
+                               workers=names[i % len(names)]) for i, reader in enumerate(data.readers)]
+        wait(parts)
+        seconds = time.perf_counter() - start
+        after = client.run(process_read_bytes)
+        peaks = client.run(process_memory)
+        ratings = sum(client.gather([client.submit(_nnz, part, pure=False) for part in parts]))
+    return Read(seconds, [idle[w][0] for w in sorted(idle)], [peaks[w][1] for w in sorted(peaks)],
+                sum(after[w] - before[w] for w in after), int(ratings))
+
+
+def synthetic_ids(ratings: Ratings) -> tuple[list[str], list[str]]:
+    """External ids for the database: users ``u<id>``; items ``i<position>``, zero-padded so that
+    their database ids (assigned in sorted order) keep the catalogue's order."""
+    return [f"u{u}" for u in ratings.user_ids.tolist()], [f"i{k:08d}" for k in range(ratings.n_items)]
+
+
+@contextlib.contextmanager
+def postgres_with(ratings: Ratings, admin_url: str) -> Iterator[tuple[str, float, int]]:
+    """A fresh migrated database holding ``ratings`` in the data set ``default``, loaded through the
+    service's batch ingest (its COPY path), dropped afterwards: (its URL, seconds to load, bytes of
+    the ratings table with its indexes)."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    from app.config import Settings
+    from app.db.migrate import upgrade_head
+    from app.db.session import dispose_engines, engine_options, get_sessionmaker, normalise_url
+    from app.schemas.ingest import RatingColumns
+    from app.services import budget, catalog, ingest
+
+    admin = create_engine(normalise_url(admin_url), isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"privrec_bench_scale_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        settings = Settings(database_url=url, redis_url=None, seed_demo=False, embedded_worker=False,
+                            secret_key="bench-secret-0123456789abcdef-0123456789")
+        upgrade_head(url)
+        maker = get_sessionmaker(url, engine_options(settings))
+        users, items = synthetic_ids(ratings)
+        with maker() as s:
+            budget.bootstrap(s, settings)
+            catalog.import_items(s, dataset="default", rows=[(item, None, []) for item in items])
+            s.commit()
+        rows, cols, vals = ratings.coo()
+        user_of, item_of = np.asarray(users, dtype=object), np.asarray(items, dtype=object)
+        start = time.perf_counter()
+        for a in range(0, ratings.nnz, LOAD_BATCH):
+            b = min(a + LOAD_BATCH, ratings.nnz)
+            batch = RatingColumns(user_of[rows[a:b]].tolist(), item_of[cols[a:b]].tolist(), vals[a:b].tolist())
+            with maker() as s:
+                ingest.upsert_ratings_batch(s, dataset="default", rows=batch)
+                s.commit()
+        seconds = time.perf_counter() - start
+        with maker() as s:
+            size = int(s.execute(text("SELECT pg_total_relation_size('ratings')")).scalar_one())
+            s.commit()
+        yield url, seconds, size
+    finally:
+        dispose_engines()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def postgres_partitions(url: str, n_partitions: int) -> contextlib.AbstractContextManager[PartitionedRatings]:
+    """The service's partitioned read of the data set ``default`` (DPALS's inputs): one
+    :class:`~app.db.partitions.PostgresPartition` per partition in one exported snapshot, held open."""
+    from sqlalchemy import select
+
+    from app.core.algorithms import get_algorithm
+    from app.db.models import Dataset
+    from app.db.partitions import exported_snapshot, partitioned_inputs
+
+    @contextlib.contextmanager
+    def opened() -> Iterator[PartitionedRatings]:
+        with exported_snapshot(url, None) as snapshot:
+            ds = snapshot.session.scalar(select(Dataset).where(Dataset.name == "default"))
+            assert ds is not None
+            data, _ = partitioned_inputs(snapshot, url, ds, get_algorithm("dpals"), n_partitions, None)
+            yield data
+
+    return opened()
+
+
+#: bytes of a binary COPY's stream a rating (a CopyData message: 5-byte header, 2-byte field
+#: count, three 4-byte lengths and 8-byte values) and a partition (19-byte header, 2-byte trailer)
+COPY_BYTES_PER_RATING = 5 + 2 + 3 * (4 + 8)
+COPY_BYTES_PER_STREAM = 19 + 2
+
+
+def _read_row_set(dataset: str, name: str, read: Read, load_s: float, source_bytes: int,
+                  baseline: Read | None, streamed: int | None = None) -> list[dict]:
+    """``bytes_to_workers``: what reached the workers from the source: the files' bytes they read
+    (``rchar``) for Parquet; for COPY (a socket's receives are not in ``rchar``) the stream's bytes
+    from the protocol, ``streamed``."""
+    return [
+        _row(dataset, name, "bytes_to_workers", float(read.bytes_read if streamed is None else streamed)),
+        _row(dataset, name, "seconds_read_partitions", read.seconds, None if baseline is None else baseline.seconds),
+        _row(dataset, name, "seconds_export", load_s),
+        _row(dataset, name, "bytes_source", float(source_bytes)),
+        _row(dataset, name, "peak_rss_mib_worker_max", max(read.worker_peak_mib)),
+        _row(dataset, name, "rss_mib_worker_idle", max(read.worker_idle_mib)),
+        _row(dataset, name, "ratings_read", float(read.ratings)),
+    ]
+
+
+def read_rows(dataset: str, ratings: Ratings, workers: Sequence[int], pg_admin_url: str | None) -> list[dict]:
+    """Every partition read on fresh clusters of each size in ``workers`` (one partition a worker):
+    ``read-parquet-Nw`` from a Parquet snapshot (``seconds_export``: writing it, partition by
+    partition), and where ``pg_admin_url`` is given and the data hold at most
+    :data:`COPY_MAX_RATINGS` ratings, ``read-copy-Nw`` by COPY in one exported PostgreSQL snapshot
+    (``seconds_export``: loading the database through the service's batch ingest; the baseline of its
+    read seconds is Parquet's). ``bytes_source``: the snapshot's files, or the ratings table and its
+    indexes; ``bytes_to_workers``: see :func:`_read_row_set`."""
+    rows: list[dict] = []
+    parquet: dict[int, Read] = {}
+    for n in workers:
+        with tempfile.TemporaryDirectory(prefix="privrec-scale-parquet-") as folder:
+            data, write_s, size = export_snapshot(ratings, n, os.path.join(folder, "snapshot"))
+            parquet[n] = read_on_cluster(data, n)
+        rows += _read_row_set(dataset, f"read-parquet-{n}w", parquet[n], write_s, size, None)
+    if pg_admin_url is None or ratings.nnz > COPY_MAX_RATINGS:
+        return rows
+    with postgres_with(ratings, pg_admin_url) as (url, load_s, size):
+        for n in workers:
+            with postgres_partitions(url, n) as data:
+                read = read_on_cluster(data, n)
+            streamed = COPY_BYTES_PER_RATING * ratings.nnz + COPY_BYTES_PER_STREAM * n
+            rows += _read_row_set(dataset, f"read-copy-{n}w", read, load_s, size, parquet[n], streamed)
+    return rows
+
+
+def measure_reads(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int], pg_admin_url: str | None) -> list[dict]:
+    """The read rows alone (no training) at each size."""
+    return [row for shape in sizes
+            for row in read_rows(dataset_name(*shape), production_synthetic(*shape, seed=0).ratings, workers,
+                                 pg_admin_url)]
+
+
+def measure(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int], pg_admin_url: str | None = None,
+            reads: bool = True) -> list[dict]:
+    return [row for shape in sizes for row in measure_size(shape, workers, pg_admin_url=pg_admin_url, reads=reads)]
 
 
 def run(quick: bool) -> list[dict]:
     try:
         import distributed  # noqa: F401 - the optional 'dask' extra
+        import pyarrow  # noqa: F401
     except ImportError as exc:
         raise SuiteUnavailable("suite 'scale' needs the optional 'dask' extra: pip install .[dask]") from exc
-    return measure(QUICK_SIZES, QUICK_WORKERS) if quick else measure(FULL_SIZES, FULL_WORKERS)
+    pg_admin_url = os.environ.get(PG_URL_ENV) or None
+    return (measure(QUICK_SIZES, QUICK_WORKERS, pg_admin_url) if quick
+            else measure(FULL_SIZES, FULL_WORKERS, pg_admin_url))
