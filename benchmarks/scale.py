@@ -12,7 +12,15 @@ the other on the same data and seed:
   hash of the ids) on a fresh ``LocalCluster`` of N worker processes, one thread each, one solver
   thread (``PRIVREC_THREADS=1``; Dask sets one BLAS thread), no memory limit (no spilling, no
   nanny kill), no dashboard; the driver (and Dask's scheduler, which ``LocalCluster`` runs in the
-  driver's process) keeps every core for its item step.
+  driver's process) keeps every core for its item step. The benchmark first writes the data as a
+  Parquet snapshot of the N partitions (:mod:`app.core.data.snapshot`, partition by partition) and
+  each partition is read on a worker by its task (the driver places no ratings);
+* ``read-parquet-Nw`` / ``read-copy-Nw``: the partitions alone read on a fresh cluster of N workers
+  (the readers' modules imported first), from the Parquet snapshot and, where ``PRIVREC_BENCH_PG_URL``
+  names a PostgreSQL server (an administrator URL: a database is created there and dropped) and
+  the data hold at most 10⁷ ratings, by the service's partitioned read: ``COPY`` of each user range
+  in one exported snapshot (:mod:`app.db.partitions`), the database loaded through the service's
+  batch ingest.
 
 Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseline`` of ratios):
 
@@ -36,10 +44,23 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
   factors to the other workers); ``bytes_per_step`` their sum; ``tasks_per_step``; on loopback the
   bytes are counted, not timed;
 * ``equal_to_in_process``: 1 when the published model (factors, biases, counts, mean, trained set)
-  and the ledger event are the in-process run's bit for bit, else 0.
+  and the ledger event are the in-process run's bit for bit, else 0;
+* ``seconds_write_snapshot`` / ``bytes_snapshot``: the export of a ``dask-Nw`` run's snapshot and its
+  size; ``seconds_read_partitions``: from the run's start until the last partition's read task
+  ended (Dask's task stream; a fresh worker's first import of pyarrow included);
+  ``bytes_driver_cluster_total``: everything the run moved between driver and cluster;
+* the read rows: ``seconds_read_partitions`` (the fastest of three reads until every partition is
+  loaded on its worker; nothing gathered; the baseline of COPY's is Parquet's), ``seconds_export``
+  (writing the snapshot; loading the database), ``bytes_source`` (the snapshot's files; the ratings
+  table and its indexes), ``bytes_to_workers`` (Parquet: the file bytes the workers read, ``rchar``;
+  COPY: the stream's bytes by the protocol, 43 a rating, since a socket's receives are not in
+  ``rchar``), ``peak_rss_mib_worker_max`` (``VmHWM``, restarted before each source's reads) beside
+  ``rss_mib_worker_idle``, and ``ratings_read`` (every rating delivered: the data's count).
 
-Cost: ``--quick`` about a minute of wall time on 2 cores; the full form needs about 24 GB at 10⁸
-(generator and in-process run included) and hours.
+Cost: ``--quick`` about 1.5 minutes of wall time on 2 idle cores (3 under other load), a third of it
+the read rows (PostgreSQL's included); the CI check (tests/integration/test_scale_bench.py) runs
+10⁵ ratings only, about a minute. The full form needs about 24 GB at 10⁸ (generator and in-process
+run included) and hours.
 """
 
 from __future__ import annotations
@@ -376,6 +397,8 @@ COPY_MAX_RATINGS = 10**7
 PG_URL_ENV = "PRIVREC_BENCH_PG_URL"
 #: rows per batch of the service's batch ingest that loads the database
 LOAD_BATCH = 50_000
+#: reads of each source on one cluster (the fastest is reported: the machine is shared)
+READ_REPEATS = 3
 
 
 def process_read_bytes() -> int:
@@ -413,33 +436,59 @@ def import_readers() -> None:
     import app.db.partitions  # noqa: F401
 
 
-def read_on_cluster(data: PartitionedRatings, n_workers: int) -> Read:
-    """Each of ``data``'s readers run as a task on a fresh LocalCluster of ``n_workers`` single-threaded
-    processes (round robin, as the driver places them); the seconds until every partition is loaded
-    on its worker (nothing is gathered), each worker's peak (``VmHWM``) and the bytes the workers read;
-    the readers' modules are imported on every worker first (:func:`import_readers`), outside the timing."""
-    from distributed import Client, LocalCluster, wait
+def reset_peak_memory() -> bool:
+    """Restart the calling process's ``VmHWM`` from its current size (``clear_refs`` 5, Linux ≥ 4.0);
+    False where that is not possible. Run on each worker by ``client.run`` between two reads."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def read_cluster(n_workers: int) -> Iterator[Any]:
+    """A client of a fresh LocalCluster of ``n_workers`` single-threaded processes (as the training
+    runs'), the readers' modules imported on every worker (:func:`import_readers`)."""
+    from distributed import Client, LocalCluster
 
     with (tempfile.TemporaryDirectory(prefix="privrec-scale-read-") as folder,
           LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
                        memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
           Client(cluster) as client):
         client.run(import_readers)
-        idle = client.run(process_memory)
-        names = sorted(client.nthreads())
-        item_ids = client.submit(lambda ids: ids, data.item_ids, pure=False)
-        wait([item_ids])
+        yield client
+
+
+def read_on_cluster(client: Any, data: PartitionedRatings, repeats: int = READ_REPEATS) -> Read:
+    """Each of ``data``'s readers run as a task on ``client``'s workers (round robin, as the driver
+    places them), ``repeats`` times (each read's partitions released before the next): the fewest
+    seconds until every partition was loaded on its worker (nothing is gathered), each worker's peak
+    (``VmHWM``, restarted before the first read) and the bytes the workers read per read (``rchar``)."""
+    from distributed import wait
+
+    if not all(client.run(reset_peak_memory).values()):
+        raise RuntimeError("the workers' peak memory cannot be restarted (/proc/self/clear_refs)")
+    idle = client.run(process_memory)
+    names = sorted(client.nthreads())
+    item_ids = client.submit(lambda ids: ids, data.item_ids, pure=False)
+    wait([item_ids])
+    best, read_bytes, ratings = float("inf"), 0, 0
+    for _ in range(repeats):
         before = client.run(process_read_bytes)
         start = time.perf_counter()
         parts = [client.submit(read_partition, reader, item_ids, data.excluded_labels, pure=False,
                                workers=names[i % len(names)]) for i, reader in enumerate(data.readers)]
         wait(parts)
-        seconds = time.perf_counter() - start
+        best = min(best, time.perf_counter() - start)
         after = client.run(process_read_bytes)
-        peaks = client.run(process_memory)
-        ratings = sum(client.gather([client.submit(_nnz, part, pure=False) for part in parts]))
-    return Read(seconds, [idle[w][0] for w in sorted(idle)], [peaks[w][1] for w in sorted(peaks)],
-                sum(after[w] - before[w] for w in after), int(ratings))
+        read_bytes += sum(after[w] - before[w] for w in after)
+        ratings = int(sum(client.gather([client.submit(_nnz, part, pure=False) for part in parts])))
+        del parts
+    peaks = client.run(process_memory)
+    return Read(best, [idle[w][0] for w in sorted(idle)], [peaks[w][1] for w in sorted(peaks)],
+                read_bytes // repeats, ratings)
 
 
 def synthetic_ids(ratings: Ratings) -> tuple[list[str], list[str]]:
@@ -542,28 +591,30 @@ def _read_row_set(dataset: str, name: str, read: Read, load_s: float, source_byt
 
 
 def read_rows(dataset: str, ratings: Ratings, workers: Sequence[int], pg_admin_url: str | None) -> list[dict]:
-    """Every partition read on fresh clusters of each size in ``workers`` (one partition a worker):
-    ``read-parquet-Nw`` from a Parquet snapshot (``seconds_export``: writing it, partition by
-    partition), and where ``pg_admin_url`` is given and the data hold at most
-    :data:`COPY_MAX_RATINGS` ratings, ``read-copy-Nw`` by COPY in one exported PostgreSQL snapshot
-    (``seconds_export``: loading the database through the service's batch ingest; the baseline of its
-    read seconds is Parquet's). ``bytes_source``: the snapshot's files, or the ratings table and its
-    indexes; ``bytes_to_workers``: see :func:`_read_row_set`."""
+    """Every partition read on a fresh cluster of each size in ``workers`` (one partition a worker),
+    from each source in turn: ``read-parquet-Nw`` from a Parquet snapshot (``seconds_export``:
+    writing it, partition by partition), and where ``pg_admin_url`` is given and the data hold at
+    most :data:`COPY_MAX_RATINGS` ratings, ``read-copy-Nw`` by COPY in one exported PostgreSQL
+    snapshot (``seconds_export``: loading the database through the service's batch ingest; the
+    baseline of its read seconds is Parquet's). ``bytes_source``: the snapshot's files, or the
+    ratings table and its indexes; ``bytes_to_workers``: see :func:`_read_row_set`."""
     rows: list[dict] = []
-    parquet: dict[int, Read] = {}
-    for n in workers:
-        with tempfile.TemporaryDirectory(prefix="privrec-scale-parquet-") as folder:
-            data, write_s, size = export_snapshot(ratings, n, os.path.join(folder, "snapshot"))
-            parquet[n] = read_on_cluster(data, n)
-        rows += _read_row_set(dataset, f"read-parquet-{n}w", parquet[n], write_s, size, None)
-    if pg_admin_url is None or ratings.nnz > COPY_MAX_RATINGS:
-        return rows
-    with postgres_with(ratings, pg_admin_url) as (url, load_s, size):
+    copy = pg_admin_url is not None and ratings.nnz <= COPY_MAX_RATINGS
+    with contextlib.ExitStack() as stack:
+        if copy:
+            assert pg_admin_url is not None
+            url, load_s, table_bytes = stack.enter_context(postgres_with(ratings, pg_admin_url))
         for n in workers:
-            with postgres_partitions(url, n) as data:
-                read = read_on_cluster(data, n)
-            streamed = COPY_BYTES_PER_RATING * ratings.nnz + COPY_BYTES_PER_STREAM * n
-            rows += _read_row_set(dataset, f"read-copy-{n}w", read, load_s, size, parquet[n], streamed)
+            with read_cluster(n) as client:
+                with tempfile.TemporaryDirectory(prefix="privrec-scale-parquet-") as folder:
+                    data, write_s, size = export_snapshot(ratings, n, os.path.join(folder, "snapshot"))
+                    parquet = read_on_cluster(client, data)
+                rows += _read_row_set(dataset, f"read-parquet-{n}w", parquet, write_s, size, None)
+                if copy:
+                    with postgres_partitions(url, n) as data:
+                        read = read_on_cluster(client, data)
+                    streamed = COPY_BYTES_PER_RATING * ratings.nnz + COPY_BYTES_PER_STREAM * n
+                    rows += _read_row_set(dataset, f"read-copy-{n}w", read, load_s, table_bytes, parquet, streamed)
     return rows
 
 

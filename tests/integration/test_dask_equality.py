@@ -88,3 +88,23 @@ def test_the_default_config_reaches_its_releases_on_the_cluster(client):
     model = fit_partitioned(ratings, default_config("rating"), PARTITIONINGS["two-by-hash"], 64, DaskExecutor(client))
     names = [release["name"] for release in model.metadata["releases"]]
     assert names[:2] == ["bound_histogram", "item_counts"] and {"user_mean_sum", "user_count"} <= set(names)
+
+
+def test_partitions_read_on_the_workers_from_a_parquet_snapshot(client, tmp_path):
+    """Each partition read by its task on a worker from a Parquet snapshot (the driver places no
+    ratings): the in-process model, bit for bit."""
+    pytest.importorskip("pyarrow", reason="the optional 'dask' extra (pyarrow) is not installed")
+    from app.core.data.snapshot import open_snapshot, write_snapshot
+    from app.core.mf.distributed import split_users
+
+    ratings = _ratings(5, n_users=200)
+    config = default_config("rating")
+    write_snapshot(tmp_path / "s", split_users(ratings, PARTITIONINGS["three-by-id"](np.asarray(ratings.user_ids))),
+                   ratings.item_ids)
+    reference = train_dpals(ratings, config)
+    executor = DaskExecutor(client)
+    model = train_dpals(open_snapshot(tmp_path / "s"), config, fit=distributed_fit(executor))
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event and model.metadata == reference.metadata
+    assert executor.moved_bytes > 0
