@@ -1,7 +1,8 @@
 """The ``scale`` suite (issue 28) at its small quick size on real Dask ``LocalCluster`` s: the rows'
 structure, and the distributed driver's model, trained from a Parquet snapshot read on the workers,
 equal to the in-process one bit for bit; the partitions read on the workers from Parquet and by COPY
-from PostgreSQL, every rating delivered (the CI check of the suite; its quick form is
+from PostgreSQL, every rating delivered; the database exported as a snapshot trains the database's
+model (the CI check of the suite; its quick form is
 ``python -m benchmarks scale --quick``). Needs the optional ``dask`` extra; skipped without it."""
 
 from __future__ import annotations
@@ -75,3 +76,22 @@ def test_the_partitions_read_from_parquet_and_by_copy(pg_template: str):
         assert got["seconds_read_partitions"] > 0 and got["peak_rss_mib_worker_max"] >= got["rss_mib_worker_idle"] > 0
         assert got["bytes_source"] > 0 and got["bytes_to_workers"] > 0
     assert metrics["read-copy-2w"]["bytes_to_workers"] == 43 * ratings.nnz + 2 * 21
+
+
+@pytest.mark.timeout(300)
+def test_an_export_of_the_database_trains_the_database_model(pg_template: str, tmp_path):
+    """The export step: the service's partitioned COPY read written as a Parquet snapshot, partition by
+    partition; trained from it, the model is the one trained from the database read in one process,
+    bit for bit (the users are the database's: their ids key the sampling)."""
+    pytest.importorskip("pyarrow", reason="the optional 'dask' extra is not installed")
+    from app.core.data.partitioned import gather
+    from app.core.data.snapshot import open_snapshot, write_snapshot
+    from app.core.mf.dpals import train_dpals
+
+    ratings = S.production_synthetic(*S.QUICK_SIZES[0], seed=0).ratings
+    with S.postgres_with(ratings, PG_ADMIN_DSN) as (url, _, _), S.postgres_partitions(url, 3) as data:
+        write_snapshot(tmp_path / "export", (reader() for reader in data.readers), data.item_ids)
+        database = gather(data)
+    exported = open_snapshot(tmp_path / "export")
+    assert exported.item_ids.tolist() == S.synthetic_ids(ratings)[1] and database.nnz == ratings.nnz
+    assert S.same_model(train_dpals(exported, S.config()), train_dpals(database, S.config()))
