@@ -5,7 +5,7 @@ PostgreSQL transaction whose snapshot it exports (:func:`exported_snapshot`), re
 inputs there (the catalogue, DP-CMF's public sources) and hands the cluster one
 :class:`PostgresPartition` per partition: a picklable reader that a Dask task runs on a worker, which
 imports that snapshot (``SET TRANSACTION SNAPSHOT``, read only) and ``COPY``-s out its users' rows
-(row id ≡ partition modulo the count) through the same loader functions as the in-process read
+(a range of user row ids, :func:`user_ranges`) through the same loader functions as the in-process read
 (:func:`app.db.loaders.read_partition_rows`). So every partition sees the database as it was at
 one instant, the partitions together are exactly what the in-process read gives, and a task the
 cluster recomputes reads the same rows again. The driver holds the snapshot's transaction open until
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -34,11 +34,11 @@ from app.core.algorithms import Algorithm
 from app.core.data.partitioned import PartitionedRatings
 from app.core.data.ratings import Ratings
 from app.db.loaders import item_index, public_data, public_users_source, read_partition_rows, settle_run_cohorts
-from app.db.models import Dataset
+from app.db.models import Dataset, User
 from app.db.session import is_sqlite_url, normalise_url, session_scope
 from app.db.stores.ratings import UserPartition
 
-__all__ = ["PostgresPartition", "Snapshot", "exported_snapshot", "partitioned_inputs", "PARTITIONED_KINDS"]
+__all__ = ["PostgresPartition", "Snapshot", "exported_snapshot", "partitioned_inputs", "user_ranges", "PARTITIONED_KINDS"]
 
 #: the data kinds a partitioned read serves (the distributable algorithms' kinds)
 PARTITIONED_KINDS = ("ratings", "ratings+public")
@@ -98,7 +98,7 @@ class PostgresPartition:
             raise ValueError("not an exported snapshot id")
 
     def __repr__(self) -> str:  # never the URL (its credentials) in a repr, a log or a traceback
-        return f"PostgresPartition(partition={self.partition.part}/{self.partition.parts})"
+        return "PostgresPartition(<a range of users>)"
 
     def __call__(self) -> Ratings:
         engine = create_engine(normalise_url(self.url), poolclass=NullPool)
@@ -114,6 +114,17 @@ class PostgresPartition:
                                                    np.asarray(self.excluded_users, dtype=np.int64))
         finally:
             engine.dispose()
+
+
+def user_ranges(session: Session, n_partitions: int) -> list[UserPartition]:
+    """``n_partitions`` ranges of user row ids of equal width over the ids in the snapshot: every
+    user in exactly one (the rows' partition never changes the model, so no balance is owed)."""
+    low, high = session.execute(select(func.min(User.id), func.max(User.id))).one()
+    if low is None:
+        return [UserPartition(0, 0)] * n_partitions
+    width = -(-(int(high) + 1 - int(low)) // n_partitions)  # ceiling
+    return [UserPartition(int(low) + p * width, min(int(low) + (p + 1) * width, int(high) + 1))
+            for p in range(n_partitions)]
 
 
 def partitioned_inputs(snapshot: Snapshot, url: str, ds: Dataset, algo: Algorithm[Any, Any], n_partitions: int,
@@ -132,7 +143,7 @@ def partitioned_inputs(snapshot: Snapshot, url: str, ds: Dataset, algo: Algorith
     if algo.data == "ratings+public":
         excluded, users = public_users_source(session, ds, item_db, item_ext)
         extra["public"] = public_data(session, ds, item_db, item_ext, users)
-    readers = tuple(PostgresPartition(url, snapshot.snapshot_id, ds.id, cohorts, UserPartition(p, n_partitions),
+    readers = tuple(PostgresPartition(url, snapshot.snapshot_id, ds.id, cohorts, partition,
                                       tuple(int(u) for u in excluded))
-                    for p in range(n_partitions))
+                    for partition in user_ranges(session, n_partitions))
     return PartitionedRatings(item_ext, readers, frozenset(str(int(u)) for u in excluded)), extra

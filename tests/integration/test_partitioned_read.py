@@ -162,11 +162,12 @@ def test_a_model_trained_from_the_partitions_is_the_in_process_model(pg_url):
 
 def test_a_reader_never_shows_its_url_and_checks_its_snapshot_id(pg_url):
     reader = PostgresPartition(pg_url, "00000003-0000001B-1", 1, None, UserPartition(0, 2))
+    assert "range" in repr(reader)
     assert pg_url not in repr(reader) and "postgres" not in repr(reader)
     with pytest.raises(ValueError, match="snapshot"):
         PostgresPartition(pg_url, "1'; DROP TABLE ratings; --", 1, None, UserPartition(0, 2))
-    with pytest.raises(ValueError, match="partition"):
-        partition_filter(UserPartition(2, 2))
+    with pytest.raises(ValueError, match="range"):
+        partition_filter(UserPartition(3, 2))
 
 
 def test_a_snapshot_the_database_dropped_after_the_reads_closes_quietly(pg_url):

@@ -37,11 +37,13 @@ TRIPLET_TABLES = ("ratings", "votes")  # (user_id, item_id, value) tables
 
 
 class UserPartition(NamedTuple):
-    """The users whose row id is ``part`` modulo ``parts``: one of ``parts`` disjoint training
-    partitions that together hold every user (read by one cluster task each, issue 28)."""
+    """The users whose row id lies in ``[first, end)``: one of a run's disjoint training partitions,
+    which together hold every user (read by one cluster task each, issue 28). A range of the
+    primary key's leading column, so a partition's query can read its own index range instead of
+    scanning the table."""
 
-    part: int
-    parts: int
+    first: int
+    end: int
 
 
 class OneRating(NamedTuple):
@@ -149,10 +151,10 @@ def partition_filter(partition: UserPartition | None) -> str:
     """The SQL condition keeping only rows of ``partition``'s users (None: no filter)."""
     if partition is None:
         return ""
-    part, parts = int(partition.part), int(partition.parts)
-    if not 0 <= part < parts:
-        raise ValueError("a partition's index lies in [0, parts)")
-    return f" AND user_id % {parts} = {part}"
+    first, end = int(partition.first), int(partition.end)
+    if first > end:
+        raise ValueError("a partition's range ends after it starts")
+    return f" AND user_id >= {first} AND user_id < {end}"
 
 
 def created_filter(created_in: CreatedRanges, literal: Callable[[datetime], str], public_of: int | None = None) -> str:
