@@ -296,7 +296,7 @@ from typing import Any
 
 __all__ = ["RULE_VERSION", "default_cmf_hyperparameters", "default_hyperparameters"]
 
-RULE_VERSION = 8
+RULE_VERSION = 9
 # DP-CMF: α_metadata·ε per objective and the feature rows' ridge λ_F (see default_cmf_hyperparameters)
 CMF_METADATA_WEIGHT = {"rating": 500.0, "ranking": 100.0}
 CMF_FEATURE_RIDGE = {"rating": 300.0, "ranking": 3000.0}
@@ -319,6 +319,12 @@ FEW_USERS_FILTER = 0.003
 RATING_BOUND = {"quantile": 0.75, "largest": 240}  # scale ε^0.2 (_rating_bound_scale)
 RANKING_BOUND = {"quantile": 0.5, "scale": 1.0, "largest": 60}
 BOUND_MIN = 5
+# ranking (rule 9): the prior stops falling with ε past PRIOR_EPS; in a small catalogue its floor is
+# PRIOR_FLOOR·(PRIOR_BOUND/B)² for the released B (rule 8's floor at B = PRIOR_BOUND)
+PRIOR_EPS = 10.0
+PRIOR_BOUND = 10.0
+# ranking (rule 9): the user ridge's growth with many users of few positives (DPALSConfig.ridge_bound_exponent)
+RIDGE_BOUND_EXPONENT = 0.5
 
 
 def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[str, Any]:
@@ -393,7 +399,8 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
     size = max(n_items, 1)
     fraction = min(1.0, max(50.0 / size, 0.05 * epsilon**0.4))
     large = min(1.0, size / LARGE_CATALOGUE)  # gravity's share: "unobserved means disliked" holds
-    prior = 2.0 / epsilon * (LARGE_CATALOGUE / size) ** 0.25 + PRIOR_FLOOR * (1.0 - large)
+    # the prior's floor where gravity is turned down follows the released B (rule 9: prior_bound_floor)
+    prior = 2.0 / min(epsilon, PRIOR_EPS) * (LARGE_CATALOGUE / size) ** 0.25
     steps, averaged = _ranking_steps(epsilon, max_users)
     return {
         "objective": "ranking",
@@ -422,6 +429,9 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "user_centering": False,
         "item_bias": False,
         "popularity_prior": round(prior, 6),
+        "prior_bound_floor": round(PRIOR_FLOOR * PRIOR_BOUND**2 * (1.0 - large), 6),
+        "ridge_bound_exponent": RIDGE_BOUND_EXPONENT,
+        "ridge_bound_cap": RANKING_USER_RIDGE,
         "noise_filter": _ranking_filter(epsilon, max_users),
     }
 
