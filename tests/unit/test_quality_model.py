@@ -147,7 +147,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     # 4 at B = 10): a small dense catalogue ranks mostly by popularity; none at full gravity
     assert rule(20.0, 100)["prior_bound_floor"] / 10**2 == pytest.approx(4.0 * 0.9)
     assert rule(20.0, 1000)["prior_bound_floor"] == rule(20.0, 3000)["prior_bound_floor"] == 0.0
-    assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.2)  # 2/min(ε, 10): stops falling past ε = 10
+    assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
     assert small["defaults_rule"] == defaults.RULE_VERSION == 9
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
@@ -251,10 +251,9 @@ def test_rule_9_laws_in_the_released_bound_are_ranking_only():
         return defaults.default_hyperparameters(objective=objective, epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
                                                 n_items=n_items, max_users=max_users)
 
-    # the prior stops falling past ε = 10; the small catalogue's floor moves into γ_B (read with the released B)
-    assert rule("ranking", 5.0)["popularity_prior"] > rule("ranking", 10.0)["popularity_prior"]
-    assert rule("ranking", 10.0)["popularity_prior"] == rule("ranking", 20.0)["popularity_prior"]
+    # the small catalogue's prior floor moves into γ_B (read with the released B); none at full gravity
     assert rule("ranking", 20.0, n_items=100)["prior_bound_floor"] > 0 == rule("ranking", 20.0)["prior_bound_floor"]
+    assert rule("ranking", 20.0, n_items=100)["popularity_prior"] < 1.0  # the rest: rule 3's 2/ε·(1000/n)^¼
     # the ridge may grow from rule 7's value up to its ε-free ceiling, never past it
     params = rule("ranking", 20.0)
     assert params["reg_user"] < params["ridge_bound_cap"] == 0.5 and params["ridge_bound_exponent"] == 0.5

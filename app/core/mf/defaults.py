@@ -319,9 +319,8 @@ FEW_USERS_FILTER = 0.003
 RATING_BOUND = {"quantile": 0.75, "largest": 240}  # scale ε^0.2 (_rating_bound_scale)
 RANKING_BOUND = {"quantile": 0.5, "scale": 1.0, "largest": 60}
 BOUND_MIN = 5
-# ranking (rule 9): the prior stops falling with ε past PRIOR_EPS; in a small catalogue its floor is
-# PRIOR_FLOOR·(PRIOR_BOUND/B)² for the released B (rule 8's floor at B = PRIOR_BOUND)
-PRIOR_EPS = 10.0
+# ranking (rule 9): in a small catalogue the prior's floor is PRIOR_FLOOR·(PRIOR_BOUND/B)² for the released B
+# (rule 8's floor at B = PRIOR_BOUND)
 PRIOR_BOUND = 10.0
 # ranking (rule 9): the user ridge's growth with many users of few positives (DPALSConfig.ridge_bound_exponent)
 RIDGE_BOUND_EXPONENT = 0.5
@@ -400,7 +399,7 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
     fraction = min(1.0, max(50.0 / size, 0.05 * epsilon**0.4))
     large = min(1.0, size / LARGE_CATALOGUE)  # gravity's share: "unobserved means disliked" holds
     # the prior's floor where gravity is turned down follows the released B (rule 9: prior_bound_floor)
-    prior = 2.0 / min(epsilon, PRIOR_EPS) * (LARGE_CATALOGUE / size) ** 0.25
+    prior = 2.0 / epsilon * (LARGE_CATALOGUE / size) ** 0.25
     steps, averaged = _ranking_steps(epsilon, max_users)
     return {
         "objective": "ranking",
