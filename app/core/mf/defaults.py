@@ -310,8 +310,8 @@ their sparsified variants, δ = 1e-6, seeds 0–2):
   .1809 → .1854 / .1830, ML-1M .3221 → .3217 / .3088; but ML-100K's variants want no more (median 35
   ε = 20 .2532 → .2425 / .2310), and a law in B alone (ε₀·(60/B)^½) cost them 0.003–0.012. The law
   reads the released ñ, not the declared bound: with ML-100K declared at 10,000 users, the same law in
-  max_users cost its median-35 variant 0.011 at ε = 20; in ñ it moves every cell by at most its seed
-  spread (.2349 → .2336).
+  max_users cost its median-35 variant 0.011 at ε = 20; in ñ (750 there) it leaves them unchanged
+  (without the max(1, ·) it moved them by at most their seed spread, e.g. .2349 → .2336).
 
 =====================================  =====  =====  =====  =====  =====  =====
 ranking validation R@20, rule 8 → 9    ε=0.5  ε=1    ε=2    ε=5    ε=10   ε=20
