@@ -192,10 +192,10 @@ def test_bad_bound_laws_are_refused(bad: dict):
 def test_the_bound_laws_read_the_released_b_and_user_total():
     law = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False,
                       popularity_prior=1.0, prior_bound_floor=400.0, reg_user=0.2, ridge_bound_exponent=0.5,
-                      ridge_bound_cap=0.5, contribution_bound=60)
+                      ridge_bound_reference=60.0, ridge_bound_cap=0.5, contribution_bound=120)
 
     def applied(bound: int, users: float, **change) -> DPALSConfig:
-        return dpals.apply_bound_laws(replace(law, contribution_bound=bound, **change), 60, users)
+        return dpals.apply_bound_laws(replace(law, contribution_bound=bound, **change), users)
 
     # the prior: γ + γ_B/B², larger for fewer positives a user; the knobs are consumed
     assert applied(10, 0.0).popularity_prior == pytest.approx(5.0)
@@ -203,14 +203,15 @@ def test_the_bound_laws_read_the_released_b_and_user_total():
     assert applied(20, 0.0).popularity_prior == pytest.approx(2.0)
     assert (applied(10, 0.0).prior_bound_floor, applied(10, 0.0).ridge_bound_exponent) == (0.0, 0.0)
     # the user ridge: grows with many users of few positives, up to the cap, never lowered
-    assert applied(60, 1e5).reg_user == 0.2  # B at its largest: no change
+    assert applied(60, 1e5).reg_user == applied(90, 1e5).reg_user == 0.2  # B at or above B_ref: no change
     assert applied(13, 1000.0).reg_user == applied(13, 500.0).reg_user == 0.2  # few users: no change
     grown = 0.2 * 4.834 ** (0.5 * (math.sqrt(60 / 13) - 1.0))
     assert applied(13, 4834.0).reg_user == pytest.approx(grown) and 0.2 < grown < 0.5
     assert applied(22, 4834.0).reg_user < grown < applied(7, 4834.0).reg_user == 0.5  # capped
     assert applied(7, 4834.0, reg_user=0.8).reg_user == 0.8  # above the cap: left alone
     plain = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False)
-    assert dpals.apply_bound_laws(plain, 240, 1e6) is plain
+    assert dpals.apply_bound_laws(plain, 1e6) is plain
+    assert applied(13, 1e5, ridge_bound_reference=0.0).reg_user == 0.2  # any ridge knob at 0: no ridge law
 
 
 def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():
@@ -218,7 +219,8 @@ def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():
     config = calibrate(5.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
                                               user_centering=False, **LAW, rank=2, n_steps=1,
                                               popularity_prior=0.5))
-    lawful = replace(config, prior_bound_floor=300.0, ridge_bound_exponent=0.5, ridge_bound_cap=1.0)
+    lawful = replace(config, prior_bound_floor=300.0, ridge_bound_exponent=0.5, ridge_bound_reference=40.0,
+                     ridge_bound_cap=1.0)
     model, plain = train_dpals(ratings, lawful), train_dpals(ratings, config)
     k = model.config["contribution_bound"]
     assert k == plain.config["contribution_bound"]  # the same release, the same B

@@ -306,12 +306,13 @@ def test_the_published_config_is_the_runs_with_the_bound_laws_applied():
     ratings = _ratings()
     config = _config(objective="ranking", mean_mode="public", item_bias=False, user_centering=False,
                      bound_quantile=0.5, bound_min=2, popularity_prior=0.5, prior_bound_floor=40.0,
-                     ridge_bound_exponent=0.5, ridge_bound_cap=1.0, alpha_metadata=5.0)
+                     ridge_bound_exponent=0.5, ridge_bound_reference=8.0, ridge_bound_cap=1.0, alpha_metadata=5.0)
     reference = dpals.train_dpals(ratings, config.dpals)
     model = train_dpcmf(ratings, config, public=_metadata())
     k = model.config["contribution_bound"]
     assert k == reference.config["contribution_bound"]
-    for name in ("popularity_prior", "reg_user", "prior_bound_floor", "ridge_bound_exponent", "ridge_bound_cap"):
+    for name in ("popularity_prior", "reg_user", "prior_bound_floor", "ridge_bound_exponent", "ridge_bound_reference",
+                 "ridge_bound_cap"):
         assert model.config[name] == reference.config[name]
     assert model.config["popularity_prior"] == pytest.approx(0.5 + 40.0 / k**2) and model.config["prior_bound_floor"] == 0
     assert np.allclose(model.item_biases, reference.item_biases)

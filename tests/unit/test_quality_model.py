@@ -257,5 +257,7 @@ def test_rule_9_laws_in_the_released_bound_are_ranking_only():
     # the ridge may grow from rule 7's value up to its ε-free ceiling, never past it
     params = rule("ranking", 20.0)
     assert params["reg_user"] < params["ridge_bound_cap"] == 0.5 and params["ridge_bound_exponent"] == 0.5
+    assert params["ridge_bound_reference"] == params["contribution_bound"] == 60  # rule 8's largest B
     for eps in (0.5, 20.0):
-        assert not {"prior_bound_floor", "ridge_bound_exponent", "ridge_bound_cap"} & set(rule("rating", eps))
+        knobs = {"prior_bound_floor", "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"}
+        assert not knobs & set(rule("rating", eps))

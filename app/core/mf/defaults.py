@@ -303,7 +303,8 @@ their sparsified variants, δ = 1e-6, seeds 0–2):
   14 for 10 trade 0.001–0.004 between the two sets, none better on both). Catalogues of ≥ 1,000 items
   are unchanged.
 * **The user ridge falls less for many users of few positives**: λ_u ← min(0.5, λ_u·max(1,
-  ñ/1000)^(½(√(60/B) − 1))) (``ridge_bound_exponent`` ½, ``ridge_bound_cap`` 0.5; never lowered):
+  ñ/1000)^(½(√(60/B) − 1))) (``ridge_bound_exponent`` ½, ``ridge_bound_reference`` 60 (rule 8's
+  largest B), ``ridge_bound_cap`` 0.5; never lowered):
   rule 7's turn ε₀ = 5·(max_users/1000)^(1/3) moves out by (ñ/1000)^((√(60/B) − 1)/3). With many users
   the item vectors are well determined while each user's few positives are not. One-factor λ_u ×2 /
   ×4 at ε = 20: ML-1M median 10 .1246 → .1283 / .1298, median 20 .1461 → .1504 / .1433, median 35
@@ -477,6 +478,7 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "popularity_prior": round(prior, 6),
         "prior_bound_floor": round(PRIOR_FLOOR * PRIOR_BOUND**2 * (1.0 - large), 6),
         "ridge_bound_exponent": RIDGE_BOUND_EXPONENT,
+        "ridge_bound_reference": float(RANKING_BOUND["largest"]),
         "ridge_bound_cap": RANKING_USER_RIDGE,
         "noise_filter": _ranking_filter(epsilon, max_users),
     }
