@@ -186,3 +186,47 @@ def test_ranking_runs_set_b_from_the_positives():
 def test_bad_bound_laws_are_refused(bad: dict):
     with pytest.raises(ValueError):
         DPALSConfig(**bad)
+
+
+# ------------------------------------------------------------------------------------ rule 9: laws in the released B
+def test_the_bound_laws_read_the_released_b_and_user_total():
+    law = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False,
+                      popularity_prior=1.0, prior_bound_floor=400.0, reg_user=0.2, ridge_bound_exponent=0.5,
+                      ridge_bound_reference=60.0, ridge_bound_cap=0.5, contribution_bound=120)
+
+    def applied(bound: int, users: float, **change) -> DPALSConfig:
+        return dpals.apply_bound_laws(replace(law, contribution_bound=bound, **change), users)
+
+    # the prior: γ + γ_B/B², larger for fewer positives a user; the knobs are consumed
+    assert applied(10, 0.0).popularity_prior == pytest.approx(5.0)
+    assert applied(5, 0.0).popularity_prior == pytest.approx(17.0)
+    assert applied(20, 0.0).popularity_prior == pytest.approx(2.0)
+    assert (applied(10, 0.0).prior_bound_floor, applied(10, 0.0).ridge_bound_exponent) == (0.0, 0.0)
+    # the user ridge: grows with many users of few positives, up to the cap, never lowered
+    assert applied(60, 1e5).reg_user == applied(90, 1e5).reg_user == 0.2  # B at or above B_ref: no change
+    assert applied(13, 1000.0).reg_user == applied(13, 500.0).reg_user == 0.2  # few users: no change
+    grown = 0.2 * 4.834 ** (0.5 * (math.sqrt(60 / 13) - 1.0))
+    assert applied(13, 4834.0).reg_user == pytest.approx(grown) and 0.2 < grown < 0.5
+    assert applied(22, 4834.0).reg_user < grown < applied(7, 4834.0).reg_user == 0.5  # capped
+    assert applied(7, 4834.0, reg_user=0.8).reg_user == 0.8  # above the cap: left alone
+    plain = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False)
+    assert dpals.apply_bound_laws(plain, 1e6) is plain
+    assert applied(13, 1e5, ridge_bound_reference=0.0).reg_user == 0.2  # any ridge knob at 0: no ridge law
+
+
+def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():
+    ratings = _ratings(3, n_users=200)
+    config = calibrate(5.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                              user_centering=False, **LAW, rank=2, n_steps=1,
+                                              popularity_prior=0.5))
+    lawful = replace(config, prior_bound_floor=300.0, ridge_bound_exponent=0.5, ridge_bound_reference=40.0,
+                     ridge_bound_cap=1.0)
+    model, plain = train_dpals(ratings, lawful), train_dpals(ratings, config)
+    k = model.config["contribution_bound"]
+    assert k == plain.config["contribution_bound"]  # the same release, the same B
+    assert model.config["popularity_prior"] == pytest.approx(0.5 + 300.0 / k**2)
+    assert model.config["prior_bound_floor"] == 0.0 and model.config["reg_user"] == config.reg_user  # 200 users
+    published = DPALSConfig.from_dict({**model.config, "seed": 0})
+    assert np.allclose(model.item_biases, dpals.popularity_prior(model.item_counts, published))
+    assert model.event == plain.event == dpals_event(lawful)
+    assert model.metadata["releases"] == plain.metadata["releases"]

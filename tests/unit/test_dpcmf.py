@@ -300,3 +300,19 @@ def test_registry_entry_takes_public_data_and_keeps_the_dpals_event():
     assert algo.config_from_dict(model.config | {"seed": 0}).alpha_metadata == 4.0
     with pytest.raises(ValueError):
         algo.config_from_params({"rating_range": [0, 1]}, (1.0, 5.0))
+
+
+def test_the_published_config_is_the_runs_with_the_bound_laws_applied():
+    ratings = _ratings()
+    config = _config(objective="ranking", mean_mode="public", item_bias=False, user_centering=False,
+                     bound_quantile=0.5, bound_min=2, popularity_prior=0.5, prior_bound_floor=40.0,
+                     ridge_bound_exponent=0.5, ridge_bound_reference=8.0, ridge_bound_cap=1.0, alpha_metadata=5.0)
+    reference = dpals.train_dpals(ratings, config.dpals)
+    model = train_dpcmf(ratings, config, public=_metadata())
+    k = model.config["contribution_bound"]
+    assert k == reference.config["contribution_bound"]
+    for name in ("popularity_prior", "reg_user", "prior_bound_floor", "ridge_bound_exponent", "ridge_bound_reference",
+                 "ridge_bound_cap"):
+        assert model.config[name] == reference.config[name]
+    assert model.config["popularity_prior"] == pytest.approx(0.5 + 40.0 / k**2) and model.config["prior_bound_floor"] == 0
+    assert np.allclose(model.item_biases, reference.item_biases)

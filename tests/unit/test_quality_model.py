@@ -143,11 +143,13 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(0.5, 3000)["count_noise_ratio"] < small["count_noise_ratio"] < large["count_noise_ratio"] == 2.0
     assert rule(5.0, 100)["reg_gravity"] < rule(5.0, 3000)["reg_gravity"]  # small dense catalogue: less gravity
     assert rule(5.0, 100)["frequent_fraction"] == 0.5  # never fewer than 50 trained items
-    # where gravity is turned down the prior keeps a floor: a small dense catalogue ranks mostly by popularity
-    assert rule(20.0, 100)["popularity_prior"] > 3.0 > rule(20.0, 3000)["popularity_prior"]
-    assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)  # no floor at full gravity
+    # where gravity is turned down the prior keeps a floor (rule 9: γ_B/B² for the released B, rule 8's
+    # 4 at B = 10): a small dense catalogue ranks mostly by popularity; none at full gravity
+    assert rule(20.0, 100)["prior_bound_floor"] / 10**2 == pytest.approx(4.0 * 0.9)
+    assert rule(20.0, 1000)["prior_bound_floor"] == rule(20.0, 3000)["prior_bound_floor"] == 0.0
+    assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 8
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 9
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
     assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)
@@ -242,3 +244,20 @@ def test_dpcmf_defaults_weigh_public_sources_less_as_the_noise_falls(objective: 
                                                   rating_range=(1.0, 5.0), n_items=3000)
     assert {k: small[k] for k in dpals_rule} == dpals_rule  # DPALS's rule plus the public side
     get_algorithm("dpcmf").config_from_params(small, (1.0, 5.0))  # a valid DP-CMF config
+
+
+def test_rule_9_laws_in_the_released_bound_are_ranking_only():
+    def rule(objective: str, eps: float, n_items: int = 1682, max_users: int | None = 10_000) -> dict:
+        return defaults.default_hyperparameters(objective=objective, epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
+                                                n_items=n_items, max_users=max_users)
+
+    # the small catalogue's prior floor moves into γ_B (read with the released B); none at full gravity
+    assert rule("ranking", 20.0, n_items=100)["prior_bound_floor"] > 0 == rule("ranking", 20.0)["prior_bound_floor"]
+    assert rule("ranking", 20.0, n_items=100)["popularity_prior"] < 1.0  # the rest: rule 3's 2/ε·(1000/n)^¼
+    # the ridge may grow from rule 7's value up to its ε-free ceiling, never past it
+    params = rule("ranking", 20.0)
+    assert params["reg_user"] < params["ridge_bound_cap"] == 0.5 and params["ridge_bound_exponent"] == 0.5
+    assert params["ridge_bound_reference"] == params["contribution_bound"] == 60  # rule 8's largest B
+    for eps in (0.5, 20.0):
+        knobs = {"prior_bound_floor", "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"}
+        assert not knobs & set(rule("rating", eps))

@@ -39,6 +39,8 @@ Two optional steps after the releases, functions of released quantities and publ
 ``gram_pooling`` ψ shrinks each noisy Ã_j towards c̃_j·Ā, the pooled Gram Ā = Σ_j Ã_j / Σ_j c̃_j
 scaled by the item's released re-count, in proportion to its noise (:func:`pool_item_grams`), and
 ``average_last`` m publishes the mean of the last m steps' released V_t (:func:`average_releases`).
+The laws of :func:`apply_bound_laws` (``prior_bound_floor``, ``ridge_bound_exponent``) read the released
+B and the count histogram's noisy user total, post-processing of that release.
 On quality-ml1m's validation splits (δ = 1e-4, seeds 0-2) both together gained at every ε tried,
 e.g. ranking ε = 5 Recall@20 .279 → .288, rating ε = 20 RMSE .905 → .900 (with more steps).
 
@@ -111,6 +113,8 @@ __all__ = [
     "release_recounts",
     "bound_statistic",
     "release_contribution_bound",
+    "apply_bound_laws",
+    "RIDGE_REFERENCE_USERS",
     "user_mean_statistics",
     "ItemSource",
     "item_statistics",
@@ -184,6 +188,12 @@ class DPALSConfig:
     bound_scale: float = 1.0
     bound_min: int = 1
     bound_noise_ratio: float = 4.0  # the count histogram: z·ratio
+    # post-processing of the count histogram's release (defaults rule 9, :func:`apply_bound_laws`): laws in
+    # the released B and the histogram's noisy user total ñ, applied once the bound is set
+    prior_bound_floor: float = 0.0  # ranking: γ_B, the prior becomes popularity_prior + γ_B / B²
+    ridge_bound_exponent: float = 0.0  # a: reg_user grows by max(1, ñ/1000)^(a·(√(B_ref/B) − 1)) ...
+    ridge_bound_reference: float = 0.0  # ... B_ref, the B at which it stops growing ...
+    ridge_bound_cap: float = 0.0  # ... up to this ceiling (any of the three 0: the ridge law is off)
     weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
     frequent_fraction: float = 0.7  # β
     clip_user: float = 1.0  # Γ_u
@@ -245,7 +255,8 @@ class DPALSConfig:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
-                     "item_bias_shrinkage", "noise_filter", "gram_pooling"):
+                     "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor",
+                     "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -273,8 +284,8 @@ class DPALSConfig:
         if not (math.isfinite(self.popularity_prior) and self.popularity_prior >= 0):
             raise ValueError("popularity_prior must be finite and >= 0")
         if self.objective == "rating":
-            if self.popularity_prior:
-                raise ValueError("popularity_prior applies to the ranking objective only")
+            if self.popularity_prior or self.prior_bound_floor:
+                raise ValueError("popularity_prior and prior_bound_floor apply to the ranking objective only")
             return
         lo, hi = self.rating_range
         if self.positive_threshold is not None and not lo <= self.positive_threshold <= hi:
@@ -424,20 +435,53 @@ def bound_statistic(per_user_counts: np.ndarray, config: DPALSConfig) -> np.ndar
 
 
 def release_contribution_bound(statistic: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> DPALSConfig:
-    """``config`` with k set from the data (issue 27), or unchanged when ``bound_quantile`` is None.
+    """``config`` with k set from the data (issue 27), or k unchanged when ``bound_quantile`` is None;
+    either way with :func:`apply_bound_laws` applied.
 
     Releases the count histogram (L2 sensitivity 1) and sets k = clamp(round(bound_scale·q̃),
     bound_min, contribution_bound) from its q-quantile q̃ (post-processing); where the noisy
     histogram holds no users the declared largest k stands. Every later release's sensitivity
     reads this k; their multipliers were calibrated before the run began."""
     if config.bound_quantile is None:
-        return config
+        return apply_bound_laws(config, 0.0)
     noisy = releaser.vector("bound_histogram", statistic, HISTOGRAM_SENSITIVITY, config.noise_multipliers()["bound"])
     quantile = histogram_quantile(noisy, float(config.bound_quantile))
-    if not math.isfinite(quantile):
+    if math.isfinite(quantile):
+        k = min(config.contribution_bound, max(config.bound_min, round(config.bound_scale * quantile)))
+        config = replace(config, contribution_bound=int(k))
+    return apply_bound_laws(config, float(np.sum(noisy)))
+
+
+RIDGE_REFERENCE_USERS = 1000.0
+"""The user count at which :func:`apply_bound_laws`' ridge law starts to act (the defaults' reference)."""
+
+
+def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
+    """``config`` with the laws in the released bound B (``config.contribution_bound``) applied and
+    consumed (their knobs zeroed: the run's published config holds the values it used); ``config``
+    itself where it has none. Post-processing: B and ``users`` (the released histogram's noisy total
+    ñ, 0 without a release) are released, the knobs public, so no release is added.
+
+    * ``prior_bound_floor`` γ_B: the ranking prior becomes γ + γ_B / B². Each user's own term in her
+      scores is fitted to her positives (about B of them); the fewer they are, the more the prior must carry.
+    * ``ridge_bound_exponent`` a, ``ridge_bound_reference`` B_ref and ``ridge_bound_cap`` λ_max:
+      reg_user ← max(λ_u, min(λ_max, λ_u · max(1, ñ/1000)^(a·(√(B_ref/B) − 1)))): with many users of
+      few positives each, the item vectors are well determined while each user's few positives are
+      not, so her ridge falls less with ε (never lowered, never raised past λ_max; none at B ≥ B_ref
+      or ñ ≤ 1000).
+    """
+    ridge_law = bool(config.ridge_bound_exponent and config.ridge_bound_reference and config.ridge_bound_cap)
+    if not (config.prior_bound_floor or ridge_law):
         return config
-    k = min(config.contribution_bound, max(config.bound_min, round(config.bound_scale * quantile)))
-    return replace(config, contribution_bound=int(k))
+    bound = config.contribution_bound
+    reg_user = config.reg_user
+    if ridge_law and config.ridge_bound_cap > reg_user:
+        power = config.ridge_bound_exponent * (math.sqrt(config.ridge_bound_reference / bound) - 1.0)
+        grown = reg_user * max(1.0, users / RIDGE_REFERENCE_USERS) ** power
+        reg_user = max(reg_user, min(config.ridge_bound_cap, grown))
+    return replace(config, popularity_prior=config.popularity_prior + config.prior_bound_floor / bound**2,
+                   reg_user=reg_user, prior_bound_floor=0.0, ridge_bound_exponent=0.0, ridge_bound_reference=0.0,
+                   ridge_bound_cap=0.0)
 
 
 def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:

@@ -434,8 +434,11 @@ def train_dpcmf(
 
 
 def _as_run(config: DPCMFConfig, fit: dpals.DPALSFit) -> DPCMFConfig:
-    """``config`` with the run's contribution bound (released when it came from the data)."""
-    return config if fit.config is None else replace(config, contribution_bound=fit.config.contribution_bound)
+    """``config`` with the run's DPALS part: the contribution bound as released when it came from the
+    data, and the laws in it applied (:func:`app.core.mf.dpals.apply_bound_laws`)."""
+    if fit.config is None:
+        return config
+    return replace(config, **{f.name: getattr(fit.config, f.name) for f in fields(dpals.DPALSConfig)})
 
 
 def _with_public_side(
