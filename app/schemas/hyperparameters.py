@@ -68,6 +68,13 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     "clip_bias": (0.0, 1e6),
     "row_clip": (0.0, 1e6),
     "nuclear_norm": (0.0, 1e9),
+    # rule 9's laws in the released bound B (dpals.apply_bound_laws): a prior floor over B², a
+    # ridge exponent, the B where the ridge stops growing (at most the contribution bound's bound)
+    # and its ceiling
+    "prior_bound_floor": (0.0, 1e9),
+    "ridge_bound_exponent": (0.0, 10.0),
+    "ridge_bound_reference": (0.0, 100_000.0),
+    "ridge_bound_cap": (0.0, 1e6),
 }
 """(lowest, highest) of each real knob: a ratio outside [1e-3, 1e3], a multiplier above 1e6 ...
 Values <= 0 are left to the config's own positivity check (and its message)."""

@@ -212,6 +212,10 @@ def test_the_bound_laws_read_the_released_b_and_user_total():
     plain = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False)
     assert dpals.apply_bound_laws(plain, 1e6) is plain
     assert applied(13, 1e5, ridge_bound_reference=0.0).reg_user == 0.2  # any ridge knob at 0: no ridge law
+    # extreme (admissible) knobs and totals reach the cap instead of overflowing a float
+    assert applied(5, 1e300, ridge_bound_exponent=10.0, ridge_bound_reference=1e5).reg_user == 0.5
+    assert applied(5, 1e300, ridge_bound_exponent=10.0, ridge_bound_reference=1e5, ridge_bound_cap=1e6).reg_user == 1e6
+    assert applied(13, 4834.0, reg_user=0.0).reg_user == 0.0  # no ridge to grow
 
 
 def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():

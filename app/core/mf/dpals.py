@@ -475,10 +475,12 @@ def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
         return config
     bound = config.contribution_bound
     reg_user = config.reg_user
-    if ridge_law and config.ridge_bound_cap > reg_user:
+    if ridge_law and config.ridge_bound_cap > reg_user > 0:
         power = config.ridge_bound_exponent * (math.sqrt(config.ridge_bound_reference / bound) - 1.0)
-        grown = reg_user * max(1.0, users / RIDGE_REFERENCE_USERS) ** power
-        reg_user = max(reg_user, min(config.ridge_bound_cap, grown))
+        # in logarithms: a large exponent or ñ reaches the cap instead of overflowing a float
+        log_growth = power * math.log(max(1.0, users / RIDGE_REFERENCE_USERS))
+        headroom = math.log(config.ridge_bound_cap / reg_user)
+        reg_user = config.ridge_bound_cap if log_growth >= headroom else max(reg_user, reg_user * math.exp(log_growth))
     return replace(config, popularity_prior=config.popularity_prior + config.prior_bound_floor / bound**2,
                    reg_user=reg_user, prior_bound_floor=0.0, ridge_bound_exponent=0.0, ridge_bound_reference=0.0,
                    ridge_bound_cap=0.0)
