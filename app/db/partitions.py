@@ -38,7 +38,8 @@ from app.db.models import Dataset, User
 from app.db.session import is_sqlite_url, normalise_url, session_scope
 from app.db.stores.ratings import UserPartition
 
-__all__ = ["PostgresPartition", "Snapshot", "exported_snapshot", "partitioned_inputs", "user_ranges", "PARTITIONED_KINDS"]
+__all__ = ["PostgresPartition", "Snapshot", "exported_snapshot", "partitioned_inputs", "user_ranges", "id_ranges",
+           "PARTITIONED_KINDS"]
 
 #: the data kinds a partitioned read serves (the distributable algorithms' kinds)
 PARTITIONED_KINDS = ("ratings", "ratings+public")
@@ -120,11 +121,19 @@ def user_ranges(session: Session, n_partitions: int) -> list[UserPartition]:
     """``n_partitions`` ranges of user row ids of equal width over the ids in the snapshot: every
     user in exactly one (the rows' partition never changes the model, so no balance is owed)."""
     low, high = session.execute(select(func.min(User.id), func.max(User.id))).one()
-    if low is None:
+    return id_ranges(None if low is None else int(low), None if high is None else int(high), n_partitions)
+
+
+def id_ranges(low: int | None, high: int | None, n_partitions: int) -> list[UserPartition]:
+    """``n_partitions`` consecutive ranges of equal width (the last ones possibly empty) covering
+    the ids ``low..high`` (None: no ids, every range empty)."""
+    if n_partitions < 1:
+        raise ValueError("n_partitions must be >= 1")
+    if low is None or high is None:
         return [UserPartition(0, 0)] * n_partitions
-    width = -(-(int(high) + 1 - int(low)) // n_partitions)  # ceiling
-    return [UserPartition(int(low) + p * width, min(int(low) + (p + 1) * width, int(high) + 1))
-            for p in range(n_partitions)]
+    end = high + 1
+    width = -(-(end - low) // n_partitions)  # ceiling
+    return [UserPartition(min(low + p * width, end), min(low + (p + 1) * width, end)) for p in range(n_partitions)]
 
 
 def partitioned_inputs(snapshot: Snapshot, url: str, ds: Dataset, algo: Algorithm[Any, Any], n_partitions: int,

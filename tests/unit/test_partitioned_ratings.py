@@ -1,5 +1,6 @@
 """The core's partitioned ratings (issue 28): readers' rows checked, excluded users dropped where a
-partition is read, partitions stacked into the matrix a single read gives."""
+partition is read, partitions stacked into the matrix a single read gives; the service's user id
+ranges cover every id once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from app.core.data.partitioned import PartitionedRatings, gather, read_partition, stack, without_users
 from app.core.data.ratings import Ratings
+from app.db.partitions import id_ranges
+from app.db.stores.ratings import UserPartition, partition_filter
 
 ITEMS = np.array(["a", "b", "c"], dtype=object)
 
@@ -51,3 +54,19 @@ def test_without_users_keeps_everyone_else_unchanged():
     assert without_users(part, frozenset()) is part
     kept = without_users(part, frozenset({"2"}))
     assert kept.user_ids.tolist() == [1, 3] and kept.csr.toarray().tolist() == [[1.0, 0.0, 0.0], [0.0, 3.0, 4.0]]
+
+
+@pytest.mark.parametrize(("low", "high", "parts"), [(1, 5, 4), (1, 3, 4), (7, 7, 3), (1, 100, 7), (5, 1000, 1),
+                                                    (1, 2, 16)])
+def test_user_id_ranges_cover_every_id_once_and_never_run_backwards(low: int, high: int, parts: int):
+    ranges = id_ranges(low, high, parts)
+    assert len(ranges) == parts and all(r.first <= r.end for r in ranges)
+    covered = [i for r in ranges for i in range(r.first, r.end)]
+    assert covered == list(range(low, high + 1))
+    assert all(partition_filter(r) for r in ranges)  # every range is a valid filter
+
+
+def test_no_users_give_empty_ranges():
+    assert id_ranges(None, None, 3) == [UserPartition(0, 0)] * 3
+    with pytest.raises(ValueError):
+        id_ranges(1, 2, 0)
