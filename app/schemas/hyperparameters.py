@@ -40,12 +40,14 @@ INTEGER_BOUNDS: dict[str, int] = {
     # step and release counts: each step is a pass over the data and a set of releases
     "n_steps": 1_000,
     "average_last": 1_000,
+    "few_steps": 1_000,  # at most n_steps (the config's check)
     "oja_iterations": 1_000,
     "user_cg_steps": 100,
     "grid_steps": 1_000_000,
     # contribution bounds: each enters a sensitivity and the coordinates one user can change
     "contribution_bound": 100_000,
     "bound_min": 100_000,  # at most contribution_bound (the config's check)
+    "few_steps_bound": 100_000,  # rule 10: the B at or below which a run takes few_steps steps
     "votes_per_user": 100_000,
     "max_ratings_per_user": 100_000,
     "user_rows": 2**31 - 1,
@@ -58,7 +60,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     # the spread of the releases' multipliers, which the sampler's range bounds
     **{name: (1.0 / _RATIO, _RATIO) for name in (
         "gram_noise_ratio", "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio",
-        "bias_noise_ratio", "bound_noise_ratio", "eigenvalue_noise_ratio")},
+        "bias_noise_ratio", "bound_noise_ratio", "eigenvalue_noise_ratio", "later_noise_scale")},
     "noise_multiplier": (0.0, 1e6),
     "objp_output_noise_multiplier": (0.0, 1e6),
     "epsilon": (0.0, 100.0),  # onebit's per-vote epsilon: e^epsilon stays a finite float

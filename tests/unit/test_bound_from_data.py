@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from dp_accounting import dp_event
 
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
@@ -24,6 +25,7 @@ from app.core.mf.dpals import (
     train_dpals,
     user_mean_statistics,
 )
+from app.core.privacy import accounting
 from app.core.privacy.keyed import KeyedRandomness
 from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
 from app.core.privacy.releaser import GaussianReleaser
@@ -234,3 +236,84 @@ def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():
     assert np.allclose(model.item_biases, dpals.popularity_prior(model.item_counts, published))
     assert model.event == plain.event == dpals_event(lawful)
     assert model.metadata["releases"] == plain.metadata["releases"]
+
+
+# ------------------------------------------------------------------------------------ rule 10: steps from the released B
+def test_the_step_law_takes_fewer_steps_only_at_small_b_and_keeps_the_gaussian_composition():
+    law = DPALSConfig(n_steps=4, average_last=2, few_steps_bound=10, few_steps=1, contribution_bound=10,
+                      noise_multiplier=3.0, reg_gravity=0.5, bound_quantile=0.5, bound_min=2)
+    fewer = dpals.apply_step_law(law)
+    assert (fewer.n_steps, fewer.average_last, fewer.few_steps_bound) == (1, 1, 0)
+    # Σ 1/z² after the bound: counts and recounts (z·2 each), mean sum and count (z·2), biases (z·2), and per
+    # step gravity (z·2), Grams (z·1), linear terms (z): 5/4 + T·9/4 (over z²); one step keeps it at s² = 14/41
+    scale = math.sqrt((5 / 4 + 9 / 4) / (5 / 4 + 4 * 9 / 4))
+    assert fewer.later_noise_scale == pytest.approx(scale)
+    kept = dpals.apply_step_law(replace(law, contribution_bound=11))  # B past the law's bound: T steps
+    assert (kept.n_steps, kept.later_noise_scale, kept.few_steps_bound) == (4, 1.0, 0)
+    assert dpals.apply_step_law(replace(law, few_steps=4)).n_steps == 4  # not fewer: nothing changes
+    # the bound histogram (released before the law) keeps its multiplier; every later release's shrinks by s
+    before, after = law.noise_multipliers(), fewer.noise_multipliers()
+    assert after["bound"] == before["bound"]
+    for name in ("counts", "mean", "bias", "gravity", "gram", "linear"):
+        assert after[name] == pytest.approx(scale * before[name])
+    reserved, executed = dpals_event(law), dpals_event(fewer)
+    assert reserved != executed and accounting.same_gaussian_composition(reserved, executed)
+    # one mechanism: the same RDP curve and the same privacy loss distribution
+    assert np.allclose(accounting.rdp_curve(executed), accounting.rdp_curve(reserved), rtol=1e-12)
+    assert accounting.epsilon_pld(executed, 1e-6) == pytest.approx(accounting.epsilon_pld(reserved, 1e-6), rel=1e-3)
+    # a scale that is not √(T'/T) is another mechanism
+    assert not accounting.same_gaussian_composition(reserved, dpals_event(replace(fewer, later_noise_scale=0.6)))
+
+
+def test_gaussian_precision_counts_every_release_and_refuses_other_mechanisms():
+    event = accounting.compose([accounting.gaussian(2.0), dp_event.SelfComposedDpEvent(accounting.gaussian(0.5), 3)])
+    assert accounting.gaussian_precision(event) == pytest.approx(0.25 + 3 * 4.0)
+    mixed = accounting.compose([accounting.gaussian(2.0), accounting.pure_dp(1.0)])
+    assert accounting.gaussian_precision(mixed) is None
+    assert not accounting.same_gaussian_composition(mixed, mixed)
+
+
+@pytest.mark.parametrize("bound", [40, 3])  # the law always on (B ≤ 40), and on only at B = bound_min
+def test_a_run_under_the_step_law_is_charged_the_reserved_event(bound: int):
+    ratings = _ratings(4, n_users=200)
+    config = calibrate(2.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                              user_centering=False, **LAW, rank=2, n_steps=3, average_last=2,
+                                              reg_gravity=0.3, few_steps_bound=bound, few_steps=1))
+    model = train_dpals(ratings, config)
+    k = model.config["contribution_bound"]
+    steps = 1 if k <= bound else 3
+    assert model.event == dpals_event(config)  # what was reserved, whichever branch ran
+    assert model.config["n_steps"] == steps and model.config["few_steps_bound"] == 0
+    assert model.config["average_last"] == min(2, steps)
+    releases = model.metadata["releases"]
+    assert sum(r["name"] == "item_grams" for r in releases) == steps
+    scale = model.config["later_noise_scale"]
+    assert (scale < 1.0) if steps == 1 else (scale == 1.0)
+    for name, kind in (("item_grams", "gram"), ("item_counts", "counts"), ("bound_histogram", "bound")):
+        release = next(r for r in releases if r["name"] == name)
+        expected = config.noise_multipliers()[kind] * (1.0 if kind == "bound" else scale)
+        assert release["noise_multiplier"] == pytest.approx(expected)
+
+
+def test_releases_that_are_not_the_reserved_mechanism_fail_the_run():
+    config = DPALSConfig(n_steps=2, noise_multiplier=2.0, few_steps_bound=40, few_steps=1, contribution_bound=40)
+    assert dpals.apply_step_law(config).n_steps == 1
+    executed = dpals.apply_step_law(config)
+
+    def releases(scale: float) -> GaussianReleaser:
+        releaser = GaussianReleaser(None, KeyedRandomness(0))
+        for name in ("item_counts", "user_mean_sum", "user_count", "item_bias_sums", "item_recounts"):
+            releaser.record(name, 1.0, 4.0 * scale)
+        releaser.record("item_grams", 1.0, 2.0 * scale)
+        releaser.record("item_linear", 1.0, 2.0 * scale)
+        return releaser
+
+    # Σ 1/z² = 5/16 + 2·2/4 reserved; 5/16 + 2/4 over s² in one step
+    scale = math.sqrt((5 / 16 + 2 / 4) / (5 / 16 + 4 / 4))
+    assert executed.later_noise_scale == pytest.approx(scale)
+    assert dpals.checked_event(releases(scale), config, executed) == dpals_event(config)
+    # one step at the reserved multipliers: less noise than the reserved two steps
+    with pytest.raises(RuntimeError):
+        dpals.checked_event(releases(1.0), config, replace(executed, later_noise_scale=1.0))
+    with pytest.raises(RuntimeError):  # releases that are not the executed config's
+        dpals.checked_event(releases(1.0), config, executed)

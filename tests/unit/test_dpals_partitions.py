@@ -197,6 +197,20 @@ def test_the_default_config_partitioned_publishes_the_in_process_model(partition
     assert names[0] == "bound_histogram" and ("user_mean_sum" in names) == (objective == "rating")
 
 
+@pytest.mark.parametrize("partitioning", ["three-by-id", "four-random-one-empty"])
+def test_a_partitioned_run_under_the_step_law_publishes_the_in_process_model(partitioning: str):
+    """Rule 10: the step count read from the released B and the rescaled noise, on the driver too."""
+    ratings = _ratings(7, n_users=240)
+    config = replace(default_config("rating"), n_steps=3, few_steps_bound=100_000, few_steps=1)
+    reference = train_dpals(ratings, config)
+    assert reference.config["n_steps"] == 1 and reference.config["later_noise_scale"] < 1.0
+    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], 9)
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event == dpals.dpals_event(config)
+    assert model.metadata == reference.metadata and model.config == reference.config
+
+
 def test_dpcmf_partitioned_publishes_the_in_process_model():
     ratings = _ratings(4, n_users=160)
     genres = np.random.default_rng(0).integers(0, 5, size=(N_ITEMS, 2))

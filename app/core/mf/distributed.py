@@ -356,6 +356,7 @@ def fit_distributed(
     parts = _partitions(ratings, config, executor, requested, n_partitions, labels)
     del ratings
     n = len(parts)
+    reserved = config
     config = dpals.release_contribution_bound(_reduced(executor, executor.map(_bound_task, parts, [requested] * n)),
                                               config, releaser)
     configs = [executor.share(replace(config, seed=0))] * n  # k as released: what every later task reads
@@ -388,9 +389,7 @@ def fit_distributed(
         last_releases.append(item_factors)
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
-    event = releaser.event(config.n_steps, 3 if config.reg_gravity > 0 else 2)
-    if event != dpals.dpals_event(config):
-        raise RuntimeError("the releases made differ from the reserved privacy event")
+    event = dpals.checked_event(releaser, reserved, config)
     prep = Preprocessed(**prep_public, user_plan=_EMPTY_PLAN, item_plan=_EMPTY_PLAN)
     return DPALSFit(prep=prep, item_factors=dpals.average_releases(list(last_releases)),
                     user_reg=dpals.user_regularisation(config), event=event, releaser=releaser, config=config)

@@ -127,6 +127,8 @@ __all__ = [
     "count_noise_std",
     "bound_contributions",
     "dpals_event",
+    "checked_event",
+    "apply_step_law",
     "public_config",
     "event_parameters",
     "calibrate",
@@ -194,6 +196,12 @@ class DPALSConfig:
     ridge_bound_exponent: float = 0.0  # a: reg_user grows by max(1, ñ/1000)^(a·(√(B_ref/B) − 1)) ...
     ridge_bound_reference: float = 0.0  # ... B_ref, the B at which it stops growing ...
     ridge_bound_cap: float = 0.0  # ... up to this ceiling (any of the three 0: the ridge law is off)
+    # defaults rule 10 (:func:`apply_step_law`): where the released B is at most few_steps_bound (0: never),
+    # the run takes few_steps steps instead of n_steps, and every release after the bound's takes the share of
+    # ε the dropped steps leave (later_noise_scale): the same Gaussian composition as the reserved run
+    few_steps_bound: int = 0
+    few_steps: int = 1
+    later_noise_scale: float = 1.0  # the multipliers of every release after the bound histogram × this
     weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
     frequent_fraction: float = 0.7  # β
     clip_user: float = 1.0  # Γ_u
@@ -227,14 +235,18 @@ class DPALSConfig:
         lo, hi = self.rating_range
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"rating_range must be finite with lo < hi, got {self.rating_range}")
-        for name in ("rank", "n_steps", "contribution_bound", "bound_min"):  # k enters every sensitivity: an integer
+        for name in ("rank", "n_steps", "contribution_bound", "bound_min", "few_steps"):  # k: in every sensitivity
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.few_steps_bound, int) or isinstance(self.few_steps_bound, bool) or self.few_steps_bound < 0:
+            raise ValueError(f"few_steps_bound must be an integer >= 0, got {self.few_steps_bound!r}")
         if not isinstance(self.average_last, int) or isinstance(self.average_last, bool) or not (
             1 <= self.average_last <= self.n_steps
         ):
             raise ValueError(f"average_last must be an integer in [1, n_steps], got {self.average_last!r}")
+        if self.few_steps > self.n_steps:
+            raise ValueError(f"few_steps must be at most n_steps, got {self.few_steps!r}")
         steps = self.user_cg_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"user_cg_steps must be an integer >= 0, got {steps!r}")
@@ -249,7 +261,7 @@ class DPALSConfig:
             raise ValueError("weight_exponent must be <= 0")
         positive = ("clip_user", "clip_rating", "noise_multiplier", "gram_noise_ratio",
                     "gravity_noise_ratio", "count_noise_ratio", "mean_noise_ratio", "clip_bias",
-                    "bias_noise_ratio", "item_bias_prior_std", "bound_noise_ratio")
+                    "bias_noise_ratio", "item_bias_prior_std", "bound_noise_ratio", "later_noise_scale")
         for name in positive:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -310,11 +322,11 @@ class DPALSConfig:
         return 0.5 * (self.rating_range[1] - self.rating_range[0])
 
     def noise_multipliers(self) -> dict[str, float]:
-        z = self.noise_multiplier
+        z = self.noise_multiplier * self.later_noise_scale  # every release after the bound histogram's
         return {
             "counts": z * self.count_noise_ratio,
             "mean": z * self.mean_noise_ratio,
-            "bound": z * self.bound_noise_ratio,
+            "bound": self.noise_multiplier * self.bound_noise_ratio,
             "bias": z * self.bias_noise_ratio,
             "gravity": z * self.gravity_noise_ratio,
             "gram": z * self.gram_noise_ratio,
@@ -358,7 +370,7 @@ def dpals_event(config: DPALSConfig) -> dp_event.DpEvent:
 #: every config field :func:`dpals_event` reads: the calibration's only input besides (ε, δ)
 EVENT_FIELDS = ("noise_multiplier", "count_noise_ratio", "mean_mode", "mean_noise_ratio", "item_bias",
                 "bias_noise_ratio", "reg_gravity", "gravity_noise_ratio", "gram_noise_ratio", "n_steps",
-                "bound_quantile", "bound_noise_ratio")
+                "bound_quantile", "bound_noise_ratio", "later_noise_scale")
 
 
 def calibrate(target_epsilon: float, delta: float, config: DPALSConfig) -> DPALSConfig:
@@ -469,7 +481,13 @@ def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
       few positives each, the item vectors are well determined while each user's few positives are
       not, so her ridge falls less with ε (never lowered, never raised past λ_max; none at B ≥ B_ref
       or ñ ≤ 1000).
+    * ``few_steps_bound`` B_T and ``few_steps`` T': at B ≤ B_T the run takes T' < T steps
+      (:func:`apply_step_law`, which says why the reserved event still holds).
     """
+    return apply_step_law(_apply_prior_and_ridge_laws(config, users))
+
+
+def _apply_prior_and_ridge_laws(config: DPALSConfig, users: float) -> DPALSConfig:
     ridge_law = bool(config.ridge_bound_exponent and config.ridge_bound_reference and config.ridge_bound_cap)
     if not (config.prior_bound_floor or ridge_law):
         return config
@@ -484,6 +502,43 @@ def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
     return replace(config, popularity_prior=config.popularity_prior + config.prior_bound_floor / bound**2,
                    reg_user=reg_user, prior_bound_floor=0.0, ridge_bound_exponent=0.0, ridge_bound_reference=0.0,
                    ridge_bound_cap=0.0)
+
+
+def apply_step_law(config: DPALSConfig) -> DPALSConfig:
+    """``config`` with the step law of defaults rule 10 applied and consumed (``few_steps_bound`` 0).
+
+    Where the released B is at most ``few_steps_bound`` and ``few_steps`` T' is below ``n_steps``
+    T, the run takes T' steps (averaging at most its T' released V's), and the multiplier of every
+    release after the bound histogram (counts, mean, biases, recounts, steps) is scaled by one
+    factor s, chosen so that they compose to the reserved run's remainder: with P the Gaussian
+    precision Σ 1/z² of those releases, P(T' steps)/s² = P(T steps). Few positives a user carry
+    little signal per step; the dropped steps' share of ε goes to the releases that remain.
+
+    Why the reserved event still holds. Every release is charged as a Gaussian mechanism (the exact
+    discrete Gaussian drawn is bounded by it; bounds compose), and a composition of Gaussian
+    mechanisms is one Gaussian mechanism of μ² = Σ 1/z² (μ-GDP, Dong, Roth & Su, arXiv
+    1905.02383, Cor. 3.3; in RDP ε(α) = α·Σ 1/(2z²), Mironov, arXiv 1702.07476, Prop. 7), so both
+    branches are the same mechanism after B, and the same privacy loss distribution and RDP curve as
+    the reserved event (the ledger's). T' is chosen from B, an earlier release of the same run:
+    adaptive composition (Dong, Roth & Su, Thm 3.2; Mironov, Prop. 1), valid because for every value
+    B can take, what follows is a mechanism of the same μ, fixed before the run. :func:`checked_event`
+    verifies, for every run, that the releases made compose to the reserved mechanism."""
+    if not config.few_steps_bound:
+        return config
+    if config.contribution_bound > config.few_steps_bound or config.few_steps >= config.n_steps:
+        return replace(config, few_steps_bound=0)
+    steps = config.few_steps
+    fewer = replace(config, n_steps=steps, average_last=min(config.average_last, steps), few_steps_bound=0,
+                    later_noise_scale=1.0)
+    scale = math.sqrt(_precision_after_bound(fewer) / _precision_after_bound(config))
+    return replace(fewer, later_noise_scale=scale)
+
+
+def _precision_after_bound(config: DPALSConfig) -> float:
+    """Σ 1/z² of the run's releases after the bound histogram (:func:`accounting.gaussian_precision`)."""
+    precision = accounting.gaussian_precision(dpals_event(replace(config, bound_quantile=None)))
+    assert precision is not None  # every DPALS release is Gaussian
+    return precision
 
 
 def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
@@ -1240,6 +1295,7 @@ def fit_dpals(
         ratings = positives(ratings, config.threshold)
     keyed = KeyedRandomness(config.seed)  # every draw keyed by the seed and a public index (§7)
     releaser = GaussianReleaser(None, keyed)
+    reserved = config
     config = release_contribution_bound(bound_statistic(ratings.user_counts(), config), config, releaser)
     prep = preprocess(ratings, config, releaser, keyed)
     user_reg = user_regularisation(config)
@@ -1270,12 +1326,21 @@ def fit_dpals(
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")
     item_factors = average_releases(list(last_releases))
-    per_step = 3 if config.reg_gravity > 0 else 2
-    event = releaser.event(config.n_steps, per_step)
-    if event != dpals_event(config):
-        raise RuntimeError("the releases made differ from the reserved privacy event")
+    event = checked_event(releaser, reserved, config)
     return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser,
                     config=config)
+
+
+def checked_event(releaser: GaussianReleaser, reserved: DPALSConfig, executed: DPALSConfig) -> dp_event.DpEvent:
+    """The reserved event (of ``reserved``, the config the run was charged for), once the releases
+    made are checked: they must be exactly ``executed``'s event (the config after the released B's
+    laws), and that must be the same Gaussian composition as the reserved one (the step law,
+    :func:`apply_step_law`). Either check failing is a bug: the run fails closed, charged."""
+    made = releaser.event(executed.n_steps, 3 if executed.reg_gravity > 0 else 2)
+    event = dpals_event(reserved)
+    if made != dpals_event(executed) or not (made == event or accounting.same_gaussian_composition(made, event)):
+        raise RuntimeError("the releases made differ from the reserved privacy event")
+    return event
 
 
 def average_releases(item_factors: list[np.ndarray]) -> np.ndarray:

@@ -43,6 +43,8 @@ __all__ = [
     "epsilon_of_rdp_curve",
     "calibrate_scale",
     "count_gaussian_releases",
+    "gaussian_precision",
+    "same_gaussian_composition",
     "pure_dp",
     "randomized_response",
     "randomized_response_epsilon",
@@ -391,6 +393,31 @@ def count_gaussian_releases(event: dp_event.DpEvent) -> int:
     if isinstance(event, dp_event.ComposedDpEvent):
         return sum(count_gaussian_releases(e) for e in event.events)
     return 0
+
+
+def gaussian_precision(event: dp_event.DpEvent) -> float | None:
+    """Σ 1/z² over the Gaussian releases an event describes (None: it holds any other event).
+
+    A composition of Gaussian mechanisms of multipliers z_i (sensitivity-normalised) is exactly
+    one Gaussian mechanism of multiplier (Σ 1/z_i²)^(-1/2): in μ-GDP, μ² = Σ 1/z_i² (Dong, Roth &
+    Su, arXiv 1905.02383, Cor. 3.3), and in RDP each order's ε(α) = α·Σ 1/(2 z_i²) (Mironov,
+    arXiv 1702.07476, Prop. 1 and 7). Both compositions hold adaptively."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return 1.0 / float(event.noise_multiplier) ** 2
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = gaussian_precision(event.event)
+        return None if inner is None else int(event.count) * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [gaussian_precision(e) for e in event.events]
+        return None if any(p is None for p in parts) else math.fsum(p for p in parts if p is not None)
+    return None
+
+
+def same_gaussian_composition(a: dp_event.DpEvent, b: dp_event.DpEvent, rel_tol: float = 1e-9) -> bool:
+    """Whether two compositions of Gaussian mechanisms are the same mechanism (equal
+    :func:`gaussian_precision`; their RDP curves and privacy loss distributions then coincide)."""
+    pa, pb = gaussian_precision(a), gaussian_precision(b)
+    return pa is not None and pb is not None and math.isclose(pa, pb, rel_tol=rel_tol)
 
 
 # ---------------------------------------------------------------------------- JSON round trip
