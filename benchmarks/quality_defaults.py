@@ -89,8 +89,9 @@ def _vary(params: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     for key, value in change.items():
         if key == "clip_rating_scale":
             out["clip_rating"] = params["clip_rating"] * value
-        elif key == "n_steps_add":
+        elif key == "n_steps_add":  # exactly this many steps: rule 10's step law off
             out["n_steps"] = max(1, params["n_steps"] + value)
+            out["few_steps_bound"] = 0
         elif key == "noise_filter_scale":  # a rule without the filter tries φ = 0.01·scale
             out["noise_filter"] = (params.get("noise_filter") or 0.01) * value
         elif key == "reg_user_scale":
