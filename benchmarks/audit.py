@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -92,7 +92,7 @@ from scipy import stats
 from app.core.algorithms import get_algorithm, resolve_hyperparameters
 from app.core.data.ratings import Ratings
 from app.core.mf.defaults import RATING_BOUND
-from app.core.mf.dpals import frequent_items
+from app.core.mf.dpals import DPALSConfig, count_floor, frequent_items
 from app.core.mf.dpcmf import PublicData, metadata_source
 from app.core.privacy import accounting
 from app.core.privacy.releaser import AuditTap, audit_tap
@@ -370,8 +370,15 @@ def train_run(name: str, epsilon: float, seed: int, noise_off: str | None = None
     claimed = accounting.epsilon_rdp(algo.event(config, world.ratings.n_items), DELTA)
     fraction = getattr(config, "frequent_fraction", None)
     trained = (np.flatnonzero(model.trained_mask) if fraction is None else  # DP-CMF trains more than these
-               frequent_items(np.maximum(tap.outputs["item_counts"][0], 1.0), fraction))
+               frequent_items(np.maximum(tap.outputs["item_counts"][0], 1.0), fraction, _count_floor(model.config)))
     return Run(world=world, trained=trained, tap=tap, claimed=claimed)
+
+
+def _count_floor(published: dict) -> float:
+    """The run's count floor for its trained set (rule 10), from the DPALS part of its published config
+    (the released B and the multipliers the run used)."""
+    names = {f.name for f in fields(DPALSConfig)}
+    return count_floor(DPALSConfig.from_dict({**{k: v for k, v in published.items() if k in names}, "seed": 0}))
 
 
 # ---------------------------------------------------------------------------- scores per family

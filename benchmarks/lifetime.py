@@ -88,7 +88,7 @@ from app.config import Settings
 from app.core.algorithms import get_algorithm
 from app.core.data.ratings import Ratings
 from app.core.eval.metrics import ranking_metrics, rating_rmse
-from app.core.mf.dpals import frequent_items
+from app.core.mf.dpals import count_floor, frequent_items
 from app.core.mf.foldin import fold_in_users, user_offsets
 from app.core.mf.model import PublicModel
 from app.core.privacy.blocks import LEGACY, USER, USER_PERIOD, cohort_of
@@ -496,10 +496,11 @@ def count_noise_sigma(config: dict[str, Any]) -> float:
 
 def trained_from_counts(counts: np.ndarray, config: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
     """The trained-item mask a run's count release gives (noisy counts floored at 1, then DPALS's
-    frequent-item rule): post-processing of that release alone."""
+    frequent-item rule, its count floor read at the declared bound): post-processing of that release alone."""
     noisy = np.maximum(counts + rng.normal(0.0, count_noise_sigma(config), len(counts)), 1.0)
     mask = np.zeros(len(counts), dtype=bool)
-    mask[frequent_items(noisy, config["frequent_fraction"])] = True
+    floor = count_floor(get_algorithm("dpals").config_from_dict({**config, "seed": 0}))
+    mask[frequent_items(noisy, config["frequent_fraction"], floor)] = True
     return mask
 
 

@@ -317,3 +317,26 @@ def test_releases_that_are_not_the_reserved_mechanism_fail_the_run():
         dpals.checked_event(releases(1.0), config, replace(executed, later_noise_scale=1.0))
     with pytest.raises(RuntimeError):  # releases that are not the executed config's
         dpals.checked_event(releases(1.0), config, executed)
+
+
+def test_the_trained_set_takes_every_item_whose_released_count_beats_its_gram_noise():
+    counts = np.array([3.0, 90.0, 40.0, 12.0, 41.0, 7.0])
+    assert dpals.frequent_items(counts, 0.2).tolist() == [1, 4]  # ⌈0.2·6⌉ = 2 largest
+    assert dpals.frequent_items(counts, 0.2, 12.0).tolist() == [1, 2, 3, 4]  # and every count ≥ the floor
+    assert dpals.frequent_items(counts, 0.5, 100.0).tolist() == [1, 2, 4]  # a high floor adds nothing
+    config = DPALSConfig(rank=4, contribution_bound=9, noise_multiplier=2.0, gram_noise_ratio=1.5, frequent_snr=0.5)
+    assert dpals.count_floor(config) == pytest.approx(0.5 * 4 * 3 * 3.0)  # snr·rank·√B·z_gram
+    assert dpals.count_floor(replace(config, frequent_snr=0.0)) == math.inf
+
+
+def test_a_run_with_the_count_floor_trains_more_items_for_the_same_releases():
+    ratings = _ratings(5, n_users=400)
+    config = calibrate(20.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                               user_centering=False, **LAW, rank=2, n_steps=2,
+                                               frequent_fraction=0.1))
+    plain, floored = train_dpals(ratings, config), train_dpals(ratings, replace(config, frequent_snr=0.05))
+    assert plain.event == floored.event == dpals_event(config)  # post-processing: nothing added to the event
+    published = DPALSConfig.from_dict({**floored.config, "seed": 0})
+    expected = dpals.frequent_items(floored.item_counts, published.frequent_fraction, dpals.count_floor(published))
+    assert np.flatnonzero(floored.trained_mask).tolist() == expected.tolist()
+    assert floored.trained_mask.sum() > plain.trained_mask.sum() == math.ceil(0.1 * ratings.n_items)

@@ -121,6 +121,11 @@ def test_the_trained_set_follows_the_count_release_and_the_frequent_rule() -> No
     assert L.count_noise_sigma(config) == pytest.approx(4e-6)
     mask = L.trained_from_counts(np.array([5.0, 50.0, 7.0, 40.0]), config, np.random.default_rng(0))
     assert mask.tolist() == [False, True, False, True]
+    # rule 10's count floor frequent_snr·rank·√B·z_gram = 1·2·2·1 = 4: every count from 4 up is trained
+    floored = {**config, "noise_multiplier": 1.0, "frequent_snr": 1.0, "rank": 2, "gram_noise_ratio": 1.0}
+    mask = L.trained_from_counts(np.array([5.0, 50.0, 3.0, 40.0]), {**floored, "count_noise_ratio": 1e-6},
+                                 np.random.default_rng(0))
+    assert mask.tolist() == [True, True, False, True]
 
 
 def test_single_cap_keeps_the_last_model_that_read_its_one_block() -> None:

@@ -204,6 +204,9 @@ class DPALSConfig:
     later_noise_scale: float = 1.0  # the multipliers of every release after the bound histogram × this
     weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
     frequent_fraction: float = 0.7  # β
+    # defaults rule 10: also train every item whose released count reaches frequent_snr·rank·√B·z_gram (0: off;
+    # :func:`count_floor`)
+    frequent_snr: float = 0.0
     clip_user: float = 1.0  # Γ_u
     clip_rating: float = 2.0  # Γ_M, applied after centring
     mean_mode: str = "dp"
@@ -267,7 +270,7 @@ class DPALSConfig:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
-                     "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor",
+                     "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor", "frequent_snr",
                      "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -638,7 +641,7 @@ def release_public_state(
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(total, count, config, releaser)
     biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser)
-    frequent = frequent_items(counts, config.frequent_fraction)
+    frequent = frequent_items(counts, config.frequent_fraction, count_floor(config))
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
 
 
@@ -649,11 +652,23 @@ def release_recounts(recount_statistic: np.ndarray, config: DPALSConfig, release
     return np.maximum(recounts, 1.0)
 
 
-def frequent_items(counts: np.ndarray, fraction: float) -> np.ndarray:
-    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts (ties to the lower
-    index), in index order. Post-processing of the released counts."""
-    n_frequent = max(1, math.ceil(fraction * len(counts)))
+def frequent_items(counts: np.ndarray, fraction: float, floor: float = math.inf) -> np.ndarray:
+    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts, and every item whose
+    released count reaches ``floor`` (ties to the lower index), in index order. Post-processing of
+    the released counts."""
+    n_frequent = max(1, math.ceil(fraction * len(counts)), int(np.count_nonzero(counts >= floor)))
     return np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+
+
+def count_floor(config: DPALSConfig) -> float:
+    """The released count from which an item is trained whatever ``frequent_fraction`` says (rule 10):
+    frequent_snr·rank·√B·z_gram, inf when ``frequent_snr`` is 0. An item's Gram Σ c_ij u_i u_iᵀ
+    carries about c_j·Γ_u²/rank on each diagonal entry against noise of std √B·Γ_u²·z_gram, so the
+    floor is the count at which that ratio reaches ``frequent_snr``: such an item's vector is
+    determined by its data, not its noise. Public: the config, the released B and its multipliers."""
+    if not config.frequent_snr:
+        return math.inf
+    return config.frequent_snr * config.rank * math.sqrt(config.contribution_bound) * config.noise_multipliers()["gram"]
 
 
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
