@@ -108,3 +108,46 @@ def test_partitions_read_on_the_workers_from_a_parquet_snapshot(client, tmp_path
         np.testing.assert_array_equal(got, want)
     assert model.event == reference.event and model.metadata == reference.metadata
     assert executor.moved_bytes > 0
+
+
+class FlakyReader:
+    """A partition's reader whose first call fails (as a dropped database connection would)."""
+
+    def __init__(self, part, marker: str) -> None:
+        self.part, self.marker = part, marker
+
+    def __call__(self):
+        import os
+
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise ConnectionError("the connection dropped during the read")
+        return self.part
+
+
+def test_a_read_that_fails_once_is_retried_on_the_cluster(client, tmp_path):
+    """A partition's read that raises is re-run by Dask (the same rows: the run's snapshot), so the
+    run publishes the in-process model; without retries it fails closed."""
+    import sys
+
+    import cloudpickle
+
+    from app.core.data.partitioned import PartitionedRatings
+    from app.core.mf.distributed import split_users
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import the tests
+    ratings = _ratings(5, n_users=200)
+    config = default_config("rating")
+    parts = split_users(ratings, PARTITIONINGS["three-by-id"](np.asarray(ratings.user_ids)))
+    reference = train_dpals(ratings, config)
+
+    def flaky(name: str) -> PartitionedRatings:
+        readers = tuple(FlakyReader(part, str(tmp_path / f"{name}-{i}")) for i, part in enumerate(parts))
+        return PartitionedRatings(ratings.item_ids, readers)
+
+    model = train_dpals(flaky("retried"), config, fit=distributed_fit(DaskExecutor(client)))
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event and model.metadata == reference.metadata
+    with pytest.raises(ConnectionError):
+        train_dpals(flaky("once"), config, fit=distributed_fit(DaskExecutor(client, read_retries=0)))

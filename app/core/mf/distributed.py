@@ -71,6 +71,9 @@ __all__ = [
 ITEM_BLOCK = 1024
 #: partial statistics summed per task of the cluster's reduction tree
 REDUCE_FAN_IN = 4
+#: times Dask re-runs a partition's read that raised (a dropped connection, a worker's transient error): the
+#: reader imports the run's exported snapshot again, so a retry reads the same rows and releases nothing
+READ_RETRIES = 2
 
 
 class Executor(Protocol):
@@ -131,14 +134,20 @@ class DaskExecutor:
     ``moved_bytes`` counts what crossed between the driver and the cluster (partitions, shared
     values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted. A result
     not back within ``timeout_s`` (a cluster left without workers waits for ever) raises
-    ``TimeoutError``: the run fails closed instead of hanging."""
+    ``TimeoutError``: the run fails closed instead of hanging. A partition's read that raises is
+    re-run up to ``read_retries`` times (:data:`READ_RETRIES`); the other tasks are pure functions of
+    their inputs, which Dask recomputes itself where a worker is lost."""
 
-    def __init__(self, client: Any, timeout_s: float | None = None, fan_in: int = REDUCE_FAN_IN) -> None:
+    def __init__(self, client: Any, timeout_s: float | None = None, fan_in: int = REDUCE_FAN_IN,
+                 read_retries: int = READ_RETRIES) -> None:
         if fan_in < 2:
             raise ValueError("a reduction sums at least two partials a task")
+        if read_retries < 0:
+            raise ValueError("read_retries must be >= 0")
         self.client = client
         self.timeout_s = timeout_s
         self.fan_in = fan_in
+        self.read_retries = read_retries
         self.moved_bytes = 0
         self.tasks = 0
 
@@ -166,7 +175,8 @@ class DaskExecutor:
         workers = sorted(self.client.nthreads()) or [None]
         rows = list(zip(*columns, strict=True))
         self.tasks += len(rows)
-        return [self.client.submit(fn, *args, pure=False, workers=workers[i % len(workers)], allow_other_workers=True)
+        return [self.client.submit(fn, *args, pure=False, workers=workers[i % len(workers)], allow_other_workers=True,
+                                   retries=self.read_retries)
                 for i, args in enumerate(rows)]
 
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
