@@ -88,10 +88,19 @@ from app.config import Settings
 from app.core.algorithms import get_algorithm
 from app.core.data.ratings import Ratings
 from app.core.eval.metrics import ranking_metrics, rating_rmse
-from app.core.mf.dpals import count_floor, frequent_items
+from app.core.mf.dpals import (
+    DPALSConfig,
+    bound_statistic,
+    count_floor,
+    count_noise_std,
+    frequent_items,
+    release_contribution_bound,
+)
 from app.core.mf.foldin import fold_in_users, user_offsets
 from app.core.mf.model import PublicModel
 from app.core.privacy.blocks import LEGACY, USER, USER_PERIOD, cohort_of
+from app.core.privacy.keyed import KeyedRandomness
+from app.core.privacy.releaser import GaussianReleaser
 from benchmarks.evaluation import model_rmse
 from benchmarks.harness import limit_threads, make_row, mean_std
 
@@ -489,18 +498,28 @@ def runs_in_force(runs: Sequence[RunRecord], policy: Policy) -> list[int | None]
 
 
 # ---------------------------------------------------------------------------- count level
-def count_noise_sigma(config: dict[str, Any]) -> float:
-    """The count release's noise σ: sqrt(k) x z x count_noise_ratio (DPALS's first count release)."""
-    return math.sqrt(config["contribution_bound"]) * config["noise_multiplier"] * config["count_noise_ratio"]
+def run_seed(seed: int, day: int) -> int:
+    """The noise seed of the run of ``day`` in the life's ``seed``-th replay (its trained model's too)."""
+    return 7919 * seed + day
 
 
-def trained_from_counts(counts: np.ndarray, config: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
-    """The trained-item mask a run's count release gives (noisy counts floored at 1, then DPALS's
-    frequent-item rule, its count floor read at the declared bound): post-processing of that release alone."""
-    noisy = np.maximum(counts + rng.normal(0.0, count_noise_sigma(config), len(counts)), 1.0)
+def released_config(config: dict[str, Any], unit_counts: np.ndarray, seed: int) -> DPALSConfig:
+    """The run's config as its first release leaves it: the bound histogram of its rows' counts
+    (``unit_counts``, one per user or (user, period) row it reads) released with the run's own
+    noise seed, k or B set from it and the laws in it applied (defaults rules 8–10), exactly as
+    the trained run does; without a bound law, the run's config."""
+    run = get_algorithm("dpals").config_from_dict({**config, "seed": seed})
+    releaser = GaussianReleaser(None, KeyedRandomness(run.seed))
+    return release_contribution_bound(bound_statistic(unit_counts, run), run, releaser)
+
+
+def trained_from_counts(counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator) -> np.ndarray:
+    """The trained-item mask a run's count release gives (noisy counts of σ = :func:`count_noise_std`
+    at its released bound, floored at 1, then DPALS's frequent-item rule with its count floor):
+    post-processing of its releases alone."""
+    noisy = np.maximum(counts + rng.normal(0.0, count_noise_std(config), len(counts)), 1.0)
     mask = np.zeros(len(counts), dtype=bool)
-    floor = count_floor(get_algorithm("dpals").config_from_dict({**config, "seed": 0}))
-    mask[frequent_items(noisy, config["frequent_fraction"], floor)] = True
+    mask[frequent_items(noisy, config.frequent_fraction, count_floor(config))] = True
     return mask
 
 
@@ -612,6 +631,14 @@ class Blocks:
 
     names: list[str]
     codes: np.ndarray
+    unit: str = USER  # a training row per user, or per (user, period) (``user_period``)
+
+    def unit_counts(self, per_user_block: np.ndarray, cohorts: Sequence[str]) -> np.ndarray:
+        """The counts of the training rows a run reading ``cohorts`` has, from the (users x blocks)
+        counts: per user over the blocks read, or per (user, period) of them."""
+        read = [k for k, name in enumerate(self.names) if name in cohorts]
+        mine = per_user_block[:, read]
+        return mine.ravel() if self.unit == USER_PERIOD else mine.sum(axis=1)
 
     def reads(self, cohorts: Sequence[str]) -> np.ndarray:
         """Mask of the ratings in ``cohorts``."""
@@ -634,7 +661,7 @@ def train_run(life: Life, policy: Policy, blocks: Blocks, run: RunRecord, seed: 
     algo = get_algorithm("dpals")
     mask = (life.day < run.day) & blocks.reads(run.cohorts)
     data = policy.training_data(life, mask, life.n_items_at(run.day))
-    config = algo.config_from_dict({**(run.config or {}), "seed": 7919 * seed + run.day})
+    config = algo.config_from_dict({**(run.config or {}), "seed": run_seed(seed, run.day)})
     return algo.train(data, config)
 
 
@@ -642,20 +669,23 @@ def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunR
                  seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(above the count level, trained) per day x item of the life's final catalogue, for the model
     in force each day: its blocks' counts of the data before that day against LEVEL x its count
-    σ, and its trained set from its count release (drawn with this seed on the run's day)."""
+    σ at the bound its histogram released (the run's noise seed), and its trained set from its
+    count release (drawn with this seed on the run's day)."""
     n_final = life.n_items_at(life.days - 1)
     counted = np.ones(len(life.values), dtype=bool) if objective == "rating" else life.values >= POSITIVE
     counts = np.zeros((len(blocks.names), n_final))
+    per_user_block = np.zeros((life.n_users, len(blocks.names)), dtype=np.int32)
     above = np.zeros((life.days, n_final), dtype=bool)
     trained = np.zeros((life.days, n_final), dtype=bool)
     bounds = np.searchsorted(life.day, np.arange(life.days + 1))
     rng = np.random.default_rng(10_000 + seed)
-    masks: dict[int, np.ndarray] = {}
+    masks: dict[int, tuple[np.ndarray, float]] = {}
     for d in range(life.days):
         if d > 0:
             lo, hi = bounds[d - 1], bounds[d]
             sel = counted[lo:hi]
             np.add.at(counts, (blocks.codes[lo:hi][sel], life.items[lo:hi][sel]), 1.0)
+            np.add.at(per_user_block, (life.users[lo:hi][sel], blocks.codes[lo:hi][sel]), 1)
         k = force[d]
         if k is None:
             continue
@@ -665,10 +695,13 @@ def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunR
         read = [j for j, name in enumerate(blocks.names) if name in run.cohorts]
         mine = counts[read].sum(axis=0) if read else np.zeros(n_final)
         n = life.n_items_at(run.day)
-        if k not in masks:  # first seen on its own day: `mine` is exactly what it read
-            masks[k] = trained_from_counts(mine[:n], run.config, rng)
-        above[d] = mine > LEVEL * count_noise_sigma(run.config)
-        trained[d, :n] = masks[k]
+        if k not in masks:  # first seen on its own day: `mine` and the rows' counts are exactly what it read
+            released = released_config(run.config, blocks.unit_counts(per_user_block, run.cohorts),
+                                        run_seed(seed, run.day))
+            masks[k] = (trained_from_counts(mine[:n], released, rng), count_noise_std(released))
+        mask, sigma = masks[k]
+        above[d] = mine > LEVEL * sigma
+        trained[d, :n] = mask
     return above, trained
 
 
@@ -699,7 +732,7 @@ def life_rows(life: Life, objective: str, *, window: int = WINDOW, seeds: Sequen
         ledger_life = replay_ledger(life, policy, objective, ends)
         force = runs_in_force(ledger_life.runs, policy)
         names, codes = policy.rating_blocks(life)
-        blocks = Blocks(names, codes)
+        blocks = Blocks(names, codes, policy.unit)
         start = time.perf_counter()
         cells = {t: _Cell() for t in ends}
         for seed in seeds:

@@ -94,3 +94,24 @@ def test_user_period_trains_on_the_rows_the_services_loader_makes():
             assert service == _rows(suite) and served.n_users == suite.n_users
         first = L._scheduled_run(url, life, 0, "rating")
         assert first.cohorts == (LEGACY, "2030-01") and np.all(blocks.reads(first.cohorts) == (life.day < 31))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy_index", [1, 2])
+def test_the_suites_count_release_is_the_trained_runs(policy_index: int):
+    """The bound a run's histogram releases, as the suite draws it for its count level (the run's
+    rows' counts and noise seed), is the bound the trained run published, and so are the steps and
+    noise scale the laws in it set (ranking, rule 10)."""
+    life = L.generate_life("tiny", replace(L.STEADY, days=45, arrivals_per_year=3_000.0, initial_items=150,
+                                           items_per_day=1.0))
+    policy = L.POLICIES[policy_index]
+    blocks = L.Blocks(*policy.rating_blocks(life), policy.unit)
+    run = L.replay_ledger(life, policy, "ranking", []).runs[40]
+    read = (life.day < run.day) & (life.values >= L.POSITIVE)
+    per_user_block = np.zeros((life.n_users, len(blocks.names)), dtype=np.int64)
+    np.add.at(per_user_block, (life.users[read], blocks.codes[read]), 1)
+    released = L.released_config(run.config, blocks.unit_counts(per_user_block, run.cohorts), L.run_seed(1, run.day))
+    model = L.train_run(life, policy, blocks, run, 1)
+    for name in ("contribution_bound", "n_steps", "later_noise_scale", "frequent_snr"):
+        assert model.config[name] == getattr(released, name)
+    assert released.contribution_bound < run.config["contribution_bound"]  # the declared largest B is not the run's

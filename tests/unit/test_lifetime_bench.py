@@ -4,15 +4,17 @@ trained share and the crossings are counted as stated."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
+from app.core.mf import dpals
 from app.core.mf.dpals import DPALSConfig, calibrate, event_scale
 from app.core.mf.model import PublicModel, UserRegularisation
-from app.core.privacy.blocks import LEGACY
+from app.core.privacy.blocks import LEGACY, USER_PERIOD
 from benchmarks import harness
 from benchmarks import lifetime as L
 
@@ -117,15 +119,30 @@ def test_a_crossing_counts_when_trained_within_two_periods() -> None:
 
 
 def test_the_trained_set_follows_the_count_release_and_the_frequent_rule() -> None:
-    config = {"contribution_bound": 4, "noise_multiplier": 1e-6, "count_noise_ratio": 2.0, "frequent_fraction": 0.5}
-    assert L.count_noise_sigma(config) == pytest.approx(4e-6)
+    config = DPALSConfig(contribution_bound=4, noise_multiplier=1e-6, count_noise_ratio=2.0, frequent_fraction=0.5)
     mask = L.trained_from_counts(np.array([5.0, 50.0, 7.0, 40.0]), config, np.random.default_rng(0))
     assert mask.tolist() == [False, True, False, True]
     # rule 10's count floor frequent_snr·rank·√B·z_gram = 1·2·2·1 = 4: every count from 4 up is trained
-    floored = {**config, "noise_multiplier": 1.0, "frequent_snr": 1.0, "rank": 2, "gram_noise_ratio": 1.0}
-    mask = L.trained_from_counts(np.array([5.0, 50.0, 3.0, 40.0]), {**floored, "count_noise_ratio": 1e-6},
-                                 np.random.default_rng(0))
+    floored = replace(config, noise_multiplier=1.0, frequent_snr=1.0, rank=2, gram_noise_ratio=1.0,
+                      count_noise_ratio=1e-6)
+    mask = L.trained_from_counts(np.array([5.0, 50.0, 3.0, 40.0]), floored, np.random.default_rng(0))
     assert mask.tolist() == [True, True, False, True]
+
+
+def test_a_runs_count_noise_is_read_at_the_bound_its_histogram_releases() -> None:
+    """The count level's σ is √B·z·ratio at the B the run's own histogram release sets (with the
+    run's noise seed, as the trained run draws it), not at the declared largest bound."""
+    config = {"contribution_bound": 60, "bound_quantile": 0.5, "bound_scale": 1.0, "bound_min": 5,
+              "noise_multiplier": 1e-3, "count_noise_ratio": 2.0, "frequent_fraction": 0.5}
+    counts = np.array([9, 10, 12, 11, 0, 13, 10, 9, 10, 11])  # a median of 10 (the user without data is in no bin)
+    released = L.released_config(config, counts, L.run_seed(0, 3))
+    assert 8 <= released.contribution_bound <= 15 < config["contribution_bound"]
+    assert dpals.count_noise_std(released) == pytest.approx(math.sqrt(released.contribution_bound) * 2e-3)
+    per_user_block = np.array([[3, 0], [0, 4], [2, 5]])
+    assert L.Blocks(["a", "b"], np.array([0, 1])).unit_counts(per_user_block, ["b"]).tolist() == [0, 4, 5]
+    assert L.Blocks(["a", "b"], np.array([0, 1])).unit_counts(per_user_block, ["a", "b"]).tolist() == [3, 4, 7]
+    periods = L.Blocks(["a", "b"], np.array([0, 1]), unit=USER_PERIOD)
+    assert periods.unit_counts(per_user_block, ["a", "b"]).tolist() == [3, 0, 0, 4, 2, 5]
 
 
 def test_single_cap_keeps_the_last_model_that_read_its_one_block() -> None:
