@@ -79,6 +79,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     "ridge_bound_cap": (0.0, 1e6),
     # rule 10: the signal-to-noise ratio of an item's Gram from which it is trained (dpals.count_floor)
     "frequent_snr": (0.0, 1e6),
+    "frequent_count_sigmas": (0.0, 1e6),  # ... and the count-noise stds a released count clears
 }
 """(lowest, highest) of each real knob: a ratio outside [1e-3, 1e3], a multiplier above 1e6 ...
 Values <= 0 are left to the config's own positivity check (and its message)."""

@@ -327,6 +327,12 @@ def test_the_trained_set_takes_every_item_whose_released_count_beats_its_gram_no
     config = DPALSConfig(rank=4, contribution_bound=9, noise_multiplier=2.0, gram_noise_ratio=1.5, frequent_snr=0.5)
     assert dpals.count_floor(config) == pytest.approx(0.5 * 4 * 3 * 3.0)  # snr·rank·√B·z_gram
     assert dpals.count_floor(replace(config, frequent_snr=0.0)) == math.inf
+    # or every count that clears frequent_count_sigmas of the count release's noise std (√B·z·count ratio), if lower
+    sigma = 3 * 2.0 * config.count_noise_ratio
+    assert dpals.count_noise_std(config) == pytest.approx(sigma)
+    assert dpals.count_floor(replace(config, frequent_count_sigmas=1.0)) == pytest.approx(sigma)
+    assert dpals.count_floor(replace(config, frequent_count_sigmas=10.0)) == pytest.approx(18.0)  # the SNR floor
+    assert dpals.count_floor(replace(config, frequent_snr=0.0, frequent_count_sigmas=3.0)) == pytest.approx(3 * sigma)
 
 
 def test_a_run_with_the_count_floor_trains_more_items_for_the_same_releases():

@@ -155,6 +155,10 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(2.0, 3000)["few_steps_bound"] == 8 and rule(5.0, 3000)["few_steps_bound"] == 3
     assert rule(0.5, 500)["few_steps_bound"] == 8 and rule(1.0, 100)["few_steps_bound"] == 2
     assert large["few_steps_bound"] == 1  # below any released B (bound_min 5): ε = 20 keeps its steps
+    # rule 10's floors for the trained set: Gram SNR 1, and 3·max(1, ε) count-noise stds
+    assert small["frequent_snr"] == large["frequent_snr"] == 1.0
+    assert (rule(0.5, 3000)["frequent_count_sigmas"], small["frequent_count_sigmas"]) == (3.0, 3.0)
+    assert large["frequent_count_sigmas"] == 60.0
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
     assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)

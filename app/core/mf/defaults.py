@@ -426,6 +426,9 @@ FEW_STEPS_BOUND = 15.0
 # ranking (rule 10): every item whose released count gives its Gram this signal-to-noise ratio is trained too
 # (DPALSConfig.frequent_snr, dpals.count_floor), whatever the frequent fraction
 FREQUENT_SNR = 1.0
+# ranking (rule 10): ... and every item whose released count clears COUNT_LEVEL_SIGMAS·max(1, ε) of its noise stds
+# (DPALSConfig.frequent_count_sigmas): σ falls as 1/ε, so the floor in counts stays where an ε = 1 run's is
+COUNT_LEVEL_SIGMAS = 3.0
 
 
 def _rating_defaults(epsilon: float, half_range: float, n_items: int) -> dict[str, Any]:
@@ -545,6 +548,7 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "few_steps_bound": _few_steps_bound(epsilon, large),
         "few_steps": 1,
         "frequent_snr": FREQUENT_SNR,
+        "frequent_count_sigmas": round(COUNT_LEVEL_SIGMAS * max(1.0, epsilon), 6),
         "noise_filter": _ranking_filter(epsilon, max_users),
     }
 

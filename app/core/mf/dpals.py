@@ -204,9 +204,10 @@ class DPALSConfig:
     later_noise_scale: float = 1.0  # the multipliers of every release after the bound histogram × this
     weight_exponent: float = -0.5  # μ of the adaptive weights, <= 0
     frequent_fraction: float = 0.7  # β
-    # defaults rule 10: also train every item whose released count reaches frequent_snr·rank·√B·z_gram (0: off;
-    # :func:`count_floor`)
+    # defaults rule 10: also train every item whose released count reaches frequent_snr·rank·√B·z_gram, or
+    # frequent_count_sigmas times the count release's noise std (either 0: that floor is off; :func:`count_floor`)
     frequent_snr: float = 0.0
+    frequent_count_sigmas: float = 0.0
     clip_user: float = 1.0  # Γ_u
     clip_rating: float = 2.0  # Γ_M, applied after centring
     mean_mode: str = "dp"
@@ -271,6 +272,7 @@ class DPALSConfig:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
                      "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor", "frequent_snr",
+                     "frequent_count_sigmas",
                      "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -661,14 +663,23 @@ def frequent_items(counts: np.ndarray, fraction: float, floor: float = math.inf)
 
 
 def count_floor(config: DPALSConfig) -> float:
-    """The released count from which an item is trained whatever ``frequent_fraction`` says (rule 10):
-    frequent_snr·rank·√B·z_gram, inf when ``frequent_snr`` is 0. An item's Gram Σ c_ij u_i u_iᵀ
-    carries about c_j·Γ_u²/rank on each diagonal entry against noise of std √B·Γ_u²·z_gram, so the
-    floor is the count at which that ratio reaches ``frequent_snr``: such an item's vector is
-    determined by its data, not its noise. Public: the config, the released B and its multipliers."""
+    """The released count from which an item is trained whatever ``frequent_fraction`` says (rule 10),
+    the lower of two floors (inf when both are off):
+
+    * frequent_snr·rank·√B·z_gram: an item's Gram Σ c_ij u_i u_iᵀ carries about c_j·Γ_u²/rank on
+      each diagonal entry against noise of std √B·Γ_u²·z_gram, so from there the item's vector is
+      determined by its data, not its noise;
+    * frequent_count_sigmas·σ_count: a count that clears its own release's noise (σ_count =
+      :func:`count_noise_std`) is a real item with real raters, which a small ε's fraction may leave out.
+
+    Public: the config, the released B and its multipliers."""
+    floor = math.inf
+    if config.frequent_count_sigmas:
+        floor = config.frequent_count_sigmas * count_noise_std(config)
     if not config.frequent_snr:
-        return math.inf
-    return config.frequent_snr * config.rank * math.sqrt(config.contribution_bound) * config.noise_multipliers()["gram"]
+        return floor
+    return min(floor, config.frequent_snr * config.rank * math.sqrt(config.contribution_bound)
+               * config.noise_multipliers()["gram"])
 
 
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
