@@ -542,7 +542,7 @@ def apply_step_law(config: DPALSConfig) -> DPALSConfig:
 def _precision_after_bound(config: DPALSConfig) -> float:
     """Σ 1/z² of the run's releases after the bound histogram (:func:`accounting.gaussian_precision`)."""
     precision = accounting.gaussian_precision(dpals_event(replace(config, bound_quantile=None)))
-    if precision is None:  # every DPALS release is Gaussian: a bug, found before any noise is drawn
+    if precision is None:  # every DPALS release is Gaussian: a bug (the run fails closed, charged)
         raise RuntimeError("a DPALS release that is not Gaussian")
     return precision
 
