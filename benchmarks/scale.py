@@ -3,8 +3,8 @@
 Data: the production-shaped synthetic generator (speed-train's), rank 64, speed-train's DPALS
 config (k = 50 by the tail rule, every item trained, noise multiplier 1) with two steps; full form
 10⁷, 3·10⁷ and 10⁸ ratings (10⁶ users and 10⁵ items at the top) against clusters of 1, 2 and 4
-workers; ``--quick`` 10⁵ and 10⁶ ratings against 1 and 2 workers. Runs, in one process, one after
-the other on the same data and seed:
+workers (1 and 2 at 10⁸: :data:`LARGEST_WORKERS`); ``--quick`` 10⁵ and 10⁶ ratings against 1 and 2
+workers. Runs, in one process, one after the other on the same data and seed:
 
 * ``in-process``: :func:`dpals.train_dpals` with every core (``PRIVREC_THREADS`` = the CPUs this
   process may use, as the service); ``in-process-1thread`` the same on one solver thread;
@@ -12,9 +12,10 @@ the other on the same data and seed:
   hash of the ids) on a fresh ``LocalCluster`` of N worker processes, one thread each, one solver
   thread (``PRIVREC_THREADS=1``; Dask sets one BLAS thread), no memory limit (no spilling, no
   nanny kill), no dashboard; the driver (and Dask's scheduler, which ``LocalCluster`` runs in the
-  driver's process) keeps every core for its item step. The benchmark first writes the data as a
-  Parquet snapshot of the N partitions (:mod:`app.core.data.snapshot`, partition by partition) and
-  each partition is read on a worker by its task (the driver places no ratings);
+  driver's process) keeps every core for its item step. After the in-process runs (and the read
+  rows) the benchmark writes the data as one Parquet snapshot per cluster size
+  (:mod:`app.core.data.snapshot`, partition by partition) and drops the matrix, so the driver of
+  the cluster runs holds no ratings; each partition is read on a worker by its task;
 * ``read-parquet-Nw`` / ``read-copy-Nw``: the partitions alone read on a fresh cluster of N workers
   (the readers' modules imported first), from the Parquet snapshot and, where ``PRIVREC_BENCH_PG_URL``
   names a PostgreSQL server (an administrator URL: a database is created there and dropped) and
@@ -59,8 +60,8 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
 
 Cost: ``--quick`` about 1.5 minutes of wall time on 2 idle cores (3 under other load), a third of it
 the read rows (PostgreSQL's included); the CI check (tests/integration/test_scale_bench.py) runs
-10⁵ ratings only, about a minute. The full form needs about 24 GB at 10⁸ (generator and in-process
-run included) and hours.
+10⁵ ratings only, about a minute. The full form took 17 minutes on 2 idle cores (10⁷: 2, 3·10⁷: 5,
+10⁸: 10.5), the machine's memory at its lowest 6.6 GiB free of 24 at 10⁸ (2 workers).
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ SEED = (1 << 100) + 7
 FULL_SIZES = ((138_000, 20_000, 10_000_000), (400_000, 50_000, 30_000_000), (1_000_000, 100_000, 100_000_000))
 QUICK_SIZES = ((2_000, 1_000, 100_000), (20_000, 5_000, 1_000_000))
 FULL_WORKERS = (1, 2, 4)
+#: the clusters at the largest size: four partitions each forming a dense statistic of 1.7 GB (10⁵ items,
+#: rank 64) while the reducing worker holds four of them and their sum would pass the 24 GB machine
+LARGEST_WORKERS = (1, 2)
 QUICK_WORKERS = (1, 2)
 MIB = 2**20
 #: the per-partition tasks of a step and the reduction (names of :mod:`app.core.mf.distributed`'s tasks)
@@ -262,17 +266,31 @@ def export_snapshot(ratings: Ratings, n_partitions: int, directory: str) -> tupl
     return open_snapshot(directory), seconds, size
 
 
-def on_cluster(ratings: Ratings, cfg: DPALSConfig, n_workers: int) -> Measured:
+@dataclass(frozen=True)
+class Snapshot:
+    """A Parquet snapshot of N user partitions, written before the cluster runs: its readers, the
+    seconds it took to write and its bytes on disk."""
+
+    data: PartitionedRatings
+    write_s: float
+    size: int
+
+
+def snapshots(ratings: Ratings, workers: Sequence[int], directory: str) -> dict[int, Snapshot]:
+    """One snapshot per cluster size, each in its own folder under ``directory``."""
+    return {n: Snapshot(*export_snapshot(ratings, n, os.path.join(directory, f"{n}w"))) for n in workers}
+
+
+def on_cluster(snapshot: Snapshot, cfg: DPALSConfig, n_workers: int) -> Measured:
     """:func:`fit_distributed` with ``n_workers`` partitions on a fresh LocalCluster of as many
-    single-threaded worker processes, each partition read on a worker from a Parquet snapshot the
-    benchmark writes first (the driver never places the matrix); the driver keeps every core."""
+    single-threaded worker processes, each partition read on a worker from ``snapshot`` (written
+    before, so the driver holds no ratings); the driver keeps every core."""
     from distributed import Client, LocalCluster
 
     with (tempfile.TemporaryDirectory(prefix="privrec-scale-") as folder,
           LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
                        memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
           Client(cluster) as client):
-        data, write_s, size = export_snapshot(ratings, n_workers, os.path.join(folder, "snapshot"))
         client.get_task_stream()  # the scheduler starts recording its task stream
         idle = client.run(process_memory)
         executor = DaskExecutor(client)
@@ -284,7 +302,7 @@ def on_cluster(ratings: Ratings, cfg: DPALSConfig, n_workers: int) -> Measured:
 
         with solver_threads(cores()), item_step_timer() as item_steps, _run_memory() as memory:
             start = time.time()
-            model = train_dpals(data, cfg, progress=progress, fit=distributed_fit(executor))
+            model = train_dpals(snapshot.data, cfg, progress=progress, fit=distributed_fit(executor))
         peaks = client.run(process_memory)
         window = (stamps[-2].left, stamps[-1].entered)
         compute = task_compute(client, *window)
@@ -293,7 +311,7 @@ def on_cluster(ratings: Ratings, cfg: DPALSConfig, n_workers: int) -> Measured:
     return Measured(model, start, stamps, memory.rss_peak_mib, item_steps,
                     worker_idle_mib=[idle[w][0] for w in sorted(idle)],
                     worker_peak_mib=[peaks[w][1] for w in sorted(peaks)], compute=compute, worker_bytes=fetched,
-                    read_s=read_done - start, write_s=write_s, snapshot_bytes=size,
+                    read_s=read_done - start, write_s=snapshot.write_s, snapshot_bytes=snapshot.size,
                     driver_bytes_total=executor.moved_bytes)
 
 
@@ -369,24 +387,29 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
 
 
 def measure_size(shape: tuple[int, int, int], workers: Sequence[int],
-                 cluster: Callable[[Ratings, DPALSConfig, int], Measured] = on_cluster,
+                 cluster: Callable[[Snapshot, DPALSConfig, int], Measured] = on_cluster,
                  pg_admin_url: str | None = None, reads: bool = True) -> list[dict]:
-    """Every run at one size: in process (all cores, one thread), then each cluster; then, with
-    ``reads``, the partitions read on fresh clusters from each source (:func:`read_rows`)."""
+    """Every run at one size: in process (all cores, one thread); with ``reads``, the partitions
+    read on fresh clusters from each source (:func:`read_rows`); then each cluster, from a snapshot
+    written before the driver lets go of the matrix (as a service's export step would: the driver
+    of a cluster run holds no ratings, and its peak memory says so)."""
     n_users, n_items, n_ratings = shape
     ratings = production_synthetic(n_users, n_items, n_ratings, seed=0).ratings
     dataset, cfg = dataset_name(*shape), config()
     reference = in_process(ratings, cfg, cores())
     rows = common_rows(dataset, "in-process", reference, reference)
     rows += common_rows(dataset, "in-process-1thread", in_process(ratings, cfg, 1), reference)
-    for n in workers:
-        run = cluster(ratings, cfg, n)
-        name = f"dask-{n}w"
-        rows += common_rows(dataset, name, run, reference)
-        rows += cluster_rows(dataset, name, run, reference, ratings.nnz, largest_partition(ratings, n))
-    if reads:
-        rows += read_rows(dataset, ratings, workers, pg_admin_url)
-    return rows
+    read = read_rows(dataset, ratings, workers, pg_admin_url) if reads else []
+    nnz, held = ratings.nnz, {n: largest_partition(ratings, n) for n in workers}
+    with tempfile.TemporaryDirectory(prefix="privrec-scale-snapshots-") as folder:
+        exported = snapshots(ratings, workers, folder)
+        del ratings
+        for n in workers:
+            run = cluster(exported[n], cfg, n)
+            name = f"dask-{n}w"
+            rows += common_rows(dataset, name, run, reference)
+            rows += cluster_rows(dataset, name, run, reference, nnz, held[n])
+    return rows + read
 
 
 # ---------------------------------------------------------------------------- the read: COPY against Parquet
@@ -626,8 +649,12 @@ def measure_reads(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int],
 
 
 def measure(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int], pg_admin_url: str | None = None,
-            reads: bool = True) -> list[dict]:
-    return [row for shape in sizes for row in measure_size(shape, workers, pg_admin_url=pg_admin_url, reads=reads)]
+            reads: bool = True, largest_workers: Sequence[int] | None = None) -> list[dict]:
+    """Every size's rows; ``largest_workers`` (when given) replaces ``workers`` at the last size."""
+    plan = [(shape, workers) for shape in sizes]
+    if largest_workers is not None and plan:
+        plan[-1] = (sizes[-1], largest_workers)
+    return [row for shape, ns in plan for row in measure_size(shape, ns, pg_admin_url=pg_admin_url, reads=reads)]
 
 
 def run(quick: bool) -> list[dict]:
@@ -638,4 +665,4 @@ def run(quick: bool) -> list[dict]:
         raise SuiteUnavailable("suite 'scale' needs the optional 'dask' extra: pip install .[dask]") from exc
     pg_admin_url = os.environ.get(PG_URL_ENV) or None
     return (measure(QUICK_SIZES, QUICK_WORKERS, pg_admin_url) if quick
-            else measure(FULL_SIZES, FULL_WORKERS, pg_admin_url))
+            else measure(FULL_SIZES, FULL_WORKERS, pg_admin_url, largest_workers=LARGEST_WORKERS))
