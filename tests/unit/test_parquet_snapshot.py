@@ -195,3 +195,83 @@ def test_the_core_imports_without_pyarrow():
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+def _same_matrix(a: Ratings, b: Ratings) -> None:
+    for got, want in ((a.csr, b.csr), (a.csc, b.csc)):
+        for name in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+            assert getattr(got, name).dtype == getattr(want, name).dtype, name
+    assert a.user_ids.tolist() == b.user_ids.tolist() and a.item_ids.tolist() == b.item_ids.tolist()
+
+
+def test_a_matrix_built_from_its_rows_is_the_one_built_from_its_entries():
+    """:meth:`Ratings.from_csr` (the reader's path, no sort) gives :meth:`Ratings.from_indices`'s
+    matrix, empty rows at the start, middle and end included; out-of-order, duplicate, out-of-range
+    and non-finite entries raise."""
+    base = _ratings(11, n_users=40)
+    rows, cols, vals = base.coo()
+    user_ids = np.r_[-1, base.user_ids[:20], -2, base.user_ids[20:], -3]  # three users without ratings
+    position = np.r_[np.arange(1, 21), np.arange(22, len(user_ids) - 1)]
+    want = Ratings.from_indices(position[rows], cols, vals, user_ids=user_ids, item_ids=base.item_ids)
+    indptr = want.csr.indptr.astype(np.int64)
+    _same_matrix(Ratings.from_csr(indptr, want.csr.indices, want.csr.data, user_ids=user_ids,
+                                  item_ids=base.item_ids), want)
+    row = int(np.argmax(np.diff(indptr) >= 2))  # a row with two entries
+    a, b = indptr[row], indptr[row] + 1
+
+    def broken(edit) -> tuple[np.ndarray, np.ndarray]:
+        c, v = want.csr.indices.copy(), want.csr.data.copy()
+        edit(c, v)
+        return c, v
+
+    def swap(c, v):
+        c[[a, b]] = c[[b, a]]
+
+    def repeat(c, v):
+        c[b] = c[a]
+
+    def outside(c, v):
+        c[a] = N_ITEMS
+
+    def nan(c, v):
+        v[a] = np.nan
+
+    cases = {swap: "ascending", repeat: "ascending", outside: "outside", nan: "NaN"}
+    for edit, message in cases.items():
+        c, v = broken(edit)
+        with pytest.raises(ValueError, match=message):
+            Ratings.from_csr(indptr, c, v, user_ids=user_ids, item_ids=base.item_ids)
+
+
+def test_a_corrupted_partition_file_is_refused(tmp_path: Path):
+    """A partition file that carries its snapshot's marks but whose rows break the layout: a user's
+    items out of order, a pair twice, a user in two runs, a NaN."""
+    ratings = _ratings(12, n_users=30)
+    directory = _snapshot(tmp_path, ratings)
+    path = directory / "part-00000.parquet"
+    table = pq.read_table(path)
+    users, items, values = (table.column(name).to_numpy().copy() for name in ("user_id", "item", "value"))
+    first_run = int(np.argmax(users != users[0]))  # the first user's ratings end here
+
+    def written(u: np.ndarray, i: np.ndarray, v: np.ndarray) -> ParquetPartition:
+        import pyarrow as pa
+
+        edited = pa.table({"user_id": u, "item": i.astype(np.int32), "value": v})
+        pq.write_table(edited.replace_schema_metadata(table.schema.metadata), path)
+        return open_snapshot(directory).readers[0]
+
+    out_of_order = items.copy()
+    out_of_order[[0, 1]] = out_of_order[[1, 0]]
+    twice = items.copy()
+    twice[1] = twice[0]
+    nan = values.copy()
+    nan[2] = np.nan
+    for reader in (written(users, out_of_order, values), written(users, twice, values),
+                   written(users, items, nan)):
+        with pytest.raises(SnapshotError, match="corrupted"):
+            reader()
+    ahead = np.r_[first_run, np.arange(first_run), np.arange(first_run + 1, len(users))]  # a second user's rating first
+    reader = written(users[ahead], items[ahead], values[ahead])
+    with pytest.raises(SnapshotError, match="users' runs|one run"):
+        reader()

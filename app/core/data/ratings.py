@@ -123,6 +123,44 @@ class Ratings:
         csc.sort_indices()
         return cls(csr=csr, csc=csc, user_ids=np.asarray(user_ids), item_ids=np.asarray(item_ids))
 
+    @classmethod
+    def from_csr(
+        cls,
+        indptr: np.ndarray,
+        cols: np.ndarray,
+        values: np.ndarray,
+        *,
+        user_ids: np.ndarray,
+        item_ids: np.ndarray,
+    ) -> Ratings:
+        """Build from rows already in CSR order (``indptr``, each row's ``cols`` strictly ascending),
+        without the sort of :meth:`from_indices`: the same matrix, the same dtypes, a third of its
+        transient memory. ``ValueError`` on NaN/inf, a column out of range, or a row whose columns
+        are not strictly ascending (a duplicate pair included)."""
+        indptr = np.asarray(indptr, dtype=np.int64)
+        cols = np.asarray(cols)
+        values = np.asarray(values, dtype=np.float64)
+        n_users, n_items = len(user_ids), len(item_ids)
+        if len(indptr) != n_users + 1 or indptr[0] != 0 or indptr[-1] != len(cols) or len(cols) != len(values):
+            raise ValueError("indptr, cols and values do not describe one matrix")
+        if not np.all(np.isfinite(values)):
+            raise ValueError("ratings contain NaN or infinite values")
+        if len(cols) and (int(cols.min()) < 0 or int(cols.max()) >= n_items):
+            raise ValueError("a column lies outside the item ids")
+        index = np.int32 if max(len(cols), n_items) < 2**31 else np.int64  # scipy's choice in from_indices
+        cols = cols.astype(index, copy=False)
+        rising = np.diff(cols) > 0
+        starts = indptr[1:-1]
+        rising[starts[(starts > 0) & (starts < len(cols))] - 1] = True  # a row's first entry follows another row
+        if not rising.all():
+            raise ValueError("a row's columns are not strictly ascending (a duplicate (user, item) pair or unsorted)")
+        del rising
+        csr = sp.csr_matrix((values, cols, indptr.astype(index)), shape=(n_users, n_items))
+        csr.has_sorted_indices = True
+        csc = csr.tocsc()
+        csc.sort_indices()
+        return cls(csr=csr, csc=csc, user_ids=np.asarray(user_ids), item_ids=np.asarray(item_ids))
+
     # ------------------------------------------------------------------ views
     @property
     def n_users(self) -> int:

@@ -204,26 +204,39 @@ class ParquetPartition:
             _check_file(handle.metadata, what, self.snapshot, self.partition)
             if handle.metadata.num_rows != self.ratings:
                 raise SnapshotError(f"{what} holds {handle.metadata.num_rows} ratings; its manifest says {self.ratings}")
-            table = handle.read(columns=["user_id", "item", "value"])
+            # one column at a time, each freed before the next: the read's peak stays near the matrix's own size
+            indptr, user_ids = _user_runs(_ids(handle.read(columns=["user_id"]).column(0)))
+            cols = _numbers(handle.read(columns=["item"]).column(0), np.int32)
+            vals = _numbers(handle.read(columns=["value"]).column(0), np.float64)
         except (OSError, ValueError, KeyError) as exc:  # pyarrow's errors derive from these
             raise SnapshotError(f"{what} is unreadable: {exc}") from exc
         item_ids = _catalogue(folder, self.snapshot, self.items)
-        users = _ids(table.column("user_id"))
-        cols = table.column("item").to_numpy(zero_copy_only=False).astype(np.int64)
-        vals = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=np.int64)
-        user_ids = users[starts]
         if len(user_ids) != self.users:
             raise SnapshotError(f"{what} holds {len(user_ids)} users' runs; its manifest says {self.users}")
         if len(cols) and (cols.min() < 0 or cols.max() >= self.items):
             raise SnapshotError(f"{what} names item positions outside its catalogue")
         if len(np.unique(user_ids)) != len(user_ids):
             raise SnapshotError(f"{what} is corrupted: a user's ratings are not in one run")
-        rows = np.repeat(np.arange(len(starts), dtype=np.int64), np.diff(np.r_[starts, len(users)]))
-        try:  # a (user, item) pair twice, a non-finite value
-            return Ratings.from_indices(rows, cols, vals, user_ids=user_ids, item_ids=item_ids)
+        try:  # a (user, item) pair twice, a user's items out of order, a non-finite value
+            ratings = Ratings.from_csr(indptr, cols, vals, user_ids=user_ids, item_ids=item_ids)
         except ValueError as exc:
             raise SnapshotError(f"{what} is corrupted: {exc}") from exc
+        pa, _ = _pyarrow()
+        pa.default_memory_pool().release_unused()  # the freed columns' pages go back to the system
+        return ratings
+
+
+def _user_runs(users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(CSR row pointer, user id of each row) of a user column whose rows come in one run per user."""
+    if not len(users):
+        return np.zeros(1, dtype=np.int64), users[:0]
+    starts = np.flatnonzero(users[1:] != users[:-1]) + 1
+    return np.r_[0, starts, len(users)].astype(np.int64), users[np.r_[0, starts]]
+
+
+def _numbers(column: Any, dtype: type) -> np.ndarray:
+    """A numeric column as numpy of ``dtype`` (no copy where its one chunk already is)."""
+    return np.asarray(column.to_numpy(zero_copy_only=False)).astype(dtype, copy=False)
 
 
 def _catalogue(folder: Path, snapshot: str, items: int) -> np.ndarray:
