@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import csv
 import getpass
 import gzip
@@ -17,7 +18,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -327,17 +330,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(json.dumps({"run_id": run_id, "status": "queued", "enqueued": sent}), flush=True)
     if not args.follow:
         return 0
-    try:
-        status = _follow(run_id, settings, interval=args.interval, quiet=args.quiet)
-    except KeyboardInterrupt:
+    with _interrupt_flag() as stop:
+        status = _follow(run_id, settings, interval=args.interval, quiet=args.quiet, stop=stop)
+    if status is None:
         raise SystemExit(f"privrec train: stopped following run {run_id}; the run goes on "
-                         f"(GET /v1/admin/trainings/{run_id})") from None
+                         f"(GET /v1/admin/trainings/{run_id})")
     return 0 if status == "succeeded" else 1
 
 
-def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
+@contextlib.contextmanager
+def _interrupt_flag() -> Iterator[threading.Event]:
+    """Ctrl-C sets the flag yielded instead of raising ``KeyboardInterrupt`` in whatever call is
+    running: an exception raised inside a library's database call may be caught and dropped there,
+    and the loop would then poll for ever. A SIGINT the shell set to be ignored stays ignored."""
+    stop = threading.Event()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield stop
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow(run_id: int, settings, *, interval: float, quiet: bool, stop: threading.Event) -> str | None:
     """Poll run ``run_id`` until it succeeds or fails, drawing its public progress (stage names
-    and data-independent fractions only, as the dashboard shows); return the final status."""
+    and data-independent fractions only, as the dashboard shows); return the final status, or
+    None once ``stop`` is set (the run goes on)."""
     from tqdm import tqdm
 
     from app.services import admin
@@ -346,14 +366,16 @@ def _follow(run_id: int, settings, *, interval: float, quiet: bool) -> str:
     bar = tqdm(total=100, unit="%", desc=f"run {run_id}: queued", disable=quiet,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}]")
     try:
-        while True:
+        while not stop.is_set():
             with maker() as session:
                 run = admin.run_view(session, run_id=run_id).model_dump(mode="json")
             bar.set_description_str(f"run {run_id}: {run.get('stage') or run['status']}", refresh=False)
             bar.update(max(0, round(100 * run["progress"]) - bar.n))
             if run["status"] in ("succeeded", "failed"):
                 break
-            time.sleep(interval)
+            stop.wait(interval)
+        else:
+            return None
     finally:
         bar.close()
     print(json.dumps({key: run.get(key) for key in ("id", "status", "stage", "epsilon_charged", "error")}))

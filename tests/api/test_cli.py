@@ -538,8 +538,10 @@ def test_train_follow_interrupted_says_the_run_goes_on(cli_env: Path) -> None:
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{cli_env / 'cli.db'}", "SECRET_KEY": SECRET}
     env.pop("REDIS_URL", None)
     exe = str(Path(sys.executable).with_name("privrec"))
+    # a child of a shell's background job inherits SIGINT ignored: give it the default, as a terminal would
     proc = subprocess.Popen([exe, "train", "--epsilon", "1", "--follow", "--interval", "0.05", "--quiet"],
-                            env=env, cwd=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, cwd=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run_id = json.loads(proc.stdout.readline())["run_id"]
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
