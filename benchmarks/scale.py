@@ -101,7 +101,7 @@ LARGEST_WORKERS = (1, 2)
 QUICK_WORKERS = (1, 2)
 MIB = 2**20
 #: the per-partition tasks of a step and the reduction (names of :mod:`app.core.mf.distributed`'s tasks)
-WORKER_TASKS = ("_users_task", "_statistics_task")
+WORKER_TASKS = ("_users_task", "_block_statistics_task", "_gravity_task")
 REDUCE_TASKS = ("reduce_exact",)
 
 
@@ -369,7 +369,8 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
         _row(dataset, name, "worker_peak_over_target", max(run.worker_peak_mib) / target),
         _row(dataset, name, "seconds_worker_tasks", sum(run.compute.get(t, 0.0) for t in WORKER_TASKS)),
         _row(dataset, name, "seconds_worker_user_solves", run.compute.get("_users_task", 0.0)),
-        _row(dataset, name, "seconds_worker_item_statistics", run.compute.get("_statistics_task", 0.0)),
+        _row(dataset, name, "seconds_worker_item_statistics",
+             sum(run.compute.get(t, 0.0) for t in WORKER_TASKS if t != "_users_task")),
         _row(dataset, name, "seconds_reduce", sum(run.compute.get(t, 0.0) for t in REDUCE_TASKS)),
         _row(dataset, name, "seconds_write_snapshot", run.write_s),
         _row(dataset, name, "bytes_snapshot", float(run.snapshot_bytes)),

@@ -123,6 +123,11 @@ def test_item_step_statistics_reduce_exactly(partitioning: str, mode: str):
         packed, rhs = item_statistics(bounded.item_plan, padded, config)
         grams = unpack_upper(packed, config.rank)
         np.testing.assert_array_equal(pack_upper(grams), packed)  # packing loses nothing
+        cached = dpals.plan_factors(bounded.item_plan, padded, config)
+        for lo, hi in ((0, 7), (7, 8), (8, 30)):  # blocks of items (the cluster's): the whole's rows, bit for bit
+            block = item_statistics(bounded.item_plan, padded, config, items=(lo, hi), factors=cached)
+            np.testing.assert_array_equal(block[0], packed[lo:hi])
+            np.testing.assert_array_equal(block[1], rhs[lo:hi])
         users_by_id = dict(zip(data.user_ids.tolist(), users, strict=True))
         return (bounded.recount_statistic, grams, rhs, gravity_statistic(factors)), users_by_id
 

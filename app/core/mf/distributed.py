@@ -6,8 +6,8 @@ one reader task each, the driver never holding the matrix) or cuts a matrix it h
 parts, through an :class:`Executor` (a Dask client, :class:`DaskExecutor`; or :class:`InProcess`,
 the same driver in one process), maps the per-partition statistics of :mod:`app.core.mf.dpals`
 (the partition-invariant seam, docs/algorithms.md §7) over them, reduces them exactly (a tree of
-sums on a cluster; Grams as packed upper triangles) and draws every release **once, on the
-driver**, where the
+sums on a cluster; the item step's statistics block by block of items, a few blocks ahead of the
+driver, Grams as packed upper triangles) and draws every release **once, on the driver**, where the
 statistic is complete: the count histogram that sets k, the item counts, the (user-level) mean, the
 item-bias sums, the re-counts, and per step K̃, {Ã_j} and {b̃_j}. The item solves and everything public
 run on the driver too.
@@ -28,6 +28,7 @@ only calls the client it is handed.
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ import numpy as np
 from app.core.data.partitioned import PartitionedRatings, PartitionReader, read_partition
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
-from app.core.mf.als import SolvePlan, quantised_factors
+from app.core.mf.als import QuantisedFactors, SolvePlan, quantised_factors
 from app.core.mf.dpals import (
     BoundedData,
     DPALSConfig,
@@ -71,6 +72,9 @@ __all__ = [
 ITEM_BLOCK = 1024
 #: partial statistics summed per task of the cluster's reduction tree
 REDUCE_FAN_IN = 4
+#: item blocks whose statistics the cluster forms ahead of the one the driver's item step is at: what
+#: a worker holds of them is a few blocks' partials, not the whole catalogue's
+BLOCKS_AHEAD = 4
 #: times Dask re-runs a partition's read that raised (a dropped connection, a worker's transient error): the
 #: reader imports the run's exported snapshot again, so a retry reads the same rows and releases nothing
 READ_RETRIES = 2
@@ -270,10 +274,12 @@ def _recount_task(bounded: BoundedData) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Users:
-    """A partition's user step: the clipped U with a trailing zero row, and the next warm start."""
+    """A partition's user step: the clipped U with a trailing zero row, the next warm start, and U
+    as the item statistics read it (quantised once a step, whatever the number of item blocks)."""
 
     padded: np.ndarray
     start: np.ndarray | None
+    factors: QuantisedFactors
 
 
 def _users_task(bounded: BoundedData, previous: _Users | None, public: dict[str, Any], item_factors: np.ndarray,
@@ -285,18 +291,20 @@ def _users_task(bounded: BoundedData, previous: _Users | None, public: dict[str,
     solved = dpals._user_step(prep, item_factors, config, dpals.user_regularisation(config), start, out=padded[:-1])
     start = solved.astype(np.float32) if config.user_cg_steps and not last else None
     dpals._clip_rows_in_place(solved, config.clip_user)
-    return _Users(padded, start)
+    return _Users(padded, start, dpals.plan_factors(bounded.item_plan, padded, config))
 
 
-def _statistics_task(bounded: BoundedData, users: _Users,
-                     config: DPALSConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The partition's exact item-step statistics: (packed Gram upper triangles, linear terms, K or zeros)."""
-    grams, rhs = dpals.item_statistics(bounded.item_plan, users.padded, config)
-    if config.reg_gravity > 0:
-        gravity = dpals.gravity_statistic(quantised_factors(users.padded, config.clip_user, weighted=False))
-    else:
-        gravity = np.zeros((config.rank, config.rank))
-    return grams, rhs, gravity
+def _block_statistics_task(bounded: BoundedData, users: _Users, config: DPALSConfig,
+                           items: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The partition's exact item-step statistics of the trained items lo..hi-1: (packed Gram
+    upper triangles, linear terms). A block's partials, not the whole catalogue's, are what a
+    worker forms and the reduction holds at once."""
+    return dpals.item_statistics(bounded.item_plan, users.padded, config, items=items, factors=users.factors)
+
+
+def _gravity_task(users: _Users, config: DPALSConfig) -> np.ndarray:
+    """The partition's exact K = Σ x xᵀ over its users (the gravity release's statistic)."""
+    return dpals.gravity_statistic(quantised_factors(users.padded, config.clip_user, weighted=False))
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -309,16 +317,39 @@ def _item_blocks(n_items: int, block: int) -> list[np.ndarray]:
     return np.array_split(np.arange(n_items), max(1, math.ceil(n_items / block)))
 
 
-def _reduced_source(statistics: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list[np.ndarray]) -> ItemSource:
-    """The item step's :class:`ItemSource` over the reduced (complete) statistics, block by block
-    (each block's Grams unpacked from their upper triangles as it is solved)."""
-    packed, rhs, gravity = statistics
-    rank = rhs.shape[1]
+class _BlockStatistics:
+    """The item step's :class:`ItemSource` over the cluster: each item block's statistics mapped
+    over the partitions and reduced exactly, submitted at most ``window`` blocks ahead of the
+    block the item step asks for, and gathered (Grams unpacked) when it does. The item step may
+    ask from several threads and in any order."""
 
-    def block(items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return items, dpals.unpack_upper(packed[items], rank), rhs[items]
+    def __init__(self, executor: Executor, bounded: list[Any], users: list[Any], configs: list[Any],
+                 blocks: list[np.ndarray], rank: int, gravity: np.ndarray, window: int) -> None:
+        self.executor, self.bounded, self.users, self.configs = executor, bounded, users, configs
+        self.blocks, self.rank, self.gravity, self.window = blocks, rank, gravity, window
+        self.index = {int(block[0]): k for k, block in enumerate(blocks) if len(block)}
+        self.pending: dict[int, Any] = {}
+        self.submitted = 0
+        self.lock = threading.Lock()
 
-    return ItemSource(chunks=list(blocks), statistics=block, gravity=lambda: gravity)
+    def _submit(self, k: int) -> None:
+        lo, hi = int(self.blocks[k][0]), int(self.blocks[k][-1]) + 1
+        n = len(self.bounded)
+        partials = self.executor.map(_block_statistics_task, self.bounded, self.users, self.configs, [(lo, hi)] * n)
+        self.pending[k] = self.executor.reduce(partials)
+
+    def statistics(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = self.index[int(items[0])]
+        with self.lock:
+            while self.submitted < min(len(self.blocks), k + 1 + self.window):
+                self._submit(self.submitted)
+                self.submitted += 1
+            handle = self.pending.pop(k)
+        packed, rhs = self.executor.gather([handle])[0]
+        return items, dpals.unpack_upper(packed, self.rank), rhs
+
+    def source(self) -> ItemSource:
+        return ItemSource(chunks=list(self.blocks), statistics=self.statistics, gravity=lambda: self.gravity)
 
 
 def _partitions(ratings: Ratings | PartitionedRatings, config: DPALSConfig, executor: Executor, requested: Any,
@@ -392,10 +423,12 @@ def fit_distributed(
     for step in range(config.n_steps):
         users = executor.map(_users_task, bounded, users, [shared_public] * n, [executor.share(item_factors)] * n,
                              configs, [step + 1 == config.n_steps] * n)
-        source = _reduced_source(_reduced(executor, executor.map(_statistics_task, bounded, users, configs)), blocks)
+        gravity = (_reduced(executor, executor.map(_gravity_task, users, configs)) if config.reg_gravity > 0
+                   else np.zeros((config.rank, config.rank)))
+        cluster = _BlockStatistics(executor, bounded, users, configs, blocks, config.rank, gravity, BLOCKS_AHEAD)
         terms = None if public_terms is None else public_terms(public, item_factors)
-        item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser, terms)
-        del source
+        item_factors = dpals._item_step(public.frequent, recounts, cluster.source(), config, releaser, terms)
+        del cluster
         last_releases.append(item_factors)
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")

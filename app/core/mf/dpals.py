@@ -1075,24 +1075,45 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, ran
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 
-def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> tuple[np.ndarray, np.ndarray]:
+def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig, items: tuple[int, int] | None = None,
+                    factors: QuantisedFactors | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The item step's exact statistics of one partition of the users: (Σ_i c_ij x xᵀ upper
     triangles, packed row by row as :func:`pack_upper`, Σ_i c_ij M_ij x) for every trained item of
     ``plan`` (the partition's bounded item plan, :func:`bound_contributions`), ``padded`` its users'
-    clipped factors and a zero row.
+    clipped factors and a zero row; with ``items`` = (lo, hi), for the trained items lo..hi-1 alone
+    (row k is item lo + k); ``factors``: :func:`plan_factors` of ``padded``, when already made.
 
     The seam a distributed driver calls per partition: the partitions' results added in any
     order (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the
-    in-process item step forms chunk by chunk; noise is then drawn per item (§7). Packed, a
-    partition's Grams take r(r+1)/2 numbers an item instead of r²: about half the bytes a step
-    ships and sums."""
+    in-process item step forms chunk by chunk; noise is then drawn per item (§7). Each item's sums
+    are its own, so a block of items gives the same bits as the whole. Packed, a partition's Grams
+    take r(r+1)/2 numbers an item instead of r²: about half the bytes a step ships and sums."""
     rank = config.rank
-    grams, rhs = np.zeros((plan.n_rows, rank * (rank + 1) // 2)), np.zeros((plan.n_rows, rank))
-    factors = quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+    lo, hi = (0, plan.n_rows) if items is None else items
+    grams, rhs = np.zeros((hi - lo, rank * (rank + 1) // 2)), np.zeros((hi - lo, rank))
+    factors = plan_factors(plan, padded, config) if factors is None else factors
     for bucket in plan.buckets:
-        items, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
-        grams[items], rhs[items] = pack_upper(gram), b
+        if items is not None:
+            inside = (bucket.rows >= lo) & (bucket.rows < hi)
+            if not inside.any():
+                continue
+            bucket = _sub_bucket(bucket, inside)
+        rows, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
+        grams[rows - lo], rhs[rows - lo] = pack_upper(gram), b
     return grams, rhs
+
+
+def plan_factors(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> QuantisedFactors:
+    """The users' clipped factors as :func:`item_statistics` reads them (quantised once for an
+    unweighted plan)."""
+    return quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
+
+
+def _sub_bucket(bucket: Bucket, inside: np.ndarray) -> Bucket:
+    """The bucket's rows where ``inside`` holds."""
+    weights = None if bucket.sqrt_weights is None else bucket.sqrt_weights[inside]
+    return Bucket(rows=bucket.rows[inside], cols=bucket.cols[inside], values=bucket.values[inside],
+                  sqrt_weights=weights)
 
 
 def pack_upper(grams: np.ndarray) -> np.ndarray:
