@@ -28,10 +28,12 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
 * ``seconds_per_step``: wall seconds of the second step (between the two progress calls, less the
   counters' reads); ``seconds_preprocessing_and_first_step``;
 * ``seconds_driver_item_step``: the driver's item step of the second step (its solves and noise;
-  timed by wrapping ``dpals._item_step``); ``seconds_worker_tasks`` / ``seconds_reduce``: the
-  workers' compute time in the second step (Dask's task stream), the per-partition tasks summed
-  over the partitions (``seconds_worker_user_solves`` + ``seconds_worker_item_statistics``: the
-  users' solves, and the dense per-item Gram and linear-term statistics), and the exact reductions;
+  timed by wrapping ``dpals._item_step``; on a cluster it also waits for each item block's
+  statistics, which the workers form while it solves); ``seconds_worker_tasks`` / ``seconds_reduce``:
+  the workers' compute time in the second step (Dask's task stream), the per-partition tasks summed
+  over the partitions and item blocks (``seconds_worker_user_solves`` + ``seconds_worker_item_statistics``:
+  the users' solves, and the dense per-item Gram and linear-term statistics with K), and the exact
+  reductions;
 * ``peak_rss_mib_driver``: the driver's resident memory sampled every 5 ms over the run (the data it
   holds included; the scheduler lives in it); ``peak_rss_mib_worker{i}``: each worker process's
   kernel high-water mark (``VmHWM``, /proc; ``ru_maxrss`` elsewhere) over its life (the cluster is
