@@ -3,8 +3,8 @@
 Data: the production-shaped synthetic generator (speed-train's), rank 64, speed-train's DPALS
 config (k = 50 by the tail rule, every item trained, noise multiplier 1) with two steps; full form
 10⁷, 3·10⁷ and 10⁸ ratings (10⁶ users and 10⁵ items at the top) against clusters of 1, 2 and 4
-workers (1 and 2 at 10⁸: :data:`LARGEST_WORKERS`); ``--quick`` 10⁵ and 10⁶ ratings against 1 and 2
-workers. Runs, in one process, one after the other on the same data and seed:
+workers; ``--quick`` 10⁵ and 10⁶ ratings against 1 and 2 workers. Runs, in one process, one after
+the other on the same data and seed:
 
 * ``in-process``: :func:`dpals.train_dpals` with every core (``PRIVREC_THREADS`` = the CPUs this
   process may use, as the service); ``in-process-1thread`` the same on one solver thread;
@@ -62,8 +62,9 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
 
 Cost: ``--quick`` about 1.5 minutes of wall time on 2 idle cores (3 under other load), a third of it
 the read rows (PostgreSQL's included); the CI check (tests/integration/test_scale_bench.py) runs
-10⁵ ratings only, about a minute. The full form took 17 minutes on 2 idle cores (10⁷: 2, 3·10⁷: 5,
-10⁸: 10.5), the machine's memory at its lowest 6.6 GiB free of 24 at 10⁸ (2 workers).
+10⁵ ratings only, about a minute. The full form took 17 minutes on 2 idle cores with 1 and 2 workers
+at 10⁸ (10⁷: 2, 3·10⁷: 5, 10⁸: 10.5), and 4 workers at 10⁸ take about 6 more (the item statistics by
+block: the machine's memory at its lowest 9.4 GiB free of 24).
 """
 
 from __future__ import annotations
@@ -97,9 +98,6 @@ SEED = (1 << 100) + 7
 FULL_SIZES = ((138_000, 20_000, 10_000_000), (400_000, 50_000, 30_000_000), (1_000_000, 100_000, 100_000_000))
 QUICK_SIZES = ((2_000, 1_000, 100_000), (20_000, 5_000, 1_000_000))
 FULL_WORKERS = (1, 2, 4)
-#: the clusters at the largest size: four partitions each forming a dense statistic of 1.7 GB (10⁵ items,
-#: rank 64) while the reducing worker holds four of them and their sum would pass the 24 GB machine
-LARGEST_WORKERS = (1, 2)
 QUICK_WORKERS = (1, 2)
 MIB = 2**20
 #: the per-partition tasks of a step and the reduction (names of :mod:`app.core.mf.distributed`'s tasks)
@@ -652,12 +650,8 @@ def measure_reads(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int],
 
 
 def measure(sizes: Sequence[tuple[int, int, int]], workers: Sequence[int], pg_admin_url: str | None = None,
-            reads: bool = True, largest_workers: Sequence[int] | None = None) -> list[dict]:
-    """Every size's rows; ``largest_workers`` (when given) replaces ``workers`` at the last size."""
-    plan = [(shape, workers) for shape in sizes]
-    if largest_workers is not None and plan:
-        plan[-1] = (sizes[-1], largest_workers)
-    return [row for shape, ns in plan for row in measure_size(shape, ns, pg_admin_url=pg_admin_url, reads=reads)]
+            reads: bool = True) -> list[dict]:
+    return [row for shape in sizes for row in measure_size(shape, workers, pg_admin_url=pg_admin_url, reads=reads)]
 
 
 def run(quick: bool) -> list[dict]:
@@ -668,4 +662,4 @@ def run(quick: bool) -> list[dict]:
         raise SuiteUnavailable("suite 'scale' needs the optional 'dask' extra: pip install .[dask]") from exc
     pg_admin_url = os.environ.get(PG_URL_ENV) or None
     return (measure(QUICK_SIZES, QUICK_WORKERS, pg_admin_url) if quick
-            else measure(FULL_SIZES, FULL_WORKERS, pg_admin_url, largest_workers=LARGEST_WORKERS))
+            else measure(FULL_SIZES, FULL_WORKERS, pg_admin_url))
