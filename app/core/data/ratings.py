@@ -134,8 +134,8 @@ class Ratings:
         item_ids: np.ndarray,
     ) -> Ratings:
         """Build from rows already in CSR order (``indptr``, each row's ``cols`` strictly ascending),
-        without the sort of :meth:`from_indices`: the same matrix, the same dtypes, a third of its
-        transient memory. ``ValueError`` on NaN/inf, a column out of range, or a row whose columns
+        without the sort of :meth:`from_indices` and its copies: the same matrix, the same dtypes.
+        ``ValueError`` on NaN/inf, a column out of range, or a row whose columns
         are not strictly ascending (a duplicate pair included)."""
         indptr = np.asarray(indptr, dtype=np.int64)
         cols = np.asarray(cols)
