@@ -151,3 +151,51 @@ def test_a_read_that_fails_once_is_retried_on_the_cluster(client, tmp_path):
     assert model.event == reference.event and model.metadata == reference.metadata
     with pytest.raises(ConnectionError):
         train_dpals(flaky("once"), config, fit=distributed_fit(DaskExecutor(client, read_retries=0)))
+
+
+#: the results a partition's tasks make from its private data, which no other worker needs
+PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_task")
+
+
+def test_a_partitions_data_stays_on_the_worker_that_read_it(client, tmp_path):
+    """Every task over a partition runs where the partition was read, so no partition's ratings,
+    sample, bounded plans or user factors ever cross to another worker (only partial statistics
+    and shared public values do): a worker holds its own partition, not a copy of another's."""
+    pytest.importorskip("pyarrow", reason="the optional 'dask' extra (pyarrow) is not installed")
+    from app.core.data.snapshot import open_snapshot, write_snapshot
+    from app.core.mf.distributed import split_users
+
+    ratings = _ratings(5, n_users=400)
+    config = replace(CONFIGS["adaptive, gravity, pooling"](), n_steps=4)
+    write_snapshot(tmp_path / "s", split_users(ratings, PARTITIONINGS["four-random-one-empty"](
+        np.asarray(ratings.user_ids))), ratings.item_ids)
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    executor = DaskExecutor(client)
+    model = train_dpals(open_snapshot(tmp_path / "s"), config, fit=distributed_fit(executor, item_block=8))
+    np.testing.assert_array_equal(model.item_factors, train_dpals(ratings, config).item_factors)
+    fetched = client.run(lambda dask_worker: [str(key) for entry in dask_worker.transfer_incoming_log
+                                              for key in entry["keys"]])
+    moved = [key for keys in fetched.values() for key in keys]
+    assert any(key.startswith("_block_statistics_task") for key in moved)  # partials do travel to be summed
+    assert not [key for key in moved if key.startswith(PARTITION_TASKS)]
+    assert set(executor.homes.values()) == set(fetched)  # the partitions were spread over both workers
+
+
+def test_the_containers_tasks_pass_report_the_bytes_they_hold():
+    """The scheduler reads a result's size through ``dask.sizeof``: a partition, its bounded plans
+    and its users' factors report their arrays, not an empty object's few dozen bytes."""
+    from dask.sizeof import sizeof
+
+    from app.core.mf import dpals
+    from app.core.privacy.keyed import KeyedRandomness
+
+    ratings = _ratings(5, n_users=200)
+    config = replace(CONFIGS["adaptive, gravity, pooling"](), frequent_fraction=1.0)
+    keyed = KeyedRandomness(config.seed)
+    public = dpals.PublicState(3.0, np.ones(ratings.n_items), np.arange(ratings.n_items), np.zeros(ratings.n_items))
+    bounded = dpals.bound_contributions(ratings, config, public, keyed.sampling_keys())
+    csr_csc = sum(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes for m in (ratings.csr, ratings.csc))
+    assert sizeof(ratings) >= csr_csc + ratings.user_ids.nbytes + ratings.item_ids.nbytes
+    plans = [bounded.user_plan, bounded.item_plan]
+    bucket_bytes = sum(b.cols.nbytes + b.values.nbytes for plan in plans for b in plan.buckets)
+    assert sizeof(bounded) >= bucket_bytes + bounded.recount_statistic.nbytes > 10_000

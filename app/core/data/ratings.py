@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from app.core.arrays import HeldBytes
+
 __all__ = ["Ratings"]
 
 
@@ -40,7 +42,7 @@ def _index_ids(raw: np.ndarray, known: np.ndarray | None, what: str) -> tuple[np
 
 
 @dataclass(frozen=True)
-class Ratings:
+class Ratings(HeldBytes):
     """Explicit ratings of ``n_users`` users on ``n_items`` items.
 
     ``csr[u, i]`` is user ``u``'s rating of item ``i`` (stored entries only; an explicit 0.0 is a

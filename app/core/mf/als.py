@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from app.core.arrays import HeldBytes
 from app.core.data.ratings import Ratings
 from app.core.mf.linalg import (
     add_to_diagonal,
@@ -64,7 +65,7 @@ def _padded_length(count: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Bucket:
+class Bucket(HeldBytes):
     """Rows of equal padded length ``L``; padding points at an all-zero factor row."""
 
     rows: np.ndarray  # (g,) row indices
@@ -74,7 +75,7 @@ class Bucket:
 
 
 @dataclass(frozen=True)
-class SolvePlan:
+class SolvePlan(HeldBytes):
     """A sparse matrix re-laid for batched Gram computation (built once, reused every step)."""
 
     n_rows: int
@@ -154,7 +155,7 @@ def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 @dataclass(frozen=True)
-class QuantisedFactors:
+class QuantisedFactors(HeldBytes):
     """Factor rows for exact quantised Grams (:func:`bucket_quantised_gram`): ``table`` (a trailing
     zero row included) with every row's norm <= ``clip``, and for unweighted plans its rows
     quantised once (``linalg.quantise_table``, int16)."""

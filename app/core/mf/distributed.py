@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.core.arrays import HeldBytes
 from app.core.data.partitioned import PartitionedRatings, PartitionReader, read_partition
 from app.core.data.ratings import Ratings
 from app.core.mf import dpals
@@ -135,6 +136,11 @@ class DaskExecutor:
     what they hold (ratings, the sampling keys) crosses the network as data, under the cluster's
     TLS; the seed never does.
 
+    A partition's tasks follow it: each task runs on the worker its first argument's partition was
+    spread to (:attr:`homes`), and the containers they pass report the bytes they hold to
+    ``dask.sizeof`` (:class:`~app.core.arrays.HeldBytes`), so neither the scheduler nor its work
+    stealing moves a partition's data to another worker to save a queue's wait.
+
     ``moved_bytes`` counts what crossed between the driver and the cluster (partitions, shared
     values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted. A result
     not back within ``timeout_s`` (a cluster left without workers waits for ever) raises
@@ -154,6 +160,8 @@ class DaskExecutor:
         self.read_retries = read_retries
         self.moved_bytes = 0
         self.tasks = 0
+        #: the worker each partition was spread to, by task key, and the tasks that follow it there
+        self.homes: dict[Any, str] = {}
 
     def _count(self, values: Any) -> None:
         from dask.sizeof import sizeof  # the optional extra: imported only where a client exists
@@ -179,13 +187,25 @@ class DaskExecutor:
         workers = sorted(self.client.nthreads()) or [None]
         rows = list(zip(*columns, strict=True))
         self.tasks += len(rows)
-        return [self.client.submit(fn, *args, pure=False, workers=workers[i % len(workers)], allow_other_workers=True,
-                                   retries=self.read_retries)
-                for i, args in enumerate(rows)]
+        handles = [self.client.submit(fn, *args, pure=False, workers=workers[i % len(workers)],
+                                      allow_other_workers=True, retries=self.read_retries)
+                   for i, args in enumerate(rows)]
+        self.homes.update((handle.key, workers[i % len(workers)]) for i, handle in enumerate(handles))
+        return handles
 
     def map(self, fn: Callable[..., Any], *columns: Sequence[Any]) -> list[Any]:
-        self.tasks += len(columns[0])
-        return list(self.client.map(fn, *columns, pure=False))
+        """Each task on its first argument's home (the worker its partition was spread to), loosely: a
+        partition's tasks run where its data is, and any worker may run one whose home is lost."""
+        rows = list(zip(*columns, strict=True))
+        self.tasks += len(rows)
+        handles = []
+        for args in rows:
+            home = self.homes.get(getattr(args[0], "key", None)) if args else None
+            handle = self.client.submit(fn, *args, pure=False, workers=home, allow_other_workers=home is not None)
+            if home is not None:
+                self.homes[handle.key] = home
+            handles.append(handle)
+        return handles
 
     def reduce(self, handles: Sequence[Any]) -> Any:
         """A tree of sums, ``fan_in`` partials a task (exact: any grouping gives the same bits), so
@@ -273,7 +293,7 @@ def _recount_task(bounded: BoundedData) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Users:
+class _Users(HeldBytes):
     """A partition's user step: the clipped U with a trailing zero row, the next warm start, and U
     as the item statistics read it (quantised once a step, whatever the number of item blocks)."""
 

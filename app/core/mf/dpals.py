@@ -71,6 +71,7 @@ from typing import Any, Protocol, Self
 import numpy as np
 from dp_accounting import dp_event
 
+from app.core.arrays import HeldBytes
 from app.core.data.partitioned import PartitionedRatings, gather
 from app.core.data.ratings import Ratings
 from app.core.mf.als import (
@@ -561,7 +562,7 @@ def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, e
 
 
 @dataclass(frozen=True)
-class PublicState:
+class PublicState(HeldBytes):
     """Public outputs of pre-processing that everything later conditions on."""
 
     global_mean: float
@@ -571,7 +572,7 @@ class PublicState:
 
 
 @dataclass(frozen=True)
-class BoundedData:
+class BoundedData(HeldBytes):
     """Private, contribution-bounded training data (never released as such)."""
 
     user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
