@@ -27,12 +27,13 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
 
 * ``seconds_per_step``: wall seconds of the second step (between the two progress calls, less the
   counters' reads); ``seconds_preprocessing_and_first_step``;
-* ``seconds_driver_item_step``: the driver's item step of the second step (its solves and noise;
-  timed by wrapping ``dpals._item_step``; on a cluster it also waits for each item block's
-  statistics, which the workers form while it solves); ``seconds_worker_tasks`` / ``seconds_reduce``:
-  the workers' compute time in the second step (Dask's task stream), the per-partition tasks summed
-  over the partitions and item blocks (``seconds_worker_user_solves`` + ``seconds_worker_item_statistics``:
-  the users' solves, and the dense per-item Gram and linear-term statistics with K), and the exact
+* ``seconds_driver_item_step``: the item step of the second step as the driver sees it (timed by
+  wrapping ``dpals._item_step``): in process its noise and solves; on a cluster the wait until the
+  workers have formed, released and solved every item block and the driver has gathered V;
+  ``seconds_worker_tasks`` / ``seconds_reduce``: the workers' compute time in the second step (Dask's
+  task stream), the tasks summed over the partitions and item blocks (``seconds_worker_user_solves`` +
+  ``seconds_worker_item_statistics`` + ``seconds_worker_item_solves``: the users' solves; the dense
+  per-item Gram and linear-term statistics with K; each block's noise and solves), and the exact
   reductions;
 * ``peak_rss_mib_driver``: the driver's resident memory sampled every 5 ms over the run (the data it
   holds included; the scheduler lives in it); ``peak_rss_mib_worker{i}``: each worker process's
@@ -101,7 +102,10 @@ FULL_WORKERS = (1, 2, 4)
 QUICK_WORKERS = (1, 2)
 MIB = 2**20
 #: the per-partition tasks of a step and the reduction (names of :mod:`app.core.mf.distributed`'s tasks)
-WORKER_TASKS = ("_users_task", "_block_statistics_task", "_gravity_task")
+WORKER_TASKS = ("_users_task", "_block_statistics_task", "_gravity_task", "_release_task", "_grid_sum_task",
+                "_solve_task")
+#: the item step's tasks on the workers after its statistics: each block's release and solves
+ITEM_SOLVE_TASKS = ("_release_task", "_grid_sum_task", "_solve_task")
 REDUCE_TASKS = ("reduce_exact",)
 
 
@@ -370,7 +374,8 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
         _row(dataset, name, "seconds_worker_tasks", sum(run.compute.get(t, 0.0) for t in WORKER_TASKS)),
         _row(dataset, name, "seconds_worker_user_solves", run.compute.get("_users_task", 0.0)),
         _row(dataset, name, "seconds_worker_item_statistics",
-             sum(run.compute.get(t, 0.0) for t in WORKER_TASKS if t != "_users_task")),
+             sum(run.compute.get(t, 0.0) for t in ("_block_statistics_task", "_gravity_task"))),
+        _row(dataset, name, "seconds_worker_item_solves", sum(run.compute.get(t, 0.0) for t in ITEM_SOLVE_TASKS)),
         _row(dataset, name, "seconds_reduce", sum(run.compute.get(t, 0.0) for t in REDUCE_TASKS)),
         _row(dataset, name, "seconds_write_snapshot", run.write_s),
         _row(dataset, name, "bytes_snapshot", float(run.snapshot_bytes)),

@@ -67,7 +67,8 @@ def test_a_local_cluster_publishes_the_in_process_model(client, variant: str):
 
 
 def test_the_seed_never_reaches_a_worker(client):
-    """The workers hold the config without its seed and the sampling keys; the noise stays on the driver."""
+    """The workers hold the config without its seed, the sampling keys and each item release's own
+    noise key (from which no other release's noise follows), never the seed."""
     ratings = _ratings(5, n_users=200)
     executor = DaskExecutor(client)
     config = default_config("rating")
@@ -199,3 +200,39 @@ def test_the_containers_tasks_pass_report_the_bytes_they_hold():
     plans = [bounded.user_plan, bounded.item_plan]
     bucket_bytes = sum(b.cols.nbytes + b.values.nbytes for plan in plans for b in plan.buckets)
     assert sizeof(bounded) >= bucket_bytes + bounded.recount_statistic.nbytes > 10_000
+
+
+class RecordingExecutor(DaskExecutor):
+    """A Dask executor that keeps what the driver gathers."""
+
+    def __init__(self, client) -> None:
+        super().__init__(client)
+        self.gathered: list = []
+
+    def gather(self, handles):
+        values = super().gather(handles)
+        self.gathered.extend(values)
+        return values
+
+
+@pytest.mark.parametrize("pooling", [0.0, 1.0])
+def test_the_item_step_is_released_and_solved_on_the_workers(client, pooling: float):
+    """Each item block is released and solved where its statistics were reduced: the driver gathers
+    its factor rows (and, with pooling, one r × r integer sum a block), never an item's Gram; the
+    in-process model, bit for bit."""
+    ratings = _ratings(5, n_users=200)
+    config = replace(CONFIGS["adaptive, gravity, pooling"](), gram_pooling=pooling, frequent_fraction=1.0)
+    executor = RecordingExecutor(client)
+    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 8, executor)
+    for got, want in zip(_published(model), _published(train_dpals(ratings, config)), strict=True):
+        np.testing.assert_array_equal(got, want)
+    rank, n_items = config.rank, ratings.n_items
+    arrays = [value for value in executor.gathered if isinstance(value, np.ndarray)]
+    members = [member for value in executor.gathered if isinstance(value, tuple) for member in value]
+    grams = [value for value in arrays + members if isinstance(value, np.ndarray) and value.ndim >= 2
+             and value.shape[1:] in ((rank * (rank + 1) // 2,), (rank, rank))]
+    assert all(value.shape == (rank, rank) for value in grams)  # K (gravity) and the grid sums only
+    blocks = [value for value in arrays if value.shape == (8, rank)]  # a block's factor rows
+    assert n_items % 8 == 0 and len(blocks) == config.n_steps * n_items // 8  # every block, every step
+    sums = [value for value in arrays if value.dtype == np.int64]
+    assert len(sums) == (len(blocks) if pooling else 0) and all(value.shape == (rank, rank) for value in sums)

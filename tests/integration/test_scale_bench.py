@@ -17,7 +17,7 @@ IN_PROCESS = ("in-process", "in-process-1thread")
 COMMON = {"seconds_per_step", "seconds_preprocessing_and_first_step", "seconds_driver_item_step",
           "peak_rss_mib_driver", "equal_to_in_process"}
 CLUSTER = {"rss_mib_worker_idle", "ratings_largest_partition", "worker_peak_over_target", "seconds_worker_tasks",
-           "seconds_worker_user_solves", "seconds_worker_item_statistics", "seconds_reduce",
+           "seconds_worker_user_solves", "seconds_worker_item_statistics", "seconds_worker_item_solves", "seconds_reduce",
            "bytes_driver_cluster_per_step", "bytes_worker_worker_per_step", "bytes_per_step", "tasks_per_step",
            "seconds_write_snapshot", "bytes_snapshot", "seconds_read_partitions", "bytes_driver_cluster_total"}
 READ = {"seconds_read_partitions", "seconds_export", "bytes_source", "bytes_to_workers", "peak_rss_mib_worker_max",

@@ -5,20 +5,24 @@ user partition read on a cluster worker (a :class:`~app.core.data.partitioned.Pa
 one reader task each, the driver never holding the matrix) or cuts a matrix it holds and places the
 parts, through an :class:`Executor` (a Dask client, :class:`DaskExecutor`; or :class:`InProcess`,
 the same driver in one process), maps the per-partition statistics of :mod:`app.core.mf.dpals`
-(the partition-invariant seam, docs/algorithms.md §7) over them, reduces them exactly (a tree of
-sums on a cluster; the item step's statistics block by block of items, a few blocks ahead of the
-driver, Grams as packed upper triangles) and draws every release **once, on the driver**, where the
-statistic is complete: the count histogram that sets k, the item counts, the (user-level) mean, the
-item-bias sums, the re-counts, and per step K̃, {Ã_j} and {b̃_j}. The item solves and everything public
-run on the driver too.
+(the partition-invariant seam, docs/algorithms.md §7) over them and reduces them exactly (a tree of
+sums on a cluster, Grams as packed upper triangles). Each release is drawn **once, where its
+statistic is complete**: on the driver, the count histogram that sets k, the item counts, the
+(user-level) mean, the item-bias sums, the re-counts and per step K̃; on the cluster, per step and
+block of trained items, {Ã_j} and {b̃_j}, on the worker that reduced the block's statistics, which
+then solves the block's items (:class:`_ClusterItemStep`, a few blocks ahead of the driver). The
+driver records every release and gathers V.
 
 Tasks are pure: each is a function of its partition, public released values, the config without
-its seed, and the sampling keys (:meth:`KeyedRandomness.sampling_keys`, from which no noise can be
-derived: the seed never leaves the driver, and tasks draw no noise). A task that the cluster recomputes (a
-lost worker, a retry) returns the same bits and releases nothing; only the driver's releaser adds to
-the run's record, which is checked against the reserved event exactly as in process. What stays on
-the workers: each partition's ratings, its sample, its bounded plans and its users' factors (never
-gathered); what reaches the driver: exact statistics of the size of the catalogue (counted by
+its seed, the sampling keys (:meth:`KeyedRandomness.sampling_keys`) and, for a block's release, the
+step's two noise keys (:class:`~app.core.mf.dpals.ItemReleases`: item j's noise is its key's stream j,
+so a block drawn anywhere gives the same numbers). No key yields the seed or another release's
+noise, and the seed never leaves the driver. A task that the cluster recomputes (a lost worker, a
+retry) returns the same bits and releases nothing new; only the driver's releaser adds to the run's
+record, which is checked against the reserved event exactly as in process. What stays on the
+workers: each partition's ratings, its sample, its bounded plans and its users' factors (never
+gathered, and never moved to another worker: :attr:`DaskExecutor.homes`), and the blocks' statistics;
+what reaches the driver: catalogue-sized vectors, r × r sums and V (counted by
 :attr:`DaskExecutor.moved_bytes`).
 
 Dask is an optional extra (``pip install .[dask]``): nothing here imports it; :class:`DaskExecutor`
@@ -27,8 +31,8 @@ only calls the client it is handed.
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -46,11 +50,14 @@ from app.core.mf.dpals import (
     DPALSConfig,
     DPALSFit,
     FitFunction,
+    ItemReleases,
     ItemSource,
     Preprocessed,
     Progress,
+    PublicItemTerms,
     PublicState,
     PublicTermsHook,
+    _ReleasedChunk,
 )
 from app.core.privacy.keyed import KeyedRandomness, SamplingKeys, user_hashes
 from app.core.privacy.releaser import GaussianReleaser
@@ -68,13 +75,13 @@ __all__ = [
     "REDUCE_FAN_IN",
 ]
 
-#: trained items per block of the driver's item step (the noise is keyed per item: any block size
-#: releases the same bits)
+#: trained items per block of the item step (the noise is keyed per item: any block size releases the
+#: same bits)
 ITEM_BLOCK = 1024
 #: partial statistics summed per task of the cluster's reduction tree
 REDUCE_FAN_IN = 4
-#: item blocks whose statistics the cluster forms ahead of the one the driver's item step is at: what
-#: a worker holds of them is a few blocks' partials, not the whole catalogue's
+#: item blocks the cluster forms, releases and solves ahead of the one the driver gathers: what a
+#: worker holds of them is a few blocks' partials, not the whole catalogue's
 BLOCKS_AHEAD = 4
 #: times Dask re-runs a partition's read that raised (a dropped connection, a worker's transient error): the
 #: reader imports the run's exported snapshot again, so a retry reads the same rows and releases nothing
@@ -133,8 +140,8 @@ class DaskExecutor:
     """The tasks on a ``distributed.Client``'s workers. Every key is random (``pure=False``): no
     key is derived from an argument, so no id or key material appears in a key, the scheduler's
     task list or the dashboard. Partitions and shared values are tasks' results (recomputable);
-    what they hold (ratings, the sampling keys) crosses the network as data, under the cluster's
-    TLS; the seed never does.
+    what they hold (ratings, the sampling keys, an item step's noise keys) crosses the network as
+    data, under the cluster's TLS; the seed never does.
 
     A partition's tasks follow it: each task runs on the worker its first argument's partition was
     spread to (:attr:`homes`), and the containers they pass report the bytes they hold to
@@ -337,39 +344,96 @@ def _item_blocks(n_items: int, block: int) -> list[np.ndarray]:
     return np.array_split(np.arange(n_items), max(1, math.ceil(n_items / block)))
 
 
-class _BlockStatistics:
-    """The item step's :class:`ItemSource` over the cluster: each item block's statistics mapped
-    over the partitions and reduced exactly, submitted at most ``window`` blocks ahead of the
-    block the item step asks for, and gathered (Grams unpacked) when it does. The item step may
-    ask from several threads and in any order."""
+def _no_statistics(chunk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    raise AssertionError("the cluster's item step solves its blocks itself")  # ItemSource.solve is set
+
+
+def _release_task(statistic: tuple[np.ndarray, np.ndarray], items: np.ndarray, step: ItemReleases,
+                  rank: int) -> _ReleasedChunk:
+    """A block's complete statistics (reduced over the partitions) released where they are: Ã_j and
+    b̃_j of its trained items, each item's noise from its keyed stream (a recomputed task draws the
+    same numbers, so a retry releases nothing new)."""
+    packed, rhs = statistic
+    return step.release(items, dpals.unpack_upper(packed, rank), rhs)
+
+
+def _grid_sum_task(released: _ReleasedChunk, step: ItemReleases) -> np.ndarray:
+    return step.grid_sum(released)
+
+
+def _solve_task(released: _ReleasedChunk, step: ItemReleases, public: PublicItemTerms | None,
+                pool: tuple[np.ndarray, float] | None) -> np.ndarray:
+    """The block's item factors from its released systems (post-processing)."""
+    return step.solve(released, public, pool)
+
+
+class _ClusterItemStep:
+    """The item step on the cluster (:attr:`ItemSource.solve`): each block of trained items has its
+    statistics mapped over the partitions and reduced exactly, released on the worker holding the
+    sum, and solved there; the driver gathers the blocks' factor rows, at most ``window`` blocks
+    behind the last one submitted, so a worker holds a few blocks' partials at once. With pooling
+    every block is released first and its grid sum gathered (Ā needs them all), the released
+    blocks staying on the workers, then solved. The driver draws no item noise and holds no r × r
+    statistic; what crosses to it is V and, with pooling, one r × r integer sum a block."""
 
     def __init__(self, executor: Executor, bounded: list[Any], users: list[Any], configs: list[Any],
-                 blocks: list[np.ndarray], rank: int, gravity: np.ndarray, window: int) -> None:
+                 blocks: list[np.ndarray], rank: int, window: int) -> None:
         self.executor, self.bounded, self.users, self.configs = executor, bounded, users, configs
-        self.blocks, self.rank, self.gravity, self.window = blocks, rank, gravity, window
-        self.index = {int(block[0]): k for k, block in enumerate(blocks) if len(block)}
-        self.pending: dict[int, Any] = {}
-        self.submitted = 0
-        self.lock = threading.Lock()
+        self.blocks, self.rank, self.window = [block for block in blocks if len(block)], rank, window
 
-    def _submit(self, k: int) -> None:
-        lo, hi = int(self.blocks[k][0]), int(self.blocks[k][-1]) + 1
+    def _released(self, block: np.ndarray, step: Any) -> Any:
+        lo, hi = int(block[0]), int(block[-1]) + 1
         n = len(self.bounded)
         partials = self.executor.map(_block_statistics_task, self.bounded, self.users, self.configs, [(lo, hi)] * n)
-        self.pending[k] = self.executor.reduce(partials)
+        return self.executor.map(_release_task, [self.executor.reduce(partials)], [block], [step], [self.rank])[0]
 
-    def statistics(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = self.index[int(items[0])]
-        with self.lock:
-            while self.submitted < min(len(self.blocks), k + 1 + self.window):
-                self._submit(self.submitted)
-                self.submitted += 1
-            handle = self.pending.pop(k)
-        packed, rhs = self.executor.gather([handle])[0]
-        return items, dpals.unpack_upper(packed, self.rank), rhs
+    def _pipelined(self, submit: Callable[[int], Any], take: Callable[[int, Any], None]) -> None:
+        """``submit`` each block in order and ``take`` its value, gathering block k once block
+        k + window is submitted."""
+        pending: deque[tuple[int, Any]] = deque()
+        for k in range(len(self.blocks)):
+            pending.append((k, submit(k)))
+            if len(pending) > self.window:
+                j, handle = pending.popleft()
+                take(j, self.executor.gather([handle])[0])
+        while pending:
+            j, handle = pending.popleft()
+            take(j, self.executor.gather([handle])[0])
 
-    def source(self) -> ItemSource:
-        return ItemSource(chunks=list(self.blocks), statistics=self.statistics, gravity=lambda: self.gravity)
+    def solve(self, step: ItemReleases, public: PublicItemTerms | None) -> np.ndarray:
+        shared = self.executor.share(step)
+        factors = np.empty((len(step.frequent), self.rank))
+
+        def solved(k: int, released: Any, pool: tuple[np.ndarray, float] | None) -> Any:
+            block = self.blocks[k]
+            return self.executor.map(_solve_task, [released], [shared], [dpals._rows_of(public, block)], [pool])[0]
+
+        def take(k: int, rows: np.ndarray) -> None:
+            factors[self.blocks[k]] = rows
+
+        if step.pooling == 0:
+            self._pipelined(lambda k: solved(k, self._released(self.blocks[k], shared), None), take)
+            return factors
+        released: list[Any] = []
+        total = np.zeros((self.rank, self.rank), dtype=np.int64)
+
+        def summed(k: int, grid_sum: np.ndarray) -> None:
+            nonlocal total
+            total = total + grid_sum
+
+        def release(k: int) -> Any:
+            released.append(self._released(self.blocks[k], shared))
+            return self.executor.map(_grid_sum_task, [released[k]], [shared])[0]
+
+        self._pipelined(release, summed)
+        pool = step.pool(total)
+
+        def solve_pooled(k: int) -> Any:
+            handle, released[k] = released[k], None  # the cluster frees Ã_j once its block is solved
+            return solved(k, handle, pool)
+
+        self._pipelined(solve_pooled, take)
+        return factors
 
 
 def _partitions(ratings: Ratings | PartitionedRatings, config: DPALSConfig, executor: Executor, requested: Any,
@@ -412,7 +476,7 @@ def fit_distributed(
     (the private plans never leave the workers)."""
     keyed = KeyedRandomness(config.seed)
     releaser = GaussianReleaser(None, keyed)
-    # the tasks' config carries no seed, only the sampling keys travel: the noise stays on the driver
+    # the tasks' config carries no seed: the sampling keys travel, and each item release's own noise key
     requested = executor.share(replace(config, seed=0))
     parts = _partitions(ratings, config, executor, requested, n_partitions, labels)
     del ratings
@@ -445,10 +509,12 @@ def fit_distributed(
                              configs, [step + 1 == config.n_steps] * n)
         gravity = (_reduced(executor, executor.map(_gravity_task, users, configs)) if config.reg_gravity > 0
                    else np.zeros((config.rank, config.rank)))
-        cluster = _BlockStatistics(executor, bounded, users, configs, blocks, config.rank, gravity, BLOCKS_AHEAD)
+        cluster = _ClusterItemStep(executor, bounded, users, configs, blocks, config.rank, BLOCKS_AHEAD)
+        source = ItemSource(chunks=[], statistics=_no_statistics, gravity=functools.partial(np.asarray, gravity),
+                            solve=cluster.solve)
         terms = None if public_terms is None else public_terms(public, item_factors)
-        item_factors = dpals._item_step(public.frequent, recounts, cluster.source(), config, releaser, terms)
-        del cluster
+        item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser, terms)
+        del cluster, source
         last_releases.append(item_factors)
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")

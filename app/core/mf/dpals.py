@@ -97,8 +97,9 @@ from app.core.mf.linalg import (
 from app.core.mf.model import PublicModel, UserRegularisation
 from app.core.parallel import parallel_map
 from app.core.privacy import accounting
+from app.core.privacy.discrete_noise import GridGaussian
 from app.core.privacy.exact_sums import exact_bincount, exact_sum, fixed_quantum, fixed_terms, floor_weights
-from app.core.privacy.keyed import KeyedRandomness, SamplingKeys, user_hashes
+from app.core.privacy.keyed import KeyedRandomness, NoiseKey, SamplingKeys, user_hashes
 from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import KeysOf, clip_scale, lowest_k_per_row, per_user_sample, sort_pairs
@@ -117,6 +118,7 @@ __all__ = [
     "apply_bound_laws",
     "RIDGE_REFERENCE_USERS",
     "user_mean_statistics",
+    "ItemReleases",
     "ItemSource",
     "item_statistics",
     "pack_upper",
@@ -144,6 +146,7 @@ __all__ = [
     "public_model",
     "project_psd",
     "pooled_gram",
+    "pooled_from_sum",
     "pool_item_grams",
     "average_releases",
 ]
@@ -909,6 +912,64 @@ class PublicItemTerms:
 PublicTermsHook = Callable[[PublicState, np.ndarray], "PublicItemTerms | None"]
 
 
+_ReleasedChunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # (trained-item positions, Ã_j, b̃_j)
+
+
+@dataclass(frozen=True)
+class ItemReleases:
+    """One item step's releases {Ã_j}, {b̃_j} and solves, for any block of trained items: the public
+    inputs (the trained items' catalogue positions and re-counts, their ridges, the released gravity
+    term λ0·Π_PSD(K̃), the filter's κ, the data-free PSD shift, the pooling strength ψ) and both
+    releases' grids and noise keys. Item j's noise comes from its own stream, keyed by the release
+    and its catalogue position, so any block on any worker draws the same numbers (docs/algorithms.md
+    §7). The keys are secret (their repr says so): a cluster's workers hold them only over its TLS,
+    beside the private statistics they noise. The releases themselves are recorded by the driver's
+    releaser (:func:`_item_releases`)."""
+
+    frequent: np.ndarray
+    recounts: np.ndarray
+    ridge: np.ndarray
+    gravity: np.ndarray | None
+    kappa: float
+    shift: float
+    pooling: float
+    grid_gram: GridGaussian
+    gram_noise: NoiseKey
+    grid_linear: GridGaussian
+    linear_noise: NoiseKey
+
+    def release(self, items: np.ndarray, gram: np.ndarray, b: np.ndarray) -> _ReleasedChunk:
+        """(items, Ã_j, b̃_j) of the trained items ``items`` from their exact statistics: ``gram``
+        (upper triangles read) is noised in place; the lower ones are mirrored where pooling or the
+        filter reads them."""
+        positions = self.frequent[items]  # catalogue positions: the noise's public index
+        mirror = self.pooling > 0 or self.kappa > 0
+        gram = self.grid_gram.release_symmetric(self.gram_noise.at(positions), gram, out=gram, mirror=mirror)
+        return items, gram, self.grid_linear.release(self.linear_noise.at(positions), b)
+
+    def grid_sum(self, released: _ReleasedChunk) -> np.ndarray:
+        """Σ_j Ã_j over the block in units of the release's grid (int64): the released Grams are
+        multiples of the grid, so the blocks' sums add up exactly in any blocking (§7)."""
+        return np.asarray(np.rint(released[1] / self.grid_gram.grid).astype(np.int64).sum(axis=0))
+
+    def pool(self, grid_sum: np.ndarray) -> tuple[np.ndarray, float]:
+        """(Ā, c*) of :func:`pooled_gram` from every block's :meth:`grid_sum`, summed."""
+        return pooled_from_sum(np.asarray(grid_sum).astype(np.float64) * self.grid_gram.grid, self.recounts,
+                               self.grid_gram.std)
+
+    def solve(self, released: _ReleasedChunk, public: PublicItemTerms | None = None,
+              pool: tuple[np.ndarray, float] | None = None) -> np.ndarray:
+        """The block's item factors (:func:`_solve_projected`); with ``pool`` = (Ā, c*) its Grams
+        are first shrunk towards the pooled one (:func:`pool_item_grams`) and the PSD shift with
+        them. ``public``: the block's rows of the public terms."""
+        items, gram, b = released
+        shifts: float | np.ndarray = self.shift
+        if pool is not None:
+            gram, weights = pool_item_grams(gram, self.recounts[items], *pool, self.pooling)
+            shifts = self.shift * weights[:, None]  # the noise left in Â_j is w_j times Ã_j's
+        return _solve_projected(gram, b, self.ridge[items], self.gravity, public, self.kappa, shifts)
+
+
 @dataclass(frozen=True)
 class ItemSource:
     """Where one item step's exact statistics come from: units of work owning disjoint trained
@@ -916,11 +977,17 @@ class ItemSource:
     ``statistics``, and K = Σ u uᵀ by ``gravity`` (called only when λ0 > 0). In process
     (:func:`local_item_source`): the item plan's buckets over the local U. A distributed driver:
     any blocks of items, each statistic reduced over the user partitions (:func:`item_statistics`,
-    :func:`gravity_statistic`, :func:`reduce_exact`): the same numbers, so the same releases."""
+    :func:`gravity_statistic`, :func:`reduce_exact`): the same numbers, so the same releases.
+
+    ``solve``, where given, releases and solves every block itself (a cluster: each block's noise
+    drawn and its systems solved on the worker that holds its complete statistics, only V
+    travelling back) and returns the trained items' factors; ``chunks`` and ``statistics`` are then
+    unused."""
 
     chunks: list[Any]
     statistics: Callable[[Any], tuple[np.ndarray, np.ndarray, np.ndarray]]
     gravity: Callable[[], np.ndarray]
+    solve: Callable[[ItemReleases, PublicItemTerms | None], np.ndarray] | None = None
 
 
 def local_item_source(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> ItemSource:
@@ -951,6 +1018,18 @@ def _item_step(
     ``public`` adds exact public terms after the projection (their sum stays PSD); the noise and
     its draw order do not depend on it.
     """
+    step = _item_releases(frequent, recounts, source, config, releaser)
+    if source.solve is not None:
+        return source.solve(step, public)
+    return _solve_items(source, step, public, releaser, config.rank)
+
+
+def _item_releases(frequent: np.ndarray, recounts: np.ndarray, source: ItemSource, config: DPALSConfig,
+                   releaser: GaussianReleaser) -> ItemReleases:
+    """The step's gravity release K̃ (where λ0 > 0), then the records of {Ã_j} and {b̃_j}: one
+    release each over all trained items, its noise drawn block by block wherever each block's
+    statistics are complete (items with no selected rating included), from streams keyed by the
+    release and the item's catalogue position (the same draws in any blocking: docs/algorithms.md §7)."""
     rank, z = config.rank, config.noise_multipliers()
     gamma_u, gamma_m, sqrt_b = config.clip_user, config.clip_rating, math.sqrt(config.contribution_bound)
     n_items = len(frequent)
@@ -959,55 +1038,45 @@ def _item_step(
         k_noisy = releaser.symmetric("gravity_gram", source.gravity(), gamma_u**2, z["gravity"])
         eigval, eigvec = project_psd(k_noisy)
         gravity = config.reg_gravity * (eigvec * eigval) @ eigvec.T
-    # One release each for {Ã_j} and {b̃_j} over all trained items; the statistics are formed and
-    # noised chunk by chunk (items with no selected rating included) to keep memory at O(chunk · r²),
-    # each item's noise from its own stream keyed by the release and its catalogue position (the
-    # same draws whatever the chunks: docs/algorithms.md §7).
     # items whose statistics one user can change (rounding bound): k when sampling, all otherwise
     bound = n_items if config.contribution_mode == "adaptive_weights" else min(config.contribution_bound, n_items)
     grid_gram = releaser.record_grid("item_grams", sqrt_b * gamma_u**2, z["gram"], bound * rank * (rank + 1) // 2)
     gram_noise = releaser.noise_key()
     grid_linear = releaser.record_grid("item_linear", sqrt_b * gamma_u * gamma_m, z["linear"], bound * rank)
     linear_noise = releaser.noise_key()
-    ridge = config.reg_item * item_ridge_weights(recounts, config.item_reg_exponent)
-    kappa = config.noise_filter * grid_linear.std**2 / gamma_m**2
-    shift = PSD_SHIFT * noise_edge(grid_gram.std, rank)  # data-independent
-    item_factors = np.empty((n_items, rank))
-    mirrored = config.gram_pooling > 0 or kappa > 0
+    return ItemReleases(
+        frequent=frequent, recounts=recounts, ridge=config.reg_item * item_ridge_weights(recounts, config.item_reg_exponent),
+        gravity=gravity, kappa=config.noise_filter * grid_linear.std**2 / gamma_m**2,
+        shift=PSD_SHIFT * noise_edge(grid_gram.std, rank),  # data-independent
+        pooling=config.gram_pooling, grid_gram=grid_gram, gram_noise=gram_noise, grid_linear=grid_linear,
+        linear_noise=linear_noise)
+
+
+def _solve_items(source: ItemSource, step: ItemReleases, public: PublicItemTerms | None,
+                 releaser: GaussianReleaser, rank: int) -> np.ndarray:
+    """The step in this process: each chunk's statistics formed, released and solved on the solver
+    threads (chunks own disjoint items), memory O(chunk · r²); with pooling every Ã_j first, since
+    Ā needs them all (O(n_frequent · r²))."""
+    item_factors = np.empty((len(step.frequent), rank))
 
     def release_chunk(chunk: Any) -> _ReleasedChunk:
-        items, gram, b = source.statistics(chunk)
-        positions = frequent[items]  # catalogue positions: the noise's public index
-        # in place: the chunk's Grams are ours; the solves read upper triangles only, pooling and the filter both
-        gram = grid_gram.release_symmetric(gram_noise.at(positions), gram, out=gram, mirror=mirrored)
-        b = grid_linear.release(linear_noise.at(positions), b)
+        items, gram, b = step.release(*source.statistics(chunk))
         releaser.observe("item_grams", items, gram)  # a no-op outside the test-only audit tap
         releaser.observe("item_linear", items, b)
         return items, gram, b
 
-    def solve(released: _ReleasedChunk, shifts: float | np.ndarray = shift) -> None:
-        items, gram, b = released
-        item_factors[items] = _solve_projected(gram, b, ridge[items], gravity, _rows_of(public, items), kappa,
-                                               shifts)
+    def solve(released: _ReleasedChunk, pool: tuple[np.ndarray, float] | None = None) -> None:
+        item_factors[released[0]] = step.solve(released, _rows_of(public, released[0]), pool)
 
-    if config.gram_pooling == 0:
-        parallel_map(lambda chunk: solve(release_chunk(chunk)), source.chunks)  # chunks own disjoint items
+    if step.pooling == 0:
+        parallel_map(lambda chunk: solve(release_chunk(chunk)), source.chunks)
         return item_factors
-    # pooling needs every released Ã_j before the first solve: O(n_frequent · r²) memory
     released_chunks = parallel_map(release_chunk, source.chunks)
-    mean_gram, scale = pooled_gram([gram for _, gram, _ in released_chunks], recounts, grid_gram.std,
-                                   grid_gram.grid)
-
-    def solve_pooled(released: _ReleasedChunk) -> None:
-        items, gram, b = released
-        pooled, weights = pool_item_grams(gram, recounts[items], mean_gram, scale, config.gram_pooling)
-        solve((items, pooled, b), shift * weights[:, None])  # the noise left in Â_j is w_j times Ã_j's
-
-    parallel_map(solve_pooled, released_chunks)
+    pool = step.pool(np.sum([step.grid_sum(released) for released in released_chunks], axis=0))
+    parallel_map(lambda released: solve(released, pool), released_chunks)
     return item_factors
 
 
-_ReleasedChunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # (trained-item positions, Ã_j, b̃_j)
 
 
 def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float,
@@ -1025,6 +1094,11 @@ def pooled_gram(grams: list[np.ndarray], recounts: np.ndarray, noise_std: float,
     else:  # released grams are multiples of the grid: summed as integers, the same in any chunking (§7)
         counts = np.sum([np.rint(gram / grid).astype(np.int64).sum(axis=0) for gram in grams], axis=0)
         total = counts.astype(np.float64) * grid
+    return pooled_from_sum(total, recounts, noise_std)
+
+
+def pooled_from_sum(total: np.ndarray, recounts: np.ndarray, noise_std: float) -> tuple[np.ndarray, float]:
+    """:func:`pooled_gram` from Σ_j Ã_j, already summed (over a cluster's blocks, say)."""
     mean_gram = total / max(float(recounts.sum()), 1.0)
     per_entry = float(np.trace(mean_gram)) / mean_gram.shape[0]
     return mean_gram, (noise_std / per_entry if per_entry > 0 else 0.0)
