@@ -1169,10 +1169,10 @@ def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig, it
     factors = plan_factors(plan, padded, config) if factors is None else factors
     for bucket in plan.buckets:
         if items is not None:
-            inside = (bucket.rows >= lo) & (bucket.rows < hi)
-            if not inside.any():
+            first, last = np.searchsorted(bucket.rows, (lo, hi))  # a bucket's rows ascend (make_plan)
+            if first == last:
                 continue
-            bucket = _sub_bucket(bucket, inside)
+            bucket = _sub_bucket(bucket, slice(int(first), int(last)))
         rows, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
         grams[rows - lo], rhs[rows - lo] = pack_upper(gram), b
     return grams, rhs
@@ -1184,8 +1184,8 @@ def plan_factors(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig) -> Qu
     return quantised_factors(padded, config.clip_user, weighted=any(b.sqrt_weights is not None for b in plan.buckets))
 
 
-def _sub_bucket(bucket: Bucket, inside: np.ndarray) -> Bucket:
-    """The bucket's rows where ``inside`` holds."""
+def _sub_bucket(bucket: Bucket, inside: np.ndarray | slice) -> Bucket:
+    """The bucket's rows ``inside`` (a mask, or a slice: views, no copies)."""
     weights = None if bucket.sqrt_weights is None else bucket.sqrt_weights[inside]
     return Bucket(rows=bucket.rows[inside], cols=bucket.cols[inside], values=bucket.values[inside],
                   sqrt_weights=weights)
@@ -1193,16 +1193,24 @@ def _sub_bucket(bucket: Bucket, inside: np.ndarray) -> Bucket:
 
 def pack_upper(grams: np.ndarray) -> np.ndarray:
     """The upper triangles (diagonal included) of a stack of r × r matrices, row by row: (n, r(r+1)/2)."""
-    rows, cols = np.triu_indices(grams.shape[-1])
-    return grams[:, rows, cols]
+    rank = grams.shape[-1]
+    packed = np.empty((len(grams), rank * (rank + 1) // 2), dtype=grams.dtype)
+    for row, start in enumerate(_row_starts(rank)):  # one slice a row: a fancy index costs 4× as much
+        packed[:, start : start + rank - row] = grams[:, row, row:]
+    return packed
 
 
 def unpack_upper(packed: np.ndarray, rank: int) -> np.ndarray:
     """:func:`pack_upper`'s inverse onto upper-triangular r × r matrices (zeros below the diagonal)."""
-    rows, cols = np.triu_indices(rank)
     grams = np.zeros((len(packed), rank, rank))
-    grams[:, rows, cols] = packed
+    for row, start in enumerate(_row_starts(rank)):
+        grams[:, row, row:] = packed[:, start : start + rank - row]
     return grams
+
+
+def _row_starts(rank: int) -> list[int]:
+    """Where each row of an r × r upper triangle starts in its packed form."""
+    return [row * rank - row * (row - 1) // 2 for row in range(rank)]
 
 
 def reduce_exact(parts: Iterable[Any]) -> Any:
