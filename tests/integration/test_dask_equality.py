@@ -154,8 +154,9 @@ def test_a_read_that_fails_once_is_retried_on_the_cluster(client, tmp_path):
         train_dpals(flaky("once"), config, fit=distributed_fit(DaskExecutor(client, read_retries=0)))
 
 
-#: the results a partition's tasks make from its private data, which no other worker needs
-PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_task")
+#: the results a partition's tasks make from its private data, which no other worker needs, and an
+#: item block's release (solved where it was drawn)
+PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_task", "_release_task")
 
 
 def test_a_partitions_data_stays_on_the_worker_that_read_it(client, tmp_path):
@@ -180,6 +181,8 @@ def test_a_partitions_data_stays_on_the_worker_that_read_it(client, tmp_path):
     assert any(key.startswith("_block_statistics_task") for key in moved)  # partials do travel to be summed
     assert not [key for key in moved if key.startswith(PARTITION_TASKS)]
     assert set(executor.homes.values()) == set(fetched)  # the partitions were spread over both workers
+    solved_on = {home for key, home in executor.homes.items() if str(key).startswith("_solve_task")}
+    assert solved_on == set(fetched)  # the item blocks take turns over the workers
 
 
 def test_the_containers_tasks_pass_report_the_bytes_they_hold():

@@ -205,27 +205,31 @@ class DaskExecutor:
         partition's tasks run where its data is, and any worker may run one whose home is lost."""
         rows = list(zip(*columns, strict=True))
         self.tasks += len(rows)
-        handles = []
-        for args in rows:
-            home = self.homes.get(getattr(args[0], "key", None)) if args else None
-            handle = self.client.submit(fn, *args, pure=False, workers=home, allow_other_workers=home is not None)
-            if home is not None:
-                self.homes[handle.key] = home
-            handles.append(handle)
-        return handles
+        return [self._submit_at_home(fn, *args, home_of=args[0] if args else None) for args in rows]
 
     def reduce(self, handles: Sequence[Any]) -> Any:
         """A tree of sums, ``fan_in`` partials a task (exact: any grouping gives the same bits), so
-        no worker holds more than ``fan_in`` partials and their sum, and the depth grows as log N."""
+        no worker holds more than ``fan_in`` partials and their sum, and the depth grows as log N.
+        Each sum runs on its first partial's home (loosely), so the total lands on the first
+        handle's: whoever orders the handles chooses where the sum, and what follows it, runs."""
         level = list(handles)
         if not level:
             raise ValueError("nothing to reduce")
         while True:
-            level = [self.client.submit(dpals.reduce_exact, level[i:i + self.fan_in], pure=False)
+            level = [self._submit_at_home(dpals.reduce_exact, level[i:i + self.fan_in], home_of=level[i])
                      for i in range(0, len(level), self.fan_in)]
             self.tasks += len(level)
             if len(level) == 1:
                 return level[0]
+
+    def _submit_at_home(self, fn: Callable[..., Any], *args: Any, home_of: Any) -> Any:
+        """``fn(*args)`` on the home of ``home_of`` (a handle), where it has one; the result's home is
+        the same."""
+        home = self.homes.get(getattr(home_of, "key", None))
+        handle = self.client.submit(fn, *args, pure=False, workers=home, allow_other_workers=home is not None)
+        if home is not None:
+            self.homes[handle.key] = home
+        return handle
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         values = [handle.result(timeout=self.timeout_s) for handle in handles]
@@ -370,7 +374,8 @@ def _solve_task(released: _ReleasedChunk, step: ItemReleases, public: PublicItem
 class _ClusterItemStep:
     """The item step on the cluster (:attr:`ItemSource.solve`): each block of trained items has its
     statistics mapped over the partitions and reduced exactly, released on the worker holding the
-    sum, and solved there; the driver gathers the blocks' factor rows, at most ``window`` blocks
+    sum, and solved there (the blocks taking turns over the partitions' workers, so that only the
+    other partitions' partials travel); the driver gathers the blocks' factor rows, at most ``window`` blocks
     behind the last one submitted, so a worker holds a few blocks' partials at once. With pooling
     every block is released first and its grid sum gathered (Ā needs them all), the released
     blocks staying on the workers, then solved. The driver draws no item noise and holds no r × r
@@ -380,12 +385,16 @@ class _ClusterItemStep:
                  blocks: list[np.ndarray], rank: int, window: int) -> None:
         self.executor, self.bounded, self.users, self.configs = executor, bounded, users, configs
         self.blocks, self.rank, self.window = [block for block in blocks if len(block)], rank, window
+        self.turn = 0
 
     def _released(self, block: np.ndarray, step: Any) -> Any:
         lo, hi = int(block[0]), int(block[-1]) + 1
         n = len(self.bounded)
         partials = self.executor.map(_block_statistics_task, self.bounded, self.users, self.configs, [(lo, hi)] * n)
-        return self.executor.map(_release_task, [self.executor.reduce(partials)], [block], [step], [self.rank])[0]
+        turn = self.turn % n  # the blocks' sums, releases and solves take turns over the partitions' workers
+        self.turn += 1
+        total = self.executor.reduce(partials[turn:] + partials[:turn])
+        return self.executor.map(_release_task, [total], [block], [step], [self.rank])[0]
 
     def _pipelined(self, submit: Callable[[int], Any], take: Callable[[int, Any], None]) -> None:
         """``submit`` each block in order and ``take`` its value, gathering block k once block
