@@ -68,7 +68,7 @@ def _padded_length(count: np.ndarray) -> np.ndarray:
 class Bucket(HeldBytes):
     """Rows of equal padded length ``L``; padding points at an all-zero factor row."""
 
-    rows: np.ndarray  # (g,) row indices
+    rows: np.ndarray  # (g,) row indices, ascending (make_plan; item_statistics slices blocks by it)
     cols: np.ndarray  # (g, L) int32 column indices; padding = n_cols (the zero row)
     values: np.ndarray  # (g, L) targets y_ij (0 at padding)
     sqrt_weights: np.ndarray | None  # (g, L) sqrt(w_ij) (0 at padding); None: every w_ij = 1
