@@ -159,11 +159,25 @@ def test_a_read_that_fails_once_is_retried_on_the_cluster(client, tmp_path):
 PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_task", "_release_task")
 
 
-def test_a_partitions_data_stays_on_the_worker_that_read_it(client, tmp_path):
-    """Every task over a partition runs where the partition was read, so no partition's ratings,
-    sample, bounded plans or user factors ever cross to another worker (only partial statistics
+@pytest.fixture
+def client_without_stealing():
+    """A cluster whose scheduler places every task itself: Dask's work stealing may still move a
+    task whose inputs are small (as this test's are) to an idle worker, and at a production size it
+    leaves a partition's tasks alone (their inputs' bytes show, :class:`~app.core.arrays.HeldBytes`)."""
+    import dask
+
+    with (dask.config.set({"distributed.scheduler.work-stealing": False}),
+          distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+          distributed.Client(cluster) as dask_client):
+        yield dask_client
+
+
+def test_a_partitions_data_stays_on_the_worker_that_read_it(client_without_stealing, tmp_path):
+    """Every task over a partition is placed where the partition was read, so no partition's
+    ratings, sample, bounded plans or user factors cross to another worker (only partial statistics
     and shared public values do): a worker holds its own partition, not a copy of another's."""
     pytest.importorskip("pyarrow", reason="the optional 'dask' extra (pyarrow) is not installed")
+    client = client_without_stealing
     from app.core.data.snapshot import open_snapshot, write_snapshot
     from app.core.mf.distributed import split_users
 

@@ -143,10 +143,11 @@ class DaskExecutor:
     what they hold (ratings, the sampling keys, an item step's noise keys) crosses the network as
     data, under the cluster's TLS; the seed never does.
 
-    A partition's tasks follow it: each task runs on the worker its first argument's partition was
-    spread to (:attr:`homes`), and the containers they pass report the bytes they hold to
-    ``dask.sizeof`` (:class:`~app.core.arrays.HeldBytes`), so neither the scheduler nor its work
-    stealing moves a partition's data to another worker to save a queue's wait.
+    A partition's tasks follow it: each task is placed on the worker its first argument's partition
+    was spread to (:attr:`homes`), and the containers they pass report the bytes they hold to
+    ``dask.sizeof`` (:class:`~app.core.arrays.HeldBytes`). Dask's work stealing weighs those bytes
+    against a task's compute, so it leaves a partition of any size that matters where it is (a
+    small one's task it may still move to an idle worker, copying that small partition).
 
     ``moved_bytes`` counts what crossed between the driver and the cluster (partitions, shared
     values and gathered statistics, by ``dask.sizeof``); ``tasks`` the tasks submitted. A result
