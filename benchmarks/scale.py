@@ -11,7 +11,8 @@ the other on the same data and seed:
 * ``dask-Nw``: :func:`app.core.mf.distributed.fit_distributed` with N user partitions (the public
   hash of the ids) on a fresh ``LocalCluster`` of N worker processes, one thread each, one solver
   thread (``PRIVREC_THREADS=1``; Dask sets one BLAS thread), no memory limit (no spilling, no
-  nanny kill), no dashboard; the driver (and Dask's scheduler, which ``LocalCluster`` runs in the
+  nanny kill), no dashboard, the allocator settings the deployed workers take
+  (:data:`~app.core.mf.distributed.WORKER_MALLOC_ENV`); the driver (and Dask's scheduler, which ``LocalCluster`` runs in the
   driver's process) keeps every core for its item step. After the in-process runs (and the read
   rows) the benchmark writes the data as one Parquet snapshot per cluster size
   (:mod:`app.core.data.snapshot`, partition by partition) and drops the matrix, so the driver of
@@ -85,7 +86,7 @@ from app.core.data.partitioned import PartitionedRatings, read_partition
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
 from app.core.mf import dpals
-from app.core.mf.distributed import DaskExecutor, distributed_fit, partition_labels
+from app.core.mf.distributed import DaskExecutor, distributed_fit, partition_labels, worker_environment_config
 from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.mf.model import PublicModel
 from benchmarks.harness import SuiteUnavailable, limit_threads, make_row
@@ -102,8 +103,10 @@ FULL_WORKERS = (1, 2, 4)
 QUICK_WORKERS = (1, 2)
 MIB = 2**20
 #: the per-partition tasks of a step and the reduction (names of :mod:`app.core.mf.distributed`'s tasks)
-WORKER_TASKS = ("_users_task", "_block_statistics_task", "_gravity_task", "_release_task", "_grid_sum_task",
-                "_solve_task")
+WORKER_TASKS = ("_users_task", "_item_rows_task", "_table_task", "_block_statistics_task", "_gravity_task",
+                "_release_task", "_grid_sum_task", "_solve_task")
+#: the item step's statistics: the users' factors to the items' owners, each block's Grams and linear terms, K
+ITEM_STATISTICS_TASKS = ("_item_rows_task", "_table_task", "_block_statistics_task", "_gravity_task")
 #: the item step's tasks on the workers after its statistics: each block's release and solves
 ITEM_SOLVE_TASKS = ("_release_task", "_grid_sum_task", "_solve_task")
 REDUCE_TASKS = ("reduce_exact",)
@@ -289,9 +292,11 @@ def on_cluster(snapshot: Snapshot, cfg: DPALSConfig, n_workers: int) -> Measured
     """:func:`fit_distributed` with ``n_workers`` partitions on a fresh LocalCluster of as many
     single-threaded worker processes, each partition read on a worker from ``snapshot`` (written
     before, so the driver holds no ratings); the driver keeps every core."""
+    import dask
     from distributed import Client, LocalCluster
 
     with (tempfile.TemporaryDirectory(prefix="privrec-scale-") as folder,
+          dask.config.set(worker_environment_config()),
           LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
                        memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
           Client(cluster) as client):
@@ -374,7 +379,7 @@ def cluster_rows(dataset: str, name: str, run: Measured, reference: Measured, n_
         _row(dataset, name, "seconds_worker_tasks", sum(run.compute.get(t, 0.0) for t in WORKER_TASKS)),
         _row(dataset, name, "seconds_worker_user_solves", run.compute.get("_users_task", 0.0)),
         _row(dataset, name, "seconds_worker_item_statistics",
-             sum(run.compute.get(t, 0.0) for t in ("_block_statistics_task", "_gravity_task"))),
+             sum(run.compute.get(t, 0.0) for t in ITEM_STATISTICS_TASKS)),
         _row(dataset, name, "seconds_worker_item_solves", sum(run.compute.get(t, 0.0) for t in ITEM_SOLVE_TASKS)),
         _row(dataset, name, "seconds_reduce", sum(run.compute.get(t, 0.0) for t in REDUCE_TASKS)),
         _row(dataset, name, "seconds_write_snapshot", run.write_s),

@@ -108,6 +108,9 @@ def test_the_dask_profile_runs_a_scheduler_and_two_workers_of_the_image_health_c
         assert service["healthcheck"]["test"][0] == "CMD"
     assert worker["deploy"]["replicas"] == 2 and "/tmp/dask-spill" in worker["tmpfs"]
     assert "tcp://dask-scheduler:8786" in worker["command"]
+    from app.core.mf.distributed import WORKER_MALLOC_ENV
+
+    assert worker["environment"] == WORKER_MALLOC_ENV  # the allocator settings the workers were measured with
     assert worker["depends_on"] == {"dask-scheduler": {"condition": "service_healthy"}}
     assert services["worker"]["environment"]["DASK_SCHEDULER_ADDRESS"] == "${DASK_SCHEDULER_ADDRESS:-}"
     assert all("profiles" not in services[role] for role in ("api", "worker", "beat"))

@@ -156,7 +156,9 @@ def test_a_read_that_fails_once_is_retried_on_the_cluster(client, tmp_path):
 
 #: the results a partition's tasks make from its private data, which no other worker needs, and an
 #: item block's release (solved where it was drawn)
-PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_task", "_release_task")
+#: tasks whose results never leave their worker: a partition's data, and an owner's shard, tables and blocks
+PARTITION_TASKS = ("_read_task", "_sample_task", "_bounded_task", "_users_only_task", "_users_task", "_shard_task",
+                   "_table_task", "_block_statistics_task", "_release_task")
 
 
 @pytest.fixture
@@ -174,8 +176,9 @@ def client_without_stealing():
 
 def test_a_partitions_data_stays_on_the_worker_that_read_it(client_without_stealing, tmp_path):
     """Every task over a partition is placed where the partition was read, so no partition's
-    ratings, sample, bounded plans or user factors cross to another worker (only partial statistics
-    and shared public values do): a worker holds its own partition, not a copy of another's."""
+    ratings, sample, bounded plans or solves cross to another worker; what does is each partition's
+    ratings of another owner's item blocks (once a run) and its users' factors (once a step), and
+    no block's statistics travel to be summed: a worker holds its own partition and its own items."""
     pytest.importorskip("pyarrow", reason="the optional 'dask' extra (pyarrow) is not installed")
     client = client_without_stealing
     from app.core.data.snapshot import open_snapshot, write_snapshot
@@ -192,11 +195,12 @@ def test_a_partitions_data_stays_on_the_worker_that_read_it(client_without_steal
     fetched = client.run(lambda dask_worker: [str(key) for entry in dask_worker.transfer_incoming_log
                                               for key in entry["keys"]])
     moved = [key for keys in fetched.values() for key in keys]
-    assert any(key.startswith("_block_statistics_task") for key in moved)  # partials do travel to be summed
+    assert any(key.startswith("_piece_task") for key in moved)  # ratings go to their items' owners ...
+    assert any(key.startswith("_item_rows_task") for key in moved)  # ... and the users' factors follow them
     assert not [key for key in moved if key.startswith(PARTITION_TASKS)]
     assert set(executor.homes.values()) == set(fetched)  # the partitions were spread over both workers
     solved_on = {home for key, home in executor.homes.items() if str(key).startswith("_solve_task")}
-    assert solved_on == set(fetched)  # the item blocks take turns over the workers
+    assert solved_on == set(fetched)  # the item blocks are owned by both workers
 
 
 def test_the_containers_tasks_pass_report_the_bytes_they_hold():
@@ -217,6 +221,9 @@ def test_the_containers_tasks_pass_report_the_bytes_they_hold():
     plans = [bounded.user_plan, bounded.item_plan]
     bucket_bytes = sum(b.cols.nbytes + b.values.nbytes for plan in plans for b in plan.buckets)
     assert sizeof(bounded) >= bucket_bytes + bounded.recount_statistic.nbytes > 10_000
+    entries = dpals.bound_contributions(ratings, config, public, keyed.sampling_keys(), by_item="entries").item_entries
+    assert entries is not None and len(entries.users) > 1000
+    assert sizeof(entries) >= entries.users.nbytes + entries.values.nbytes + entries.weights.nbytes
 
 
 class RecordingExecutor(DaskExecutor):
@@ -234,7 +241,7 @@ class RecordingExecutor(DaskExecutor):
 
 @pytest.mark.parametrize("pooling", [0.0, 1.0])
 def test_the_item_step_is_released_and_solved_on_the_workers(client, pooling: float):
-    """Each item block is released and solved where its statistics were reduced: the driver gathers
+    """Each item block is released and solved where its statistics were formed: the driver gathers
     its factor rows (and, with pooling, one r × r integer sum a block), never an item's Gram; the
     in-process model, bit for bit."""
     ratings = _ratings(5, n_users=200)
@@ -253,3 +260,25 @@ def test_the_item_step_is_released_and_solved_on_the_workers(client, pooling: fl
     assert n_items % 8 == 0 and len(blocks) == config.n_steps * n_items // 8  # every block, every step
     sums = [value for value in arrays if value.dtype == np.int64]
     assert len(sums) == (len(blocks) if pooling else 0) and all(value.shape == (rank, rank) for value in sums)
+
+
+def _malloc_environment() -> dict:
+    import os
+
+    from app.core.mf.distributed import WORKER_MALLOC_ENV
+
+    return {name: os.environ.get(name) for name in WORKER_MALLOC_ENV}
+
+
+def test_workers_started_under_the_config_take_the_allocator_settings():
+    """Dask's nanny sets its pre-spawn environment before a worker process starts (glibc reads it
+    then): under :func:`worker_environment_config` the workers run with :data:`WORKER_MALLOC_ENV`,
+    not Dask's default trim threshold."""
+    import dask
+
+    from app.core.mf.distributed import WORKER_MALLOC_ENV, worker_environment_config
+
+    with (dask.config.set(worker_environment_config()),
+          distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+          distributed.Client(cluster) as dask_client):
+        assert list(dask_client.run(_malloc_environment).values()) == [WORKER_MALLOC_ENV]

@@ -166,9 +166,10 @@ def default_config(objective: str = "rating", epsilon: float = 5.0, n_items: int
                                                            ("four-random-one-empty", 7)])
 @pytest.mark.parametrize("variant", ["adaptive, gravity, pooling", "uniform, exact solves, filter"])
 def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, item_blocks: int, variant: str):
-    """End to end: users split three ways, items in blocks, statistics reduced exactly, noise drawn
-    once per complete statistic: the published model, its releases and its event are the
-    in-process run's, bit for bit."""
+    """End to end: users split three ways, items in blocks dealt to one or three owners (each owner
+    forming its blocks' statistics from every partition's ratings of them), noise drawn once per
+    complete statistic: the published model, its releases and its event are the in-process run's,
+    bit for bit."""
     ratings = _ratings(5, n_users=200)
     config = DPALSConfig(rank=5, n_steps=3, contribution_bound=7, frequent_fraction=0.8, noise_multiplier=0.7,
                          reg_gravity=0.3, gram_pooling=1.0, average_last=2, seed=SEED)
@@ -176,11 +177,12 @@ def test_a_partitioned_run_publishes_the_in_process_model(partitioning: str, ite
         config = replace(config, contribution_mode="uniform", user_cg_steps=0, reg_gravity=0.0, gram_pooling=0.0,
                          noise_filter=0.5)
     reference = train_dpals(ratings, config)
-    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks)
-    for got, want in zip(_published(model), _published(reference), strict=True):
-        np.testing.assert_array_equal(got, want)
-    assert model.event == reference.event == dpals.dpals_event(config)
-    assert model.metadata == reference.metadata
+    for owners in (1, 3):
+        model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], item_blocks, InProcess(width=owners))
+        for got, want in zip(_published(model), _published(reference), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert model.event == reference.event == dpals.dpals_event(config)
+        assert model.metadata == reference.metadata
 
 
 @pytest.mark.parametrize("objective", ["rating", "ranking"])
@@ -193,7 +195,7 @@ def test_the_default_config_partitioned_publishes_the_in_process_model(partition
     if objective == "rating":
         assert config.mean_mode == "dp_user"
     reference = train_dpals(ratings, config)
-    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], 9)
+    model = fit_partitioned(ratings, config, PARTITIONINGS[partitioning], 9, InProcess(width=2))
     for got, want in zip(_published(model), _published(reference), strict=True):
         np.testing.assert_array_equal(got, want)
     assert model.event == reference.event == dpals.dpals_event(config)
@@ -222,7 +224,8 @@ def test_dpcmf_partitioned_publishes_the_in_process_model():
     public = PublicData(sources=(metadata_source([[f"g{a}", f"g{b}"] for a, b in genres]),))
     config = DPCMFConfig(**{**default_config().to_dict(), "rating_range": (1.0, 5.0)}, alpha_metadata=50.0)
     reference = train_dpcmf(ratings, config, public=public)
-    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 5, algorithm="dpcmf", public=public)
+    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 5, InProcess(width=2), algorithm="dpcmf",
+                            public=public)
     for got, want in zip(_published(model), _published(reference), strict=True):
         np.testing.assert_array_equal(got, want)
     assert model.algorithm == "dpcmf" and model.event == reference.event

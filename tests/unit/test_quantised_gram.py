@@ -115,6 +115,14 @@ def test_grams_are_the_exact_grams_of_the_quantised_rows_in_any_order(rank: int)
     again, again_rhs = exact_upper_gram_and_rhs(shuffled, shuffled_targets, counts, step, target_step)
     assert np.array_equal(np.triu(again), grams)
     assert np.array_equal(again_rhs, rhs)
+    # written in place into other rows of larger arrays: the same sums there, nothing else touched
+    slots = np.array([9, 0, 4, 2, 7, 3, 5])
+    into, into_rhs = np.full((10, rank, rank), np.nan), np.full((10, rank), np.nan)
+    placed = exact_upper_gram_and_rhs(x, targets, counts, step, target_step, out=(into, into_rhs, slots))
+    assert placed[0] is into and placed[1] is into_rhs
+    assert np.array_equal(np.triu(into[slots]), grams) and np.array_equal(into_rhs[slots], rhs)
+    untouched = np.setdiff1d(np.arange(10), slots)
+    assert np.isnan(into[untouched]).all() and np.isnan(into_rhs[untouched]).all()
     # one row less: the Gram moves by exactly that row's outer product
     fewer, _ = exact_upper_gram_and_rhs(x[:1], targets[:1], np.array([699]), step, target_step)
     last = x[0, 699].astype(np.float64) * step

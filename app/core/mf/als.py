@@ -158,9 +158,10 @@ def bucket_gram(bucket: Bucket, padded: np.ndarray) -> tuple[np.ndarray, np.ndar
 class QuantisedFactors(HeldBytes):
     """Factor rows for exact quantised Grams (:func:`bucket_quantised_gram`): ``table`` (a trailing
     zero row included) with every row's norm <= ``clip``, and for unweighted plans its rows
-    quantised once (``linalg.quantise_table``, int16)."""
+    quantised once (``linalg.quantise_table``, int16; ``table`` may then be None: unweighted Grams
+    read the integers alone)."""
 
-    table: np.ndarray
+    table: np.ndarray | None
     clip: float
     integers: np.ndarray | None
 
@@ -173,22 +174,25 @@ def quantised_factors(padded: np.ndarray, clip: float, weighted: bool) -> Quanti
     return QuantisedFactors(padded, clip, quantise_table(padded, clip))
 
 
-def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors, counts: np.ndarray,
-                          target_clip: float) -> tuple[np.ndarray, np.ndarray]:
+def bucket_quantised_gram(bucket: Bucket, factors: QuantisedFactors, counts: np.ndarray, target_clip: float,
+                          out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`bucket_gram`'s upper triangles of the bucket's weighted rows quantised, summed exactly
     (``linalg.exact_upper_gram_and_rhs``): each row x within √w·clip, the Grams the exact Σ x xᵀ;
     the right-hand sides the exact Σ t x of the targets t = √w·y (|y| <= ``target_clip``) rounded
     towards zero to the quantum ``exact_sums.fixed_quantum(target_clip)``, so |t| only shrinks.
-    ``counts``: the bucket's rows' numbers of entries."""
+    ``counts``: the bucket's rows' numbers of entries; ``out`` = (grams, rhs, slots): written there
+    (``exact_upper_gram_and_rhs``), no arrays of the bucket's own made."""
     if bucket.sqrt_weights is None:
         if factors.integers is None:
             raise ValueError("an unweighted bucket needs quantised_factors(..., weighted=False)")
         x = np.take(factors.integers, bucket.cols, axis=0)
     else:
+        if factors.table is None:
+            raise ValueError("a weighted bucket needs the factors' table (quantised_factors(..., weighted=True))")
         x = quantise_gathered(factors.table, bucket.cols, bucket.sqrt_weights, counts, factors.clip)
     target_step = fixed_quantum(target_clip)
     targets = np.trunc(_weighted_targets(bucket) / target_step)
-    return exact_upper_gram_and_rhs(x, targets, counts, gram_quantum(factors.clip), target_step)
+    return exact_upper_gram_and_rhs(x, targets, counts, gram_quantum(factors.clip), target_step, out=out)
 
 
 def _weighted_targets(bucket: Bucket) -> np.ndarray:

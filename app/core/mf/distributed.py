@@ -50,6 +50,7 @@ from app.core.mf.dpals import (
     DPALSConfig,
     DPALSFit,
     FitFunction,
+    ItemEntries,
     ItemReleases,
     ItemSource,
     Preprocessed,
@@ -59,6 +60,7 @@ from app.core.mf.dpals import (
     PublicTermsHook,
     _ReleasedChunk,
 )
+from app.core.mf.linalg import quantise_table
 from app.core.privacy.keyed import KeyedRandomness, SamplingKeys, user_hashes
 from app.core.privacy.releaser import GaussianReleaser
 from app.core.privacy.sampling import per_user_sample
@@ -73,6 +75,8 @@ __all__ = [
     "distributed_fit",
     "ITEM_BLOCK",
     "REDUCE_FAN_IN",
+    "WORKER_MALLOC_ENV",
+    "worker_environment_config",
 ]
 
 #: trained items per block of the item step (the noise is keyed per item: any block size releases the
@@ -83,6 +87,14 @@ REDUCE_FAN_IN = 4
 #: item blocks the cluster forms, releases and solves ahead of the one the driver gathers: what a
 #: worker holds of them is a few blocks' partials, not the whole catalogue's
 BLOCKS_AHEAD = 4
+#: the allocator settings a cluster's worker processes start with (glibc reads them at start-up; put them
+#: in a worker's environment, or in Dask's ``distributed.nanny.pre-spawn-environ`` config:
+#: :func:`worker_environment_config`). Dask's own default there, MALLOC_TRIM_THRESHOLD_=65536, also fixes
+#: glibc's mmap threshold at 128 KiB, so every numpy temporary above it (a gathered row block, a buffered
+#: ``take``) is a fresh mapping faulted in page by page: the item statistics ran about 2× slower on a
+#: worker than in process. With these, arrays from 4 MiB up are still mapped and returned when freed,
+#: and the heap is trimmed once 16 MiB at its top are free.
+WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "16777216"}
 #: times Dask re-runs a partition's read that raised (a dropped connection, a worker's transient error): the
 #: reader imports the run's exported snapshot again, so a retry reads the same rows and releases nothing
 READ_RETRIES = 2
@@ -113,9 +125,21 @@ class Executor(Protocol):
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """The handles' values, on the driver."""
 
+    def width(self) -> int:
+        """How many workers the partitions are spread over (the item blocks' owners, one a worker)."""
+
 
 class InProcess:
-    """The driver's tasks in this process, one after the other (tests; a cluster of one)."""
+    """The driver's tasks in this process, one after the other (tests; a cluster of one). ``width``:
+    the workers it stands for (the item blocks' owners; any number gives the same model)."""
+
+    def __init__(self, width: int = 1) -> None:
+        if width < 1:
+            raise ValueError("width must be >= 1")
+        self._width = width
+
+    def width(self) -> int:
+        return self._width
 
     def place(self, values: Sequence[Any]) -> list[Any]:
         return list(values)
@@ -237,6 +261,15 @@ class DaskExecutor:
         self._count(values)
         return values
 
+    def width(self) -> int:
+        return max(1, len(self.client.nthreads()))
+
+
+def worker_environment_config() -> dict[str, str]:
+    """Dask config that has a nanny start its worker with :data:`WORKER_MALLOC_ENV` (for
+    ``dask.config.set`` around a ``LocalCluster``; a deployed worker takes the variables themselves)."""
+    return {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in WORKER_MALLOC_ENV.items()}
+
 
 def _hold(value: Any) -> Any:
     """A partition as a task's result (:meth:`DaskExecutor.place`)."""
@@ -297,21 +330,60 @@ def _bias_task(part: Ratings, sample: np.ndarray, mean: float, config: DPALSConf
 
 
 def _bounded_task(part: Ratings, public: PublicState, keys: SamplingKeys, config: DPALSConfig) -> BoundedData:
-    return dpals.bound_contributions(part, config, public, keys)
+    """The partition's bounded ratings: its user plan, and its item entries for the items' owners."""
+    return dpals.bound_contributions(part, config, public, keys, by_item="entries")
 
 
 def _recount_task(bounded: BoundedData) -> np.ndarray:
     return bounded.recount_statistic
 
 
+def _n_users_task(bounded: BoundedData) -> int:
+    return bounded.user_plan.n_rows
+
+
+def _piece_task(bounded: BoundedData, ranges: tuple[tuple[int, int], ...], offset: int) -> ItemEntries:
+    """The partition's bounded ratings of one owner's item blocks, its users numbered from
+    ``offset`` (their place in the whole's order): what it sends that owner, once a run."""
+    if bounded.item_entries is None:
+        raise ValueError("the partition's item entries were already handed over")
+    return bounded.item_entries.select(ranges, offset)
+
+
+def _users_only_task(bounded: BoundedData) -> BoundedData:
+    """The partition's bounded data once its item entries are with their owners: the user plan."""
+    return replace(bounded, item_entries=None)
+
+
+@dataclass(frozen=True)
+class _Shard(HeldBytes):
+    """An item owner's bounded ratings: one item plan per owned block (keyed by its first trained
+    item; rows 0.. are the block's items), each over every user."""
+
+    plans: dict[int, SolvePlan]
+
+
+def _shard_task(own: ItemEntries, pieces: list[ItemEntries], ranges: tuple[tuple[int, int], ...],
+                n_users: int) -> _Shard:
+    """An owner's shard from every partition's bounded ratings of its blocks (``pieces``, in
+    partition order, so users ascend), block by block. ``own`` (its own partition's piece, among
+    ``pieces``) places the task on the owner's worker."""
+    del own
+    return _Shard({lo: dpals.merge_item_entries([piece.rows(lo, hi) for piece in pieces]).plan(n_users)
+                   for lo, hi in ranges})
+
+
+def _weighted(config: DPALSConfig) -> bool:
+    """Whether the item plans carry weights (then each weighted row is quantised as it is gathered)."""
+    return config.contribution_mode == "adaptive_weights"
+
+
 @dataclass(frozen=True)
 class _Users(HeldBytes):
-    """A partition's user step: the clipped U with a trailing zero row, the next warm start, and U
-    as the item statistics read it (quantised once a step, whatever the number of item blocks)."""
+    """A partition's user step: the clipped U with a trailing zero row, and the next warm start."""
 
     padded: np.ndarray
     start: np.ndarray | None
-    factors: QuantisedFactors
 
 
 def _users_task(bounded: BoundedData, previous: _Users | None, public: dict[str, Any], item_factors: np.ndarray,
@@ -323,15 +395,33 @@ def _users_task(bounded: BoundedData, previous: _Users | None, public: dict[str,
     solved = dpals._user_step(prep, item_factors, config, dpals.user_regularisation(config), start, out=padded[:-1])
     start = solved.astype(np.float32) if config.user_cg_steps and not last else None
     dpals._clip_rows_in_place(solved, config.clip_user)
-    return _Users(padded, start, dpals.plan_factors(bounded.item_plan, padded, config))
+    return _Users(padded, start)
 
 
-def _block_statistics_task(bounded: BoundedData, users: _Users, config: DPALSConfig,
-                           items: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The partition's exact item-step statistics of the trained items lo..hi-1: (packed Gram
-    upper triangles, linear terms). A block's partials, not the whole catalogue's, are what a
-    worker forms and the reduction holds at once."""
-    return dpals.item_statistics(bounded.item_plan, users.padded, config, items=items, factors=users.factors)
+def _item_rows_task(users: _Users, config: DPALSConfig) -> np.ndarray:
+    """The partition's clipped user factors as the items' owners read them: quantised once (int16,
+    a quarter of the bytes) for unweighted plans; as they are where each weight enters before the
+    rounding. Rows are quantised independently, so the owners' stacked table is the whole's."""
+    rows = users.padded[:-1]
+    return rows if _weighted(config) else quantise_table(rows, config.clip_user)
+
+
+def _table_task(shard: _Shard, rows: list[np.ndarray], config: DPALSConfig) -> QuantisedFactors:
+    """Every user's factors on an owner (``shard`` places it), in the whole's order, a zero row last:
+    what its blocks' statistics gather from, one a step."""
+    del shard
+    stacked = np.concatenate([*rows, np.zeros((1, config.rank), dtype=rows[0].dtype)])
+    if _weighted(config):
+        return QuantisedFactors(stacked, config.clip_user, None)
+    return QuantisedFactors(None, config.clip_user, stacked)
+
+
+def _block_statistics_task(shard: _Shard, table: QuantisedFactors, config: DPALSConfig,
+                           lo: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact item-step statistics of the block of trained items from ``lo`` on their owner,
+    complete (the shard holds every user's bounded ratings of them): (Grams, upper triangles set;
+    linear terms)."""
+    return dpals.item_statistics(shard.plans[lo], None, config, factors=table, packed=False)
 
 
 def _gravity_task(users: _Users, config: DPALSConfig) -> np.ndarray:
@@ -353,13 +443,11 @@ def _no_statistics(chunk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     raise AssertionError("the cluster's item step solves its blocks itself")  # ItemSource.solve is set
 
 
-def _release_task(statistic: tuple[np.ndarray, np.ndarray], items: np.ndarray, step: ItemReleases,
-                  rank: int) -> _ReleasedChunk:
-    """A block's complete statistics (reduced over the partitions) released where they are: Ã_j and
+def _release_task(statistic: tuple[np.ndarray, np.ndarray], items: np.ndarray, step: ItemReleases) -> _ReleasedChunk:
+    """A block's complete statistics released where they were formed: Ã_j and
     b̃_j of its trained items, each item's noise from its keyed stream (a recomputed task draws the
     same numbers, so a retry releases nothing new)."""
-    packed, rhs = statistic
-    return step.release(items, dpals.unpack_upper(packed, rank), rhs)
+    return step.release(items, *statistic)
 
 
 def _grid_sum_task(released: _ReleasedChunk, step: ItemReleases) -> np.ndarray:
@@ -373,29 +461,26 @@ def _solve_task(released: _ReleasedChunk, step: ItemReleases, public: PublicItem
 
 
 class _ClusterItemStep:
-    """The item step on the cluster (:attr:`ItemSource.solve`): each block of trained items has its
-    statistics mapped over the partitions and reduced exactly, released on the worker holding the
-    sum, and solved there (the blocks taking turns over the partitions' workers, so that only the
-    other partitions' partials travel); the driver gathers the blocks' factor rows, at most ``window`` blocks
-    behind the last one submitted, so a worker holds a few blocks' partials at once. With pooling
-    every block is released first and its grid sum gathered (Ā needs them all), the released
-    blocks staying on the workers, then solved. The driver draws no item noise and holds no r × r
-    statistic; what crosses to it is V and, with pooling, one r × r integer sum a block."""
+    """The item step on the cluster (:attr:`ItemSource.solve`). The trained items are dealt out to
+    owners by block (block k to owner k mod the owners, one owner a worker), and each owner holds
+    every user's bounded ratings of its blocks (its shard, sent once a run) and, each step, every
+    user's factors (its table). So a block's statistics are formed complete on its owner, once an
+    item, released there and solved there; only the users' factors travel, not partial statistics.
+    The driver gathers the blocks' factor rows, at most ``window`` blocks behind the last one
+    submitted. With pooling every block is released first and its grid sum gathered (Ā needs them
+    all), the released blocks staying on the workers, then solved. The driver draws no item noise and
+    holds no r × r statistic; what crosses to it is V and, with pooling, one r × r integer sum a block."""
 
-    def __init__(self, executor: Executor, bounded: list[Any], users: list[Any], configs: list[Any],
+    def __init__(self, executor: Executor, shards: list[Any], tables: list[Any], config: Any,
                  blocks: list[np.ndarray], rank: int, window: int) -> None:
-        self.executor, self.bounded, self.users, self.configs = executor, bounded, users, configs
-        self.blocks, self.rank, self.window = [block for block in blocks if len(block)], rank, window
-        self.turn = 0
+        self.executor, self.shards, self.tables, self.config = executor, shards, tables, config
+        self.blocks, self.rank, self.window = blocks, rank, window
 
-    def _released(self, block: np.ndarray, step: Any) -> Any:
-        lo, hi = int(block[0]), int(block[-1]) + 1
-        n = len(self.bounded)
-        partials = self.executor.map(_block_statistics_task, self.bounded, self.users, self.configs, [(lo, hi)] * n)
-        turn = self.turn % n  # the blocks' sums, releases and solves take turns over the partitions' workers
-        self.turn += 1
-        total = self.executor.reduce(partials[turn:] + partials[:turn])
-        return self.executor.map(_release_task, [total], [block], [step], [self.rank])[0]
+    def _released(self, k: int, step: Any) -> Any:
+        block, owner = self.blocks[k], k % len(self.shards)
+        statistic = self.executor.map(_block_statistics_task, [self.shards[owner]], [self.tables[owner]],
+                                      [self.config], [int(block[0])])[0]
+        return self.executor.map(_release_task, [statistic], [block], [step])[0]
 
     def _pipelined(self, submit: Callable[[int], Any], take: Callable[[int, Any], None]) -> None:
         """``submit`` each block in order and ``take`` its value, gathering block k once block
@@ -422,7 +507,7 @@ class _ClusterItemStep:
             factors[self.blocks[k]] = rows
 
         if step.pooling == 0:
-            self._pipelined(lambda k: solved(k, self._released(self.blocks[k], shared), None), take)
+            self._pipelined(lambda k: solved(k, self._released(k, shared), None), take)
             return factors
         released: list[Any] = []
         total = np.zeros((self.rank, self.rank), dtype=np.int64)
@@ -432,7 +517,7 @@ class _ClusterItemStep:
             total = total + grid_sum
 
         def release(k: int) -> Any:
-            released.append(self._released(self.blocks[k], shared))
+            released.append(self._released(k, shared))
             return self.executor.map(_grid_sum_task, [released[k]], [shared])[0]
 
         self._pipelined(release, summed)
@@ -461,7 +546,25 @@ def _partitions(ratings: Ratings | PartitionedRatings, config: DPALSConfig, exec
                                       if labels is None else np.asarray(labels)))
 
 
-_EMPTY_PLAN = SolvePlan(n_rows=0, n_cols=0, counts=np.zeros(0, dtype=np.int64), buckets=())
+def _item_owners(executor: Executor, bounded: list[Any], blocks: list[np.ndarray]) -> tuple[list[Any], list[Any]]:
+    """(the owners' shards, the partitions' bounded data without item entries): block k goes to
+    owner k mod the owners (one a worker, at most one a partition), each partition sends each owner
+    its ratings of the owner's blocks, its users numbered in the whole's order, and keeps its user
+    plan. The partitions' user counts come to the driver for that numbering (a few integers, used
+    for nothing else)."""
+    n = len(bounded)
+    n_owners = max(1, min(n, executor.width()))
+    sizes = executor.gather(executor.map(_n_users_task, bounded))
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
+    ranges = [tuple((int(block[0]), int(block[-1]) + 1) for block in blocks[owner::n_owners]) for owner in range(n_owners)]
+    pieces = [executor.map(_piece_task, bounded, [ranges[owner]] * n, offsets[:-1]) for owner in range(n_owners)]
+    # owner o runs where partition o lives: the partitions are spread round robin, so the owners are on distinct workers
+    shards = executor.map(_shard_task, [pieces[owner][owner] for owner in range(n_owners)], pieces, ranges,
+                          [int(offsets[-1])] * n_owners)
+    return shards, executor.map(_users_only_task, bounded)
+
+
+_EMPTY_PLAN = dpals._EMPTY_PLAN
 
 
 def fit_distributed(
@@ -511,7 +614,9 @@ def fit_distributed(
                        recounts=recounts, item_biases=public.item_biases)
     shared_public = executor.share(prep_public)
     item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(public.frequent), config.rank))
-    blocks = _item_blocks(len(public.frequent), item_block)
+    blocks = [block for block in _item_blocks(len(public.frequent), item_block) if len(block)]
+    shards, bounded = _item_owners(executor, bounded, blocks)
+    n_owners = len(shards)
     users: list[Any] = [None] * n
     last_releases: deque[np.ndarray] = deque(maxlen=config.average_last)
     for step in range(config.n_steps):
@@ -519,12 +624,16 @@ def fit_distributed(
                              configs, [step + 1 == config.n_steps] * n)
         gravity = (_reduced(executor, executor.map(_gravity_task, users, configs)) if config.reg_gravity > 0
                    else np.zeros((config.rank, config.rank)))
-        cluster = _ClusterItemStep(executor, bounded, users, configs, blocks, config.rank, BLOCKS_AHEAD)
+        rows = executor.map(_item_rows_task, users, configs)
+        tables = executor.map(_table_task, shards, [rows] * n_owners, configs[:n_owners])
+        del rows
+        cluster = _ClusterItemStep(executor, shards, tables, configs[0], blocks, config.rank,
+                                   max(BLOCKS_AHEAD, 2 * n_owners))
         source = ItemSource(chunks=[], statistics=_no_statistics, gravity=functools.partial(np.asarray, gravity),
                             solve=cluster.solve)
         terms = None if public_terms is None else public_terms(public, item_factors)
         item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser, terms)
-        del cluster, source
+        del cluster, source, tables
         last_releases.append(item_factors)
         if progress:
             progress((step + 1) / config.n_steps, f"step {step + 1}/{config.n_steps}")

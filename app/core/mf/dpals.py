@@ -64,7 +64,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol, Self
 
@@ -575,12 +575,82 @@ class PublicState(HeldBytes):
 
 
 @dataclass(frozen=True)
+class ItemEntries(HeldBytes):
+    """Bounded, weighted ratings by trained item (compressed by column): item j's entries are
+    ``indptr[j]:indptr[j + 1]`` of ``users`` (ascending), ``values`` and ``weights`` (None: all 1).
+    What an item plan is built from; a cluster moves them by item block (:meth:`select`)."""
+
+    indptr: np.ndarray
+    users: np.ndarray
+    values: np.ndarray
+    weights: np.ndarray | None
+
+    @property
+    def n_items(self) -> int:
+        return len(self.indptr) - 1
+
+    def plan(self, n_users: int) -> SolvePlan:
+        """The item plan (trained items × ``n_users`` users) of these entries."""
+        return make_plan(self.indptr, self.users, self.values, n_users, self.weights)
+
+    def rows(self, lo: int, hi: int) -> ItemEntries:
+        """Items lo..hi-1 alone, as items 0..hi-lo-1 (views of these entries)."""
+        first, last = int(self.indptr[lo]), int(self.indptr[hi])
+        return ItemEntries(indptr=self.indptr[lo : hi + 1] - first, users=self.users[first:last],
+                           values=self.values[first:last],
+                           weights=None if self.weights is None else self.weights[first:last])
+
+    def select(self, ranges: Sequence[tuple[int, int]], user_offset: int = 0) -> ItemEntries:
+        """The entries of the items in ``ranges`` (each lo..hi-1) alone, the other items empty, the
+        user indices shifted by ``user_offset`` (a partition's first user in the whole's order)."""
+        counts = np.zeros(self.n_items, dtype=np.int64)
+        spans = [slice(int(self.indptr[lo]), int(self.indptr[hi])) for lo, hi in ranges]
+        for lo, hi in ranges:
+            counts[lo:hi] = np.diff(self.indptr[lo : hi + 1])
+
+        def taken(values: np.ndarray) -> np.ndarray:
+            return np.concatenate([values[span] for span in spans]) if spans else values[:0].copy()
+
+        users = taken(self.users)
+        users += np.int32(user_offset)
+        return ItemEntries(indptr=np.concatenate([[0], np.cumsum(counts)]), users=users, values=taken(self.values),
+                           weights=None if self.weights is None else taken(self.weights))
+
+
+def merge_item_entries(parts: Sequence[ItemEntries]) -> ItemEntries:
+    """The entries of user partitions over the same items as one whole: item j's entries are the
+    parts' in order, so users stay ascending where each part's user indices follow the previous
+    part's (:meth:`ItemEntries.select`'s offsets)."""
+    counts = np.sum([np.diff(part.indptr) for part in parts], axis=0)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(indptr[-1])
+    users = np.empty(total, dtype=np.int32)
+    values = np.empty(total, dtype=parts[0].values.dtype)
+    weighted = parts[0].weights is not None
+    weights = np.empty(total) if weighted else None
+    start = indptr[:-1].copy()  # where the next part's entries of each item go
+    for part in parts:
+        part_counts = np.diff(part.indptr)
+        owner = np.repeat(np.arange(part.n_items), part_counts)
+        target = start[owner] + (np.arange(len(part.users)) - part.indptr[owner])
+        del owner
+        users[target], values[target] = part.users, part.values
+        if weights is not None and part.weights is not None:
+            weights[target] = part.weights
+        start += part_counts
+    return ItemEntries(indptr=indptr, users=users, values=values, weights=weights)
+
+
+@dataclass(frozen=True)
 class BoundedData(HeldBytes):
     """Private, contribution-bounded training data (never released as such)."""
 
     user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
     recount_statistic: np.ndarray  # Σ_i c_ij per frequent item, before noise
+    # with ``by_item="entries"`` (a cluster's partitions, which move them to the items' owners) the item
+    # plan is left empty and its entries are kept instead
+    item_entries: ItemEntries | None = None
 
 
 def count_sensitivity(k: int) -> float:
@@ -753,8 +823,12 @@ def _item_biases(
 
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState,
-                        keyed: KeyedRandomness | SamplingKeys) -> BoundedData:
-    """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution."""
+                        keyed: KeyedRandomness | SamplingKeys, by_item: str = "plan") -> BoundedData:
+    """Algorithm 3 step 4: centre and clip on frequent items, then bound each user's contribution.
+    ``by_item``: "plan" lays the bounded ratings out as the item plan; "entries" keeps them as
+    :class:`ItemEntries` (the item plan left empty) for a cluster to move by item block."""
+    if by_item not in ("plan", "entries"):
+        raise ValueError("by_item is 'plan' or 'entries'")
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
     keys = rating_keys(ratings, keyed, 1, f_rows, f_cols, public.frequent)
@@ -767,16 +841,22 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
     kept_cols = f_cols[kept]
     recount_statistic = count_statistic(kept_cols, kept_weights, n_frequent, config.contribution_bound)
     # the item plan first (its sort's temporaries), then the user plan: the two never peak together
-    item_plan = _plan(f_rows[kept], kept_cols, f_vals[kept], kept_weights, ratings.n_users, n_frequent, by_item=True)
+    entries = _item_entries(f_rows[kept], kept_cols, f_vals[kept], kept_weights, n_frequent)
     del kept, kept_cols, kept_weights
+    item_plan = entries.plan(ratings.n_users) if by_item == "plan" else _EMPTY_PLAN
+    if by_item == "plan":
+        del entries  # before the user plan: the two layouts' temporaries never peak together
     if config.user_cg_steps:  # the CG user solves read the targets in float32 only (same solutions, half the bytes)
         f_vals = f_vals.astype(np.float32)
     return BoundedData(
-        user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, by_item=False,
-                        value_dtype=f_vals.dtype.type),
+        user_plan=_plan(f_rows, f_cols, f_vals, None, ratings.n_users, n_frequent, value_dtype=f_vals.dtype.type),
         item_plan=item_plan,
         recount_statistic=recount_statistic,
+        item_entries=None if by_item == "plan" else entries,
     )
+
+
+_EMPTY_PLAN = SolvePlan(n_rows=0, n_cols=0, counts=np.zeros(0, dtype=np.int64), buckets=())
 
 
 def _frequent_entries(ratings: Ratings, public: PublicState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -871,18 +951,25 @@ def _bound_contributions(
 
 
 def _plan(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndarray | None, n_users: int,
-          n_items: int, *, by_item: bool, value_dtype: type = np.float64) -> SolvePlan:
-    """Compressed layout by user (CSR) or by item (CSC) of the given entries."""
-    major, minor = (cols, rows) if by_item else (rows, cols)
-    n_major, n_minor = (n_items, n_users) if by_item else (n_users, n_items)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(major, minlength=n_major))])
-    if _sorted_pairs(major, minor):  # entries in CSR order already are, by user: no sort, no copies
-        return make_plan(indptr, minor, vals, n_minor, weights, value_dtype)
-    order = sort_pairs(major, minor)
+          n_items: int, value_dtype: type = np.float64) -> SolvePlan:
+    """The user plan: the entries laid out by user (CSR)."""
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_users))])
+    if _sorted_pairs(rows, cols):  # entries in CSR order already are: no sort, no copies
+        return make_plan(indptr, cols, vals, n_items, weights, value_dtype)
+    order = sort_pairs(rows, cols)
     w = None if weights is None else weights[order]
-    minor, vals = minor[order], vals[order]
+    cols, vals = cols[order], vals[order]
     del order  # before the buckets are filled: peak memory
-    return make_plan(indptr, minor, vals, n_minor, w, value_dtype)
+    return make_plan(indptr, cols, vals, n_items, w, value_dtype)
+
+
+def _item_entries(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, weights: np.ndarray | None,
+                  n_items: int) -> ItemEntries:
+    """The entries by item (CSC), users ascending within an item."""
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(cols, minlength=n_items))])
+    order = sort_pairs(cols, rows)
+    return ItemEntries(indptr=indptr, users=rows[order], values=vals[order],
+                       weights=None if weights is None else weights[order])
 
 
 def _sorted_pairs(major: np.ndarray, minor: np.ndarray) -> bool:
@@ -1150,31 +1237,42 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, ran
     return chunk, np.zeros((len(chunk), rank, rank)), np.zeros((len(chunk), rank))
 
 
-def item_statistics(plan: SolvePlan, padded: np.ndarray, config: DPALSConfig, items: tuple[int, int] | None = None,
-                    factors: QuantisedFactors | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The item step's exact statistics of one partition of the users: (Σ_i c_ij x xᵀ upper
-    triangles, packed row by row as :func:`pack_upper`, Σ_i c_ij M_ij x) for every trained item of
-    ``plan`` (the partition's bounded item plan, :func:`bound_contributions`), ``padded`` its users'
-    clipped factors and a zero row; with ``items`` = (lo, hi), for the trained items lo..hi-1 alone
-    (row k is item lo + k); ``factors``: :func:`plan_factors` of ``padded``, when already made.
+def item_statistics(plan: SolvePlan, padded: np.ndarray | None, config: DPALSConfig, items: tuple[int, int] | None = None,
+                    factors: QuantisedFactors | None = None, packed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The item step's exact statistics of a plan's ratings: (Σ_i c_ij x xᵀ upper triangles, packed
+    row by row as :func:`pack_upper`, Σ_i c_ij M_ij x) for every trained item of ``plan`` (a bounded
+    item plan, :func:`bound_contributions`: a partition of the users', or an item block owner's with
+    every user's ratings of its items), ``padded`` its users' clipped factors and a zero row; with
+    ``items`` = (lo, hi), for the trained items lo..hi-1 alone (row k is item lo + k); ``factors``:
+    :func:`plan_factors` of ``padded``, when already made (``padded`` may then be None); ``packed``
+    False: the Grams as r × r matrices whose upper triangles alone are set (what a release reads),
+    for statistics released where they are formed.
 
-    The seam a distributed driver calls per partition: the partitions' results added in any
-    order (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the
-    in-process item step forms chunk by chunk; noise is then drawn per item (§7). Each item's sums
-    are its own, so a block of items gives the same bits as the whole. Packed, a partition's Grams
-    take r(r+1)/2 numbers an item instead of r²: about half the bytes a step ships and sums."""
+    The seam a distributed driver calls: partitions' results added in any order
+    (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the in-process
+    item step forms chunk by chunk; noise is then drawn per item (§7). Each item's sums are its own,
+    so a block of items gives the same bits as the whole, and so does a plan holding only some
+    items' ratings, for those items. Packed, Grams take r(r+1)/2 numbers an item instead of r²."""
     rank = config.rank
     lo, hi = (0, plan.n_rows) if items is None else items
-    grams, rhs = np.zeros((hi - lo, rank * (rank + 1) // 2)), np.zeros((hi - lo, rank))
-    factors = plan_factors(plan, padded, config) if factors is None else factors
+    grams = np.zeros((hi - lo, rank * (rank + 1) // 2) if packed else (hi - lo, rank, rank))
+    rhs = np.zeros((hi - lo, rank))
+    if factors is None:
+        if padded is None:
+            raise ValueError("item_statistics needs the users' factors (padded) or their quantised form")
+        factors = plan_factors(plan, padded, config)
     for bucket in plan.buckets:
         if items is not None:
             first, last = np.searchsorted(bucket.rows, (lo, hi))  # a bucket's rows ascend (make_plan)
             if first == last:
                 continue
             bucket = _sub_bucket(bucket, slice(int(first), int(last)))
-        rows, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
-        grams[rows - lo], rhs[rows - lo] = pack_upper(gram), b
+        if packed:
+            rows, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
+            grams[rows - lo], rhs[rows - lo] = pack_upper(gram), b
+        else:  # written in place: no per-bucket arrays
+            bucket_quantised_gram(bucket, factors, plan.counts[bucket.rows], config.clip_rating,
+                                  out=(grams, rhs, bucket.rows - lo))
     return grams, rhs
 
 
@@ -1231,7 +1329,12 @@ def gravity_statistic(factors: QuantisedFactors) -> np.ndarray:
     upper triangle): each x_i within Γ_u (``quantise_table``), the sum exact in any order
     (``exact_upper_gram_and_rhs``: one group of all users), so ‖x xᵀ‖_F <= Γ_u² holds for the
     terms summed. ``factors.table`` carries U and a trailing zero row."""
-    integers = factors.integers if factors.integers is not None else quantise_table(factors.table, factors.clip)
+    if factors.integers is not None:
+        integers = factors.integers
+    elif factors.table is not None:
+        integers = quantise_table(factors.table, factors.clip)
+    else:
+        raise ValueError("the factors hold neither a table nor its integers")
     rows = integers[None, :-1]
     n_users = rows.shape[1]
     gram, _ = exact_upper_gram_and_rhs(rows, np.zeros((1, n_users), dtype=np.int64), np.array([n_users]),

@@ -114,11 +114,13 @@ def quantise_gathered(table: np.ndarray, cols: np.ndarray, sqrt_weights: np.ndar
     return x
 
 
-def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray,
-                             step: float, target_step: float) -> tuple[np.ndarray, np.ndarray]:
+def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float, target_step: float,
+                             out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(δ²·Σ_l x_l x_lᵀ upper triangles, δ·δ_t·Σ_l t_l x_l) per group over its first ``counts[j]``
     rows, for integer rows x (g, L, r) (int16 or float32), δ = ``step``, and integer targets t
-    (g, L) (integer-valued floats or ints; δ_t = ``target_step``, a power of two).
+    (g, L) (integer-valued floats or ints; δ_t = ``target_step``, a power of two). ``out`` =
+    (grams, rhs, slots): group j's sums written into ``grams[slots[j]]`` (its upper triangle) and
+    ``rhs[slots[j]]``, and those arrays returned, instead of new ones.
 
     The Grams are sums of integer products, formed by float32 ``ssyrk`` over blocks of rows in
     which every coordinate's Σ_l x_lp² is at most 2^24: by Cauchy-Schwarz every partial sum BLAS
@@ -131,12 +133,14 @@ def exact_upper_gram_and_rhs(x: np.ndarray, targets: np.ndarray, counts: np.ndar
     float64. Lower triangles are left unset (the release reads the upper ones only). The
     right-hand sides are int64 sums of the integer products t_l·x_l (|t| < 2^21·√w, |x| < 2^11·√w:
     exact while Σ w < 2^31 per group), scaled once: exact in any order as well."""
-    grams = np.empty((x.shape[0], x.shape[2], x.shape[2]))  # the loop sets the upper triangles
-    rhs = np.zeros((x.shape[0], x.shape[2]))
+    if out is None:  # the loop sets the upper triangles
+        out = np.empty((x.shape[0], x.shape[2], x.shape[2])), np.zeros((x.shape[0], x.shape[2])), np.arange(len(x))
+    grams, rhs, slots = out
     if len(x):
         rows = x if x.dtype == np.int16 else np.asarray(x, dtype=np.float32)
         _quantised_gram_kernels()[2](np.ascontiguousarray(rows), np.asarray(targets, dtype=np.int64),
-                                     np.asarray(counts, dtype=np.int64), step, target_step, grams, rhs)
+                                     np.asarray(counts, dtype=np.int64), step, target_step, grams, rhs,
+                                     np.asarray(slots, dtype=np.int64))
     return grams, rhs
 
 
@@ -204,10 +208,10 @@ def _quantise_row(u: np.ndarray, w: float, radius: float, inv_step: float, out: 
 
 
 def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, step: float, target_step: float,
-                     grams: np.ndarray, rhs: np.ndarray) -> None:
+                     grams: np.ndarray, rhs: np.ndarray, slots: np.ndarray) -> None:
     """Compiled by :func:`_quantised_gram_kernels`: the sums of :func:`exact_upper_gram_and_rhs`
     (rows converted to float32 into a block buffer, one ``ssyrk`` per block; ``load[p]`` is the
-    block's Σ_l x_lp², kept <= 2^24 for every coordinate p)."""
+    block's Σ_l x_lp², kept <= 2^24 for every coordinate p), group j's into slot ``slots[j]``."""
     rank = x.shape[2]
     block = np.empty((_BLOCK_ROWS, rank), dtype=np.float32)
     product = np.empty((rank, rank), dtype=np.float32)
@@ -215,9 +219,10 @@ def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, ste
     syrk = _syrk_arguments(rank)
     exact_rhs = np.zeros(rank, dtype=np.int64)
     for j in range(x.shape[0]):
+        gram = grams[slots[j]]
         exact_rhs[:] = 0
         for p in range(rank):
-            grams[j, p, p:] = 0.0
+            gram[p, p:] = 0.0
         filled = 0
         load[:] = 0.0
         for slot in range(counts[j]):
@@ -228,21 +233,21 @@ def _exact_gram_loop(x: np.ndarray, targets: np.ndarray, counts: np.ndarray, ste
                 peak = max(peak, value * value)
                 over |= load[k] + value * value > _EXACT_FLOAT32
             if peak > _EXACT_FLOAT32:  # a coordinate alone too large for float32: exact in float64
-                _add_row_gram(x[j, slot], grams[j])
+                _add_row_gram(x[j, slot], gram)
                 continue
             if over or filled == _BLOCK_ROWS:
-                _add_block_gram(block, filled, syrk, product, grams[j])
+                _add_block_gram(block, filled, syrk, product, gram)
                 filled = 0
                 load[:] = 0.0
             for k in range(rank):
                 block[filled, k] = x[j, slot, k]
                 load[k] += np.float64(x[j, slot, k]) ** 2
             filled += 1
-        _add_block_gram(block, filled, syrk, product, grams[j])
+        _add_block_gram(block, filled, syrk, product, gram)
         for p in range(rank):
-            rhs[j, p] = np.float64(exact_rhs[p]) * (step * target_step)
+            rhs[slots[j], p] = np.float64(exact_rhs[p]) * (step * target_step)
             for q in range(p, rank):
-                grams[j, p, q] *= step * step
+                gram[p, q] *= step * step
 
 
 def _add_row_gram(row: np.ndarray, gram: np.ndarray) -> None:
