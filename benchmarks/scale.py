@@ -86,7 +86,7 @@ from app.core.data.partitioned import PartitionedRatings, read_partition
 from app.core.data.ratings import Ratings
 from app.core.data.synthetic import production_synthetic
 from app.core.mf import dpals
-from app.core.mf.distributed import DaskExecutor, distributed_fit, partition_labels, worker_environment_config
+from app.core.mf.distributed import DaskExecutor, distributed_fit, partition_labels, worker_environment
 from app.core.mf.dpals import DPALSConfig, train_dpals
 from app.core.mf.model import PublicModel
 from benchmarks.harness import SuiteUnavailable, limit_threads, make_row
@@ -292,11 +292,10 @@ def on_cluster(snapshot: Snapshot, cfg: DPALSConfig, n_workers: int) -> Measured
     """:func:`fit_distributed` with ``n_workers`` partitions on a fresh LocalCluster of as many
     single-threaded worker processes, each partition read on a worker from ``snapshot`` (written
     before, so the driver holds no ratings); the driver keeps every core."""
-    import dask
     from distributed import Client, LocalCluster
 
     with (tempfile.TemporaryDirectory(prefix="privrec-scale-") as folder,
-          dask.config.set(worker_environment_config()),
+          worker_environment(),
           LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
                        memory_limit=0, local_directory=folder, env={"PRIVREC_THREADS": "1"}) as cluster,
           Client(cluster) as client):

@@ -272,13 +272,15 @@ def _malloc_environment() -> dict:
 
 def test_workers_started_under_the_config_take_the_allocator_settings():
     """Dask's nanny sets its pre-spawn environment before a worker process starts (glibc reads it
-    then): under :func:`worker_environment_config` the workers run with :data:`WORKER_MALLOC_ENV`,
-    not Dask's default trim threshold."""
-    import dask
+    then): under :func:`worker_environment` the workers run with :data:`WORKER_MALLOC_ENV`,
+    not Dask's default trim threshold, even where an earlier cluster left that default in this
+    process's environment (as the module's cluster has); the environment is restored after."""
+    import os
 
-    from app.core.mf.distributed import WORKER_MALLOC_ENV, worker_environment_config
+    from app.core.mf.distributed import WORKER_MALLOC_ENV, worker_environment
 
-    with (dask.config.set(worker_environment_config()),
+    with (worker_environment(),
           distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
           distributed.Client(cluster) as dask_client):
         assert list(dask_client.run(_malloc_environment).values()) == [WORKER_MALLOC_ENV]
+    assert os.environ.get("MALLOC_MMAP_THRESHOLD_") != WORKER_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]

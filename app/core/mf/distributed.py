@@ -6,12 +6,13 @@ one reader task each, the driver never holding the matrix) or cuts a matrix it h
 parts, through an :class:`Executor` (a Dask client, :class:`DaskExecutor`; or :class:`InProcess`,
 the same driver in one process), maps the per-partition statistics of :mod:`app.core.mf.dpals`
 (the partition-invariant seam, docs/algorithms.md §7) over them and reduces them exactly (a tree of
-sums on a cluster, Grams as packed upper triangles). Each release is drawn **once, where its
-statistic is complete**: on the driver, the count histogram that sets k, the item counts, the
-(user-level) mean, the item-bias sums, the re-counts and per step K̃; on the cluster, per step and
-block of trained items, {Ã_j} and {b̃_j}, on the worker that reduced the block's statistics, which
-then solves the block's items (:class:`_ClusterItemStep`, a few blocks ahead of the driver). The
-driver records every release and gathers V.
+sums on a cluster). Each release is drawn **once, where its statistic is complete**: on the driver,
+the count histogram that sets k, the item counts, the (user-level) mean, the item-bias sums, the
+re-counts and per step K̃; on the cluster, per step and block of trained items, {Ã_j} and {b̃_j},
+on the block's *owner*: the worker that holds every user's bounded ratings of the block's items
+(sent by the partitions once a run) and, each step, every user's factors, so it forms the block's
+statistics complete, releases them and solves the block's items (:class:`_ClusterItemStep`, a few
+blocks ahead of the driver). The driver records every release and gathers V.
 
 Tasks are pure: each is a function of its partition, public released values, the config without
 its seed, the sampling keys (:meth:`KeyedRandomness.sampling_keys`) and, for a block's release, the
@@ -20,10 +21,10 @@ so a block drawn anywhere gives the same numbers). No key yields the seed or ano
 noise, and the seed never leaves the driver. A task that the cluster recomputes (a lost worker, a
 retry) returns the same bits and releases nothing new; only the driver's releaser adds to the run's
 record, which is checked against the reserved event exactly as in process. What stays on the
-workers: each partition's ratings, its sample, its bounded plans and its users' factors (never
-gathered, and never moved to another worker: :attr:`DaskExecutor.homes`), and the blocks' statistics;
-what reaches the driver: catalogue-sized vectors, r × r sums and V (counted by
-:attr:`DaskExecutor.moved_bytes`).
+workers: each partition's ratings, its sample, its user plan and its solves (never gathered, and
+never moved to another worker: :attr:`DaskExecutor.homes`), the owners' item plans, the users'
+factors they receive and the blocks' statistics; what reaches the driver: catalogue-sized vectors,
+r × r sums, the partitions' user counts and V (counted by :attr:`DaskExecutor.moved_bytes`).
 
 Dask is an optional extra (``pip install .[dask]``): nothing here imports it; :class:`DaskExecutor`
 only calls the client it is handed.
@@ -31,10 +32,12 @@ only calls the client it is handed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -76,7 +79,7 @@ __all__ = [
     "ITEM_BLOCK",
     "REDUCE_FAN_IN",
     "WORKER_MALLOC_ENV",
-    "worker_environment_config",
+    "worker_environment",
 ]
 
 #: trained items per block of the item step (the noise is keyed per item: any block size releases the
@@ -84,16 +87,16 @@ __all__ = [
 ITEM_BLOCK = 1024
 #: partial statistics summed per task of the cluster's reduction tree
 REDUCE_FAN_IN = 4
-#: item blocks the cluster forms, releases and solves ahead of the one the driver gathers: what a
-#: worker holds of them is a few blocks' partials, not the whole catalogue's
+#: item blocks the cluster forms, releases and solves ahead of the one the driver gathers (at least
+#: two an owner): what a worker holds of them is a few blocks' statistics, not the whole catalogue's
 BLOCKS_AHEAD = 4
-#: the allocator settings a cluster's worker processes start with (glibc reads them at start-up; put them
-#: in a worker's environment, or in Dask's ``distributed.nanny.pre-spawn-environ`` config:
-#: :func:`worker_environment_config`). Dask's own default there, MALLOC_TRIM_THRESHOLD_=65536, also fixes
-#: glibc's mmap threshold at 128 KiB, so every numpy temporary above it (a gathered row block, a buffered
-#: ``take``) is a fresh mapping faulted in page by page: the item statistics ran about 2× slower on a
-#: worker than in process. With these, arrays from 4 MiB up are still mapped and returned when freed,
-#: and the heap is trimmed once 16 MiB at its top are free.
+#: the allocator settings a cluster's worker processes start with (glibc reads them at start-up: put
+#: them in a worker's environment, or start a ``LocalCluster`` inside :func:`worker_environment`).
+#: Dask's nanny default, MALLOC_TRIM_THRESHOLD_=65536, also fixes glibc's mmap threshold at 128 KiB,
+#: so every numpy temporary above it (a gathered row block, a buffered ``take``) is a fresh mapping
+#: faulted in page by page: the item statistics ran about 2× slower on a worker than in process.
+#: With these, arrays from 4 MiB up are still mapped and returned when freed, and the heap is
+#: trimmed once 16 MiB at its top are free.
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "16777216"}
 #: times Dask re-runs a partition's read that raised (a dropped connection, a worker's transient error): the
 #: reader imports the run's exported snapshot again, so a retry reads the same rows and releases nothing
@@ -265,10 +268,26 @@ class DaskExecutor:
         return max(1, len(self.client.nthreads()))
 
 
-def worker_environment_config() -> dict[str, str]:
-    """Dask config that has a nanny start its worker with :data:`WORKER_MALLOC_ENV` (for
-    ``dask.config.set`` around a ``LocalCluster``; a deployed worker takes the variables themselves)."""
-    return {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in WORKER_MALLOC_ENV.items()}
+@contextlib.contextmanager
+def worker_environment() -> Iterator[None]:
+    """Worker processes started inside (a ``LocalCluster``'s nannies) get :data:`WORKER_MALLOC_ENV`:
+    a nanny takes its pre-spawn variables from this process's environment before Dask's config, and
+    writes them there when it spawns (so a cluster started earlier leaves Dask's default behind);
+    both are set here and restored on exit. A deployed worker takes the variables themselves."""
+    saved = {name: os.environ.get(name) for name in WORKER_MALLOC_ENV}
+    os.environ.update(WORKER_MALLOC_ENV)
+    try:
+        import dask  # the optional extra: imported only where a cluster is started
+
+        with dask.config.set({f"distributed.nanny.pre-spawn-environ.{name}": value
+                              for name, value in WORKER_MALLOC_ENV.items()}):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _hold(value: Any) -> Any:
@@ -421,7 +440,7 @@ def _block_statistics_task(shard: _Shard, table: QuantisedFactors, config: DPALS
     """The exact item-step statistics of the block of trained items from ``lo`` on their owner,
     complete (the shard holds every user's bounded ratings of them): (Grams, upper triangles set;
     linear terms)."""
-    return dpals.item_statistics(shard.plans[lo], None, config, factors=table, packed=False)
+    return dpals.item_statistics(shard.plans[lo], None, config, factors=table)
 
 
 def _gravity_task(users: _Users, config: DPALSConfig) -> np.ndarray:

@@ -121,8 +121,6 @@ __all__ = [
     "ItemReleases",
     "ItemSource",
     "item_statistics",
-    "pack_upper",
-    "unpack_upper",
     "gravity_statistic",
     "reduce_exact",
     "rating_keys",
@@ -1238,25 +1236,22 @@ def _chunk_statistics(chunk: Bucket | np.ndarray, factors: QuantisedFactors, ran
 
 
 def item_statistics(plan: SolvePlan, padded: np.ndarray | None, config: DPALSConfig, items: tuple[int, int] | None = None,
-                    factors: QuantisedFactors | None = None, packed: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The item step's exact statistics of a plan's ratings: (Σ_i c_ij x xᵀ upper triangles, packed
-    row by row as :func:`pack_upper`, Σ_i c_ij M_ij x) for every trained item of ``plan`` (a bounded
-    item plan, :func:`bound_contributions`: a partition of the users', or an item block owner's with
-    every user's ratings of its items), ``padded`` its users' clipped factors and a zero row; with
-    ``items`` = (lo, hi), for the trained items lo..hi-1 alone (row k is item lo + k); ``factors``:
-    :func:`plan_factors` of ``padded``, when already made (``padded`` may then be None); ``packed``
-    False: the Grams as r × r matrices whose upper triangles alone are set (what a release reads),
-    for statistics released where they are formed.
+                    factors: QuantisedFactors | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The item step's exact statistics of a plan's ratings: (Σ_i c_ij x xᵀ as r × r matrices whose
+    upper triangles alone are set, the rest zero; Σ_i c_ij M_ij x) for every trained item of ``plan``
+    (a bounded item plan, :func:`bound_contributions`: the whole data's, a partition of the users',
+    or an item owner's block with every user's ratings of it), ``padded`` its users' clipped factors
+    and a zero row; with ``items`` = (lo, hi), for the trained items lo..hi-1 alone (row k is item
+    lo + k); ``factors``: :func:`plan_factors` of ``padded``, when already made (``padded`` may then
+    be None). Each bucket's sums are written in place: no arrays of its own.
 
-    The seam a distributed driver calls: partitions' results added in any order
-    (:func:`reduce_exact`) are, bit for bit, the statistics of the whole data, which the in-process
-    item step forms chunk by chunk; noise is then drawn per item (§7). Each item's sums are its own,
-    so a block of items gives the same bits as the whole, and so does a plan holding only some
-    items' ratings, for those items. Packed, Grams take r(r+1)/2 numbers an item instead of r²."""
+    Partitions' results added in any order (:func:`reduce_exact`) are, bit for bit, the statistics
+    of the whole data, which the in-process item step forms chunk by chunk; noise is then drawn per
+    item (§7). Each item's sums are its own, so a block of items gives the same bits as the whole,
+    and so does a plan holding only some items' ratings, for those items (a cluster's item owner)."""
     rank = config.rank
     lo, hi = (0, plan.n_rows) if items is None else items
-    grams = np.zeros((hi - lo, rank * (rank + 1) // 2) if packed else (hi - lo, rank, rank))
-    rhs = np.zeros((hi - lo, rank))
+    grams, rhs = np.zeros((hi - lo, rank, rank)), np.zeros((hi - lo, rank))
     if factors is None:
         if padded is None:
             raise ValueError("item_statistics needs the users' factors (padded) or their quantised form")
@@ -1267,12 +1262,8 @@ def item_statistics(plan: SolvePlan, padded: np.ndarray | None, config: DPALSCon
             if first == last:
                 continue
             bucket = _sub_bucket(bucket, slice(int(first), int(last)))
-        if packed:
-            rows, gram, b = _chunk_statistics(bucket, factors, rank, plan.counts, config.clip_rating)
-            grams[rows - lo], rhs[rows - lo] = pack_upper(gram), b
-        else:  # written in place: no per-bucket arrays
-            bucket_quantised_gram(bucket, factors, plan.counts[bucket.rows], config.clip_rating,
-                                  out=(grams, rhs, bucket.rows - lo))
+        bucket_quantised_gram(bucket, factors, plan.counts[bucket.rows], config.clip_rating,
+                              out=(grams, rhs, bucket.rows - lo))
     return grams, rhs
 
 
@@ -1287,28 +1278,6 @@ def _sub_bucket(bucket: Bucket, inside: np.ndarray | slice) -> Bucket:
     weights = None if bucket.sqrt_weights is None else bucket.sqrt_weights[inside]
     return Bucket(rows=bucket.rows[inside], cols=bucket.cols[inside], values=bucket.values[inside],
                   sqrt_weights=weights)
-
-
-def pack_upper(grams: np.ndarray) -> np.ndarray:
-    """The upper triangles (diagonal included) of a stack of r × r matrices, row by row: (n, r(r+1)/2)."""
-    rank = grams.shape[-1]
-    packed = np.empty((len(grams), rank * (rank + 1) // 2), dtype=grams.dtype)
-    for row, start in enumerate(_row_starts(rank)):  # one slice a row: a fancy index costs 4× as much
-        packed[:, start : start + rank - row] = grams[:, row, row:]
-    return packed
-
-
-def unpack_upper(packed: np.ndarray, rank: int) -> np.ndarray:
-    """:func:`pack_upper`'s inverse onto upper-triangular r × r matrices (zeros below the diagonal)."""
-    grams = np.zeros((len(packed), rank, rank))
-    for row, start in enumerate(_row_starts(rank)):
-        grams[:, row, row:] = packed[:, start : start + rank - row]
-    return grams
-
-
-def _row_starts(rank: int) -> list[int]:
-    """Where each row of an r × r upper triangle starts in its packed form."""
-    return [row * rank - row * (row - 1) // 2 for row in range(rank)]
 
 
 def reduce_exact(parts: Iterable[Any]) -> Any:
