@@ -33,9 +33,9 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
   workers have formed, released and solved every item block and the driver has gathered V;
   ``seconds_worker_tasks`` / ``seconds_reduce``: the workers' compute time in the second step (Dask's
   task stream), the tasks summed over the partitions and item blocks (``seconds_worker_user_solves`` +
-  ``seconds_worker_item_statistics`` + ``seconds_worker_item_solves``: the users' solves; the dense
-  per-item Gram and linear-term statistics with K; each block's noise and solves), and the exact
-  reductions;
+  ``seconds_worker_item_statistics`` + ``seconds_worker_item_solves``: the users' solves; the users'
+  factors stacked on the items' owners and each block's Gram and linear-term statistics, with K; each
+  block's noise and solves), and the exact reductions (K's, with gravity);
 * ``peak_rss_mib_driver``: the driver's resident memory sampled every 5 ms over the run (the data it
   holds included; the scheduler lives in it); ``peak_rss_mib_worker{i}``: each worker process's
   kernel high-water mark (``VmHWM``, /proc; ``ru_maxrss`` elsewhere) over its life (the cluster is
@@ -43,11 +43,11 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
   ``worker_peak_over_target``: the largest worker peak over the issue's bound 1.2 × (in-process
   peak per rating) × (ratings of the largest partition) + 1 GiB (≤ 1 meets it);
 * ``bytes_driver_cluster_per_step``: what crossed between the driver and the workers in the second
-  step (:attr:`DaskExecutor.moved_bytes`: the shared item factors and the gathered reduced
-  statistics, by ``dask.sizeof``); ``bytes_worker_worker_per_step``: what the workers fetched from
-  each other (Dask's incoming-transfer log: partial statistics to the reducing worker, the shared
-  factors to the other workers); ``bytes_per_step`` their sum; ``tasks_per_step``; on loopback the
-  bytes are counted, not timed;
+  step (:attr:`DaskExecutor.moved_bytes`: the gathered V and r × r sums and the shared public inputs,
+  by ``dask.sizeof``); ``bytes_worker_worker_per_step``: what the workers fetched from each other
+  (Dask's incoming-transfer log: each partition's users' factors to the items' owners, the stacked
+  item factors to the partitions' workers); ``bytes_per_step`` their sum; ``tasks_per_step``; on
+  loopback the bytes are counted, not timed;
 * ``equal_to_in_process``: 1 when the published model (factors, biases, counts, mean, trained set)
   and the ledger event are the in-process run's bit for bit, else 0;
 * ``seconds_write_snapshot`` / ``bytes_snapshot``: the export of a ``dask-Nw`` run's snapshot and its

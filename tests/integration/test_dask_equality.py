@@ -227,16 +227,40 @@ def test_the_containers_tasks_pass_report_the_bytes_they_hold():
 
 
 class RecordingExecutor(DaskExecutor):
-    """A Dask executor that keeps what the driver gathers."""
+    """A Dask executor that keeps what the driver gathers and what it shares."""
 
     def __init__(self, client) -> None:
         super().__init__(client)
         self.gathered: list = []
+        self.shared: list = []
 
     def gather(self, handles):
         values = super().gather(handles)
         self.gathered.extend(values)
         return values
+
+    def share(self, value):
+        self.shared.append(value)
+        return super().share(value)
+
+
+def test_item_factors_reach_the_workers_from_the_driver_once_in_chunks(client, monkeypatch: pytest.MonkeyPatch):
+    """The initial V goes out in chunks of at most ``SHARE_BYTES`` (each below Dask's large-graph
+    warning), and each later step's user solves read V stacked on the cluster from the solved
+    blocks: the driver never sends it again."""
+    from app.core.mf import distributed as distributed_module
+
+    monkeypatch.setattr(distributed_module, "SHARE_BYTES", 100)
+    ratings = _ratings(5, n_users=200)
+    config = replace(CONFIGS["adaptive, gravity, pooling"](), frequent_fraction=1.0, n_steps=3)
+    executor = RecordingExecutor(client)
+    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 8, executor)
+    for got, want in zip(_published(model), _published(train_dpals(ratings, config)), strict=True):
+        np.testing.assert_array_equal(got, want)
+    factor_rows = [value for value in executor.shared
+                   if isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[1] == config.rank]
+    assert sum(len(rows) for rows in factor_rows) == ratings.n_items  # V once, not once a step
+    assert len(factor_rows) > 1 and all(rows.nbytes <= 100 for rows in factor_rows)
 
 
 @pytest.mark.parametrize("pooling", [0.0, 1.0])

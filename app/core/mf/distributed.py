@@ -78,6 +78,7 @@ __all__ = [
     "distributed_fit",
     "ITEM_BLOCK",
     "REDUCE_FAN_IN",
+    "SHARE_BYTES",
     "WORKER_MALLOC_ENV",
     "worker_environment",
 ]
@@ -90,6 +91,10 @@ REDUCE_FAN_IN = 4
 #: item blocks the cluster forms, releases and solves ahead of the one the driver gathers (at least
 #: two an owner): what a worker holds of them is a few blocks' statistics, not the whole catalogue's
 BLOCKS_AHEAD = 4
+#: the most bytes one :meth:`Executor.share` sends of the initial item factors (the rows go in chunks
+#: and are stacked on the cluster: each chunk is a task's input, carried by the scheduler, below
+#: Dask's large-graph warning at 10 MB); later steps' factors never leave the cluster to be shared
+SHARE_BYTES = 8 * 2**20
 #: the allocator settings a cluster's worker processes start with (glibc reads them at start-up: put
 #: them in a worker's environment, or start a ``LocalCluster`` inside :func:`worker_environment`).
 #: Dask's nanny default, MALLOC_TRIM_THRESHOLD_=65536, also fixes glibc's mmap threshold at 128 KiB,
@@ -454,6 +459,18 @@ def _reduced(executor: Executor, handles: Sequence[Any]) -> Any:
     return executor.gather([executor.reduce(handles)])[0]
 
 
+def _stack_task(rows: list[np.ndarray]) -> np.ndarray:
+    """Consecutive row blocks as one array: the item factors every user solve of a step reads."""
+    return np.concatenate(rows)
+
+
+def _shared_rows(executor: Executor, values: np.ndarray) -> Any:
+    """A handle to ``values`` on the cluster, sent in chunks of at most :data:`SHARE_BYTES`."""
+    per_chunk = max(1, SHARE_BYTES // max(1, values.itemsize * int(np.prod(values.shape[1:]))))
+    chunks = [executor.share(values[start : start + per_chunk]) for start in range(0, len(values), per_chunk)]
+    return executor.map(_stack_task, [chunks or [executor.share(values)]])[0]
+
+
 def _item_blocks(n_items: int, block: int) -> list[np.ndarray]:
     return np.array_split(np.arange(n_items), max(1, math.ceil(n_items / block)))
 
@@ -494,6 +511,13 @@ class _ClusterItemStep:
                  blocks: list[np.ndarray], rank: int, window: int) -> None:
         self.executor, self.shards, self.tables, self.config = executor, shards, tables, config
         self.blocks, self.rank, self.window = blocks, rank, window
+        self.solved: list[Any] = []  # each block's factor rows on the cluster, in block order
+
+    def factors(self) -> Any:
+        """A handle to the step's item factors stacked on the cluster from its solved blocks (the
+        blocks are consecutive and in order): what the next step's user solves read, without V
+        going back through the driver."""
+        return self.executor.map(_stack_task, [self.solved])[0]
 
     def _released(self, k: int, step: Any) -> Any:
         block, owner = self.blocks[k], k % len(self.shards)
@@ -520,7 +544,9 @@ class _ClusterItemStep:
 
         def solved(k: int, released: Any, pool: tuple[np.ndarray, float] | None) -> Any:
             block = self.blocks[k]
-            return self.executor.map(_solve_task, [released], [shared], [dpals._rows_of(public, block)], [pool])[0]
+            handle = self.executor.map(_solve_task, [released], [shared], [dpals._rows_of(public, block)], [pool])[0]
+            self.solved.append(handle)
+            return handle
 
         def take(k: int, rows: np.ndarray) -> None:
             factors[self.blocks[k]] = rows
@@ -638,8 +664,9 @@ def fit_distributed(
     n_owners = len(shards)
     users: list[Any] = [None] * n
     last_releases: deque[np.ndarray] = deque(maxlen=config.average_last)
+    shared_factors = _shared_rows(executor, item_factors)  # later steps': stacked on the cluster (factors())
     for step in range(config.n_steps):
-        users = executor.map(_users_task, bounded, users, [shared_public] * n, [executor.share(item_factors)] * n,
+        users = executor.map(_users_task, bounded, users, [shared_public] * n, [shared_factors] * n,
                              configs, [step + 1 == config.n_steps] * n)
         gravity = (_reduced(executor, executor.map(_gravity_task, users, configs)) if config.reg_gravity > 0
                    else np.zeros((config.rank, config.rank)))
@@ -652,6 +679,8 @@ def fit_distributed(
                             solve=cluster.solve)
         terms = None if public_terms is None else public_terms(public, item_factors)
         item_factors = dpals._item_step(public.frequent, recounts, source, config, releaser, terms)
+        if step + 1 < config.n_steps:
+            shared_factors = cluster.factors()
         del cluster, source, tables
         last_releases.append(item_factors)
         if progress:
