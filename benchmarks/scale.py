@@ -64,9 +64,8 @@ Rows (``seconds`` = the figure for time rows; the in-process run is the ``baseli
 
 Cost: ``--quick`` about 1.5 minutes of wall time on 2 idle cores (3 under other load), a third of it
 the read rows (PostgreSQL's included); the CI check (tests/integration/test_scale_bench.py) runs
-10⁵ ratings only, about a minute. The full form took 17 minutes on 2 idle cores with 1 and 2 workers
-at 10⁸ (10⁷: 2, 3·10⁷: 5, 10⁸: 10.5); 10⁸ alone with 1, 2 and 4 workers, its in-process runs and no
-read rows took 17 minutes in session 39.
+10⁵ ratings only, about a minute. The full form without the read rows took 13 minutes on 2 idle
+cores in session 40 (10⁷: 1.5, 3·10⁷: 3, 10⁸ with 1, 2 and 4 workers and its in-process runs: 8).
 """
 
 from __future__ import annotations
