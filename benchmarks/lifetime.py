@@ -94,6 +94,7 @@ from app.core.mf.dpals import (
     count_floor,
     count_noise_std,
     frequent_items,
+    kept_floor,
     release_contribution_bound,
 )
 from app.core.mf.foldin import fold_in_users, user_offsets
@@ -513,13 +514,15 @@ def released_config(config: dict[str, Any], unit_counts: np.ndarray, seed: int) 
     return release_contribution_bound(bound_statistic(unit_counts, run), run, releaser)
 
 
-def trained_from_counts(counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator) -> np.ndarray:
+def trained_from_counts(counts: np.ndarray, config: DPALSConfig, rng: np.random.Generator,
+                        kept: np.ndarray | None = None) -> np.ndarray:
     """The trained-item mask a run's count release gives (noisy counts of σ = :func:`count_noise_std`
-    at its released bound, floored at 1, then DPALS's frequent-item rule with its count floor):
-    post-processing of its releases alone."""
+    at its released bound, floored at 1, then DPALS's frequent-item rule with its count floor, and
+    rule 11's ``kept`` items, the model in force's trained set, above their floor): post-processing
+    of its releases and that published model alone."""
     noisy = np.maximum(counts + rng.normal(0.0, count_noise_std(config), len(counts)), 1.0)
     mask = np.zeros(len(counts), dtype=bool)
-    mask[frequent_items(noisy, config.frequent_fraction, count_floor(config))] = True
+    mask[frequent_items(noisy, config.frequent_fraction, count_floor(config), kept, kept_floor(config))] = True
     return mask
 
 
@@ -656,21 +659,25 @@ class _Cell:
     n_users: int = 0
 
 
-def train_run(life: Life, policy: Policy, blocks: Blocks, run: RunRecord, seed: int) -> PublicModel:
-    """The run's model: its registry config with a noise seed, on the ratings of its blocks before its day."""
+def train_run(life: Life, policy: Policy, blocks: Blocks, run: RunRecord, seed: int,
+              kept: np.ndarray | None = None) -> PublicModel:
+    """The run's model: its registry config with a noise seed, on the ratings of its blocks before its
+    day; ``kept``: the model in force's trained items (a mask by catalogue position, item ids being
+    positions), as the service hands them to the run (rule 11)."""
     algo = get_algorithm("dpals")
     mask = (life.day < run.day) & blocks.reads(run.cohorts)
     data = policy.training_data(life, mask, life.n_items_at(run.day))
     config = algo.config_from_dict({**(run.config or {}), "seed": run_seed(seed, run.day)})
-    return algo.train(data, config)
+    return algo.train(data, config, **({} if kept is None else {"kept_items": np.flatnonzero(kept)}))
 
 
 def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunRecord], force: Sequence[int | None],
-                 seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(above the count level, trained) per day x item of the life's final catalogue, for the model
-    in force each day: its blocks' counts of the data before that day against LEVEL x its count
+                 seed: int) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+    """(above the count level, trained, kept) per day x item of the life's final catalogue, for the
+    model in force each day: its blocks' counts of the data before that day against LEVEL x its count
     σ at the bound its histogram released (the run's noise seed), and its trained set from its
-    count release (drawn with this seed on the run's day)."""
+    count release (drawn with this seed on the run's day) and the items the model in force before it
+    trained (``kept``, by run: what the service hands the run, rule 11)."""
     n_final = life.n_items_at(life.days - 1)
     counted = np.ones(len(life.values), dtype=bool) if objective == "rating" else life.values >= POSITIVE
     counts = np.zeros((len(blocks.names), n_final))
@@ -680,6 +687,8 @@ def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunR
     bounds = np.searchsorted(life.day, np.arange(life.days + 1))
     rng = np.random.default_rng(10_000 + seed)
     masks: dict[int, tuple[np.ndarray, float]] = {}
+    kept: dict[int, np.ndarray] = {}
+    in_force = np.zeros(n_final, dtype=bool)  # the trained set of the model in force before the run
     for d in range(life.days):
         if d > 0:
             lo, hi = bounds[d - 1], bounds[d]
@@ -698,11 +707,14 @@ def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunR
         if k not in masks:  # first seen on its own day: `mine` and the rows' counts are exactly what it read
             released = released_config(run.config, blocks.unit_counts(per_user_block, run.cohorts),
                                         run_seed(seed, run.day))
-            masks[k] = (trained_from_counts(mine[:n], released, rng), count_noise_std(released))
+            kept[k] = in_force[:n].copy()
+            masks[k] = (trained_from_counts(mine[:n], released, rng, kept[k]), count_noise_std(released))
+            in_force = np.zeros(n_final, dtype=bool)
+            in_force[:n] = masks[k][0]
         mask, sigma = masks[k]
         above[d] = mine > LEVEL * sigma
         trained[d, :n] = mask
-    return above, trained
+    return above, trained, kept
 
 
 def window_shares(above: np.ndarray, trained: np.ndarray, crossing: np.ndarray, crossing_ok: np.ndarray, t: int,
@@ -735,8 +747,9 @@ def life_rows(life: Life, objective: str, *, window: int = WINDOW, seeds: Sequen
         blocks = Blocks(names, codes, policy.unit)
         start = time.perf_counter()
         cells = {t: _Cell() for t in ends}
+        kept: dict[int, dict[int, np.ndarray]] = {}  # by seed, run: the items its model in force trained
         for seed in seeds:
-            above, trained = count_tracks(life, blocks, objective, ledger_life.runs, force, seed)
+            above, trained, kept[seed] = count_tracks(life, blocks, objective, ledger_life.runs, force, seed)
             crossing, crossing_ok = crossed_trained(above, trained)
             for t in ends:
                 share, crossed, n_above = window_shares(above, trained, crossing, crossing_ok, t, window)
@@ -756,7 +769,7 @@ def life_rows(life: Life, objective: str, *, window: int = WINDOW, seeds: Sequen
             for seed in seeds:
                 if (k, seed) not in models:  # a model not in force at t is never in force again
                     models = {key: m for key, m in models.items() if key[1] != seed}
-                    models[(k, seed)] = train_run(life, policy, blocks, ledger_life.runs[k], seed)
+                    models[(k, seed)] = train_run(life, policy, blocks, ledger_life.runs[k], seed, kept[seed].get(k))
                 quality, baseline = window_quality(models[(k, seed)], data, objective)
                 cells[t].quality.append(quality)
                 cells[t].baseline.append(baseline)

@@ -140,6 +140,12 @@ class Algorithm(ABC, Generic[ConfigT, ModelT]):
         randomised with exactly it), or None when it reads the data as stored."""
         return None
 
+    def inputs_from_model_in_force(self, config: ConfigT,
+                                   model_in_force: Callable[[], PublishedModel | None]) -> dict[str, Any]:
+        """Keyword arguments of :meth:`train` taken from the data set's published model in force
+        (``model_in_force()`` loads it; None when there is none): public, so post-processing."""
+        return {}
+
     @abstractmethod
     def config_from_params(self, params: dict[str, Any], rating_range: tuple[float, float]) -> ConfigT:
         """The config from public hyper-parameters and the data set's public rating range."""
@@ -247,6 +253,18 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     def baseline_scores(self, model: PublicModel) -> FloatArray | None:
         """m̃ + b̃_j (or the ranking prior): the fold-in of a user with no ratings."""
         return foldin.predict_ratings(model, np.zeros(model.rank))
+
+    def inputs_from_model_in_force(self, config: ConfigT,
+                                   model_in_force: Callable[[], PublishedModel | None]) -> dict[str, Any]:
+        """``kept_items``: the trained items of the model in force, where the config keeps them
+        (``keep_trained_sigmas``, defaults rule 11) and that model is of the DPALS family."""
+        dpals_config = config.dpals if isinstance(config, dpcmf.DPCMFConfig) else config
+        if not isinstance(dpals_config, dpals.DPALSConfig) or not dpals_config.keep_trained_sigmas:
+            return {}
+        model = model_in_force()
+        if model is None or model.algorithm not in ("dpals", "dpcmf"):
+            return {}
+        return {"kept_items": np.asarray(model.item_ids)[np.asarray(model.trained_mask, dtype=bool)]}
 
     def count_release(self, model: PublicModel) -> CountRelease | None:
         """The first count release (sensitivity √k, Algorithm 3 step 1) over the trained set."""

@@ -80,6 +80,8 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     # rule 10: the signal-to-noise ratio of an item's Gram from which it is trained (dpals.count_floor)
     "frequent_snr": (0.0, 1e6),
     "frequent_count_sigmas": (0.0, 1e6),  # ... and the count-noise stds a released count clears
+    # rule 11: the count-noise stds above which an item the model in force trained stays trained
+    "keep_trained_sigmas": (0.0, 1e6),
 }
 """(lowest, highest) of each real knob: a ratio outside [1e-3, 1e3], a multiplier above 1e6 ...
 Values <= 0 are left to the config's own positivity check (and its message)."""

@@ -155,3 +155,29 @@ def test_items_above_the_scale_keep_their_order_in_both_serving_paths(env: Env) 
         assert [x["score"] for x in r.json()["items"]] == pytest.approx([x["score"] for x in top["items"]], rel=1e-12)
         assert all(lo <= x["score"] <= hi for x in top["items"])
     assert tied_at_top >= 2, tied_at_top  # the case this test is about: several items predicted above the top
+
+
+def _trained_items(env: Env) -> set:
+    from app.db.session import session_scope
+    from app.model_store import get_active_model
+
+    with session_scope(env.settings.database_url) as s:
+        model = get_active_model(s, "default")[1]
+        return set(model.item_ids[model.trained_mask].tolist())
+
+
+def test_a_retrain_keeps_the_items_the_model_in_force_trained(env: Env) -> None:
+    """Rule 11: a run keeps trained every item the published model in force trained whose released
+    count clears keep_trained_sigmas·σ (here about zero: all of them), however few its frequent
+    fraction alone would train; with the knob off it trains its fraction alone."""
+    from tests.api.conftest import SMALL_DPALS, train_and_publish
+
+    seed_ratings(env)
+    train_and_publish(env, hyper={**SMALL_DPALS, "frequent_fraction": 0.6})
+    first = _trained_items(env)
+    few = {**SMALL_DPALS, "frequent_fraction": 0.05}
+    train_and_publish(env, hyper={**few, "keep_trained_sigmas": 1e-9})
+    kept = _trained_items(env)
+    train_and_publish(env, hyper=few)
+    alone = _trained_items(env)
+    assert len(alone) < len(first) and first <= kept  # not vacuous: the fraction alone trains fewer

@@ -346,3 +346,36 @@ def test_a_run_with_the_count_floor_trains_more_items_for_the_same_releases():
     expected = dpals.frequent_items(floored.item_counts, published.frequent_fraction, dpals.count_floor(published))
     assert np.flatnonzero(floored.trained_mask).tolist() == expected.tolist()
     assert floored.trained_mask.sum() > plain.trained_mask.sum() == math.ceil(0.1 * ratings.n_items)
+
+
+def test_items_the_model_in_force_trained_stay_trained_above_the_kept_floor():
+    counts = np.array([3.0, 90.0, 40.0, 12.0, 41.0, 7.0])
+    kept = np.array([True, False, False, True, False, True])
+    assert dpals.frequent_items(counts, 0.2, kept=kept).tolist() == [1, 4]  # no floor for them: nothing kept
+    assert dpals.frequent_items(counts, 0.2, kept=kept, kept_at=7.0).tolist() == [1, 3, 4, 5]  # 3 is below 7
+    assert dpals.frequent_items(counts, 0.2, 40.0, kept, 7.0).tolist() == [1, 2, 3, 4, 5]
+    config = DPALSConfig(rank=4, contribution_bound=9, noise_multiplier=2.0)
+    assert dpals.kept_floor(config) == math.inf
+    assert dpals.kept_floor(replace(config, keep_trained_sigmas=2.0)) == pytest.approx(2 * dpals.count_noise_std(config))
+    assert dpals.kept_mask(np.array(["a", "b", "c"]), np.array(["c", "gone", "a"])).tolist() == [True, False, True]
+    assert dpals.kept_mask(np.array(["a"]), None) is None
+
+
+def test_a_run_keeps_the_given_items_above_the_floor_with_the_same_releases():
+    """The kept items are post-processing of this run's count release and a published model: the
+    event and every release are the run's without them; only the trained set grows."""
+    ratings = _ratings(5, n_users=400)
+    config = calibrate(20.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                               user_centering=False, **LAW, rank=2, n_steps=2,
+                                               frequent_fraction=0.1, keep_trained_sigmas=1.0))
+    plain = train_dpals(ratings, config)
+    kept_items = ratings.item_ids[~plain.trained_mask][::2]  # items the fraction leaves out
+    keeping = train_dpals(ratings, config, kept_items=kept_items)
+    assert keeping.event == plain.event == dpals_event(config)
+    np.testing.assert_array_equal(keeping.item_counts, plain.item_counts)  # the same count release
+    published = DPALSConfig.from_dict({**keeping.config, "seed": 0})
+    kept = dpals.kept_mask(ratings.item_ids, kept_items)
+    expected = dpals.frequent_items(keeping.item_counts, published.frequent_fraction, dpals.count_floor(published),
+                                    kept, dpals.kept_floor(published))
+    assert np.flatnonzero(keeping.trained_mask).tolist() == expected.tolist()
+    assert keeping.trained_mask.sum() > plain.trained_mask.sum()  # some kept item cleared the floor

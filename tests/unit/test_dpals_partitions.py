@@ -314,3 +314,16 @@ def test_the_sampling_keys_alone_draw_the_seeded_keys():
         np.testing.assert_array_equal(rating_keys(ratings, keyed.sampling_keys(), stage)(0, ratings.nnz),
                                       rating_keys(ratings, keyed, stage)(0, ratings.nnz))
     assert str(SEED) not in repr(keyed.sampling_keys())
+
+
+def test_a_partitioned_run_keeps_the_same_items_as_in_process():
+    """Rule 11's kept items (a public input) on the distributed driver: the in-process model."""
+    ratings = _ratings(7, n_users=240)
+    config = replace(default_config("ranking"), frequent_fraction=0.1, keep_trained_sigmas=0.5)
+    kept_items = ratings.item_ids[::3]
+    reference = train_dpals(ratings, config, kept_items=kept_items)
+    assert reference.trained_mask.sum() > train_dpals(ratings, config).trained_mask.sum()  # items were kept
+    model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 9, InProcess(width=2), kept_items=kept_items)
+    for got, want in zip(_published(model), _published(reference), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert model.event == reference.event

@@ -127,6 +127,14 @@ def test_the_trained_set_follows_the_count_release_and_the_frequent_rule() -> No
                       count_noise_ratio=1e-6)
     mask = L.trained_from_counts(np.array([5.0, 50.0, 3.0, 40.0]), floored, np.random.default_rng(0))
     assert mask.tolist() == [True, True, False, True]
+    # rule 11: the model in force's items stay trained from keep_trained_sigmas·σ = 2·(√4·1·2) = 8 up
+    keeping = replace(config, keep_trained_sigmas=2.0, noise_multiplier=1.0, count_noise_ratio=2.0)
+    kept = np.array([True, False, True, False, True])
+    counts = np.array([9.0, 500.0, 7.5, 400.0, 300.0]) + 1e-9
+    rng = np.random.default_rng(0)
+    noise = np.random.default_rng(0).normal(0.0, 4.0, 5)
+    mask = L.trained_from_counts(counts - noise, keeping, rng, kept)  # the noisy counts are the ones above
+    assert mask.tolist() == [True, True, False, True, True]
 
 
 def test_a_runs_count_noise_is_read_at_the_bound_its_histogram_releases() -> None:

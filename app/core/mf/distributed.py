@@ -622,6 +622,7 @@ def fit_distributed(
     item_block: int = ITEM_BLOCK,
     progress: Progress | None = None,
     public_terms: PublicTermsHook | None = None,
+    kept_items: np.ndarray | None = None,
 ) -> DPALSFit:
     """:func:`dpals.fit_dpals` with the users in partitions on ``executor``: the same releases in
     the same order, the same fit (bit for bit on one hardware/BLAS build), the same event.
@@ -629,13 +630,14 @@ def fit_distributed(
     ``ratings`` is either read on the workers, one task per partition (a :class:`PartitionedRatings`:
     the driver never holds the matrix; ``labels`` and ``n_partitions`` are then unused), or cut here:
     ``labels`` (one per user) or ``n_partitions`` (by :func:`partition_labels`) cut the users;
-    ``item_block`` sizes the driver's item blocks. ``progress`` and ``public_terms`` as in
-    :func:`dpals.fit_dpals`. The fit's ``prep`` carries the public pre-processing and empty plans
+    ``item_block`` sizes the driver's item blocks. ``progress``, ``public_terms`` and ``kept_items``
+    as in :func:`dpals.fit_dpals`. The fit's ``prep`` carries the public pre-processing and empty plans
     (the private plans never leave the workers)."""
     keyed = KeyedRandomness(config.seed)
     releaser = GaussianReleaser(None, keyed)
     # the tasks' config carries no seed: the sampling keys travel, and each item release's own noise key
     requested = executor.share(replace(config, seed=0))
+    kept = dpals.kept_mask(ratings.item_ids, kept_items)  # the public catalogue's positions
     parts = _partitions(ratings, config, executor, requested, n_partitions, labels)
     del ratings
     n = len(parts)
@@ -650,7 +652,7 @@ def fit_distributed(
         return np.asarray(_reduced(executor, executor.map(_bias_task, parts, samples, [mean] * n, configs)))
 
     public = dpals.release_public_state(_reduced(executor, executor.map(_sampled_task, parts, samples, configs)),
-                                        bias_statistic, config, releaser)
+                                        bias_statistic, config, releaser, kept)
     del samples
     bounded = executor.map(_bounded_task, parts, [executor.share(public)] * n, keys, configs)
     del parts  # the bounded plans hold what the steps need
@@ -698,8 +700,9 @@ def distributed_fit(executor: Executor, *, n_partitions: int = 2, labels: np.nda
     their private part on a cluster; they then publish what they publish in process."""
 
     def fit(ratings: Ratings | PartitionedRatings, config: DPALSConfig, *, progress: Progress | None = None,
-            public_terms: PublicTermsHook | None = None) -> DPALSFit:
+            public_terms: PublicTermsHook | None = None, kept_items: np.ndarray | None = None) -> DPALSFit:
         return fit_distributed(ratings, config, executor, n_partitions=n_partitions, labels=labels,
-                               item_block=item_block, progress=progress, public_terms=public_terms)
+                               item_block=item_block, progress=progress, public_terms=public_terms,
+                               kept_items=kept_items)
 
     return fit

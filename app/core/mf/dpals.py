@@ -210,6 +210,10 @@ class DPALSConfig:
     # frequent_count_sigmas times the count release's noise std (either 0: that floor is off; :func:`count_floor`)
     frequent_snr: float = 0.0
     frequent_count_sigmas: float = 0.0
+    # defaults rule 11: an item the model in force trained (a public input, ``kept_items``) stays trained
+    # while its released count reaches keep_trained_sigmas times the count release's noise std (0: off;
+    # :func:`kept_floor`), so an item whose count hovers at the floor is not dropped and retaken run by run
+    keep_trained_sigmas: float = 0.0
     clip_user: float = 1.0  # Γ_u
     clip_rating: float = 2.0  # Γ_M, applied after centring
     mean_mode: str = "dp"
@@ -274,7 +278,7 @@ class DPALSConfig:
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
                      "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor", "frequent_snr",
-                     "frequent_count_sigmas",
+                     "frequent_count_sigmas", "keep_trained_sigmas",
                      "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -688,9 +692,11 @@ def _csr_rows(indptr: np.ndarray, start: int, stop: int) -> np.ndarray:
 
 
 def public_preprocessing(
-    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness
+    ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness,
+    kept: np.ndarray | None = None,
 ) -> PublicState:
-    """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set."""
+    """Algorithm 3 steps 1-3: DP counts and DP mean on ≤ k sampled ratings per user, frequent set
+    (``kept``: :func:`release_public_state`)."""
     sample = per_user_sample(ratings, config.contribution_bound, rating_keys(ratings, keyed, 0))
     cols, vals = ratings.csr.indices, ratings.csr.data  # CSR order, as the sample's mask (no copies)
     if config.mean_mode == "dp_user":
@@ -699,24 +705,25 @@ def public_preprocessing(
         mean_terms = mean_statistics(vals[sample], config.midpoint, config.half_range)
     sampled = (count_statistic(cols[sample], None, ratings.n_items), *mean_terms)
     return release_public_state(sampled, lambda mean: item_bias_statistic(ratings, sample, mean, config), config,
-                                releaser)
+                                releaser, kept)
 
 
 def release_public_state(
     sampled: tuple[np.ndarray, float, float], bias_statistic: Callable[[float], np.ndarray], config: DPALSConfig,
-    releaser: GaussianReleaser,
+    releaser: GaussianReleaser, kept: np.ndarray | None = None,
 ) -> PublicState:
     """Algorithm 3 steps 1-3 from exact statistics (of the whole data, or reduced over partitions):
     ``sampled`` = (item counts, mean sum, mean count) of the ≤ k sample; ``bias_statistic(m̃)`` the
     item-bias sums once the DP mean m̃ is released. Releases the counts, the mean and the bias sums,
-    in that order, and picks the frequent set (post-processing)."""
+    in that order, and picks the frequent set (post-processing; ``kept``: the model in force's
+    trained items as a catalogue mask, :func:`kept_mask`)."""
     counts_statistic, total, count = sampled
     counts = releaser.vector("item_counts", counts_statistic, count_sensitivity(config.contribution_bound),
                              config.noise_multipliers()["counts"])
     counts = np.maximum(counts, 1.0)
     mean = _global_mean(total, count, config, releaser)
     biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser)
-    frequent = frequent_items(counts, config.frequent_fraction, count_floor(config))
+    frequent = frequent_items(counts, config.frequent_fraction, count_floor(config), kept, kept_floor(config))
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
 
 
@@ -727,12 +734,33 @@ def release_recounts(recount_statistic: np.ndarray, config: DPALSConfig, release
     return np.maximum(recounts, 1.0)
 
 
-def frequent_items(counts: np.ndarray, fraction: float, floor: float = math.inf) -> np.ndarray:
-    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts, and every item whose
-    released count reaches ``floor`` (ties to the lower index), in index order. Post-processing of
-    the released counts."""
+def frequent_items(counts: np.ndarray, fraction: float, floor: float = math.inf, kept: np.ndarray | None = None,
+                   kept_at: float = math.inf) -> np.ndarray:
+    """The trained ("frequent") items: the ⌈fraction·n⌉ largest released counts, every item whose
+    released count reaches ``floor`` (ties to the lower index), and every item of ``kept`` (a mask:
+    the model in force's trained items) whose released count reaches ``kept_at``, in index order.
+    Post-processing of the released counts and an earlier published model."""
     n_frequent = max(1, math.ceil(fraction * len(counts)), int(np.count_nonzero(counts >= floor)))
-    return np.sort(np.argsort(-counts, kind="stable")[:n_frequent])
+    chosen = np.zeros(len(counts), dtype=bool)
+    chosen[np.argsort(-counts, kind="stable")[:n_frequent]] = True
+    if kept is not None:
+        chosen |= kept & (counts >= kept_at)
+    return np.flatnonzero(chosen)
+
+
+def kept_floor(config: DPALSConfig) -> float:
+    """The released count from which an item the model in force trained stays trained (rule 11):
+    keep_trained_sigmas·σ_count (:func:`count_noise_std`), inf when off. Public: the config and the
+    released B."""
+    return config.keep_trained_sigmas * count_noise_std(config) if config.keep_trained_sigmas else math.inf
+
+
+def kept_mask(item_ids: np.ndarray, kept_items: np.ndarray | None) -> np.ndarray | None:
+    """The catalogue positions of ``kept_items`` (item ids, public: the model in force's trained
+    items) as a mask over ``item_ids``; ids no longer in the catalogue are ignored."""
+    if kept_items is None:
+        return None
+    return np.isin(np.asarray(item_ids), np.asarray(kept_items))
 
 
 def count_floor(config: DPALSConfig) -> float:
@@ -887,9 +915,10 @@ def _frequent_values(
     return np.asarray(f_vals)
 
 
-def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness) -> Preprocessed:
+def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser, keyed: KeyedRandomness,
+               kept: np.ndarray | None = None) -> Preprocessed:
     """Algorithm 3 (corrected): DP counts, DP mean, frequent items, contribution bound, re-count."""
-    public = public_preprocessing(ratings, config, releaser, keyed)
+    public = public_preprocessing(ratings, config, releaser, keyed, kept)
     bounded = bound_contributions(ratings, config, public, keyed)
     return Preprocessed(
         global_mean=public.global_mean,
@@ -1473,7 +1502,7 @@ class FitFunction(Protocol):
     """What runs a DPALS fit: :func:`fit_dpals`, or a distributed driver with the same contract."""
 
     def __call__(self, ratings: Ratings | PartitionedRatings, config: DPALSConfig, *, progress: Progress | None = None,
-                 public_terms: PublicTermsHook | None = None) -> DPALSFit: ...
+                 public_terms: PublicTermsHook | None = None, kept_items: np.ndarray | None = None) -> DPALSFit: ...
 
 
 def fit_dpals(
@@ -1482,8 +1511,10 @@ def fit_dpals(
     *,
     progress: Progress | None = None,
     public_terms: PublicTermsHook | None = None,
+    kept_items: np.ndarray | None = None,
 ) -> DPALSFit:
-    """Run DPALS; check the releases made against the reserved event.
+    """Run DPALS; check the releases made against the reserved event. ``kept_items``: the item ids
+    the model in force trained (public), kept trained above :func:`kept_floor`.
 
     ``public_terms(released, V_frequent)``, called before every item step, may return exact public
     terms for that step (DP-CMF). It is handed only released quantities (the DP mean, the DP
@@ -1500,7 +1531,7 @@ def fit_dpals(
     releaser = GaussianReleaser(None, keyed)
     reserved = config
     config = release_contribution_bound(bound_statistic(ratings.user_counts(), config), config, releaser)
-    prep = preprocess(ratings, config, releaser, keyed)
+    prep = preprocess(ratings, config, releaser, keyed, kept_mask(ratings.item_ids, kept_items))
     user_reg = user_regularisation(config)
     item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(prep.frequent), config.rank))
     released = PublicState(
@@ -1563,13 +1594,15 @@ def train_dpals(
     *,
     progress: Progress | None = None,
     fit: FitFunction = fit_dpals,
+    kept_items: np.ndarray | None = None,
 ) -> PublicModel:
     """Train DPALS and return the public model whose ``event`` accounts for every release.
 
     Every random draw is keyed by ``config.seed`` and a public index (docs/algorithms.md §7).
     ``fit`` runs it: in process, or on a cluster (:func:`app.core.mf.distributed.distributed_fit`).
+    ``kept_items``: the model in force's trained item ids (:func:`fit_dpals`).
     """
-    return public_model(ratings, config, fit(ratings, config, progress=progress))
+    return public_model(ratings, config, fit(ratings, config, progress=progress, kept_items=kept_items))
 
 
 def public_model(ratings: Ratings | PartitionedRatings, config: DPALSConfig, fit: DPALSFit) -> PublicModel:

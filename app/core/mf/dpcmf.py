@@ -410,12 +410,14 @@ def train_dpcmf(
     public: PublicData | None = None,
     progress: dpals.Progress | None = None,
     fit: dpals.FitFunction = dpals.fit_dpals,
+    kept_items: np.ndarray | None = None,
 ) -> PublicModel:
     """Train DP-CMF; the event equals :func:`dpcmf_event` (DPALS's), checked release by release.
 
     ``public`` columns must follow ``ratings.item_ids``. Sources with α = 0 are ignored; with no
     active source the result is DPALS's model (labelled ``dpcmf``) bit for bit. ``fit`` runs the
-    private part (in process, or on a cluster: :mod:`app.core.mf.distributed`).
+    private part (in process, or on a cluster: :mod:`app.core.mf.distributed`); ``kept_items``: the
+    model in force's trained item ids (:func:`app.core.mf.dpals.fit_dpals`).
     """
     if not isinstance(config, DPCMFConfig):
         raise ValueError("train_dpcmf needs a DPCMFConfig")
@@ -428,7 +430,8 @@ def train_dpcmf(
             side.append(_PublicSide(_blocks(sources, config, released.global_mean), config))
         return side[0].step(released.frequent, frequent_factors)
 
-    result = fit(ratings, config.dpals, progress=progress, public_terms=public_terms if sources else None)
+    result = fit(ratings, config.dpals, progress=progress, public_terms=public_terms if sources else None,
+                 kept_items=kept_items)
     model = dpals.public_model(ratings, config.dpals, result)
     return _with_public_side(model, config, result, side[0] if side else None, sources)
 

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from app import ledger, model_store
 from app.config import Settings
 from app.core.algorithms import Algorithm, get_algorithm
+from app.core.mf.artifact import ArtifactError
 from app.core.privacy.accounting import epsilon_pld as _eps_pld
 from app.core.privacy.accounting import epsilon_rdp as _eps_rdp
 from app.core.privacy.accounting import event_to_json
@@ -50,7 +51,7 @@ from app.db.loaders import load_training_inputs
 from app.db.models import TrainingRun, as_aware, utcnow
 from app.db.session import open_database, ride_out_outage, session_scope
 from app.db.stores.runs import runs_store
-from app.errors import RunNotRunning
+from app.errors import NoActiveModel, RunNotRunning
 from app.services.budget import get_dataset
 from app.services.training import cluster
 from app.services.training.requests import SECRET_CONFIG_KEYS, n_items_of
@@ -384,6 +385,8 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = ride_out_outage(lambda: _public_checks(run_id, url, info, algo, config), within_s=outage_s)
+    in_force = ride_out_outage(lambda: algo.inputs_from_model_in_force(config, lambda: _model_in_force(url, info)),
+                               within_s=outage_s)  # public: read before the private data
     on_cluster = cluster.uses_cluster(settings, algo)
     if on_cluster:
         cluster.check_cluster_database(url)
@@ -399,7 +402,7 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
 
         if client is None:
             ratings, extra_inputs = ride_out_outage(lambda: _read_private(run_id, url, info, algo), within_s=outage_s)
-            model = algo.train(ratings, config, progress=start_training(ratings.n_items), **extra_inputs)
+            model = algo.train(ratings, config, progress=start_training(ratings.n_items), **extra_inputs, **in_force)
             del ratings
         else:  # the partitions are read on the cluster's workers, in one snapshot of the database
             with contextlib.ExitStack() as snapshot:
@@ -407,12 +410,24 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
                     client, settings, url, info["dataset"], algo, info.get("cohorts"),
                     lambda version: _set_ratings_version(run_id, url, version))), within_s=outage_s)
                 model = cluster.train_on_cluster(client, algo, data, config, settings,
-                                                 progress=start_training(data.n_items), **extra)
+                                                 progress=start_training(data.n_items), **extra, **in_force)
     if model.event is None or event_to_json(model.event) != reserved_event:
         raise RuntimeError("the trained model's privacy event differs from the reservation")
     if any(key in model.config for key in SECRET_CONFIG_KEYS):
         raise RuntimeError("the trained model's config carries a secret")
     return model
+
+
+def _model_in_force(url: str, info: dict[str, Any]) -> Any:
+    """The data set's active published model (public), or None when there is none."""
+    with session_scope(url) as s:
+        try:
+            return model_store.get_active_model(s, info["dataset"])[1]
+        except NoActiveModel:
+            return None
+        except ArtifactError as exc:  # the run goes on without it: a missing file is no reason to stop learning
+            log.warning("the model in force could not be read (%s): the run keeps none of its items", type(exc).__name__)
+            return None
 
 
 def _set_ratings_version(run_id: int, url: str, version: int) -> None:
