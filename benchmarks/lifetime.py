@@ -668,7 +668,8 @@ def train_run(life: Life, policy: Policy, blocks: Blocks, run: RunRecord, seed: 
     mask = (life.day < run.day) & blocks.reads(run.cohorts)
     data = policy.training_data(life, mask, life.n_items_at(run.day))
     config = algo.config_from_dict({**(run.config or {}), "seed": run_seed(seed, run.day)})
-    return algo.train(data, config, **({} if kept is None else {"kept_items": np.flatnonzero(kept)}))
+    inputs: dict[str, Any] = {} if kept is None else {"kept_items": np.flatnonzero(kept)}
+    return algo.train(data, config, **inputs)
 
 
 def count_tracks(life: Life, blocks: Blocks, objective: str, runs: Sequence[RunRecord], force: Sequence[int | None],
