@@ -257,12 +257,14 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
     def inputs_from_model_in_force(self, config: ConfigT,
                                    model_in_force: Callable[[], PublishedModel | None]) -> dict[str, Any]:
         """``kept_items``: the trained items of the model in force, where the config keeps them
-        (``keep_trained_sigmas``, defaults rule 11) and that model is of the DPALS family."""
+        (``keep_trained_sigmas``, defaults rule 11) and that model is of the DPALS family and the
+        run's objective."""
         dpals_config = config.dpals if isinstance(config, dpcmf.DPCMFConfig) else config
         if not isinstance(dpals_config, dpals.DPALSConfig) or not dpals_config.keep_trained_sigmas:
             return {}
         model = model_in_force()
-        if model is None or model.algorithm not in ("dpals", "dpcmf"):
+        if (model is None or model.algorithm not in ("dpals", "dpcmf")
+                or model.config.get("objective", "rating") != dpals_config.objective):
             return {}
         return {"kept_items": np.asarray(model.item_ids)[np.asarray(model.trained_mask, dtype=bool)]}
 

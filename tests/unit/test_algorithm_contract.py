@@ -247,3 +247,35 @@ def test_only_algorithms_with_defaults_take_an_objective(name: str) -> None:
         with pytest.raises(ValueError, match="no objective choice"):
             resolve_hyperparameters(name, {}, objective="ranking", **kwargs)
         assert resolve_hyperparameters(name, {}, objective=None, **kwargs) == ({}, False)
+
+
+def test_a_run_keeps_the_trained_items_of_a_model_in_force_of_its_family_and_objective() -> None:
+    """Rule 11's public input: the model in force's trained item ids, only where the config keeps
+    them and that model is a DPALS-family model of the run's objective; loaded only when needed."""
+    from dataclasses import replace
+
+    from app.core.algorithms import get_algorithm
+    from app.core.mf.dpals import DPALSConfig, train_dpals
+    from tests.unit.test_dpals_partitions import _ratings
+
+    ratings = _ratings(3, n_users=120)
+    ranking = DPALSConfig(objective="ranking", rank=2, n_steps=1, frequent_fraction=0.3, mean_mode="public",
+                          item_bias=False, user_centering=False)
+    model = train_dpals(ratings, ranking)
+    algo = get_algorithm("dpals")
+    loads: list[int] = []
+
+    def in_force(found=model):
+        loads.append(1)
+        return found
+
+    assert algo.inputs_from_model_in_force(ranking, in_force) == {} and not loads  # knob off: nothing loaded
+    keeping = replace(ranking, keep_trained_sigmas=2.0)
+    kept = algo.inputs_from_model_in_force(keeping, in_force)["kept_items"]
+    assert kept.tolist() == ratings.item_ids[model.trained_mask].tolist() and 0 < len(kept) < ratings.n_items
+    assert algo.inputs_from_model_in_force(keeping, lambda: None) == {}  # no model in force
+    rating_run = replace(keeping, objective="rating", mean_mode="dp", item_bias=True, user_centering=True)
+    assert algo.inputs_from_model_in_force(rating_run, in_force) == {}  # another objective's model
+    assert get_algorithm("dpcmf").inputs_from_model_in_force(
+        get_algorithm("dpcmf").config_from_dict({**keeping.to_dict()}), in_force)["kept_items"].tolist() == kept.tolist()
+    assert get_algorithm("dpfw").inputs_from_model_in_force(get_algorithm("dpfw").config_from_dict({}), in_force) == {}
