@@ -593,12 +593,12 @@ def _partitions(ratings: Ratings | PartitionedRatings, config: DPALSConfig, exec
 
 def _item_owners(executor: Executor, bounded: list[Any], blocks: list[np.ndarray]) -> tuple[list[Any], list[Any]]:
     """(the owners' shards, the partitions' bounded data without item entries): block k goes to
-    owner k mod the owners (one a worker, at most one a partition), each partition sends each owner
+    owner k mod the owners (one a worker, at most one a partition or a block), each partition sends each owner
     its ratings of the owner's blocks, its users numbered in the whole's order, and keeps its user
     plan. The partitions' user counts come to the driver for that numbering (a few integers, used
     for nothing else)."""
     n = len(bounded)
-    n_owners = max(1, min(n, executor.width()))
+    n_owners = max(1, min(n, executor.width(), len(blocks)))  # an owner without a block would hold a table for nothing
     sizes = executor.gather(executor.map(_n_users_task, bounded))
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
     ranges = [tuple((int(block[0]), int(block[-1]) + 1) for block in blocks[owner::n_owners]) for owner in range(n_owners)]
