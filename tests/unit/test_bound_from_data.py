@@ -379,3 +379,59 @@ def test_a_run_keeps_the_given_items_above_the_floor_with_the_same_releases():
                                     kept, dpals.kept_floor(published))
     assert np.flatnonzero(keeping.trained_mask).tolist() == expected.tolist()
     assert keeping.trained_mask.sum() > plain.trained_mask.sum()  # some kept item cleared the floor
+
+
+def test_secondary_items_are_those_a_floor_alone_trains_and_their_shares_follow_their_snr():
+    """Rule 12: trained, but neither among the ⌈fraction·n⌉ largest released counts nor above the SNR
+    floor; each takes s_j = min(1, c̃_j / (rank·√B·z_gram)), the rest 1."""
+    counts = np.array([3.0, 90.0, 40.0, 12.0, 41.0, 7.0])
+    config = DPALSConfig(rank=4, contribution_bound=9, noise_multiplier=2.0, frequent_fraction=0.2,
+                         secondary_by_snr=True)
+    unit = dpals.gram_snr_count(config)
+    assert unit == pytest.approx(4 * 3 * config.noise_multipliers()["gram"])
+    frequent = dpals.frequent_items(counts, 0.2, 10.0)  # the two largest, then the floor's 2 and 3
+    assert frequent.tolist() == [1, 2, 3, 4]
+    assert dpals.secondary_items(counts, frequent, config).tolist() == [False, True, True, False]
+    np.testing.assert_allclose(dpals.secondary_shares(counts, frequent, config),
+                               [1.0, min(1.0, 40.0 / unit), min(1.0, 12.0 / unit), 1.0])
+    snr_at_40 = replace(config, frequent_snr=40.0 / unit)
+    assert dpals.snr_floor(snr_at_40) == pytest.approx(40.0)
+    assert dpals.secondary_items(counts, frequent, snr_at_40).tolist() == [False, False, True, False]
+    assert dpals.secondary_items(counts, np.array([1, 4]), config) is None  # none trained by a floor alone
+    assert dpals.secondary_shares(counts, np.array([1, 4]), config) is None
+    assert dpals.secondary_items(counts, frequent, replace(config, secondary_by_snr=False)) is None  # off
+    with pytest.raises(ValueError, match="secondary_by_snr"):
+        replace(config, secondary_by_snr=1)
+
+
+def test_secondary_items_take_their_share_of_the_weights_and_of_the_user_solves():
+    """Rule 12 is post-processing of the count release: the same event, count release and trained set;
+    the secondary items' total re-count statistic shrinks and the core's grows (their shares of each
+    user's weights), and each user's solve reads a secondary item's factor as s_j·v_j."""
+    ratings = _ratings(5, n_users=400)
+    config = calibrate(1.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                               user_centering=False, rank=2, n_steps=2, contribution_bound=40,
+                                               frequent_fraction=0.1, frequent_count_sigmas=1e-9, frequent_snr=1.0))
+    shared = replace(config, secondary_by_snr=True)
+    plain, model = train_dpals(ratings, config), train_dpals(ratings, shared)
+    assert model.event == plain.event == dpals_event(config)
+    np.testing.assert_array_equal(model.item_counts, plain.item_counts)
+    np.testing.assert_array_equal(model.trained_mask, plain.trained_mask)
+    keyed = KeyedRandomness(3)
+    preps = {on: dpals.preprocess(ratings, replace(config, secondary_by_snr=on), GaussianReleaser(None, keyed), keyed)
+             for on in (False, True)}
+    prep = preps[True]
+    shares = dpals.secondary_shares(prep.item_counts, prep.frequent, shared)
+    secondary = dpals.secondary_items(prep.item_counts, prep.frequent, shared)
+    assert shares is not None and secondary is not None and 0 < secondary.sum() < len(secondary)
+    assert np.all(shares[secondary] < 1) and np.all(shares[~secondary] == 1)
+    bounded = {on: dpals.bound_contributions(ratings, replace(config, secondary_by_snr=on),
+                                             dpals.PublicState(p.global_mean, p.item_counts, p.frequent, p.item_biases),
+                                             keyed) for on, p in preps.items()}
+    less, more = bounded[True].recount_statistic, bounded[False].recount_statistic
+    assert less[secondary].sum() < more[secondary].sum() and less[~secondary].sum() > more[~secondary].sum()
+    factors = np.random.default_rng(0).normal(size=(len(prep.frequent), shared.rank))
+    reg = dpals.user_regularisation(shared)
+    np.testing.assert_array_equal(dpals._user_step(prep, factors, shared, reg),
+                                  dpals._user_step(prep, factors * shares[:, None], config, reg))
+    assert not np.array_equal(dpals._user_step(prep, factors, shared, reg), dpals._user_step(prep, factors, config, reg))

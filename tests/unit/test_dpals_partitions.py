@@ -323,6 +323,9 @@ def test_a_partitioned_run_keeps_the_same_items_as_in_process():
     kept_items = ratings.item_ids[::3]
     reference = train_dpals(ratings, config, kept_items=kept_items)
     assert reference.trained_mask.sum() > train_dpals(ratings, config).trained_mask.sum()  # items were kept
+    # rule 12 (the default's secondary_weight): the kept items outside the fraction are secondary
+    assert config.secondary_by_snr
+    assert dpals.secondary_items(reference.item_counts, np.flatnonzero(reference.trained_mask), config) is not None
     model = fit_partitioned(ratings, config, PARTITIONINGS["three-by-id"], 9, InProcess(width=2), kept_items=kept_items)
     for got, want in zip(_published(model), _published(reference), strict=True):
         np.testing.assert_array_equal(got, want)

@@ -112,12 +112,17 @@ def test_rounded_weights_keep_each_users_weight_budget():
     from app.core.mf.dpals import adaptive_weights
 
     rng = np.random.default_rng(0)
-    for budget in (1.0, 7.0, 240.0, 1e4):
+    for budget, shares in ((1.0, None), (7.0, None), (240.0, None), (1e4, None), (60.0, 0.25), (7.0, 0.01)):
         rows = np.sort(rng.integers(0, 3_000, 60_000))
         counts = rng.uniform(1, 5_000, 60_000)
-        weights = adaptive_weights(rows, counts, budget, -0.5)
+        # rule 12: some items take a smaller share of each user's budget; the budget itself does not move
+        entry_shares = None if shares is None else np.where(rng.random(len(rows)) < 0.3, shares, 1.0)
+        weights = adaptive_weights(rows, counts, budget, -0.5, entry_shares)
         per_user = np.bincount(rows, weights=weights**2)
         assert np.all(per_user <= budget)
+        if entry_shares is not None:  # within a user, ĉ_ij² ∝ s_j c̃_j^{2μ} (up to the grid's rounding)
+            ratio = weights**2 * counts / entry_shares
+            assert np.allclose(ratio, np.bincount(rows, weights=ratio)[rows] / np.bincount(rows)[rows], rtol=1e-3)
         assert np.all(per_user[per_user > 0] >= budget * (1 - 1e-5))  # the rounding takes almost nothing
         step = fixed_quantum(math.sqrt(budget))
         assert np.array_equal(weights / step, np.floor(weights / step))  # multiples of the public quantum

@@ -149,7 +149,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 1000)["prior_bound_floor"] == rule(20.0, 3000)["prior_bound_floor"] == 0.0
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 11
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 12
     # rule 10: one step at a released B ≤ 15·min(1, 1/ε) (fewer in a small catalogue)
     assert (rule(0.5, 3000)["few_steps_bound"], small["few_steps_bound"], small["few_steps"]) == (15, 15, 1)
     assert rule(2.0, 3000)["few_steps_bound"] == 8 and rule(5.0, 3000)["few_steps_bound"] == 3
@@ -162,6 +162,8 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert (rule(0.5, 3000)["keep_trained_sigmas"], small["keep_trained_sigmas"], large["keep_trained_sigmas"]) == (
         2.0, 2.0, 40.0)
     assert large["frequent_count_sigmas"] == 60.0
+    # rule 12: an item trained by those floors alone enters the users' weights and solves by its Gram's SNR
+    assert small["secondary_by_snr"] is large["secondary_by_snr"] is True
     # rule 6: the pooled item Grams at full gravity, fading with it in a small dense catalogue
     assert rule(5.0, 3000)["gram_pooling"] == rule(5.0, 1000)["gram_pooling"] == 10.0
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)

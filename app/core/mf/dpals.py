@@ -214,6 +214,9 @@ class DPALSConfig:
     # while its released count reaches keep_trained_sigmas times the count release's noise std (0: off;
     # :func:`kept_floor`), so an item whose count hovers at the floor is not dropped and retaken run by run
     keep_trained_sigmas: float = 0.0
+    # defaults rule 12: an item trained by those floors alone (:func:`secondary_items`) enters the users' adaptive
+    # weights and their solves scaled by its Gram's signal-to-noise ratio (:func:`secondary_shares`; False: as the rest)
+    secondary_by_snr: bool = False
     clip_user: float = 1.0  # Γ_u
     clip_rating: float = 2.0  # Γ_M, applied after centring
     mean_mode: str = "dp"
@@ -285,8 +288,9 @@ class DPALSConfig:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         if self.reg_item == 0:
             raise ValueError("reg_item must be > 0 (the noisy item systems need a ridge)")
-        if not isinstance(self.self_calibration, bool):
-            raise ValueError("self_calibration must be a boolean")
+        for name in ("self_calibration", "secondary_by_snr"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean")
         if self.public_mean is not None and not math.isfinite(self.public_mean):
             raise ValueError("public_mean must be finite")
         self._check_objective()
@@ -553,11 +557,15 @@ def _precision_after_bound(config: DPALSConfig) -> float:
     return precision
 
 
-def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float) -> np.ndarray:
-    """ĉ_ij: c_ij = sqrt(B · c̃_j^{2μ} / Σ_{l∈I_i} c̃_l^{2μ}) (Σ_j c_ij² = B for every user) rounded
-    down to the fixed-point grid of sqrt(B) (``exact_sums.floor_weights``: Σ_j ĉ_ij² <= B). A
-    function of user i's own items and the released counts only."""
+def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, exponent: float,
+                     shares: np.ndarray | None = None) -> np.ndarray:
+    """ĉ_ij: c_ij = sqrt(B · s_j c̃_j^{2μ} / Σ_{l∈I_i} s_l c̃_l^{2μ}) (Σ_j c_ij² = B for every user) rounded
+    down to the fixed-point grid of sqrt(B) (``exact_sums.floor_weights``: Σ_j ĉ_ij² <= B). ``shares``:
+    s_j > 0 per entry (None: all 1; rule 12's ω for secondary items). A function of user i's own items
+    and public values (the released counts, the trained set) only."""
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
+    if shares is not None:
+        powered *= shares
     per_user = np.bincount(rows, weights=powered)
     bound = math.sqrt(budget)
     weights = np.sqrt(budget * powered / per_user[rows])
@@ -767,9 +775,7 @@ def count_floor(config: DPALSConfig) -> float:
     """The released count from which an item is trained whatever ``frequent_fraction`` says (rule 10),
     the lower of two floors (inf when both are off):
 
-    * frequent_snr·rank·√B·z_gram: an item's Gram Σ c_ij u_i u_iᵀ carries about c_j·Γ_u²/rank on
-      each diagonal entry against noise of std √B·Γ_u²·z_gram, so from there the item's vector is
-      determined by its data, not its noise;
+    * :func:`snr_floor`: from there the item's vector is determined by its data, not its noise;
     * frequent_count_sigmas·σ_count: a count that clears its own release's noise (σ_count =
       :func:`count_noise_std`) is a real item with real raters, which a small ε's fraction may leave out.
 
@@ -777,10 +783,47 @@ def count_floor(config: DPALSConfig) -> float:
     floor = math.inf
     if config.frequent_count_sigmas:
         floor = config.frequent_count_sigmas * count_noise_std(config)
-    if not config.frequent_snr:
-        return floor
-    return min(floor, config.frequent_snr * config.rank * math.sqrt(config.contribution_bound)
-               * config.noise_multipliers()["gram"])
+    return min(floor, snr_floor(config))
+
+
+def snr_floor(config: DPALSConfig) -> float:
+    """frequent_snr × :func:`gram_snr_count` (inf when off): from this released count on an item's
+    Gram has a signal-to-noise ratio of at least ``frequent_snr``, its vector determined by its data."""
+    return config.frequent_snr * gram_snr_count(config) if config.frequent_snr else math.inf
+
+
+def gram_snr_count(config: DPALSConfig) -> float:
+    """rank·√B·z_gram: the released count at which an item's Gram signal-to-noise ratio is 1. The
+    Gram Σ c_ij u_i u_iᵀ carries about c_j·Γ_u²/rank on each diagonal entry against noise of std
+    √B·Γ_u²·z_gram. Public: the config and the released B."""
+    return config.rank * math.sqrt(config.contribution_bound) * config.noise_multipliers()["gram"]
+
+
+def secondary_items(counts: np.ndarray, frequent: np.ndarray, config: DPALSConfig) -> np.ndarray | None:
+    """Defaults rule 12: the mask over the trained items ``frequent`` of those trained by a floor alone
+    (:func:`count_floor`'s σ floor or rule 11's :func:`kept_floor`): outside the ⌈fraction·n⌉ largest
+    released counts ``counts`` (the order of :func:`frequent_items`) and below :func:`snr_floor`.
+    None when ``secondary_by_snr`` is off or no item is secondary. Post-processing of the counts."""
+    if not config.secondary_by_snr:
+        return None
+    core = np.zeros(len(counts), dtype=bool)
+    core[np.argsort(-counts, kind="stable")[: max(1, math.ceil(config.frequent_fraction * len(counts)))]] = True
+    core |= counts >= snr_floor(config)
+    secondary = ~core[frequent]
+    return secondary if secondary.any() else None
+
+
+def secondary_shares(counts: np.ndarray, frequent: np.ndarray, config: DPALSConfig) -> np.ndarray | None:
+    """Rule 12: per trained item, s_j = min(1, c̃_j / :func:`gram_snr_count`) for the
+    :func:`secondary_items` and 1 for the rest (None when none is secondary). A secondary item's
+    Gram is mostly noise: trained as the rest it takes the largest shares of the users' weights
+    (c̃^{2μ}, μ < 0) and its noisy factor enters every one of its raters' solves. With s_j it takes
+    s_j of its weight share (:func:`adaptive_weights`) and enters the user solves as s_j·v_j.
+    Public: the released counts and the config."""
+    secondary = secondary_items(counts, frequent, config)
+    if secondary is None:
+        return None
+    return np.where(secondary, np.minimum(1.0, counts[frequent] / gram_snr_count(config)), 1.0)
 
 
 def popularity_prior(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
@@ -858,7 +901,8 @@ def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicSta
     f_rows, f_cols, on_frequent = _frequent_entries(ratings, public)
     n_frequent = len(public.frequent)
     keys = rating_keys(ratings, keyed, 1, f_rows, f_cols, public.frequent)
-    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, keys)
+    kept, weights = _bound_contributions(f_rows, f_cols, public.item_counts[public.frequent], config, keys,
+                                         secondary_shares(public.item_counts, public.frequent, config))
     del keys
     f_vals = _frequent_values(ratings, config, public, on_frequent, f_rows)
     del on_frequent
@@ -958,10 +1002,12 @@ def _user_level_mean(total: float, count: float, config: DPALSConfig, releaser: 
 
 
 def _bound_contributions(
-    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, uniforms: KeysOf
+    rows: np.ndarray, cols: np.ndarray, counts: np.ndarray, config: DPALSConfig, uniforms: KeysOf,
+    shares: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(mask of kept ratings, weights or None): per-user bound k, or weights with Σ c² <= B.
-    ``uniforms(start, stop)``: the keyed sampling keys of entries [start, stop) (O(chunk) memory)."""
+    ``uniforms(start, stop)``: the keyed sampling keys of entries [start, stop) (O(chunk) memory);
+    ``shares``: the weights' s_j per trained item (:func:`adaptive_weights`; None: all 1)."""
     k = config.contribution_bound
     if config.contribution_mode == "uniform":
         return lowest_k_per_row(rows, uniforms, k), None
@@ -973,7 +1019,8 @@ def _bound_contributions(
             return np.asarray(counts[cols[start:stop]] + 0.5 * uniforms(start, stop) / top)
 
         return lowest_k_per_row(rows, keys, k), None
-    weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent)
+    weights = adaptive_weights(rows, counts[cols], float(k), config.weight_exponent,
+                               None if shares is None else shares[cols])
     return np.ones(len(rows), dtype=bool), weights
 
 
@@ -1433,8 +1480,12 @@ def _user_step(
     Exact ridge solves, or ``user_cg_steps`` conjugate-gradient iterations per user from ``start``
     (her previous step's solution; zeros at the first step): O(nnz·r) per iteration instead of
     O(nnz·r² + n·r³) (Takács et al. 2011; ``implicit``'s ALS does the same). Either way u_i depends
-    on user i's ratings and the released V's only.
+    on user i's ratings and the released V's only. Rule 12's secondary items enter as s_j·v_j
+    (:func:`secondary_shares`).
     """
+    shares = secondary_shares(prep.item_counts, prep.frequent, config)
+    if shares is not None:
+        item_factors = item_factors * shares[:, None]
     ridge = user_reg.ridge(prep.user_plan.counts)
     shared = config.reg_gravity * item_factors.T @ item_factors if config.reg_gravity else None
     if config.user_cg_steps == 0:
