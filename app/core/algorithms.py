@@ -269,10 +269,13 @@ class _FactorModelAlgorithm(Algorithm[ConfigT, PublicModel]):
         return {"kept_items": np.asarray(model.item_ids)[np.asarray(model.trained_mask, dtype=bool)]}
 
     def count_release(self, model: PublicModel) -> CountRelease | None:
-        """The first count release (sensitivity √k, Algorithm 3 step 1) over the trained set."""
+        """The first count release (sensitivity √k, Algorithm 3 step 1) over the trained items the
+        frequent fraction or the SNR floor chose (:func:`dpals.core_items`). The σ and kept floors
+        (defaults rules 10 and 11) train items because their counts clear the noise; counted, they
+        would make the share follow the trained set rather than the noise."""
         config = dpals.DPALSConfig.from_dict({k: v for k, v in model.config.items() if k in _DPALS_FIELDS})
-        return CountRelease(counts=model.item_counts, noise_std=dpals.count_noise_std(config),
-                            considered=model.trained_mask)
+        considered = np.asarray(model.trained_mask, dtype=bool) & dpals.core_items(model.item_counts, config)
+        return CountRelease(counts=model.item_counts, noise_std=dpals.count_noise_std(config), considered=considered)
 
 
 # ---------------------------------------------------------------------------- DPALS

@@ -2,8 +2,9 @@
 
 Post-processing only: the inputs are a model's released item counts, the standard deviation of
 the noise those counts carry (public: the release's L2 sensitivity times its noise multiplier,
-both in the published config) and the released trained set. No private datum is read, so the
-indicator is free and may be shown with the model.
+both in the published config) and the released trained set (for DPALS, less the items its count
+floors trained because their counts clear the noise). No private datum is read, so the indicator
+is free and may be shown with the model.
 
 A released count c̃_j = c_j + N(0, σ²) that is below ``NOISE_MARGIN``·σ cannot be told from an
 item nobody rated; the item's other releases (its Gram, its linear term, its bias sum) carry the
@@ -37,7 +38,7 @@ class CountRelease:
 
     counts: np.ndarray
     noise_std: float
-    considered: np.ndarray  # bool mask: the items the model learnt factors for
+    considered: np.ndarray  # bool mask: the trained items the share reads (DPALS: those the floors did not add)
 
 
 @dataclass(frozen=True)

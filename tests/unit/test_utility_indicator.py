@@ -86,3 +86,24 @@ def test_default_model_on_a_seeded_data_set_is_noise_dominated_only_at_small_eps
 
 def _facts(n_items: int) -> DatasetFacts:
     return DatasetFacts(name="seeded", kind="ratings", rating_range=(1.0, 5.0), n_items=n_items, max_users=10_000)
+
+
+def test_the_floors_items_are_not_counted_in_the_share() -> None:
+    """Rules 10 and 11 train items because their released counts clear the noise: the indicator
+    considers the trained items the frequent fraction or the SNR floor chose, so the share reads
+    the noise, not the trained set."""
+    ratings = production_synthetic(n_users=6_000, n_items=1_500, n_ratings=300_000, seed=3).ratings
+    algo = get_algorithm("dpals")
+    params = algo.default_hyperparameters(objective="ranking", epsilon=1.0, delta=1e-6, facts=_facts(ratings.n_items))
+    assert params is not None and params["frequent_count_sigmas"] > 0
+    config = algo.calibrate(1.0, 1e-6, algo.config_from_params({**params, "seed": 5}, (1.0, 5.0)), ratings.n_items)
+    model = algo.train(ratings, config)
+    release = algo.count_release(model)
+    assert release is not None
+    published = dpals.DPALSConfig.from_dict({**model.config, "seed": 0})
+    core = dpals.core_items(model.item_counts, published)
+    np.testing.assert_array_equal(release.considered, model.trained_mask & core)
+    assert release.considered.sum() < model.trained_mask.sum()  # the σ floor trained more
+    without_floor = algo.train(ratings, algo.calibrate(1.0, 1e-6, algo.config_from_params(
+        {**params, "frequent_count_sigmas": 0.0, "seed": 5}, (1.0, 5.0)), ratings.n_items))
+    np.testing.assert_array_equal(release.considered, without_floor.trained_mask)  # what the floor-free run trains

@@ -806,11 +806,18 @@ def secondary_items(counts: np.ndarray, frequent: np.ndarray, config: DPALSConfi
     None when ``secondary_by_snr`` is off or no item is secondary. Post-processing of the counts."""
     if not config.secondary_by_snr:
         return None
+    secondary = ~core_items(counts, config)[frequent]
+    return secondary if secondary.any() else None
+
+
+def core_items(counts: np.ndarray, config: DPALSConfig) -> np.ndarray:
+    """The catalogue mask of the items trained without rule 10's σ floor and rule 11's kept floor:
+    the ⌈fraction·n⌉ largest released counts ``counts`` (the order of :func:`frequent_items`) and
+    every count at or above :func:`snr_floor`. Post-processing of the counts."""
     core = np.zeros(len(counts), dtype=bool)
     core[np.argsort(-counts, kind="stable")[: max(1, math.ceil(config.frequent_fraction * len(counts)))]] = True
     core |= counts >= snr_floor(config)
-    secondary = ~core[frequent]
-    return secondary if secondary.any() else None
+    return core
 
 
 def secondary_shares(counts: np.ndarray, frequent: np.ndarray, config: DPALSConfig) -> np.ndarray | None:
