@@ -11,15 +11,16 @@ Data: ``../shared/data/ml-1m`` with its canonical splits (research use only; rea
   number of training users. Held-out users are folded in from their history only; Recall@20 and
   NDCG@20 with the history excluded, chosen on validation users, reported on test users.
 
-The candidate configurations below came out of random searches scored on the validation split
-(never on test); the suite re-selects among them on validation in every run. Candidates: the
-service's ε-aware default, the default with one more step (and twice the contribution bound: twice the
-bound it releases from the data), the default with the changes listed per ε (found by random searches around it, confirmed on two more
-validation seeds), and earlier search winners. The pooled candidates (``gram_pooling``, ``average_last``:
-post-processing of the releases) came from one-factor variations and random searches around the
-default on the validation splits at δ = 1e-4 (seeds 0-2 or 0-1), never on test. The last ranking candidate
-at ε = 20 (rank 64, seven steps) is the refinement of the earlier one (ridge 160 → 120, gravity 0.3 → 0.4)
-by one-factor variations around it on validation, seeds 0-2 at δ = 1e-4: Recall@20 0.3337 vs 0.3299.
+The candidate configurations below came out of random searches scored on the validation split (never on
+test); the suite re-selects among them on validation in every run. Candidates: the service's ε-aware
+default, the default with one more step (and twice the contribution bound: twice the bound it releases
+from the data), the default with the changes listed per ε (found by random searches around it, confirmed
+on two more validation seeds), and earlier search winners. The pooled candidates (``gram_pooling``,
+``average_last``: post-processing of the releases) came from one-factor variations and random searches
+around the default on the validation splits at δ = 1e-4 (seeds 0-2 or 0-1), never on test. The last
+ranking candidate at ε = 20 (rank 64, seven steps) is the refinement of the earlier one (ridge 160 →
+120, gravity 0.3 → 0.4) by one-factor variations around it on validation, seeds 0-2 at δ = 1e-4:
+Recall@20 0.3337 vs 0.3299.
 """
 
 from __future__ import annotations
