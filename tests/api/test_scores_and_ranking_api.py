@@ -173,11 +173,17 @@ def test_a_retrain_keeps_the_items_the_model_in_force_trained(env: Env) -> None:
     from tests.api.conftest import SMALL_DPALS, train_and_publish
 
     seed_ratings(env)
-    train_and_publish(env, hyper={**SMALL_DPALS, "frequent_fraction": 0.6})
+    first_version = train_and_publish(env, hyper={**SMALL_DPALS, "frequent_fraction": 0.6})
     first = _trained_items(env)
     few = {**SMALL_DPALS, "frequent_fraction": 0.05}
-    train_and_publish(env, hyper={**few, "keep_trained_sigmas": 1e-9})
+    keeping_version = train_and_publish(env, hyper={**few, "keep_trained_sigmas": 1e-9})
     kept = _trained_items(env)
-    train_and_publish(env, hyper=few)
+    alone_version = train_and_publish(env, hyper=few)
     alone = _trained_items(env)
     assert len(alone) < len(first) and first <= kept  # not vacuous: the fraction alone trains fewer
+    # the keeping run names the version it kept items from; the others kept none
+    metrics = {v["id"]: v["metrics"] for v in
+               env.client.get("/v1/admin/datasets/default/models", headers=env.admin).json()["items"]}
+    assert metrics[keeping_version]["kept_items_from_version"] == first_version
+    assert "kept_items_from_version" not in metrics[first_version]
+    assert "kept_items_from_version" not in metrics[alone_version]

@@ -297,9 +297,9 @@ def run_training(run_id: int, *, settings: Settings, url: str | None = None, wor
     guard = _Guard(run_id, stop if stop is not None else _SHUTDOWN)
     try:
         with _Heartbeat(run_id, url, s_.run_heartbeat_s, guard):
-            model = _train(run_id, url, info, outage_s, guard, s_)
+            model, kept_from = _train(run_id, url, info, outage_s, guard, s_)
             guard.running(ride_out_outage(lambda: _set_progress(run_id, url, 0.95, "publishing"), within_s=outage_s))
-            ride_out_outage(lambda: _publish(run_id, url, model, s_), within_s=outage_s)
+            ride_out_outage(lambda: _publish(run_id, url, model, s_, kept_from), within_s=outage_s)
         return "succeeded"
     except RunNotRunning:  # cancelled (or reaped) meanwhile: its row already says so
         log.info("training run %s stopped without publishing: it is no longer running", run_id)
@@ -376,17 +376,21 @@ def _read_private(run_id: int, url: str, info: dict[str, Any], algo: Algorithm):
     return data, extra_inputs
 
 
-def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: _Guard, settings: Settings) -> Any:
+def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: _Guard,
+           settings: Settings) -> tuple[Any, int | None]:
     """Public checks, the private read and training; each database step rides out an outage of
     up to ``outage_s`` (:func:`ride_out_outage`); ``guard`` stops it between steps and at every
     progress point. With ``DASK_SCHEDULER_ADDRESS`` set, DPALS and DP-CMF train on the cluster
-    (:mod:`app.services.training.cluster`), connected to before the private read."""
+    (:mod:`app.services.training.cluster`), connected to before the private read. Returns the
+    model and the model version it took inputs from (rule 11's kept items), or None."""
     algo = get_algorithm(info["algorithm"])
     # the secret seed never leaves the worker: models publish their config without it
     config = algo.config_from_dict({**info["config"], "seed": secrets.randbits(128)})
     reserved_event = ride_out_outage(lambda: _public_checks(run_id, url, info, algo, config), within_s=outage_s)
-    in_force = ride_out_outage(lambda: algo.inputs_from_model_in_force(config, lambda: _model_in_force(url, info)),
+    source: dict[str, int] = {}
+    in_force = ride_out_outage(lambda: algo.inputs_from_model_in_force(config, lambda: _model_in_force(url, info, source)),
                                within_s=outage_s)  # public: read before the private data
+    kept_from = source.get("version") if in_force else None
     on_cluster = cluster.uses_cluster(settings, algo)
     if on_cluster:
         cluster.check_cluster_database(url)
@@ -415,14 +419,17 @@ def _train(run_id: int, url: str, info: dict[str, Any], outage_s: float, guard: 
         raise RuntimeError("the trained model's privacy event differs from the reservation")
     if any(key in model.config for key in SECRET_CONFIG_KEYS):
         raise RuntimeError("the trained model's config carries a secret")
-    return model
+    return model, kept_from
 
 
-def _model_in_force(url: str, info: dict[str, Any]) -> Any:
-    """The data set's active published model (public), or None when there is none."""
+def _model_in_force(url: str, info: dict[str, Any], source: dict[str, int]) -> Any:
+    """The data set's active published model (public), or None when there is none; its version id
+    goes into ``source["version"]``."""
     with session_scope(url) as s:
         try:
-            return model_store.get_active_model(s, info["dataset"])[1]
+            row, model = model_store.get_active_model(s, info["dataset"])
+            source["version"] = row.id
+            return model
         except NoActiveModel:
             return None
         except ArtifactError as exc:  # the run goes on without it: a missing file is no reason to stop learning
@@ -443,7 +450,7 @@ def _mark_private_data_read(run_id: int, url: str) -> bool:
         return runs_store(s).mark_private_data_read(run_id)
 
 
-def _publish(run_id: int, url: str, model, settings: Settings) -> None:
+def _publish(run_id: int, url: str, model, settings: Settings, kept_from: int | None = None) -> None:
     with session_scope(url) as s:
         requested = s.get_one(TrainingRun, run_id)
         dataset_name = requested.dataset.name
@@ -462,6 +469,8 @@ def _publish(run_id: int, url: str, model, settings: Settings) -> None:
         "epsilon_pld": eps_pld,
         "delta": delta,
         **_utility(model),
+        # rule 11: the published version whose trained items this run kept (public), when it kept any
+        **({} if kept_from is None else {"kept_items_from_version": kept_from}),
     }
     with session_scope(url) as s:
         run = lock_run(s, run_id)
