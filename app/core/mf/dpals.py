@@ -561,7 +561,7 @@ def adaptive_weights(rows: np.ndarray, item_counts: np.ndarray, budget: float, e
                      shares: np.ndarray | None = None) -> np.ndarray:
     """ĉ_ij: c_ij = sqrt(B · s_j c̃_j^{2μ} / Σ_{l∈I_i} s_l c̃_l^{2μ}) (Σ_j c_ij² = B for every user) rounded
     down to the fixed-point grid of sqrt(B) (``exact_sums.floor_weights``: Σ_j ĉ_ij² <= B). ``shares``:
-    s_j > 0 per entry (None: all 1; rule 12's ω for secondary items). A function of user i's own items
+    s_j > 0 per entry (None: all 1; rule 12's :func:`secondary_shares`). A function of user i's own items
     and public values (the released counts, the trained set) only."""
     powered = np.maximum(item_counts, 1.0) ** (2.0 * exponent)
     if shares is not None:
