@@ -149,7 +149,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(20.0, 1000)["prior_bound_floor"] == rule(20.0, 3000)["prior_bound_floor"] == 0.0
     assert rule(20.0, 1000)["popularity_prior"] == pytest.approx(0.1)
     assert rule(0.5, 3000)["rank"] == small["rank"] == 8 < rule(3.0, 3000)["rank"] < large["rank"] == 32
-    assert small["defaults_rule"] == defaults.RULE_VERSION == 12
+    assert small["defaults_rule"] == defaults.RULE_VERSION == 13
     # rule 10: one step at a released B ≤ 15·min(1, 1/ε) (fewer in a small catalogue)
     assert (rule(0.5, 3000)["few_steps_bound"], small["few_steps_bound"], small["few_steps"]) == (15, 15, 1)
     assert rule(2.0, 3000)["few_steps_bound"] == 8 and rule(5.0, 3000)["few_steps_bound"] == 3
@@ -169,7 +169,7 @@ def test_ranking_rule_laws_follow_epsilon_and_catalogue_size():
     assert rule(5.0, 100)["gram_pooling"] == pytest.approx(1.0)
 
 
-def test_rule_8_sets_k_from_the_data_a_user_level_mean_and_a_bias_prior_that_follows_epsilon():
+def test_rules_8_and_13_set_k_from_the_data_a_user_level_mean_and_a_bias_prior_that_follows_epsilon():
     def rule(objective: str, eps: float, rating_range: tuple[float, float] = (1.0, 5.0)) -> dict:
         return defaults.default_hyperparameters(objective=objective, epsilon=eps, delta=1e-6,
                                                 rating_range=rating_range, n_items=1682)
@@ -180,10 +180,13 @@ def test_rule_8_sets_k_from_the_data_a_user_level_mean_and_a_bias_prior_that_fol
         assert 1 <= params["bound_min"] < largest
     assert rule("rating", 0.5)["bound_scale"] < rule("rating", 8.0)["bound_scale"]  # k grows with ε
     assert rule("rating", 1.0)["mean_mode"] == "dp_user"  # its noise does not grow with k
-    # the biases' prior shrinks them harder at small ε, in units of the scale's half range
-    assert rule("rating", 0.5)["item_bias_prior_std"] < rule("rating", 2.0)["item_bias_prior_std"] == 0.5
-    assert rule("rating", 20.0)["item_bias_prior_std"] == 0.5
-    assert rule("rating", 2.0, (-10.0, 10.0))["item_bias_prior_std"] == pytest.approx(2.5)
+    # rule 13: the biases' prior, 0.125·h·√ε at 1,000 users, shrinks them harder at small ε; the run scales it
+    # by the released user count (dpals.item_bias_prior)
+    assert rule("rating", 0.5)["item_bias_prior_std"] < rule("rating", 2.0)["item_bias_prior_std"]
+    assert rule("rating", 4.0)["item_bias_prior_std"] == pytest.approx(0.5)
+    assert rule("rating", 4.0, (-10.0, 10.0))["item_bias_prior_std"] == pytest.approx(2.5)
+    assert rule("rating", 1.0)["item_bias_prior_by_users"] is True
+    assert "item_bias_prior_by_users" not in rule("ranking", 1.0)  # no biases in the ranking objective
 
 
 def test_ranking_rule_takes_fewer_steps_for_few_declared_users():

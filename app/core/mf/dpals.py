@@ -126,6 +126,7 @@ __all__ = [
     "rating_keys",
     "count_sensitivity",
     "count_noise_std",
+    "item_bias_prior",
     "bound_contributions",
     "dpals_event",
     "checked_event",
@@ -154,6 +155,8 @@ OBJECTIVES = ("rating", "ranking")
 MEAN_MODES = ("dp", "dp_user", "public")
 # "dp_user": the released offset stays within ±MEAN_INTERIOR·h of the midpoint, the scale's interior
 MEAN_INTERIOR = 0.8
+# item_bias_prior_by_users: the user count at which the prior std is item_bias_prior_std itself
+PRIOR_REFERENCE_USERS = 1000.0
 Progress = Callable[[float, str], None]
 # The item systems use Π_PSD(Ã_j + s I) with s = PSD_SHIFT x 2σ√r, the spectral edge of the Gram noise
 # (data-independent, so post-processing): Ã_j + s I is then positive definite for most items (≈ 93 %
@@ -233,6 +236,9 @@ class DPALSConfig:
     bias_noise_ratio: float = 2.0  # item-bias sums: z·ratio
     item_bias_shrinkage: float = 10.0  # s_b: pseudo-count pulling b̃_j towards 0 (data noise)
     item_bias_prior_std: float = 0.5  # τ_b: prior std of an item bias (noise-aware shrinkage)
+    # defaults rule 13: τ_b·(Ñ/1000)^{1/4}, capped at Γ_b, with Ñ the user-level mean's released user count
+    # (:func:`item_bias_prior`; False: τ_b as given)
+    item_bias_prior_by_users: bool = False
     noise_filter: float = 0.0  # φ: Wiener filter of the noisy item systems (0: off), see _wiener
     gram_pooling: float = 0.0  # ψ: shrink each Ã_j towards the pooled c̃_j·Ā (0: off), see pool_item_grams
     average_last: int = 1  # m: publish the mean of the last m steps' released V (1: the last one)
@@ -288,9 +294,11 @@ class DPALSConfig:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         if self.reg_item == 0:
             raise ValueError("reg_item must be > 0 (the noisy item systems need a ridge)")
-        for name in ("self_calibration", "secondary_by_snr"):
+        for name in ("self_calibration", "secondary_by_snr", "item_bias_prior_by_users"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean")
+        if self.item_bias and self.item_bias_prior_by_users and self.mean_mode != "dp_user":
+            raise ValueError("item_bias_prior_by_users reads the user count that mean_mode 'dp_user' releases")
         if self.public_mean is not None and not math.isfinite(self.public_mean):
             raise ValueError("public_mean must be finite")
         self._check_objective()
@@ -729,8 +737,8 @@ def release_public_state(
     counts = releaser.vector("item_counts", counts_statistic, count_sensitivity(config.contribution_bound),
                              config.noise_multipliers()["counts"])
     counts = np.maximum(counts, 1.0)
-    mean = _global_mean(total, count, config, releaser)
-    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser)
+    mean, users = _global_mean(total, count, config, releaser)
+    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser, users)
     frequent = frequent_items(counts, config.frequent_fraction, count_floor(config), kept, kept_floor(config))
     return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
 
@@ -872,30 +880,48 @@ def item_bias_statistic(ratings: Ratings, sample: np.ndarray, mean: float, confi
     return exact_bincount(cols[sample], terms[sample], ratings.n_items, config.clip_bias)
 
 
-def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: float, config: DPALSConfig) -> np.ndarray:
+def shrink_item_biases(noisy_sums: np.ndarray, counts: np.ndarray, noise_std: float, config: DPALSConfig,
+                       prior_std: float | None = None) -> np.ndarray:
     """b̃_j = S̃_j / (c̃_j + s_b + σ_S² / (c̃_j τ_b²)): the posterior mean of a N(0, τ_b²) bias.
 
     With S̃_j = c_j β_j + (data noise, variance ∝ c_j) + N(0, σ_S²), the released count c̃_j
     standing in for c_j, the noise term's share of the denominator grows as c̃_j shrinks, so a
-    rarely rated item's bias is pulled to the baseline in proportion to its noise. Post-processing
+    rarely rated item's bias is pulled to the baseline in proportion to its noise. τ_b is
+    ``prior_std`` (default: the config's, :func:`item_bias_prior` gives the run's). Post-processing
     of the released S̃ and c̃ only.
     """
+    tau = config.item_bias_prior_std if prior_std is None else prior_std
     counts = np.maximum(counts, 1.0)
-    noise_pseudo_count = noise_std**2 / (counts * config.item_bias_prior_std**2)
+    noise_pseudo_count = noise_std**2 / (counts * tau**2)
     return noisy_sums / (counts + config.item_bias_shrinkage + noise_pseudo_count)
+
+
+def item_bias_prior(config: DPALSConfig, users: float | None) -> float:
+    """The run's bias prior std τ_b (defaults rule 13): with ``item_bias_prior_by_users``,
+    min(Γ_b, τ·(Ñ/1000)^{1/4}) for the released user count Ñ (``users``, floored at three of its
+    noise stds as the mean's ratio is); else the config's τ. The more users, the more raters an
+    item's bias sum has against the same noise, and the weaker the prior it needs. Post-processing
+    of a released count and public settings."""
+    if not config.item_bias_prior_by_users:
+        return config.item_bias_prior_std
+    if users is None:
+        raise ValueError("item_bias_prior_by_users needs the user count that mean_mode 'dp_user' releases")
+    floored = max(users, 3.0 * config.noise_multipliers()["mean"])
+    return float(min(config.clip_bias, config.item_bias_prior_std * (floored / PRIOR_REFERENCE_USERS) ** 0.25))
 
 
 def _item_biases(
     statistic: Callable[[float], np.ndarray], n_items: int, mean: float, counts: np.ndarray, config: DPALSConfig,
-    releaser: GaussianReleaser,
+    releaser: GaussianReleaser, users: float | None,
 ) -> np.ndarray:
-    """The DP item-bias release (zeros, and no release, when ``item_bias`` is off)."""
+    """The DP item-bias release (zeros, and no release, when ``item_bias`` is off), shrunk with the prior
+    std that the released user count ``users`` gives (:func:`item_bias_prior`)."""
     if not config.item_bias:
         return np.zeros(n_items)
     sensitivity = math.sqrt(config.contribution_bound) * config.clip_bias
     multiplier = config.noise_multipliers()["bias"]
     noisy = releaser.vector("item_bias_sums", statistic(mean), sensitivity, multiplier)
-    return shrink_item_biases(noisy, counts, sensitivity * multiplier, config)
+    return shrink_item_biases(noisy, counts, sensitivity * multiplier, config, item_bias_prior(config, users))
 
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState,
@@ -982,9 +1008,10 @@ def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser
     )
 
 
-def _global_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
+def _global_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> tuple[float, float | None]:
+    """(the released global mean, the released user count Ñ where the mean mode releases one, else None)."""
     if config.mean_mode == "public":
-        return config.midpoint if config.public_mean is None else float(config.public_mean)
+        return (config.midpoint if config.public_mean is None else float(config.public_mean)), None
     if config.mean_mode == "dp_user":
         return _user_level_mean(total, count, config, releaser)
     k, h = config.contribution_bound, config.half_range
@@ -992,20 +1019,20 @@ def _global_mean(total: float, count: float, config: DPALSConfig, releaser: Gaus
     noisy_total = float(releaser.vector("mean_sum", np.array(total), k * h, z))
     noisy_count = float(releaser.vector("mean_count", np.array(count), float(k), z))
     lo, hi = config.rating_range
-    return float(np.clip(config.midpoint + noisy_total / max(noisy_count, 1.0), lo, hi))
+    return float(np.clip(config.midpoint + noisy_total / max(noisy_count, 1.0), lo, hi)), None
 
 
-def _user_level_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> float:
-    """mid + clip(S̃ / max(Ñ, 3σ_N), ±MEAN_INTERIOR·h): the mean of the users' own mean ratings
-    (sensitivities h and 1, so its noise does not grow with k). The count's floor at three of its
-    noise stds keeps a near-zero or negative noisy count from blowing the ratio up, and the clip
-    keeps the released mean inside the scale's interior whatever the noise."""
+def _user_level_mean(total: float, count: float, config: DPALSConfig, releaser: GaussianReleaser) -> tuple[float, float]:
+    """(mid + clip(S̃ / max(Ñ, 3σ_N), ±MEAN_INTERIOR·h), Ñ): the mean of the users' own mean ratings
+    (sensitivities h and 1, so its noise does not grow with k), and the released user count. The
+    count's floor at three of its noise stds keeps a near-zero or negative noisy count from blowing
+    the ratio up, and the clip keeps the released mean inside the scale's interior whatever the noise."""
     h = config.half_range
     z = config.noise_multipliers()["mean"]
     noisy_total = float(releaser.vector("user_mean_sum", np.array(total), h, z))
     noisy_count = float(releaser.vector("user_count", np.array(count), 1.0, z))
     offset = noisy_total / max(noisy_count, 3.0 * z)
-    return config.midpoint + float(np.clip(offset, -MEAN_INTERIOR * h, MEAN_INTERIOR * h))
+    return config.midpoint + float(np.clip(offset, -MEAN_INTERIOR * h, MEAN_INTERIOR * h)), noisy_count
 
 
 def _bound_contributions(
