@@ -186,6 +186,9 @@ def test_rules_8_and_13_set_k_from_the_data_a_user_level_mean_and_a_bias_prior_t
     assert rule("rating", 4.0)["item_bias_prior_std"] == pytest.approx(0.5)
     assert rule("rating", 4.0, (-10.0, 10.0))["item_bias_prior_std"] == pytest.approx(2.5)
     assert rule("rating", 1.0)["item_bias_prior_by_users"] is True
+    # rule 13: the rating filter's strength 10/ε³ stops growing below ε = 1
+    assert [rule("rating", eps)["noise_filter"] for eps in (0.1, 0.5, 1.0)] == [10.0, 10.0, 10.0]
+    assert rule("rating", 2.0)["noise_filter"] == pytest.approx(1.25)
     assert "item_bias_prior_by_users" not in rule("ranking", 1.0)  # no biases in the ranking objective
 
 
