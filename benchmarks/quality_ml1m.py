@@ -182,9 +182,15 @@ def _candidates(task: _Task, eps: float, delta: float) -> list[dict[str, Any]]:
                                          rating_range=task.dpals_base["rating_range"], n_items=task.train.n_items)
     longer = {**default, "n_steps": default["n_steps"] + 1}
     wider = {**longer, **_bound_change(default, 2 * default["contribution_bound"])}
-    changed = [{**default, **change, **_bound_change(default, change.get("contribution_bound"))}
+    changed = [{**default, **change, **_bound_change(default, change.get("contribution_bound")), **_ridge_change(change)}
                for change in task.default_changes.get(eps, [])]
     return [default, longer, wider, *changed] + task.dpals_candidates[eps]
+
+
+def _ridge_change(change: dict[str, Any]) -> dict[str, Any]:
+    """A candidate that sets the user ridge runs with that ridge: the default's rule-14 law, which would
+    lower it to the ridge the released user total gives, is off for it."""
+    return {"ridge_users_scale": 0.0} if "reg_user" in change else {}
 
 
 def _bound_change(default: dict[str, Any], bound: int | None) -> dict[str, Any]:

@@ -77,6 +77,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     "ridge_bound_exponent": (0.0, 10.0),
     "ridge_bound_reference": (0.0, 100_000.0),
     "ridge_bound_cap": (0.0, 1e6),
+    "ridge_users_scale": (0.0, 1e6),  # rule 14: the ridge law's scale in the released user total
     # rule 10: the signal-to-noise ratio of an item's Gram from which it is trained (dpals.count_floor)
     "frequent_snr": (0.0, 1e6),
     "frequent_count_sigmas": (0.0, 1e6),  # ... and the count-noise stds a released count clears

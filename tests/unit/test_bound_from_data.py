@@ -28,7 +28,7 @@ from app.core.mf.dpals import (
 from app.core.privacy import accounting
 from app.core.privacy.keyed import KeyedRandomness
 from app.core.privacy.quantiles import HISTOGRAM_SENSITIVITY, count_histogram, histogram_bins, histogram_quantile
-from app.core.privacy.releaser import GaussianReleaser
+from app.core.privacy.releaser import GaussianReleaser, audit_tap
 
 LAW = {"bound_quantile": 0.5, "bound_scale": 2.0, "bound_min": 3, "contribution_bound": 40}
 
@@ -218,6 +218,44 @@ def test_the_bound_laws_read_the_released_b_and_user_total():
     assert applied(5, 1e300, ridge_bound_exponent=10.0, ridge_bound_reference=1e5).reg_user == 0.5
     assert applied(5, 1e300, ridge_bound_exponent=10.0, ridge_bound_reference=1e5, ridge_bound_cap=1e6).reg_user == 1e6
     assert applied(13, 4834.0, reg_user=0.0).reg_user == 0.0  # no ridge to grow
+
+
+def test_rule_14_lowers_the_ridge_to_rule_7s_value_in_the_released_user_total():
+    law = DPALSConfig(objective="ranking", mean_mode="public", item_bias=False, user_centering=False, reg_user=0.5,
+                      ridge_users_scale=0.0625, **LAW)
+
+    def ridge(users: float, noise: float = 1.0, **change) -> float:
+        applied = dpals.apply_bound_laws(replace(law, **change), users, noise)
+        assert applied.ridge_users_scale == 0.0  # consumed: the published config holds the ridge used
+        return applied.reg_user
+
+    assert ridge(4000.0) == pytest.approx(0.125)  # 0.0625·√4
+    assert ridge(1e6) == 0.5  # never raised past the ridge given
+    assert ridge(10.0, noise=1000.0) == ridge(3000.0) == pytest.approx(0.0625 * math.sqrt(3.0))  # floored at 3σ
+    assert ridge(-50.0, noise=10.0) == pytest.approx(0.0625 * math.sqrt(0.03))
+    assert ridge(4000.0, ridge_users_scale=0.0) == 0.5  # off
+    # rule 9 raises from there, never lowers
+    raised = ridge(4000.0, contribution_bound=13, ridge_bound_exponent=0.5, ridge_bound_reference=60.0,
+                   ridge_bound_cap=0.5)
+    assert raised == pytest.approx(min(0.5, 0.125 * 4.0 ** (0.5 * (math.sqrt(60 / 13) - 1.0))))
+    with pytest.raises(ValueError, match="ridge_users_scale"):
+        replace(law, bound_quantile=None)
+
+
+def test_a_run_publishes_the_ridge_its_released_user_total_gave():
+    ratings = _ratings(3, n_users=200)
+    config = calibrate(20.0, 1e-6, DPALSConfig(objective="ranking", mean_mode="public", item_bias=False,
+                                               user_centering=False, **LAW, rank=2, n_steps=1, reg_user=0.5,
+                                               ridge_users_scale=0.2))
+    with audit_tap() as tap:
+        model = train_dpals(ratings, config)
+    (histogram,) = tap.outputs["bound_histogram"]
+    noise = config.noise_multipliers()["bound"] * math.sqrt(len(histogram))
+    expected = min(0.5, 0.2 * math.sqrt(max(float(np.sum(histogram)), 3.0 * noise) / 1000.0))
+    assert model.config["reg_user"] == pytest.approx(expected) and expected < 0.5
+    assert model.config["ridge_users_scale"] == 0.0
+    plain = train_dpals(ratings, replace(config, ridge_users_scale=0.0))
+    assert model.event == plain.event and model.metadata["releases"] == plain.metadata["releases"]
 
 
 def test_a_run_publishes_the_prior_it_scored_with_and_the_laws_add_no_release():

@@ -1,5 +1,6 @@
 """quality-ml1m's candidates keep their meaning under defaults rule 8 (the bound released from the
-data): a candidate that doubles the contribution bound doubles the bound the run releases."""
+data): a candidate that doubles the contribution bound doubles the bound the run releases; and under
+rule 14, a candidate that sets the user ridge runs with that ridge."""
 
 from __future__ import annotations
 
@@ -32,3 +33,13 @@ def test_the_wider_and_changed_candidates_release_a_wider_bound(objective: str) 
     assert wider["contribution_bound"] == 2 * default["contribution_bound"]
     ratio = 480 / default["contribution_bound"]
     assert changed["bound_scale"] == pytest.approx(ratio * default["bound_scale"], rel=1e-6)
+
+
+def test_a_candidate_that_sets_the_user_ridge_runs_with_it() -> None:
+    changes = {20.0: [{"reg_user": 0.25}, {"n_steps": 5}]}
+    task = cast(Any, SimpleNamespace(objective="ranking", dpals_base=q._RANKING_BASE, train=SimpleNamespace(n_items=3_000),
+                                     default_changes=changes, dpals_candidates={20.0: []}))
+    default, longer, _, ridge, steps = q._candidates(task, 20.0, 1e-4)
+    assert default["ridge_users_scale"] > 0 and longer["ridge_users_scale"] == default["ridge_users_scale"]  # rule 14
+    assert (ridge["reg_user"], ridge["ridge_users_scale"]) == (0.25, 0.0)  # the ridge it names, not the law's
+    assert steps["ridge_users_scale"] == default["ridge_users_scale"]

@@ -4,6 +4,7 @@ popularity prior, and ε-aware defaults that are a pure function of public input
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import replace
 from functools import partial
 
@@ -208,6 +209,11 @@ def test_ranking_rule_takes_fewer_steps_for_few_declared_users():
                                                       rating_range=(1.0, 5.0), n_items=1682)
 
 
+def rule_for_rating() -> dict:
+    return defaults.default_hyperparameters(objective="rating", epsilon=20.0, delta=1e-6, rating_range=(1.0, 5.0),
+                                            n_items=1682)
+
+
 def test_ranking_user_ridge_falls_with_epsilon_for_few_declared_users():
     def ridge(eps: float, max_users: int | None) -> float:
         return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
@@ -220,6 +226,21 @@ def test_ranking_user_ridge_falls_with_epsilon_for_few_declared_users():
     assert ridge(20.0, 1000) < ridge(20.0, 10_000) < ridge(20.0, 100_000) == 0.5
     assert ridge(10.0, 10_000) == ridge(20.0, None) == ridge(100.0, None) == 0.5  # no bound declared: many users
     assert ridge(7.0, 1000) < ridge(6.0, 1000) < 0.5  # smooth past eps_0, no step
+
+
+def test_without_a_declared_bound_the_run_reads_rule_7s_ridge_from_the_released_user_total():
+    def rule(eps: float, max_users: int | None) -> dict:
+        return defaults.default_hyperparameters(objective="ranking", epsilon=eps, delta=1e-6, rating_range=(1.0, 5.0),
+                                                n_items=1682, max_users=max_users)
+
+    # rule 14: A = 0.5·(5/ε)^1.5, so that min(0.5, A·√(ñ/1000)) is rule 7's ridge for ñ declared users
+    assert rule(20.0, None)["ridge_users_scale"] == pytest.approx(0.0625)
+    assert rule(20.0, 1000)["ridge_users_scale"] == rule(20.0, 10_000)["ridge_users_scale"] == 0.0  # declared: rule 7
+    for eps in (2.0, 10.0, 20.0):
+        for users in (1000, 10_000):
+            applied = min(0.5, rule(eps, None)["ridge_users_scale"] * math.sqrt(users / 1000))
+            assert applied == pytest.approx(rule(eps, users)["reg_user"], abs=1e-6)
+    assert "ridge_users_scale" not in rule_for_rating()
 
 
 def test_ranking_filter_only_for_few_declared_users_at_small_epsilon():

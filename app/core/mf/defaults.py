@@ -552,6 +552,15 @@ def _ranking_rank(epsilon: float) -> int:
     return int(min(32, max(8, 2 ** round(math.log2(8.0 * (epsilon / 2.0) ** 1.5)))))
 
 
+def _ranking_users_ridge_scale(epsilon: float, max_users: int | None) -> float:
+    """Rule 14: without a declared bound, the run applies rule 7's ridge to the released user total ñ,
+    λ_u = min(0.5, A·√(ñ/1000)) with A = 0.5·(ε_0(1000)/ε)^1.5 (rule 7's law written in ñ); with one, 0
+    (rule 7 has already used the declared bound)."""
+    if max_users is not None:
+        return 0.0
+    return round(float(RANKING_USER_RIDGE * (USER_RIDGE_EPS / epsilon) ** 1.5), 8)
+
+
 def _ranking_steps(epsilon: float, max_users: int | None) -> tuple[int, int]:
     """(steps, released V's averaged): (2, 1) while ε·max_users < FEW_USERS_EPS, else (4, 2) (rule 6;
     rule 5: 3 steps, the last V): few users' positives carry little signal per step, and fewer
@@ -626,6 +635,7 @@ def _ranking_defaults(epsilon: float, n_items: int, max_users: int | None) -> di
         "ridge_bound_exponent": RIDGE_BOUND_EXPONENT,
         "ridge_bound_reference": float(RANKING_BOUND["largest"]),
         "ridge_bound_cap": RANKING_USER_RIDGE,
+        "ridge_users_scale": _ranking_users_ridge_scale(epsilon, max_users),
         "few_steps_bound": _few_steps_bound(epsilon, large),
         "few_steps": 1,
         "frequent_snr": FREQUENT_SNR,

@@ -201,6 +201,9 @@ class DPALSConfig:
     ridge_bound_exponent: float = 0.0  # a: reg_user grows by max(1, ñ/1000)^(a·(√(B_ref/B) − 1)) ...
     ridge_bound_reference: float = 0.0  # ... B_ref, the B at which it stops growing ...
     ridge_bound_cap: float = 0.0  # ... up to this ceiling (any of the three 0: the ridge law is off)
+    # defaults rule 14 (ranking, no declared max_users): reg_user ← min(reg_user, A·√(ñ/1000)) for A =
+    # ridge_users_scale, ñ floored at three of its noise stds, before rule 9's law (0: off; needs bound_quantile)
+    ridge_users_scale: float = 0.0
     # defaults rule 10 (:func:`apply_step_law`): where the released B is at most few_steps_bound (0: never),
     # the run takes few_steps steps instead of n_steps, and every release after the bound's takes the share of
     # ε the dropped steps leave (later_noise_scale): the same Gaussian composition as the reserved run
@@ -288,7 +291,7 @@ class DPALSConfig:
         for name in ("reg_item", "reg_user", "reg_gravity", "init_scale", "user_bias_shrinkage",
                      "item_bias_shrinkage", "noise_filter", "gram_pooling", "prior_bound_floor", "frequent_snr",
                      "frequent_count_sigmas", "keep_trained_sigmas",
-                     "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap"):
+                     "ridge_bound_exponent", "ridge_bound_reference", "ridge_bound_cap", "ridge_users_scale"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -305,6 +308,8 @@ class DPALSConfig:
 
     def _check_bound_law(self) -> None:
         if self.bound_quantile is None:
+            if self.ridge_users_scale:
+                raise ValueError("ridge_users_scale reads the user total of the count histogram: it needs bound_quantile")
             return
         if not (isinstance(self.bound_quantile, (int, float)) and 0 < self.bound_quantile < 1):
             raise ValueError(f"bound_quantile must lie in (0, 1) or be null, got {self.bound_quantile!r}")
@@ -479,23 +484,29 @@ def release_contribution_bound(statistic: np.ndarray, config: DPALSConfig, relea
     reads this k; their multipliers were calibrated before the run began."""
     if config.bound_quantile is None:
         return apply_bound_laws(config, 0.0)
-    noisy = releaser.vector("bound_histogram", statistic, HISTOGRAM_SENSITIVITY, config.noise_multipliers()["bound"])
+    multiplier = config.noise_multipliers()["bound"]
+    noisy = releaser.vector("bound_histogram", statistic, HISTOGRAM_SENSITIVITY, multiplier)
     quantile = histogram_quantile(noisy, float(config.bound_quantile))
     if math.isfinite(quantile):
         k = min(config.contribution_bound, max(config.bound_min, round(config.bound_scale * quantile)))
         config = replace(config, contribution_bound=int(k))
-    return apply_bound_laws(config, float(np.sum(noisy)))
+    total_noise = HISTOGRAM_SENSITIVITY * multiplier * math.sqrt(len(noisy))  # the std of ñ, a sum of noisy bins
+    return apply_bound_laws(config, float(np.sum(noisy)), total_noise)
 
 
 RIDGE_REFERENCE_USERS = 1000.0
 """The user count at which :func:`apply_bound_laws`' ridge law starts to act (the defaults' reference)."""
 
 
-def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
+def apply_bound_laws(config: DPALSConfig, users: float, users_noise: float = 0.0) -> DPALSConfig:
     """``config`` with the laws in the released bound B (``config.contribution_bound``) applied and
     consumed (their knobs zeroed: the run's published config holds the values it used); ``config``
     itself where it has none. Post-processing: B and ``users`` (the released histogram's noisy total
-    ñ, 0 without a release) are released, the knobs public, so no release is added.
+    ñ, 0 without a release; ``users_noise`` its noise std) are released, the knobs public, so no
+    release is added.
+
+    * ``ridge_users_scale`` A (rule 14): reg_user ← min(λ_u, A·√(max(ñ, 3σ_ñ)/1000)), the defaults' rule-7
+      ridge with the released user total in place of a declared bound (applied first).
 
     * ``prior_bound_floor`` γ_B: the ranking prior becomes γ + γ_B / B². Each user's own term in her
       scores is fitted to her positives (about B of them); the fewer they are, the more the prior must carry.
@@ -507,7 +518,17 @@ def apply_bound_laws(config: DPALSConfig, users: float) -> DPALSConfig:
     * ``few_steps_bound`` B_T and ``few_steps`` T': at B ≤ B_T the run takes T' < T steps
       (:func:`apply_step_law`, which says why the reserved event still holds).
     """
-    return apply_step_law(_apply_prior_and_ridge_laws(config, users))
+    return apply_step_law(_apply_prior_and_ridge_laws(_apply_users_ridge_law(config, users, users_noise), users))
+
+
+def _apply_users_ridge_law(config: DPALSConfig, users: float, users_noise: float) -> DPALSConfig:
+    """Rule 14: λ_u ← min(λ_u, A·√(max(ñ, 3σ_ñ)/1000)), consumed. The floor keeps a noise-dominated
+    total from lowering the ridge: at small ε σ_ñ is large, and the ridge stays where it was."""
+    if not config.ridge_users_scale:
+        return config
+    floored = max(users, 3.0 * users_noise)
+    ridge = config.ridge_users_scale * math.sqrt(max(floored, 0.0) / RIDGE_REFERENCE_USERS)
+    return replace(config, reg_user=min(config.reg_user, ridge), ridge_users_scale=0.0)
 
 
 def _apply_prior_and_ridge_laws(config: DPALSConfig, users: float) -> DPALSConfig:
