@@ -454,6 +454,16 @@ cell where the biases cost was Jester-1 at ε = 0.5: 4.347 with them, 4.330 with
 it is 4.242 with them and 4.250 without. ML-1M, ML-100K, their thinned variants and Jester-1 at
 median 10 score the same at ε = 0.5 to four decimals (validation, seeds 0–1): there κ alone filters
 the factors off.
+
+Rule 14 (ranking, **no declared** ``max_users``) gives such a run rule 7's user ridge anyway. The
+declared bound is replaced by the user total ñ that rule 8's count histogram already releases:
+λ_u = min(0.5, A·√(max(ñ, 3σ_ñ)/1000)) with A = 0.5·(5/ε)^1.5 (``ridge_users_scale``;
+:func:`app.core.mf.dpals.apply_bound_laws`), which is post-processing. Before, such a run kept
+λ_u = 0.5 at every ε. On quality-ml1m's split (4,834 training users, no bound declared, test R@20,
+seeds 0–2) the default's λ_u becomes 0.39 at ε = 10 and 0.14 at ε = 20:
+- δ = 1e-4: 0.3111 / 0.3220 → 0.3154 / 0.3268;
+- δ = 1/n: 0.3098 / 0.3222 → 0.3123 / 0.3273.
+At ε ≤ 5 λ_u stays 0.5. A declared bound takes precedence: the law is off, and rule 7 reads the bound.
 """
 
 from __future__ import annotations
