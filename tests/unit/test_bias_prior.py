@@ -76,5 +76,8 @@ def test_a_run_shrinks_its_released_sums_with_the_prior_of_its_released_count(n_
     with_fixed = train_dpals(ratings, fixed)
     assert with_law.event == with_fixed.event == dpals_event(config)  # the same releases, the same event
     np.testing.assert_array_equal(with_law.item_biases, with_fixed.item_biases)
+    # the published config holds the prior used, the law consumed: the two runs publish the same config
+    assert (with_law.config["item_bias_prior_std"], with_law.config["item_bias_prior_by_users"]) == (tau, False)
+    assert with_law.config == with_fixed.config
     other = train_dpals(ratings, replace(fixed, item_bias_prior_std=tau / 2))
     assert not np.array_equal(other.item_biases, with_law.item_biases)  # the prior does move the biases

@@ -199,6 +199,9 @@ def test_the_default_config_partitioned_publishes_the_in_process_model(partition
     assert model.metadata == reference.metadata and model.config == reference.config
     names = [release["name"] for release in model.metadata["releases"]]
     assert names[0] == "bound_histogram" and ("user_mean_sum" in names) == (objective == "rating")
+    # rules 13 and 14's laws, read from released counts on the driver, consumed into the values used
+    assert config.item_bias_prior_by_users == (objective == "rating") and not model.config["item_bias_prior_by_users"]
+    assert (config.ridge_users_scale > 0) == (objective == "ranking") and model.config["ridge_users_scale"] == 0.0
 
 
 @pytest.mark.parametrize("partitioning", ["three-by-id", "four-random-one-empty"])

@@ -658,7 +658,7 @@ def fit_distributed(
     del parts  # the bounded plans hold what the steps need
     recounts = dpals.release_recounts(_reduced(executor, executor.map(_recount_task, bounded)), config, releaser)
     prep_public: dict[str, Any] = dict(global_mean=public.global_mean, item_counts=public.item_counts, frequent=public.frequent,
-                       recounts=recounts, item_biases=public.item_biases)
+                       recounts=recounts, item_biases=public.item_biases, item_bias_prior=public.item_bias_prior)
     shared_public = executor.share(prep_public)
     item_factors = keyed.init_generator().normal(0.0, config.init_scale, size=(len(public.frequent), config.rank))
     blocks = [block for block in _item_blocks(len(public.frequent), item_block) if len(block)]
@@ -690,7 +690,8 @@ def fit_distributed(
     event = dpals.checked_event(releaser, reserved, config)
     prep = Preprocessed(**prep_public, user_plan=_EMPTY_PLAN, item_plan=_EMPTY_PLAN)
     return DPALSFit(prep=prep, item_factors=dpals.average_releases(list(last_releases)),
-                    user_reg=dpals.user_regularisation(config), event=event, releaser=releaser, config=config)
+                    user_reg=dpals.user_regularisation(config), event=event, releaser=releaser,
+                    config=dpals.with_bias_prior_used(config, public.item_bias_prior))
 
 
 def distributed_fit(executor: Executor, *, n_partitions: int = 2, labels: np.ndarray | None = None,

@@ -127,6 +127,7 @@ __all__ = [
     "count_sensitivity",
     "count_noise_std",
     "item_bias_prior",
+    "with_bias_prior_used",
     "bound_contributions",
     "dpals_event",
     "checked_event",
@@ -435,6 +436,7 @@ class Preprocessed:
     item_biases: np.ndarray  # DP item biases b̃_j (all items; zeros when item_bias is off)
     user_plan: SolvePlan  # all of each user's frequent ratings (users x frequent items)
     item_plan: SolvePlan  # bounded, weighted ratings (frequent items x users)
+    item_bias_prior: float | None = None  # the prior std τ_b the biases were shrunk with (None: no biases)
 
 
 def count_statistic(cols: np.ndarray, weights: np.ndarray | None, n_items: int, budget: float = 1.0) -> np.ndarray:
@@ -611,6 +613,7 @@ class PublicState(HeldBytes):
     item_counts: np.ndarray  # first DP count release, floored at 1 (all items)
     frequent: np.ndarray  # indices of the trained items
     item_biases: np.ndarray  # DP item biases b̃_j (all items; zeros when item_bias is off)
+    item_bias_prior: float | None = None  # the prior std τ_b the biases were shrunk with (:func:`item_bias_prior`)
 
 
 @dataclass(frozen=True)
@@ -759,9 +762,11 @@ def release_public_state(
                              config.noise_multipliers()["counts"])
     counts = np.maximum(counts, 1.0)
     mean, users = _global_mean(total, count, config, releaser)
-    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser, users)
+    prior = item_bias_prior(config, users) if config.item_bias else None
+    biases = _item_biases(bias_statistic, len(counts), mean, counts, config, releaser, prior)
     frequent = frequent_items(counts, config.frequent_fraction, count_floor(config), kept, kept_floor(config))
-    return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases)
+    return PublicState(global_mean=mean, item_counts=counts, frequent=frequent, item_biases=biases,
+                       item_bias_prior=prior)
 
 
 def release_recounts(recount_statistic: np.ndarray, config: DPALSConfig, releaser: GaussianReleaser) -> np.ndarray:
@@ -933,16 +938,25 @@ def item_bias_prior(config: DPALSConfig, users: float | None) -> float:
 
 def _item_biases(
     statistic: Callable[[float], np.ndarray], n_items: int, mean: float, counts: np.ndarray, config: DPALSConfig,
-    releaser: GaussianReleaser, users: float | None,
+    releaser: GaussianReleaser, prior_std: float | None,
 ) -> np.ndarray:
-    """The DP item-bias release (zeros, and no release, when ``item_bias`` is off), shrunk with the prior
-    std that the released user count ``users`` gives (:func:`item_bias_prior`)."""
-    if not config.item_bias:
+    """The DP item-bias release (zeros, and no release, when ``item_bias`` is off or ``prior_std`` is None),
+    shrunk with prior std ``prior_std``."""
+    if not config.item_bias or prior_std is None:
         return np.zeros(n_items)
     sensitivity = math.sqrt(config.contribution_bound) * config.clip_bias
     multiplier = config.noise_multipliers()["bias"]
     noisy = releaser.vector("item_bias_sums", statistic(mean), sensitivity, multiplier)
-    return shrink_item_biases(noisy, counts, sensitivity * multiplier, config, item_bias_prior(config, users))
+    return shrink_item_biases(noisy, counts, sensitivity * multiplier, config, prior_std)
+
+
+def with_bias_prior_used(config: DPALSConfig, prior_std: float | None) -> DPALSConfig:
+    """``config`` as the run is published: with ``item_bias_prior_by_users`` consumed into the prior std
+    τ_b it gave (as :func:`apply_bound_laws` consumes its knobs), so the published config holds the
+    prior the biases were shrunk with; ``config`` itself without that law or without biases."""
+    if prior_std is None or not config.item_bias_prior_by_users:
+        return config
+    return replace(config, item_bias_prior_std=prior_std, item_bias_prior_by_users=False)
 
 
 def bound_contributions(ratings: Ratings, config: DPALSConfig, public: PublicState,
@@ -1026,6 +1040,7 @@ def preprocess(ratings: Ratings, config: DPALSConfig, releaser: GaussianReleaser
         item_biases=public.item_biases,
         user_plan=bounded.user_plan,
         item_plan=bounded.item_plan,
+        item_bias_prior=public.item_bias_prior,
     )
 
 
@@ -1668,7 +1683,7 @@ def fit_dpals(
     item_factors = average_releases(list(last_releases))
     event = checked_event(releaser, reserved, config)
     return DPALSFit(prep=prep, item_factors=item_factors, user_reg=user_reg, event=event, releaser=releaser,
-                    config=config)
+                    config=with_bias_prior_used(config, prep.item_bias_prior))
 
 
 def checked_event(releaser: GaussianReleaser, reserved: DPALSConfig, executed: DPALSConfig) -> dp_event.DpEvent:
