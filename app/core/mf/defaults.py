@@ -222,7 +222,7 @@ B = 60) put k's noise on ratings that do not exist.
   the scale. ML-100K at median 10, ε = 0.5: 1.1285 → 1.0527 with k = 240 unchanged (the per-rating
   mean had released 5.0, the top of the scale).
 * **Item biases that do not cost accuracy**: the bias prior std τ_b = 0.25·h·min(1, ε/2) (was
-  0.25·h). At ε ≤ 1 the noisy biases of a sparse set cost more than their signal; a smaller prior
+  0.25·h; rule 13 replaces it). At ε ≤ 1 the noisy biases of a sparse set cost more than their signal; a smaller prior
   shrinks them harder there. ML-100K at median 10, ε = 0.5 (3 seeds): 1.0525 ± .0026 with biases,
   1.0479 ± .0003 without, 1.0482 ± .0005 with the law; ML-100K (full) 1.0373 → 1.0359.
 
