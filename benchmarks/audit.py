@@ -147,11 +147,13 @@ class Variant:
 
 
 #: DPALS's per-rating DP mean (``mean_mode`` "dp", the default before issue 27) with its bound law
-#: pinned (k = ``bound_min`` = the largest bound: the mean canaries' ratings all sampled); DPFW's
+#: pinned (k = ``bound_min`` = the largest bound: the mean canaries' ratings all sampled) and the bias
+#: prior as given (rule 13's law reads the user count that only "dp_user" releases); DPFW's
 #: default eigen-step is private Oja above ``dense_max_items`` (2000) items; one-bit's non-default
 #: mechanisms GraP, OutP and ObjP
 VARIANTS: dict[str, Variant] = {"dpals-dp-mean": Variant("dpals", params=(("mean_mode", "dp"),
-                                                                          ("bound_min", RATING_BOUND["largest"]))),
+                                                                          ("bound_min", RATING_BOUND["largest"]),
+                                                                          ("item_bias_prior_by_users", False))),
                                 "dpfw-oja": Variant("dpfw", catalogue=2100),
                                 "onebit-grap": Variant("onebit", params=(("mechanism", "grap"),)),
                                 "onebit-outp": Variant("onebit", params=(("mechanism", "outp"),)),
