@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import billiard.process
+import billiard.util
 from celery import Celery
 from celery.signals import (
     celeryd_init,
@@ -88,6 +89,17 @@ def log_in_service_format(loglevel: int | str | None = None, logfile: str | None
     settings = get_settings()
     stream = open(logfile, "a", encoding="utf-8", buffering=1) if logfile else None  # noqa: SIM115 - the process's log
     configure_logging(loglevel or settings.log_level, settings.log_format, stream)
+    pool_logs_in_service_format()
+
+
+def pool_logs_in_service_format() -> None:
+    """billiard's pool logger (its lines such as "Process 'ForkPoolWorker-1' ... exited with 'signal 15
+    (SIGTERM)'", when a stop signal reaches the pool's children too) is made not to propagate and has no
+    handler, so its lines would reach stderr through logging's last resort, as plain text. Created here
+    (billiard sets it up once) and made to propagate to the service's one handler."""
+    pool_logger = billiard.util.get_logger()
+    pool_logger.handlers[:] = []
+    pool_logger.propagate = True
 
 
 @celeryd_init.connect

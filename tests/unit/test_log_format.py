@@ -93,3 +93,23 @@ def test_a_task_carries_the_request_id_of_the_request_that_sent_it(captured: io.
     assert [line["msg"] for line in with_id][0] == "training"
     assert any(line["msg"].startswith("Task t.train[") for line in with_id)
     assert len(with_id) == 2 and len(lines) == 4 and "request_id" not in lines[-1]
+
+
+def test_the_pools_own_lines_go_through_the_services_handler() -> None:
+    """billiard's pool logger does not propagate by default: its lines (a pool child killed by a stop
+    signal) would reach stderr as plain text through logging's last resort."""
+    import billiard.util  # noqa: PLC0415 - Celery's pool library, imported where the worker's set-up is tested
+
+    from workers.celery_app import pool_logs_in_service_format  # noqa: PLC0415
+
+    root = logging.getLogger()
+    out = io.StringIO()
+    handler = service_handler("json", out)
+    root.addHandler(handler)
+    try:
+        pool_logs_in_service_format()
+        billiard.util.error("Process %r pid:%r exited with %r", "ForkPoolWorker-1", 7725, "signal 15 (SIGTERM)")
+    finally:
+        root.removeHandler(handler)
+    (line,) = [json.loads(raw) for raw in out.getvalue().splitlines()]
+    assert line["level"] == "error" and line["logger"] == "multiprocessing" and "ForkPoolWorker-1" in line["msg"]
